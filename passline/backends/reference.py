@@ -1,0 +1,225 @@
+"""The reference backend: runs a SchedulerGraph with torch ops, the oracle for every other backend.
+
+Loop bodies are evaluated vectorized: each loop variable is an `arange` shaped to broadcast along its
+own axis, so a body is evaluated once over the whole index grid with no Python loop per element.
+Loads gather from the buffer's storage with the sympy index evaluated on that grid.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import sympy
+import torch
+
+from ..ir import Cast, Constant, Extern, IndexValue, Load, Op, Pointwise, Reduction, TensorArg, walk
+from ..ir.index import FloorDiv, ModularIndexing
+from ..pipeline.graph import SchedulerGraph
+
+_TORCH_OPS: dict[str, Callable] = {
+    "truediv": torch.true_divide, "floordiv": torch.floor_divide, "where": torch.where,
+}
+
+
+def _torch_op(name: str) -> Callable:
+    return _TORCH_OPS.get(name) or getattr(torch, name)
+
+
+class _Bindings:
+    """Values of size symbols for one call (dynamic shapes); evaluates sympy to Python ints."""
+
+    def __init__(self, graph: SchedulerGraph, args):
+        self.values: dict[sympy.Symbol, int] = {}
+        for inp, arg in zip(graph.inputs, args):
+            if inp.symbol is not None and isinstance(inp.symbol, sympy.Symbol):
+                self.values[inp.symbol] = int(arg)
+            elif inp.buffer is not None:
+                lay = inp.buffer.layout
+                for e, actual in zip(lay.size + lay.stride, tuple(arg.shape) + tuple(arg.stride())):
+                    if isinstance(e, sympy.Symbol):
+                        self.values[e] = int(actual)
+
+    def int(self, e) -> int:
+        if isinstance(e, (int, bool)):
+            return int(e)
+        return int(e.xreplace(self.values)) if self.values else int(e)
+
+    def ints(self, es) -> list[int]:
+        return [self.int(e) for e in es]
+
+
+def eval_index(expr: sympy.Expr, env: dict):
+    """Evaluate an index expression with symbols bound to int64 tensors or ints."""
+    if expr.is_Integer:
+        return int(expr)
+    if expr.is_Symbol:
+        return env[expr]
+    args = [eval_index(a, env) for a in expr.args]
+    if expr.is_Add:
+        out = args[0]
+        for a in args[1:]:
+            out = out + a
+        return out
+    if expr.is_Mul:
+        out = args[0]
+        for a in args[1:]:
+            out = out * a
+        return out
+    if isinstance(expr, FloorDiv):
+        return args[0] // args[1]
+    if isinstance(expr, ModularIndexing):
+        return (args[0] // args[1]) % args[2]
+    if expr.is_Pow and expr.exp.is_Integer and int(expr.exp) >= 0:
+        return args[0] ** int(expr.exp)
+    if isinstance(expr, sympy.Max):
+        return _fold(torch.maximum, max, args)
+    if isinstance(expr, sympy.Min):
+        return _fold(torch.minimum, min, args)
+    raise NotImplementedError(f"index expression {expr} ({type(expr).__name__})")
+
+
+def _fold(tfn, pyfn, args):
+    out = args[0]
+    for a in args[1:]:
+        if isinstance(out, torch.Tensor) or isinstance(a, torch.Tensor):
+            out = tfn(torch.as_tensor(out), torch.as_tensor(a))
+        else:
+            out = pyfn(out, a)
+    return out
+
+
+def flat_storage(t: torch.Tensor, span: int) -> torch.Tensor:
+    """A 1-D view of the `span` elements starting at t's first element."""
+    return t.as_strided((span,), (1,))
+
+
+class ReferenceRunner:
+    """Callable that runs the graph: `runner(*inputs) -> list of outputs`."""
+
+    def __init__(self, graph: SchedulerGraph):
+        self.graph = graph
+        self.nodes = graph.nodes()
+        self.buffers = graph.buffers()
+        keep = graph.output_names() | set(graph.input_buffers())
+        last_use: dict[str, int] = {}
+        for k, node in enumerate(self.nodes):
+            for b in node.read_names():
+                last_use[b] = k
+        # buffers that can be dropped after node k runs
+        self.free_after: dict[int, list[str]] = {}
+        for b, k in last_use.items():
+            if b not in keep:
+                self.free_after.setdefault(k, []).append(b)
+
+    def __call__(self, *args):
+        bind = _Bindings(self.graph, args)
+        env: dict[str, torch.Tensor] = {}
+        for inp, arg in zip(self.graph.inputs, args):
+            if inp.buffer is not None:
+                env[inp.name] = arg
+        for k, node in enumerate(self.nodes):
+            if isinstance(node, Extern):
+                self._extern(node, env, bind)
+            else:
+                env[node.output.name] = self._loop(node, env, bind)
+            for b in self.free_after.get(k, ()):
+                env.pop(b, None)
+        return [self._output(o, env, bind) for o in self.graph.outputs]
+
+    # -- pieces -----------------------------------------------------------------------------------
+    def _output(self, o, env, bind: _Bindings):
+        if isinstance(o, TensorArg):
+            t = env[o.buffer]
+            return t.as_strided(bind.ints(o.size), bind.ints(o.stride), t.storage_offset() + bind.int(o.offset))
+        if isinstance(o, sympy.Expr):
+            return bind.int(o)
+        return o
+
+    def _arg(self, x, env, bind: _Bindings):
+        if isinstance(x, TensorArg):
+            t = env[x.buffer]
+            return t.as_strided(bind.ints(x.size), bind.ints(x.stride), t.storage_offset() + bind.int(x.offset))
+        if isinstance(x, sympy.Expr):
+            return bind.int(x) if x.is_integer else float(x.xreplace(bind.values))
+        if isinstance(x, list):
+            return [self._arg(y, env, bind) for y in x]
+        if isinstance(x, tuple):
+            return tuple(self._arg(y, env, bind) for y in x)
+        return x
+
+    def _extern(self, node: Extern, env, bind: _Bindings) -> None:
+        args = self._arg(node.args, env, bind)
+        kwargs = {k: self._arg(v, env, bind) for k, v in node.kwargs}
+        result = node.op(*args, **kwargs)
+        results = result if isinstance(result, (tuple, list)) else (result,)
+        for buf, r in zip(node.outputs, results):
+            if buf is None:
+                continue
+            size, stride = bind.ints(buf.layout.size), bind.ints(buf.layout.stride)
+            if list(r.shape) != size:
+                raise RuntimeError(f"{node.name}: {node.op} returned shape {list(r.shape)}, expected {size}")
+            if r.numel() > 1 and any(st != want for s, st, want in zip(size, r.stride(), stride) if s > 1):
+                # the IR indexes this buffer with the recorded strides: make the storage match them
+                r = torch.empty_strided(size, stride, dtype=r.dtype, device=r.device).copy_(r)
+            env[buf.name] = r
+
+    def _loop(self, node: Pointwise | Reduction, env, bind: _Bindings) -> torch.Tensor:
+        lay = node.output.layout
+        out = torch.empty_strided(bind.ints(lay.size), bind.ints(lay.stride), dtype=lay.dtype, device=lay.device)
+        ranges = bind.ints(node.ranges)
+        rranges = bind.ints(getattr(node, "reduction_ranges", ()))
+        shape = ranges + rranges
+        if math.prod(ranges) == 0:
+            return out
+        grid = {}
+        for k, (var, _) in enumerate(node.var_ranges):
+            view = [1] * len(shape)
+            view[k] = shape[k]
+            grid[var] = torch.arange(shape[k], device=lay.device).view(view)
+        for sym, val in bind.values.items():
+            grid[sym] = val
+        value = self._eval(node.body, env, grid, bind, lay.device)
+        value = value.broadcast_to(shape)
+        if isinstance(node, Reduction):
+            value = _reduce(node.reduction_type, value.reshape(ranges + [-1]))
+        out.copy_(value.permute(node.permutation) if node.permutation else value)
+        return out
+
+    def _eval(self, root, env, grid, bind: _Bindings, device):
+        vals: dict[int, torch.Tensor] = {}
+        for v in walk(root):
+            if isinstance(v, Load):
+                t = env[v.buffer]
+                span = bind.int(self.buffers[v.buffer].layout.storage_span)
+                idx = eval_index(v.index, grid)
+                vals[id(v)] = flat_storage(t, span)[idx]
+            elif isinstance(v, Constant):
+                vals[id(v)] = torch.tensor(v.value, dtype=v.dtype, device=device)
+            elif isinstance(v, IndexValue):
+                vals[id(v)] = torch.as_tensor(eval_index(v.expr, grid), device=device).to(v.dtype)
+            elif isinstance(v, Cast):
+                vals[id(v)] = vals[id(v.value)].to(v.dtype)
+            elif isinstance(v, Op):
+                r = _torch_op(v.name)(*[vals[id(a)] for a in v.args])
+                vals[id(v)] = r if r.dtype == v.dtype else r.to(v.dtype)
+        return vals[id(root)]
+
+
+def _reduce(rtype: str, x: torch.Tensor) -> torch.Tensor:
+    if rtype == "sum":
+        return x.sum(-1, dtype=x.dtype)
+    if rtype == "prod":
+        return x.prod(-1, dtype=x.dtype)
+    if rtype == "max":
+        return x.amax(-1)
+    if rtype == "min":
+        return x.amin(-1)
+    if rtype == "argmax":
+        return x.argmax(-1)
+    if rtype == "argmin":
+        return x.argmin(-1)
+    if rtype == "any":
+        return x.any(-1)
+    if rtype == "all":
+        return x.all(-1)
+    raise NotImplementedError(rtype)

@@ -1,0 +1,145 @@
+"""Loop bodies: a small DAG of values computed at one point of a node's iteration space.
+
+Each value is a frozen attrs object; sharing a subtree makes the DAG. A node's body is the root value:
+for a Pointwise node it is what gets stored, for a Reduction node it is what gets reduced. Every value
+carries its dtype, so backends need no type inference of their own.
+"""
+from __future__ import annotations
+
+from typing import Iterator
+
+import attrs
+import sympy
+import torch
+
+UNARY_OPS = frozenset(
+    """neg abs exp exp2 expm1 log log2 log10 log1p sqrt rsqrt sin cos tan tanh sinh cosh asin acos atan
+    asinh acosh atanh sigmoid erf erfc erfinv relu reciprocal sign floor ceil round trunc logical_not
+    bitwise_not isnan isinf signbit lgamma digamma""".split()
+)
+BINARY_OPS = frozenset(
+    """add sub mul truediv floordiv remainder fmod pow maximum minimum atan2 copysign hypot
+    eq ne lt le gt ge logical_and logical_or logical_xor bitwise_and bitwise_or bitwise_xor
+    bitwise_left_shift bitwise_right_shift""".split()
+)
+COMPARISONS = frozenset("eq ne lt le gt ge".split())
+LOGICAL_OPS = frozenset("logical_and logical_or logical_xor logical_not isnan isinf signbit".split())
+TERNARY_OPS = frozenset(["where"])
+
+
+@attrs.frozen(cache_hash=True)
+class Load:
+    """The element of `buffer` at storage offset `index` (in elements)."""
+
+    buffer: str
+    index: sympy.Expr
+    dtype: torch.dtype
+
+    def __repr__(self):
+        return f"load({self.buffer}[{self.index}])"
+
+
+@attrs.frozen(cache_hash=True)
+class Constant:
+    value: object  # int, float or bool
+    dtype: torch.dtype
+
+    def __repr__(self):
+        return repr(self.value)
+
+
+@attrs.frozen(cache_hash=True)
+class IndexValue:
+    """An index expression used as a value (iota, masks built from positions)."""
+
+    expr: sympy.Expr
+    dtype: torch.dtype
+
+    def __repr__(self):
+        return f"index({self.expr})"
+
+
+@attrs.frozen(cache_hash=True)
+class Op:
+    """Math on values: `name` is one of UNARY_OPS, BINARY_OPS or TERNARY_OPS."""
+
+    name: str
+    args: tuple
+    dtype: torch.dtype
+
+    def __attrs_post_init__(self):
+        arity = {1: UNARY_OPS, 2: BINARY_OPS, 3: TERNARY_OPS}.get(len(self.args), frozenset())
+        if self.name not in arity:
+            raise ValueError(f"unknown {len(self.args)}-ary op {self.name!r}")
+
+    def __repr__(self):
+        return f"{self.name}({', '.join(map(repr, self.args))})"
+
+
+@attrs.frozen(cache_hash=True)
+class Cast:
+    value: object
+    dtype: torch.dtype
+
+    def __repr__(self):
+        return f"to_{str(self.dtype).replace('torch.', '')}({self.value!r})"
+
+
+Value = Load | Constant | IndexValue | Op | Cast
+
+
+def children(v: Value) -> tuple:
+    if isinstance(v, Op):
+        return v.args
+    if isinstance(v, Cast):
+        return (v.value,)
+    return ()
+
+
+def walk(root: Value) -> Iterator[Value]:
+    """Each distinct value of the DAG once, operands before users."""
+    seen: set[int] = set()
+    stack = [(root, False)]
+    while stack:
+        v, expanded = stack.pop()
+        if id(v) in seen:
+            continue
+        if expanded:
+            seen.add(id(v))
+            yield v
+            continue
+        stack.append((v, True))
+        for c in reversed(children(v)):
+            if id(c) not in seen:
+                stack.append((c, False))
+
+
+def loads(root: Value) -> list[Load]:
+    return [v for v in walk(root) if isinstance(v, Load)]
+
+
+def rebuild(root: Value, leaf) -> Value:
+    """Rebuild the DAG with each leaf (Load, Constant, IndexValue) replaced by leaf(v); shared
+    subtrees stay shared."""
+    memo: dict[int, Value] = {}
+    for v in walk(root):
+        if isinstance(v, Op):
+            memo[id(v)] = attrs.evolve(v, args=tuple(memo[id(a)] for a in v.args))
+        elif isinstance(v, Cast):
+            memo[id(v)] = attrs.evolve(v, value=memo[id(v.value)])
+        else:
+            memo[id(v)] = leaf(v)
+    return memo[id(root)]
+
+
+def substitute_index(root: Value, mapping: dict) -> Value:
+    """Apply a sympy substitution of loop variables to every index in the body."""
+
+    def leaf(v):
+        if isinstance(v, Load):
+            return attrs.evolve(v, index=v.index.xreplace(mapping))
+        if isinstance(v, IndexValue):
+            return attrs.evolve(v, expr=v.expr.xreplace(mapping))
+        return v
+
+    return rebuild(root, leaf)

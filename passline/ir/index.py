@@ -1,0 +1,132 @@
+"""Index math: sympy symbols for loop variables and sizes, and the two integer functions that
+views and reshapes need (floor division and modular indexing).
+
+Index expressions are always sympy; never strings. They address a buffer's storage in elements,
+relative to the buffer's first element.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Sequence
+
+import sympy
+
+Expr = sympy.Expr
+
+
+@functools.lru_cache(maxsize=None)
+def loop_var(prefix: str, i: int) -> sympy.Symbol:
+    """Loop variable `prefix`+`i`: `i*` for the outer (pointwise) loops, `r*` for reduction loops."""
+    return sympy.Symbol(f"{prefix}{i}", integer=True, nonnegative=True)
+
+
+def loop_vars(prefix: str, n: int) -> tuple[sympy.Symbol, ...]:
+    return tuple(loop_var(prefix, i) for i in range(n))
+
+
+@functools.lru_cache(maxsize=None)
+def size_var(name: str) -> sympy.Symbol:
+    """A symbolic size (dynamic shapes): a positive integer."""
+    return sympy.Symbol(name, integer=True, positive=True)
+
+
+def sympify(x) -> Expr:
+    """Python ints, SymInts and sympy expressions to a sympy expression."""
+    if isinstance(x, sympy.Basic):
+        return x
+    node = getattr(x, "node", None)  # torch.SymInt
+    if node is not None and hasattr(node, "expr"):
+        return node.expr
+    return sympy.Integer(int(x))
+
+
+class FloorDiv(sympy.Function):
+    """Integer floor division of non-negative index values: base // divisor."""
+
+    is_integer = True
+    nargs = (2,)
+
+    @classmethod
+    def eval(cls, base, divisor):
+        if divisor == 1:
+            return base
+        if base == 0:
+            return sympy.S.Zero
+        if base.is_Integer and divisor.is_Integer:
+            return sympy.Integer(int(base) // int(divisor))
+        # (a*d) // d -> a, and (a*d + b) // d -> a + b // d when d divides the a-part exactly
+        if divisor.is_Integer and base.is_Add:
+            whole = [t for t in base.args if _divisible(t, divisor)]
+            if whole:
+                rest = sympy.Add(*[t for t in base.args if not _divisible(t, divisor)])
+                if rest.is_nonnegative and _bounded_below(rest, divisor):
+                    return sympy.Add(*[t / divisor for t in whole])
+        if _divisible(base, divisor):
+            return base / divisor
+        return None
+
+
+class ModularIndexing(sympy.Function):
+    """(base // divisor) % modulus, for non-negative base: how reshapes split one index into several."""
+
+    is_integer = True
+    is_nonnegative = True
+    nargs = (3,)
+
+    @classmethod
+    def eval(cls, base, divisor, modulus):
+        if modulus == 1 or base == 0:
+            return sympy.S.Zero
+        if base.is_Integer and divisor.is_Integer and modulus.is_Integer:
+            return sympy.Integer((int(base) // int(divisor)) % int(modulus))
+        return None
+
+
+def _divisible(term: Expr, divisor: Expr) -> bool:
+    q = sympy.cancel(term / divisor)
+    return q.is_integer is True and not q.has(FloorDiv, ModularIndexing) and sympy.denom(q) == 1
+
+
+def _bounded_below(rest: Expr, divisor: Expr) -> bool:
+    """True when 0 <= rest < divisor is provable from the loop-variable ranges we cannot see here.
+
+    We only know variables are non-negative, not their upper bounds, so this is conservative:
+    only constant remainders qualify."""
+    return rest.is_Integer and 0 <= int(rest) < int(divisor)
+
+
+def contiguous_strides(size: Sequence[Expr]) -> tuple[Expr, ...]:
+    strides: list[Expr] = []
+    acc: Expr = sympy.S.One
+    for s in reversed(size):
+        strides.append(acc)
+        acc = acc * s
+    return tuple(reversed(strides))
+
+
+def product(xs) -> Expr:
+    out: Expr = sympy.S.One
+    for x in xs:
+        out = out * x
+    return out
+
+
+def strided_index(idx: Sequence[Expr], stride: Sequence[Expr], offset: Expr = sympy.S.Zero) -> Expr:
+    return sympy.Add(offset, *[i * s for i, s in zip(idx, stride)])
+
+
+def as_strided_form(expr: Expr, vars: Sequence[sympy.Symbol]):
+    """If `expr` is offset + sum(var*stride) with var-free strides, return (strides, offset); else None."""
+    expr = sympy.expand(expr)
+    if expr.has(FloorDiv, ModularIndexing):
+        return None
+    strides = []
+    for v in vars:
+        c = expr.coeff(v)
+        if c.free_symbols & set(vars):
+            return None
+        strides.append(c)
+    offset = expr.xreplace({v: 0 for v in vars})
+    if sympy.expand(offset + sum(v * s for v, s in zip(vars, strides)) - expr) != 0:
+        return None
+    return tuple(strides), offset

@@ -1,0 +1,91 @@
+"""aten FX graph → Program (passline IR nodes in program order).
+
+Table-driven: `registry.LOWERINGS` maps each aten op to its lowering; anything else, and anything a
+lowering declines, runs as an Extern aten call. Importing this package fills the table.
+"""
+from __future__ import annotations
+
+import operator
+
+import sympy
+import torch
+
+from ..ir import Buffer, Layout
+from ..ir.index import sympify
+from . import pointwise, reductions, views  # noqa: F401  (fill the lowering table)
+from .context import GraphInput, LoweringContext, Program
+from .decompositions import decomposition_table
+from .extern import lower_extern, touches_complex
+from .registry import LOWERINGS, lowering
+from .tensor import TensorRef
+
+__all__ = ["lower_graph", "Program", "GraphInput", "LOWERINGS", "lowering", "decomposition_table",
+           "TensorRef", "LoweringError"]
+
+
+class LoweringError(RuntimeError):
+    """Lowering failed on one FX node; the message names it."""
+
+
+def lower_graph(gm: torch.fx.GraphModule, example_inputs=None) -> Program:
+    ctx = LoweringContext()
+    env: dict[torch.fx.Node, object] = {}
+    inputs: list[GraphInput] = []
+    outputs: tuple = ()
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for k, n in enumerate(placeholders):
+        val = n.meta.get("val", example_inputs[k] if example_inputs is not None else None)
+        inputs.append(_input(n.name, val))
+        env[n] = TensorRef.of(inputs[-1].buffer) if inputs[-1].buffer is not None else (
+            inputs[-1].symbol if inputs[-1].symbol is not None else val)
+
+    for n in gm.graph.nodes:
+        if n.op == "call_function":
+            ctx.fx_node = n
+            try:
+                env[n] = _lower_call(ctx, n, env)
+            except NotImplementedError:
+                raise
+            except Exception as e:
+                raise LoweringError(f"lowering {n.format_node()} failed: {e}") from e
+        elif n.op == "output":
+            ctx.fx_node = None
+            outs = n.args[0]
+            outputs = tuple(_output(ctx, env[o]) if isinstance(o, torch.fx.Node) else o
+                            for o in (outs if isinstance(outs, (tuple, list)) else (outs,)))
+        elif n.op != "placeholder":
+            raise LoweringError(f"unsupported FX node kind {n.op!r}: {n.format_node()}")
+    return Program(tuple(inputs), tuple(ctx.nodes), outputs)
+
+
+def _input(name: str, val) -> GraphInput:
+    if isinstance(val, torch.Tensor):
+        layout = Layout(val.shape, val.stride(), val.dtype, val.device)
+        return GraphInput(name, buffer=Buffer(name, layout))
+    if isinstance(val, torch.SymInt):
+        return GraphInput(name, symbol=sympify(val))
+    return GraphInput(name)
+
+
+def _lower_call(ctx: LoweringContext, n: torch.fx.Node, env):
+    if n.target is operator.getitem:
+        seq, idx = n.args
+        return env[seq][idx]
+    args = torch.fx.node.map_arg(n.args, lambda a: env[a])
+    kwargs = torch.fx.node.map_arg(n.kwargs, lambda a: env[a])
+    fn = LOWERINGS.get(n.target)
+    if fn is not None and not touches_complex(n):
+        result = fn(ctx, n, *args, **kwargs)
+        if result is not NotImplemented:
+            return result
+    if not isinstance(n.target, torch._ops.OpOverload):
+        raise NotImplementedError(f"passline cannot run {n.target!r} (not an aten op): {n.format_node()}")
+    return lower_extern(ctx, n, args, kwargs)
+
+
+def _output(ctx: LoweringContext, value):
+    if isinstance(value, TensorRef):
+        return ctx.as_arg(value)
+    if isinstance(value, (sympy.Expr, int, float, bool)) or value is None:
+        return value
+    raise LoweringError(f"unsupported graph output {value!r}")

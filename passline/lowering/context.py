@@ -1,0 +1,104 @@
+"""The lowering of one aten FX graph into a Program: inputs, nodes in program order, outputs."""
+from __future__ import annotations
+
+import itertools
+from typing import Any, Callable
+
+import attrs
+import sympy
+import torch
+
+from ..ir import Buffer, Cast, Extern, Layout, Pointwise, Reduction, TensorArg, loop_vars
+from .tensor import TensorRef
+
+
+@attrs.frozen
+class GraphInput:
+    """A placeholder: a tensor (`buffer`), a SymInt (`symbol`), or another value passed through."""
+
+    name: str
+    buffer: Buffer | None = None
+    symbol: sympy.Expr | None = None
+
+
+@attrs.frozen
+class Program:
+    """What lowering produces; the pipeline turns it into a SchedulerGraph."""
+
+    inputs: tuple
+    nodes: tuple
+    outputs: tuple  # TensorArg (a view of a buffer), sympy.Expr, or a Python value per FX output
+
+
+def upcast(dtype: torch.dtype) -> torch.dtype:
+    """The dtype math is done in: low-precision floats compute in float32, like eager's opmath."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def cast(value, dtype: torch.dtype):
+    return value if value.dtype == dtype else Cast(value, dtype)
+
+
+class LoweringContext:
+    def __init__(self):
+        self.nodes: list = []
+        self._ids = itertools.count()
+        self.fx_node: torch.fx.Node | None = None  # the FX node being lowered (provenance)
+
+    def _origins(self) -> tuple:
+        return (self.fx_node.name,) if self.fx_node is not None else ()
+
+    def new_name(self) -> str:
+        return f"buf{next(self._ids)}"
+
+    def pointwise(self, size, dtype: torch.dtype, inner: Callable, device=None) -> TensorRef:
+        """A Pointwise node over `size` computing inner(index vars), stored contiguously as `dtype`."""
+        size = tuple(sympy.sympify(s) for s in size)
+        name = self.new_name()
+        body = cast(inner(loop_vars("i", len(size))), dtype)
+        buf = Buffer(name, Layout.contiguous(size, dtype, device or self.device))
+        self.nodes.append(Pointwise(name, size, body, buf, origins=self._origins()))
+        return TensorRef.of(buf)
+
+    def reduction(self, size, reduction_size, reduction_type: str, dtype: torch.dtype,
+                  inner: Callable, device=None) -> TensorRef:
+        """A Reduction node: for each point of `size`, reduce inner(i vars, r vars) over `reduction_size`."""
+        size = tuple(sympy.sympify(s) for s in size)
+        rsize = tuple(sympy.sympify(s) for s in reduction_size)
+        name = self.new_name()
+        body = inner(loop_vars("i", len(size)), loop_vars("r", len(rsize)))
+        buf = Buffer(name, Layout.contiguous(size, dtype, device or self.device))
+        self.nodes.append(Reduction(name, size, rsize, reduction_type, body, buf, origins=self._origins()))
+        return TensorRef.of(buf)
+
+    def extern(self, op, args: tuple, kwargs: dict, out_val: Any, mutates=()) -> Any:
+        """An Extern node calling `op`; returns TensorRefs shaped like the op's result `out_val`."""
+        name = self.new_name()
+        vals = out_val if isinstance(out_val, (tuple, list)) else (out_val,)
+        multi = isinstance(out_val, (tuple, list))
+        outputs = []
+        for k, v in enumerate(vals):
+            if isinstance(v, torch.Tensor):
+                layout = Layout(v.shape, v.stride(), v.dtype, v.device)
+                outputs.append(Buffer(f"{name}_{k}" if multi else name, layout))
+            else:
+                outputs.append(None)
+        self.nodes.append(Extern(name, op, tuple(args), tuple(sorted(kwargs.items())), tuple(outputs),
+                                 origins=self._origins(), mutates=tuple(mutates)))
+        refs = tuple(TensorRef.of(b) if b is not None else None for b in outputs)
+        return refs if multi else refs[0]
+
+    def as_arg(self, ref: TensorRef) -> TensorArg:
+        """A strided view of `ref` for an extern call; a copy when the view is not strided."""
+        arg = ref.as_arg()
+        if arg is None:
+            ref = self.pointwise(ref.size, ref.dtype, lambda idx: ref.load(idx), ref.buffer.layout.device)
+            arg = ref.as_arg()
+        return arg
+
+    @property
+    def device(self):
+        val = self.fx_node.meta.get("val") if self.fx_node is not None else None
+        if isinstance(val, (tuple, list)):
+            val = next((v for v in val if isinstance(v, torch.Tensor)), None)
+        return val.device if isinstance(val, torch.Tensor) else torch.device("cpu")

@@ -1,0 +1,39 @@
+"""The decomposition table passline hands to aot_autograd.
+
+torch's core-ATen decompositions, plus the composite ops whose decompositions expose reductions and
+pointwise math that passline lowers natively: softmax/log_softmax and their backwards, layer norm and
+its backward, batch norm, GELU/SiLU and their backwards, NLL loss. What is left un-decomposed (mm,
+convolution, ...) runs as an Extern aten call.
+"""
+from __future__ import annotations
+
+import torch
+from torch._decomp import core_aten_decompositions, get_decompositions
+
+aten = torch.ops.aten
+
+EXTRA = """_softmax _log_softmax _softmax_backward_data _log_softmax_backward_data
+native_layer_norm native_layer_norm_backward native_batch_norm _native_batch_norm_legit_functional
+_native_batch_norm_legit _native_batch_norm_legit_no_training native_batch_norm_backward
+gelu gelu_backward silu silu_backward sigmoid_backward tanh_backward threshold_backward
+nll_loss_forward nll_loss_backward mse_loss mse_loss_backward hardtanh hardtanh_backward leaky_relu
+leaky_relu_backward logsumexp rsub addcmul addcdiv lerp rms_norm _fused_rms_norm
+_fused_rms_norm_backward""".split()
+
+# Kept whole: these run as Extern aten calls, faster than any loop-level lowering of ours.
+# _to_copy with only a dtype is a cast we lower; kept whole so a device move stays one call.
+KEEP = "mm bmm addmm baddbmm convolution convolution_backward _to_copy".split()
+
+
+def _packets(names):
+    """The op packets of this torch version among `names` (some ops are newer than others)."""
+    return [getattr(aten, n) for n in names if hasattr(aten, n)]
+
+
+def decomposition_table() -> dict:
+    table = dict(core_aten_decompositions())
+    table.update(get_decompositions(_packets(EXTRA)))
+    for packet in _packets(KEEP):
+        for name in packet.overloads():
+            table.pop(getattr(packet, name), None)
+    return table

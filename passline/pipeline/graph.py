@@ -1,0 +1,265 @@
+"""SchedulerGraph: the scheduler nodes of one compiled graph in a networkx.DiGraph.
+
+Nodes are keyed by name and carry the IR node (`data["node"]`) and a program-order number
+(`data["order"]`, for stable printing and topological order). An edge u → v means v reads a buffer u
+writes (or must run after u for a mutation); its `buffers` attribute names those buffers.
+Passes use this API only: add/replace/remove nodes and the queries below; edges follow from reads.
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Iterable, Iterator
+
+import networkx as nx
+import sympy
+import torch
+
+from ..ir import Buffer, Extern, Load, Pointwise, Reduction, TensorArg, loads
+from ..ir.index import as_strided_form
+from ..lowering import GraphInput, Program
+
+
+class VerificationError(AssertionError):
+    """The graph breaks an invariant. `node` names the offending node (or None for the graph)."""
+
+    def __init__(self, message: str, node: str | None = None, pass_name: str | None = None):
+        self.node = node
+        self.pass_name = pass_name
+        where = f" (node {node})" if node else ""
+        after = f"after pass {pass_name!r}: " if pass_name else ""
+        super().__init__(f"{after}{message}{where}")
+
+
+class SchedulerGraph:
+    def __init__(self, inputs: Iterable[GraphInput] = (), outputs: Iterable = ()):
+        self.nx = nx.DiGraph()
+        self.inputs: tuple[GraphInput, ...] = tuple(inputs)
+        self.outputs: tuple = tuple(outputs)
+        self._order = itertools.count()
+        self._producer: dict[str, str] = {}  # buffer name -> node name
+        self._readers: dict[str, set[str]] = {}  # buffer name -> names of nodes reading it
+
+    @classmethod
+    def from_program(cls, program: Program) -> "SchedulerGraph":
+        g = cls(program.inputs, program.outputs)
+        for node in program.nodes:
+            g.add_node(node)
+        return g
+
+    # -- queries ----------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return self.nx.number_of_nodes()
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.nx
+
+    def node(self, name: str):
+        return self.nx.nodes[name]["node"]
+
+    def nodes(self) -> list:
+        """The IR nodes in a topological order that keeps program order where it can."""
+        order = nx.get_node_attributes(self.nx, "order")
+        return [self.node(n) for n in nx.lexicographical_topological_sort(self.nx, key=order.__getitem__)]
+
+    def names(self) -> list[str]:
+        return [n.name for n in self.nodes()]
+
+    def input_buffers(self) -> dict[str, Buffer]:
+        return {i.name: i.buffer for i in self.inputs if i.buffer is not None}
+
+    def buffers(self) -> dict[str, Buffer]:
+        out = dict(self.input_buffers())
+        for name in self.nx:
+            for b in self.node(name).output_buffers():
+                out[b.name] = b
+        return out
+
+    def producer(self, buffer: str) -> str | None:
+        """The node that writes `buffer`, or None for a graph input."""
+        return self._producer.get(buffer)
+
+    def consumers(self, buffer: str) -> list[str]:
+        """Nodes that read `buffer`, in program order."""
+        order = self.nx.nodes
+        return sorted(self._readers.get(buffer, ()), key=lambda n: order[n]["order"])
+
+    def output_names(self) -> set[str]:
+        """Buffers the compiled graph returns (they must stay in memory)."""
+        return {o.buffer for o in self.outputs if isinstance(o, TensorArg)}
+
+    def mutated_names(self) -> set[str]:
+        return {b for n in self.nx for b in getattr(self.node(n), "mutates", ())}
+
+    def predecessors(self, name: str) -> list[str]:
+        return list(self.nx.predecessors(name))
+
+    def successors(self, name: str) -> list[str]:
+        return list(self.nx.successors(name))
+
+    def has_path(self, a: str, b: str) -> bool:
+        return nx.has_path(self.nx, a, b)
+
+    # -- edits ------------------------------------------------------------------------------------
+    def add_node(self, node, order: int | None = None) -> None:
+        if node.name in self.nx:
+            raise ValueError(f"node {node.name} already in the graph")
+        self.nx.add_node(node.name, node=node, order=next(self._order) if order is None else order)
+        for b in node.output_names():
+            self._producer[b] = node.name
+        for b in node.read_names():
+            self._readers.setdefault(b, set()).add(node.name)
+        self._connect(node)
+
+    def remove_node(self, name: str) -> None:
+        node = self.node(name)
+        for b in node.output_names():
+            if self._producer.get(b) == name:
+                del self._producer[b]
+        for b in node.read_names():
+            self._readers.get(b, set()).discard(name)
+        self.nx.remove_node(name)
+
+    def replace_node(self, name: str, new) -> None:
+        """Put `new` where `name` was (same program position); edges are recomputed from reads."""
+        order = self.nx.nodes[name]["order"]
+        self.remove_node(name)
+        self.add_node(new, order=order)
+
+    def _edge(self, u: str, v: str, buffer: str) -> None:
+        if self.nx.has_edge(u, v):
+            self.nx.edges[u, v]["buffers"].add(buffer)
+        else:
+            self.nx.add_edge(u, v, buffers={buffer})
+
+    def _connect(self, node) -> None:
+        """Edges from the producers of what `node` reads, and to the nodes reading what it writes."""
+        me = node.name
+        for b in node.read_names():
+            p = self._producer.get(b)
+            if p is not None and p != me:
+                self._edge(p, me, b)
+        for b in node.output_names():
+            for v in self._readers.get(b, ()):
+                if v != me:
+                    self._edge(me, v, b)
+        # a mutation must come after every earlier reader of the buffer it writes
+        mine = self.nx.nodes[me]["order"]
+        for b in getattr(node, "mutates", ()):
+            for v in self._readers.get(b, ()):
+                if v != me and self.nx.nodes[v]["order"] < mine:
+                    self._edge(v, me, b)
+
+    def copy(self) -> "SchedulerGraph":
+        g = SchedulerGraph(self.inputs, self.outputs)
+        g.nx = self.nx.copy()
+        for _, _, d in g.nx.edges(data=True):  # edge sets must not be shared with the original
+            d["buffers"] = set(d["buffers"])
+        g._producer = dict(self._producer)
+        g._readers = {b: set(r) for b, r in self._readers.items()}
+        g._order = itertools.count(max((d for _, d in self.nx.nodes(data="order")), default=-1) + 1)
+        return g
+
+    # -- checking ---------------------------------------------------------------------------------
+    def verify(self) -> None:
+        """Raise VerificationError naming the first broken node."""
+        if not nx.is_directed_acyclic_graph(self.nx):
+            cycle = nx.find_cycle(self.nx)
+            raise VerificationError(f"cycle {' -> '.join(u for u, _ in cycle)}", cycle[0][0])
+        buffers = self.buffers()
+        for name in self.nx:
+            node = self.node(name)
+            if node.name != name:
+                raise VerificationError(f"node stored under {name!r} is named {node.name!r}", name)
+            for b in node.output_names():
+                if self._producer.get(b) != name:
+                    raise VerificationError(f"buffer {b} has two producers", name)
+            for b in node.read_names():
+                if b not in buffers:
+                    raise VerificationError(f"reads {b}, which no node produces and is not an input", name)
+                p = self._producer.get(b)
+                if p is not None and p != name and not self.nx.has_edge(p, name):
+                    raise VerificationError(f"reads {b} from {p} without a dependency edge", name)
+            _check_node(node, buffers)
+        for o in self.outputs:
+            if isinstance(o, TensorArg):
+                if o.buffer not in buffers:
+                    raise VerificationError(f"graph output {o.buffer} is not produced")
+                _check_bounds(o.size, o.stride, o.offset, buffers[o.buffer], "graph output", None)
+
+    # -- printing ---------------------------------------------------------------------------------
+    def format(self) -> str:
+        lines = [f"inputs: {', '.join(repr(i.buffer) if i.buffer else i.name for i in self.inputs)}"]
+        for node in self.nodes():
+            lines.append(_describe(node))
+        outs = ", ".join(repr(o) for o in self.outputs)
+        lines.append(f"outputs: {outs}")
+        return "\n".join(lines)
+
+    def __repr__(self):
+        return f"<SchedulerGraph {len(self)} nodes, {self.nx.number_of_edges()} edges>"
+
+    def __iter__(self) -> Iterator:
+        return iter(self.nodes())
+
+
+def _describe(node) -> str:
+    if isinstance(node, (Pointwise, Reduction)):
+        head = f"{node.name}: {node.kind}"
+        ranges = f"[{', '.join(map(str, node.ranges))}]"
+        if isinstance(node, Reduction):
+            ranges += f" {node.reduction_type} over [{', '.join(map(str, node.reduction_ranges))}]"
+        reads = ", ".join(map(repr, node.reads()))
+        writes = ", ".join(map(repr, node.writes()))
+        return f"{head} {ranges}\n    reads  {reads or '-'}\n    writes {writes}\n    body   {node.body!r}"
+    if isinstance(node, Extern):
+        return (f"{node.name}: extern {node.op}\n    reads  {', '.join(map(repr, node.tensor_args())) or '-'}"
+                f"\n    writes {', '.join(map(repr, node.output_buffers()))}")
+    return repr(node)
+
+
+def _check_node(node, buffers: dict) -> None:
+    if isinstance(node, (Pointwise, Reduction)):
+        out = node.output.layout
+        if sympy.simplify(out.numel - sympy.Mul(*node.ranges)) != 0:
+            raise VerificationError(
+                f"ranges {list(node.ranges)} do not cover output {node.output!r}", node.name)
+        if sorted(node.permutation) != list(range(len(node.ranges))):
+            raise VerificationError(f"permutation {node.permutation} is not a permutation", node.name)
+        if isinstance(node, Pointwise) and node.body.dtype != out.dtype:
+            raise VerificationError(f"body is {node.body.dtype}, output buffer is {out.dtype}", node.name)
+        if isinstance(node, Reduction) and node.reduction_type in ("argmax", "argmin") and out.dtype != torch.int64:
+            raise VerificationError(f"{node.reduction_type} writes {out.dtype}, not int64", node.name)
+        var_ranges = dict(node.var_ranges)
+        for ld in loads(node.body):
+            _check_load(ld, buffers, var_ranges, node.name)
+    elif isinstance(node, Extern):
+        for t in node.tensor_args():
+            if t.buffer not in buffers:
+                continue  # reported by the caller
+            _check_bounds(t.size, t.stride, t.offset, buffers[t.buffer], "extern argument", node.name)
+
+
+def _check_load(ld: Load, buffers: dict, var_ranges: dict, node: str) -> None:
+    buf = buffers.get(ld.buffer)
+    if buf is None:
+        return
+    if ld.dtype != buf.dtype:
+        raise VerificationError(f"loads {ld.buffer} as {ld.dtype}, buffer is {buf.dtype}", node)
+    unknown = ld.index.free_symbols - set(var_ranges)
+    if any(s.name.startswith(("i", "r", "v")) for s in unknown):
+        raise VerificationError(f"index {ld.index} of {ld.buffer} uses variables outside the loop nest", node)
+    vars_ = [v for v in var_ranges if v in ld.index.free_symbols]
+    form = as_strided_form(ld.index, vars_)
+    if form is not None:
+        _check_bounds([var_ranges[v] for v in vars_], form[0], form[1], buf, f"load of {ld.buffer}", node)
+
+
+def _check_bounds(size, stride, offset, buf: Buffer, what: str, node) -> None:
+    """For concrete sizes: every addressed element lies inside the buffer."""
+    span = buf.layout.storage_span
+    if any(s == 0 for s in size):
+        return
+    lo = offset + sum(((s - 1) * st for s, st in zip(size, stride) if st.is_negative), sympy.S.Zero)
+    hi = offset + sum(((s - 1) * st for s, st in zip(size, stride) if not st.is_negative), sympy.S.Zero)
+    if all(x.is_number for x in (lo, hi, span)) and (lo < 0 or hi >= span):
+        raise VerificationError(f"{what} addresses [{lo}, {hi}] outside {buf.name} (size {span})", node)

@@ -1,0 +1,131 @@
+"""Each lowering family, compiled through passline and compared with eager."""
+import pytest
+import torch
+
+import passline
+from passline.ir import Extern, Pointwise, Reduction
+from passline.testing import assert_matches_eager
+
+torch.manual_seed(0)
+A = torch.randn(6, 8)
+B = torch.randn(8)
+P = torch.rand(6, 8) + 0.1  # positive
+I = torch.randint(-5, 6, (6, 8))
+J = torch.randint(1, 4, (6, 8))
+
+ELEMENTWISE = {
+    "add_alpha": (lambda a, b: torch.add(a, b, alpha=2.5), (A, B)),
+    "sub_mul_div": (lambda a, b: (a - b) * b / (b + 3.0), (A, B)),
+    "rsub_scalar": (lambda a: 1 - a, (A,)),
+    "int_true_div": (lambda i, j: i / j, (I, J)),
+    "floor_div_rem": (lambda i, j: (i // j) + (i % j), (I, J)),
+    "float_floor_trunc_div": (lambda a: torch.div(a, 0.7, rounding_mode="floor")
+                              + torch.div(a, 0.3, rounding_mode="trunc"), (A,)),
+    "pow": (lambda a, p: p.pow(a) + a.pow(2) + 2 ** a, (A, P)),
+    "comparisons": (lambda a, b: (a > b) & (a <= 0.5) | (a == b) ^ (a != 0.1), (A, B)),
+    "where": (lambda a, b: torch.where(a > 0, a, b), (A, B)),
+    "where_scalar": (lambda a: torch.where(a > 0, a, 0.0), (A,)),
+    "clamp": (lambda a: a.clamp(-0.5, 0.5) + a.clamp(min=0.1) + a.clamp_max(0.2), (A,)),
+    "max_min": (lambda a, b: torch.maximum(a, b) - torch.minimum(a, b), (A, B)),
+    "unary_math": (lambda p: p.exp() + p.log() + p.sqrt() + p.rsqrt() + p.tanh() + p.sigmoid()
+                   + p.erf() + p.reciprocal() + p.log1p() + p.expm1() + p.sin() + p.cos(), (P,)),
+    "abs_neg_relu_sign": (lambda a: a.abs() - a.neg() + a.relu() + a.sign(), (A,)),
+    "round_floor_ceil": (lambda a: (a * 3).round() + a.floor() + a.ceil() + a.trunc(), (A,)),
+    "gelu_silu": (lambda a: torch.nn.functional.gelu(a) + torch.nn.functional.silu(a)
+                  + torch.nn.functional.gelu(a, approximate="tanh"), (A,)),
+    "casts": (lambda a, i: a.to(torch.bfloat16).float() + i.to(torch.float32) + (a > 0).int(), (A, I)),
+    "int_ops": (lambda i, j: (i * j + i - j) & 7 | (i ^ j), (I, J)),
+    "nan_inf": (lambda a: torch.where(a > 0.5, a / 0.0, a) + torch.where(a < -1, a.log(), a), (A,)),
+    "isnan": (lambda a: torch.isnan(a.log()) | torch.isinf(a / 0), (A,)),
+    "bf16_math": (lambda a: (a.to(torch.bfloat16) * 3.1).exp(), (A,)),
+    "masked_fill": (lambda a: a.masked_fill(a > 0, -1.0), (A,)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ELEMENTWISE))
+def test_elementwise(name):
+    fn, args = ELEMENTWISE[name]
+    be = assert_matches_eager(fn, list(args))
+    nodes = passline.last_report().graph.nodes()
+    assert all(isinstance(n, Pointwise) for n in nodes), passline.last_report().graph.format()
+    assert be.reports
+
+
+X = torch.randn(4, 6, 8)
+VIEWS = {
+    "view_reshape": lambda x: (x.view(24, 8) + 1).reshape(4, 48),
+    "permute": lambda x: x.permute(2, 0, 1) * 2,
+    "transpose_reshape": lambda x: x.transpose(0, 2).reshape(8, 24) + 1,
+    "expand": lambda x: x[:, :1, :].expand(4, 6, 8) + x,
+    "unsqueeze_squeeze": lambda x: x.unsqueeze(1).squeeze(1).unsqueeze(-1) * 3,
+    "slice": lambda x: x[1:3, ::2, 3:-1] + 1,
+    "select": lambda x: x[2, :, 3] + x[-1, :, 0],
+    "t": lambda x: x[0].t() + 1,
+    "flatten_unflatten": lambda x: x.flatten().view(2, 2, 6, 8).sum(0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(VIEWS))
+def test_views(name):
+    assert_matches_eager(VIEWS[name], [X.clone().requires_grad_()])
+    for r in passline.last_report().graph.nodes():
+        assert not isinstance(r, Extern)
+
+
+R = torch.randn(5, 6, 7)
+REDUCTIONS = {
+    "sum_all": lambda x: x.sum(),
+    "sum_dims_keepdim": lambda x: x.sum((0, 2), keepdim=True),
+    "mean": lambda x: x.mean(1),
+    "amax_amin": lambda x: x.amax(-1) - x.amin(0).sum(),
+    "prod": lambda x: (x * 0.5 + 1).prod(1),
+    "var_mean": lambda x: torch.var_mean(x, dim=(0, 1), correction=0),
+    "var_unbiased": lambda x: x.var(-1),
+    "std": lambda x: x.std(0),
+    "argmax_argmin": lambda x: x.argmax(1).sum() + x.argmin(-1, keepdim=True),
+    "argmax_flat": lambda x: x.argmax(),
+    "any_all": lambda x: (x > 1).any(1) & (x > -3).all(1),
+    "max_dim": lambda x: (x.max(1).values.sum(), x.min(-1, keepdim=True)[1]),
+    "logsumexp": lambda x: torch.logsumexp(x, -1),
+    "int_sum": lambda x: (x > 0).sum(1),
+    "bf16_sum": lambda x: x.to(torch.bfloat16).sum(-1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REDUCTIONS))
+def test_reductions(name):
+    assert_matches_eager(REDUCTIONS[name], [R.clone()])
+    nodes = passline.last_report().graph.nodes()
+    assert any(isinstance(n, Reduction) for n in nodes)
+    assert not any(isinstance(n, Extern) for n in nodes)
+
+
+def test_constants():
+    fn = lambda x: x + torch.full((6, 8), 2.5) + torch.ones(8) * torch.arange(8) + torch.zeros_like(x)
+    assert_matches_eager(fn, [A])
+    assert not any(isinstance(n, Extern) for n in passline.last_report().graph.nodes())
+
+
+def test_op_without_lowering_runs_as_extern():
+    fn = lambda x: torch.cumsum(x * 2, 1) + 1
+    assert_matches_eager(fn, [A.clone().requires_grad_()])
+    ops = [str(n.op) for r in [passline.last_report()] for n in r.graph.nodes() if isinstance(n, Extern)]
+    assert ops, "cumsum should be an extern call"
+
+
+def test_extern_gets_non_strided_view_as_copy():
+    # reshape of a transposed tensor is not a strided view: mm must get a materialized copy
+    fn = lambda x: (x.t().reshape(8, 6) + 0) @ torch.ones(6, 3)
+    assert_matches_eager(fn, [A])
+
+
+def test_complex_runs_as_extern():
+    fn = lambda z: (z * z + 1).abs()
+    z = torch.randn(4, 5, dtype=torch.complex64)
+    assert_matches_eager(fn, [z])
+    assert any(isinstance(n, Extern) for n in passline.last_report().graph.nodes())
+
+
+def test_matmul_is_extern_and_correct():
+    fn = lambda x, w: torch.relu(x @ w) + 1
+    assert_matches_eager(fn, [A.clone().requires_grad_(), torch.randn(8, 5, requires_grad=True)])
