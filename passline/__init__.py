@@ -3,10 +3,20 @@
     compiled = torch.compile(model, backend=passline.backend())
     passline.last_report().graph      # the scheduler graph that ran
 """
-from .backends.dynamo import Backend, backend
-from .pipeline import CompileReport, SchedulerGraph, VerificationError, last_report
+import importlib
+
+# Register the built-in passes first: below, the name `passline.passes` becomes the registry listing.
+importlib.import_module(".passes", __name__)
+
+from .pipeline import CompileReport, SchedulerGraph, VerificationError, last_report  # noqa: E402
+from .pipeline.manager import PassContext, PassManager, PassResult  # noqa: E402
+from .pipeline.registry import PassInfo, PipelineError, passes, register_pass, unregister_pass  # noqa: E402
+from .pipeline.text import PassCall, Pipeline, Repeat, repeat  # noqa: E402
+from .backends.dynamo import DEFAULT_PIPELINE, Backend, backend  # noqa: E402
+from .bisect import BisectReport, bisect, replay  # noqa: E402
 
 __version__ = "0.1.0"
 
 __all__ = ["backend", "Backend", "last_report", "CompileReport", "SchedulerGraph", "VerificationError",
-           "__version__"]
+           "PassContext", "PassManager", "PassResult", "PassInfo", "PipelineError", "passes", "register_pass",
+           "unregister_pass", "PassCall", "Pipeline", "Repeat", "repeat", "DEFAULT_PIPELINE", "bisect", "replay", "BisectReport", "__version__"]

@@ -6,6 +6,7 @@ forward and backward graphs; each is lowered, scheduled by the pipeline and run 
 from __future__ import annotations
 
 import itertools
+import os
 import time
 
 import torch
@@ -14,21 +15,43 @@ from torch._dynamo.backends.common import aot_autograd
 
 from ..lowering import decomposition_table, lower_graph
 from ..pipeline.graph import SchedulerGraph
+from ..pipeline.manager import PassManager
+from ..pipeline.metrics import Metrics, enabled_tables
 from ..pipeline.report import CompileReport, set_last_report
+from ..pipeline.text import Pipeline
 from .reference import ReferenceRunner
 
 CODEGENS = ("reference",)
+# The pipeline `passline.backend()` runs when none is given, in one place.
+DEFAULT_PIPELINE = "dce"
 
 
 class Backend:
-    """A configured passline backend: `torch.compile(model, backend=passline.backend(...))`."""
+    """A configured passline backend: `torch.compile(model, backend=passline.backend(...))`.
 
-    def __init__(self, pipeline: str = "", codegen: str = "reference", verify: bool = True):
+    pipeline: text or a Pipeline (default DEFAULT_PIPELINE); codegen: "reference";
+    verify: run SchedulerGraph.verify() after lowering and after every pass;
+    dump_dir: write graph dumps for each pass that changed the graph (default $PASSLINE_DUMP_DIR);
+    metric_tables: CSV metric tables to write (default $PASSLINE_METRIC_TABLES);
+    instruments: objects with before_pass/after_pass hooks;
+    pass_limit, decision_limits: stop after N pass runs / cap decisions (used by passline.bisect).
+    """
+
+    def __init__(self, pipeline=None, codegen: str = "reference", verify: bool = True, dump_dir=None,
+                 metric_tables=None, metric_dir=None, instruments=(), pass_limit=None, decision_limits=None,
+                 capture: bool = False):
         if codegen not in CODEGENS:
             raise ValueError(f"unknown codegen {codegen!r}; choose one of {', '.join(CODEGENS)}")
-        self.pipeline = pipeline
+        self.pipeline = Pipeline.parse(DEFAULT_PIPELINE if pipeline is None else pipeline) \
+            if not isinstance(pipeline, Pipeline) else pipeline
         self.codegen = codegen
         self.verify = verify
+        self.dump_dir = dump_dir if dump_dir is not None else os.environ.get("PASSLINE_DUMP_DIR") or None
+        self.metric_tables = enabled_tables(metric_tables)
+        self.metric_dir = metric_dir
+        self.manager = PassManager(self.pipeline, verify=verify, instruments=instruments, pass_limit=pass_limit,
+                                   decision_limits=decision_limits, dump_dir=self.dump_dir)
+        self.capture = capture  # keep each graph's first real inputs on its report (bisect, reproducers)
         self.reports: list[CompileReport] = []
         self._ids = itertools.count()
 
@@ -49,24 +72,43 @@ class Backend:
 
     def compile_aten(self, gm: torch.fx.GraphModule, example_inputs, kind: str = "graph"):
         """Lower an aten FX graph, run the pipeline, and return a callable taking the graph inputs."""
+        name = f"{kind}{next(self._ids)}"
         t0 = time.perf_counter()
         program = lower_graph(gm, example_inputs)
         graph = SchedulerGraph.from_program(program)
         if self.verify:
             graph.verify()
         t1 = time.perf_counter()
-        report = CompileReport(f"{kind}{next(self._ids)}", graph, self.codegen, pipeline=self.pipeline,
-                               nodes_before=len(graph))
+        metrics = Metrics(enabled=self.metric_tables)
+        nodes_before = len(graph)
+        graph, records = self.manager.run(graph, metrics, name)
+        t2 = time.perf_counter()
         runner = ReferenceRunner(graph)
-        report.seconds = {"lower": t1 - t0, "codegen": time.perf_counter() - t1}
+        report = CompileReport(name, graph, self.codegen, pipeline=str(self.pipeline), passes=records,
+                               nodes_before=nodes_before, metrics=metrics, gm=gm,
+                               seconds={"lower": t1 - t0, "passes": t2 - t1, "codegen": time.perf_counter() - t2})
+        report.finish()
+        if self.metric_tables:
+            metrics.write_csv(self.metric_dir)
         self.reports.append(report)
         set_last_report(report)
+        if self.capture:
+            return _capturing(runner, report)
         return runner
 
 
-def backend(pipeline: str = "", codegen: str = "reference", **options) -> Backend:
+def backend(pipeline=None, codegen: str = "reference", **options) -> Backend:
     """A torch.compile backend running `pipeline` and generating code with `codegen`."""
     return Backend(pipeline=pipeline, codegen=codegen, **options)
+
+
+def _capturing(runner, report: CompileReport):
+    def run(*args):
+        if report.inputs is None:
+            report.inputs = [a.detach().clone() if isinstance(a, torch.Tensor) else a for a in args]
+        return runner(*args)
+
+    return run
 
 
 def default_backend(gm: torch.fx.GraphModule, example_inputs):

@@ -9,6 +9,7 @@ import attrs
 
 from ..ir import Extern
 from .graph import SchedulerGraph
+from .metrics import Metrics, bytes_accessed, node_bytes
 
 
 @attrs.define
@@ -21,6 +22,36 @@ class CompileReport:
     passes: list = attrs.Factory(list)
     nodes_before: int = 0  # scheduler nodes straight out of lowering
     seconds: dict = attrs.Factory(dict)  # phase -> wall seconds (lower, passes, codegen)
+    metrics: Metrics = attrs.Factory(Metrics)
+    gm: object = None  # the aten FX graph this report compiled (for reproducers)
+    inputs: list | None = None  # its first real inputs, when the backend captures them
+
+    def finish(self) -> None:
+        """Fill the end-of-compile counters and metric-table rows."""
+        c = self.metrics.counters
+        c["ir_nodes_pre_fusion"] = self.nodes_before
+        c["ir_nodes_post_fusion"] = len(self.graph)
+        c["generated_kernel_count"] = self.kernels
+        c["num_bytes_accessed"] = self.bytes_accessed
+        self.metrics.row("graph_stats", graph=self.name, pipeline=self.pipeline, nodes_before=self.nodes_before,
+                         nodes_after=len(self.graph), kernels=self.kernels, externs=self.externs,
+                         bytes_accessed=self.bytes_accessed, **{f"seconds_{k}": v for k, v in self.seconds.items()})
+        buffers = self.graph.buffers()
+        for node in self.graph.nodes():
+            if not isinstance(node, Extern):
+                r, w = node_bytes(node, buffers)
+                self.metrics.row("kernel_metadata", graph=self.name, kernel=node.name, kind=node.kind,
+                                 numel=str(node.numel), rnumel=str(getattr(node, "reduction_numel", 1)),
+                                 bytes_read=r, bytes_written=w)
+
+    @property
+    def bytes_accessed(self) -> int:
+        """Bytes the generated kernels read and write, computed from the IR (externs excluded)."""
+        return bytes_accessed(self.graph)
+
+    @property
+    def nodes_after(self) -> int:
+        return len(self.graph)
 
     @property
     def kernels(self) -> int:

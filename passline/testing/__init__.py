@@ -33,10 +33,11 @@ def _flat(out):
     return []
 
 
-def assert_matches_eager(fn: Callable, inputs: Sequence, pipeline: str = "", codegen: str = "reference",
+def assert_matches_eager(fn: Callable, inputs: Sequence, pipeline=None, codegen: str = "reference",
                          backward: bool | None = None, **backend_options):
     """Compile `fn` with passline, run it and eager on copies of `inputs`, and compare outputs and
     (when any input requires grad) input gradients, with dtype-appropriate tolerances.
+    `pipeline=None` runs passline.DEFAULT_PIPELINE; "" runs no pass.
     Returns the passline backend, whose `reports` describe what was compiled."""
     import passline
 

@@ -1,0 +1,2 @@
+"""Built-in passes, one per module. Importing this package registers them."""
+from . import dce  # noqa: F401

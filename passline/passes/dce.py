@@ -1,0 +1,39 @@
+"""dce — dead-node elimination.
+
+Removes nodes whose results nothing needs: not a graph output, not read by a live node, not writing a
+graph input in place, and without side effects (an extern that mutates, or draws random numbers, is
+kept). Runs to a fixed point in one sweep, consumers before producers. Refuses nothing else.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..ir import Extern
+from ..pipeline.registry import register_pass
+
+
+def has_side_effects(node) -> bool:
+    if not isinstance(node, Extern):
+        return False
+    if node.mutates:
+        return True
+    op = node.op
+    schema = getattr(op, "_schema", None)
+    if schema is not None and schema.is_mutable:
+        return True
+    return torch.Tag.nondeterministic_seeded in getattr(op, "tags", ())
+
+
+@register_pass("dce", provides={"dead_nodes_removed"}, idempotent=True)
+def dce(graph, ctx):
+    """Remove nodes whose results nothing needs (not outputs, unread, no side effects)."""
+    keep = graph.output_names()
+    for node in reversed(graph.nodes()):
+        if has_side_effects(node) or any(b in keep for b in node.output_names()):
+            continue
+        if any(graph.consumers(b) for b in node.output_names()):
+            continue
+        if ctx.decide("remove", node):
+            graph.remove_node(node.name)
+            ctx.count("dce_removed")
+    return graph

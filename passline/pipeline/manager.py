@@ -1,0 +1,194 @@
+"""The PassManager: runs a Pipeline on a SchedulerGraph, checked, timed and explained.
+
+After each pass it verifies the graph (switchable), measures wall time, counts nodes and edges, and
+checks whether the graph really changed (by comparing its nodes and edges, not by trusting the pass).
+Passes make choices through `ctx.decide(kind, *nodes)`; a decision limit makes later decisions answer
+False, which is how `passline.bisect` finds the one decision that breaks a result.
+"""
+from __future__ import annotations
+
+import collections
+import time
+from typing import Any, Callable, Iterable
+
+import attrs
+
+from .graph import SchedulerGraph, VerificationError
+from .metrics import Metrics
+from .text import PassCall, Pipeline, Repeat
+
+
+@attrs.define
+class PassResult:
+    """What a pass may return instead of the bare graph."""
+
+    graph: SchedulerGraph
+    changed: bool | None = None
+    stats: dict = attrs.Factory(dict)
+
+
+@attrs.frozen
+class Decision:
+    index: int  # 1-based, within one pass run
+    kind: str
+    nodes: tuple  # node names
+    allowed: bool
+
+    def __str__(self):
+        return f"#{self.index} {self.kind}({', '.join(self.nodes)}){'' if self.allowed else ' [refused by limit]'}"
+
+
+@attrs.define
+class PassRecord:
+    index: int  # 1-based execution number within this pipeline run
+    name: str
+    call: str  # the pass as pipeline text, with its options
+    iteration: int | None  # iteration of the enclosing repeat(...), if any
+    seconds: float = 0.0
+    nodes_before: int = 0
+    nodes_after: int = 0
+    edges_before: int = 0
+    edges_after: int = 0
+    changed: bool = False
+    claimed_changed: bool | None = None
+    stats: dict = attrs.Factory(dict)
+    decisions: list = attrs.Factory(list)
+
+    def __str__(self):
+        it = f" (iteration {self.iteration})" if self.iteration is not None else ""
+        return (f"{self.index:3d}. {self.call}{it}: {self.seconds * 1e3:.2f} ms, nodes {self.nodes_before}"
+                f"→{self.nodes_after}, edges {self.edges_before}→{self.edges_after}"
+                f"{', changed' if self.changed else ''}"
+                + (f", {dict(self.stats)}" if self.stats else "")
+                + (f", {len(self.decisions)} decisions" if self.decisions else ""))
+
+
+class PassContext:
+    """Handed to each pass: counted decisions, stats and the compile's metrics."""
+
+    def __init__(self, record: PassRecord, metrics: Metrics, graph_name: str = "",
+                 decision_limit: int | None = None):
+        self.record = record
+        self.metrics = metrics
+        self.graph_name = graph_name
+        self.decision_limit = decision_limit
+        self.stats: collections.Counter = collections.Counter()
+
+    @property
+    def pass_name(self) -> str:
+        return self.record.name
+
+    def decide(self, kind: str, *nodes) -> bool:
+        """Ask to make one transformation; False means skip it (a bisect limit was reached)."""
+        index = len(self.record.decisions) + 1
+        allowed = self.decision_limit is None or index <= self.decision_limit
+        names = tuple(n if isinstance(n, str) else n.name for n in nodes)
+        self.record.decisions.append(Decision(index, kind, names, allowed))
+        return allowed
+
+    def count(self, stat: str, n: int = 1) -> None:
+        """Add to a pass statistic (in the pass record) and the compile's counter of that name."""
+        self.stats[stat] += n
+        self.metrics.counters[stat] += n
+
+    def refuse(self, reason: str, a, b, detail: str = "") -> None:
+        """Record why `a` and `b` were not combined (fusion failures by reason)."""
+        self.metrics.fusion_failures[reason] += 1
+        names = [x if isinstance(x, str) else x.name for x in (a, b)]
+        self.metrics.row("fusion_failures", graph=self.graph_name, pass_name=self.pass_name,
+                         reason=reason, node1=names[0], node2=names[1], detail=detail)
+        self.metrics.refusals[(names[0], names[1])] = (reason, detail, self.pass_name)
+
+
+def _fingerprint(graph: SchedulerGraph):
+    return (frozenset(graph.nx.nodes[n]["node"] for n in graph.nx), frozenset(graph.nx.edges), graph.outputs)
+
+
+class PassManager:
+    """Runs `pipeline` on graphs. Instruments are objects with optional `before_pass(call, graph)` and
+    `after_pass(record, graph)` methods."""
+
+    def __init__(self, pipeline: Pipeline | str = "", *, verify: bool = True, instruments: Iterable = (),
+                 pass_limit: int | None = None, decision_limits: dict | None = None,
+                 dump_dir: str | None = None):
+        self.pipeline = pipeline if isinstance(pipeline, Pipeline) else Pipeline.parse(pipeline)
+        self.verify = verify
+        self.instruments = list(instruments)
+        self.pass_limit = pass_limit
+        self.decision_limits = dict(decision_limits or {})
+        self.dump_dir = dump_dir
+
+    def run(self, graph: SchedulerGraph, metrics: Metrics | None = None, graph_name: str = "graph"):
+        """Run the pipeline; returns (final graph, list of PassRecord). `self.records` and
+        `self.graph_name` describe the latest run even when a pass raised."""
+        self.records: list[PassRecord] = []
+        self._records = self.records
+        self._metrics = metrics if metrics is not None else Metrics()
+        self._graph_name = self.graph_name = graph_name
+        if self.dump_dir:
+            from .dump import dump_graph
+
+            dump_graph(self.dump_dir, graph_name, 0, "input", graph)
+        graph, _ = self._run_items(self.pipeline.items, graph, None)
+        return graph, self._records
+
+    def _run_items(self, items, graph, iteration) -> tuple[SchedulerGraph, bool]:
+        changed_any = False
+        for it in items:
+            if isinstance(it, Repeat):
+                for k in range(1, it.max_iter + 1):
+                    graph, changed = self._run_items(it.items, graph, k)
+                    changed_any |= changed
+                    if not changed:
+                        break
+            else:
+                if self.pass_limit is not None and len(self._records) >= self.pass_limit:
+                    return graph, changed_any
+                graph, changed = self._run_pass(it, graph, iteration)
+                changed_any |= changed
+        return graph, changed_any
+
+    def _run_pass(self, call: PassCall, graph: SchedulerGraph, iteration) -> tuple[SchedulerGraph, bool]:
+        index = len(self._records) + 1
+        record = PassRecord(index, call.name, str(call), iteration, nodes_before=len(graph),
+                            edges_before=graph.nx.number_of_edges())
+        self._records.append(record)
+        ctx = PassContext(record, self._metrics, self._graph_name, self.decision_limits.get(index))
+        before = _fingerprint(graph)
+        before_graph = graph.copy() if self.dump_dir else None
+        for ins in self.instruments:
+            getattr(ins, "before_pass", lambda *a: None)(call, graph)
+        t0 = time.perf_counter()
+        try:
+            result = call.info.run(graph, ctx, **call.resolved())
+        except Exception as e:
+            e.add_note(f"in pass {call.name!r} (pipeline step {index}: {call})")
+            raise
+        record.seconds = time.perf_counter() - t0
+        if isinstance(result, PassResult):
+            record.claimed_changed = result.changed
+            ctx.stats.update(result.stats)
+            graph = result.graph
+        elif result is not None:
+            graph = result
+        if not isinstance(graph, SchedulerGraph):
+            raise TypeError(f"pass {call.name!r} returned {type(graph).__name__}, not a SchedulerGraph")
+        record.nodes_after, record.edges_after = len(graph), graph.nx.number_of_edges()
+        record.changed = _fingerprint(graph) != before
+        record.stats = dict(ctx.stats)
+        if self.verify:
+            try:
+                graph.verify()
+            except VerificationError as e:
+                raise VerificationError(e.args[0], e.node, pass_name=call.name) from e
+        self._metrics.row("pass_stats", graph=self._graph_name, index=index, pass_name=call.name,
+                          seconds=record.seconds, nodes_before=record.nodes_before,
+                          nodes_after=record.nodes_after, changed=record.changed,
+                          decisions=len(record.decisions))
+        if self.dump_dir and record.changed:
+            from .dump import dump_change
+
+            dump_change(self.dump_dir, self._graph_name, record, before_graph, graph)
+        for ins in self.instruments:
+            getattr(ins, "after_pass", lambda *a: None)(record, graph)
+        return graph, record.changed

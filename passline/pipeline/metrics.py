@@ -1,0 +1,103 @@
+"""Per-compile figures, in the spirit of Inductor's metrics.py, kept on each compile's report.
+
+Counters (`metrics.counters`): generated_kernel_count, num_bytes_accessed, ir_nodes_pre_fusion,
+ir_nodes_post_fusion, num_loop_reordering, codegen_mix_order_reduction, fusions, ... — whatever passes
+count through `ctx.count(...)`. `metrics.fusion_failures` counts refusals by reason.
+
+Opt-in CSV tables, one row per event: set `PASSLINE_METRIC_TABLES=graph_stats,fusion_failures,
+kernel_metadata,pass_stats` (or pass `metric_tables=` to `passline.backend`); files go to
+`PASSLINE_METRIC_DIR` (default `passline_metrics/`), one `<table>.csv` each, appended.
+"""
+from __future__ import annotations
+
+import collections
+import csv
+import os
+from pathlib import Path
+
+import attrs
+import sympy
+
+TABLES = ("graph_stats", "fusion_failures", "kernel_metadata", "pass_stats")
+
+
+def enabled_tables(explicit=None) -> frozenset:
+    names = explicit if explicit is not None else [
+        t for t in os.environ.get("PASSLINE_METRIC_TABLES", "").split(",") if t.strip()]
+    names = [n.strip() for n in names]
+    unknown = [n for n in names if n not in TABLES and n != "all"]
+    if unknown:
+        raise ValueError(f"unknown metric table {unknown[0]!r}; tables: {', '.join(TABLES)} (or all)")
+    return frozenset(TABLES if "all" in names else names)
+
+
+@attrs.define
+class Metrics:
+    counters: collections.Counter = attrs.Factory(collections.Counter)
+    fusion_failures: collections.Counter = attrs.Factory(collections.Counter)
+    refusals: dict = attrs.Factory(dict)  # (node1, node2) -> (reason, detail, pass name), for explain()
+    tables: dict = attrs.Factory(dict)  # table name -> list of row dicts
+    enabled: frozenset = frozenset()
+
+    def row(self, table: str, **row) -> None:
+        if table in self.enabled:
+            self.tables.setdefault(table, []).append(row)
+
+    def write_csv(self, directory: str | os.PathLike | None = None) -> list[Path]:
+        """Append each table's rows to `<directory>/<table>.csv`; return the files written."""
+        out = Path(directory or os.environ.get("PASSLINE_METRIC_DIR", "passline_metrics"))
+        written = []
+        for table, rows in self.tables.items():
+            if not rows:
+                continue
+            out.mkdir(parents=True, exist_ok=True)
+            path = out / f"{table}.csv"
+            fields = list(dict.fromkeys(k for r in rows for k in r))
+            new = not path.exists()
+            with path.open("a", newline="") as f:
+                w = csv.DictWriter(f, fieldnames=fields)
+                if new:
+                    w.writeheader()
+                w.writerows(rows)
+            written.append(path)
+        return written
+
+
+def _int(e):
+    e = sympy.sympify(e)
+    return int(e) if e.is_number else e
+
+
+def node_bytes(node, buffers: dict) -> tuple:
+    """(bytes read, bytes written) by one kernel node, from its memory deps: each buffer counts the
+    distinct elements its index can reach (capped at the buffer's size), once per node."""
+    def elements(dep):
+        ranges = dict(dep.var_ranges)
+        used = [ranges[v] for v in dep.index.free_symbols if v in ranges]
+        return sympy.Mul(*used) if used else sympy.S.One
+
+    def total(deps):
+        per_buffer: dict = {}
+        for d in deps:
+            n = elements(d)
+            per_buffer[d.buffer] = n if d.buffer not in per_buffer else sympy.Max(per_buffer[d.buffer], n)
+        out = sympy.S.Zero
+        for name, n in per_buffer.items():
+            buf = buffers[name]
+            out += sympy.Min(n, buf.layout.storage_span) * buf.dtype.itemsize
+        return _int(out)
+
+    return total(node.reads()), total(node.writes())
+
+
+def bytes_accessed(graph) -> int:
+    """Bytes the generated kernels read and write (externs excluded), computed from the IR."""
+    from ..ir import Extern
+
+    buffers = graph.buffers()
+    total = 0
+    for node in graph.nodes():
+        if not isinstance(node, Extern):
+            r, w = node_bytes(node, buffers)
+            total += r + w
+    return _int(total)

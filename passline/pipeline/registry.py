@@ -1,0 +1,212 @@
+"""The pass registry: passes are declared once, with their options and the facts they need and give.
+
+    @passline.register_pass("drop_casts", requires={"lowered"})
+    def drop_casts(graph, ctx, *, keep_outputs: bool = True):
+        '''Remove casts to the same dtype.'''
+        ...
+
+Options are the pass's keyword-only parameters (type from the annotation or the default; a doc from
+`Annotated[int, "doc"]`), or the fields of an attrs class `Options` on a class-based pass.
+Third-party packages register passes through the entry-point group `passline.passes`; those are
+imported lazily, the first time a name is looked up that is not registered yet.
+"""
+from __future__ import annotations
+
+import difflib
+import hashlib
+import inspect
+import typing
+from typing import Any, Callable
+
+import attrs
+
+ENTRY_POINT_GROUP = "passline.passes"
+OPTION_TYPES = (bool, int, float, str)
+
+
+class PipelineError(ValueError):
+    """A bad pipeline: unknown pass, bad option, unmet requirement. `position` is an offset in the text."""
+
+    def __init__(self, message: str, text: str | None = None, position: int | None = None):
+        self.text, self.position, self.reason = text, position, message
+        if text is not None and position is not None:
+            message = f"{message}\n  {text}\n  {' ' * position}^"
+        super().__init__(message)
+
+
+@attrs.frozen
+class OptionSpec:
+    name: str
+    type: type
+    default: Any
+    doc: str = ""
+    choices: tuple | None = None
+
+    def coerce(self, value, pass_name: str):
+        """The value as this option's type, or a PipelineError saying what is allowed."""
+        allowed = f"{self.type.__name__}" + (f" in {list(self.choices)}" if self.choices else "")
+        ok = isinstance(value, self.type) and not (self.type is not bool and isinstance(value, bool))
+        if self.type is float and isinstance(value, int) and not isinstance(value, bool):
+            value, ok = float(value), True
+        if not ok:
+            raise PipelineError(f"option {self.name!r} of pass {pass_name!r} takes {allowed}, got {value!r}")
+        if self.choices and value not in self.choices:
+            raise PipelineError(f"option {self.name!r} of pass {pass_name!r} takes {allowed}, got {value!r}")
+        return value
+
+
+@attrs.frozen(eq=False)
+class PassInfo:
+    """A registered pass. Call it with keyword options to configure it for a Pipeline:
+    `fuse(max_nodes=32)`; call it with (graph, ctx) to run it."""
+
+    name: str
+    run: Callable  # run(graph, ctx, **options) -> graph | PassResult | None
+    options: tuple  # OptionSpec, in declaration order
+    requires: frozenset = frozenset()
+    provides: frozenset = frozenset()
+    invalidates: frozenset = frozenset()
+    idempotent: bool = False
+    doc: str = ""
+    source_of: Any = None  # the function or class whose source keys caches
+
+    @property
+    def summary(self) -> str:
+        return self.doc.strip().splitlines()[0] if self.doc.strip() else ""
+
+    def option(self, name: str) -> OptionSpec:
+        for o in self.options:
+            if o.name == name:
+                return o
+        names = [o.name for o in self.options]
+        hint = difflib.get_close_matches(name, names, n=1)
+        raise PipelineError(f"pass {self.name!r} has no option {name!r}"
+                            + (f"; did you mean {hint[0]!r}?" if hint else "")
+                            + (f" (options: {', '.join(names)})" if names else " (it takes no options)"))
+
+    def defaults(self) -> dict:
+        return {o.name: o.default for o in self.options}
+
+    def source_hash(self) -> str:
+        """Hash of the source of the module defining the pass (one pass per file), so editing the pass
+        or a helper beside it changes every cache key that includes it."""
+        src = None
+        for obj in (inspect.getmodule(self.source_of), self.source_of):
+            try:
+                src = inspect.getsource(obj)
+                break
+            except (OSError, TypeError):
+                continue
+        if src is None:
+            src = getattr(self.source_of, "__qualname__", repr(self.source_of))
+        return hashlib.sha256(src.encode()).hexdigest()
+
+    def __call__(self, *args, **kwargs):
+        if not args:
+            from .text import PassCall
+
+            return PassCall.make(self.name, kwargs)
+        return self.run(*args, **kwargs)
+
+
+_REGISTRY: dict[str, PassInfo] = {}
+_entry_points_loaded = False
+
+
+def _options_from_signature(fn) -> tuple:
+    hints = typing.get_type_hints(fn, include_extras=True)
+    specs = []
+    for p in inspect.signature(fn).parameters.values():
+        if p.kind is not inspect.Parameter.KEYWORD_ONLY:
+            continue
+        if p.default is inspect.Parameter.empty:
+            raise TypeError(f"pass option {p.name!r} of {fn.__qualname__} needs a default")
+        hint, doc, choices = hints.get(p.name, type(p.default)), "", None
+        if typing.get_origin(hint) is typing.Annotated:
+            hint, *meta = typing.get_args(hint)
+            doc = next((m for m in meta if isinstance(m, str)), "")
+        if typing.get_origin(hint) is typing.Literal:
+            choices = typing.get_args(hint)
+            hint = type(choices[0])
+        specs.append(OptionSpec(p.name, _option_type(hint, fn, p.name), p.default, doc, choices))
+    return tuple(specs)
+
+
+def _options_from_attrs(cls) -> tuple:
+    specs = []
+    for f in attrs.fields(cls):
+        default = f.default.factory() if isinstance(f.default, attrs.Factory) else f.default
+        specs.append(OptionSpec(f.name, _option_type(f.type or type(default), cls, f.name), default,
+                                f.metadata.get("doc", "")))
+    return tuple(specs)
+
+
+def _option_type(hint, owner, name):
+    if isinstance(hint, str):
+        hint = {t.__name__: t for t in OPTION_TYPES}.get(hint, hint)
+    if hint not in OPTION_TYPES:
+        raise TypeError(f"option {name!r} of {getattr(owner, '__qualname__', owner)} must be one of "
+                        f"bool, int, float, str (got {hint!r})")
+    return hint
+
+
+def register_pass(name: str | None = None, *, requires=(), provides=(), invalidates=(),
+                  idempotent: bool = False, replace: bool = False):
+    """Register a pass function `(graph, ctx, **options)`, or a class with an attrs `Options` class and
+    a `run(self, graph, ctx, options)` method. Returns the PassInfo (callable like the function)."""
+
+    def register(obj):
+        pname = name or obj.__name__
+        if inspect.isclass(obj):
+            opts_cls = getattr(obj, "Options", None)
+            options = _options_from_attrs(opts_cls) if opts_cls is not None else ()
+            instance = obj()
+
+            def run(graph, ctx, **kw):
+                return instance.run(graph, ctx, opts_cls(**kw) if opts_cls is not None else None)
+        else:
+            options, run = _options_from_signature(obj), obj
+        if pname in _REGISTRY and not replace and _REGISTRY[pname].source_of is not obj:
+            raise ValueError(f"a pass named {pname!r} is already registered "
+                             f"(from {_REGISTRY[pname].source_of.__module__}); pass replace=True to override")
+        info = PassInfo(pname, run, options, frozenset(requires), frozenset(provides), frozenset(invalidates),
+                        idempotent, inspect.getdoc(obj) or "", obj)
+        _REGISTRY[pname] = info
+        return info
+
+    return register
+
+
+def unregister_pass(name: str) -> None:
+    _REGISTRY.pop(name, None)
+
+
+def _load_entry_points() -> None:
+    global _entry_points_loaded
+    if _entry_points_loaded:
+        return
+    _entry_points_loaded = True
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        ep.load()  # importing the module registers its passes
+
+
+def get_pass(name: str) -> PassInfo:
+    if name not in _REGISTRY:
+        _load_entry_points()
+    if name not in _REGISTRY:
+        hint = difflib.get_close_matches(name, list(_REGISTRY), n=3, cutoff=0.5)
+        raise PipelineError(f"unknown pass {name!r}" + (f"; did you mean {' or '.join(map(repr, hint))}?" if hint
+                                                        else f" (registered: {', '.join(sorted(_REGISTRY))})"))
+    return _REGISTRY[name]
+
+
+def passes() -> dict[str, PassInfo]:
+    """Every registered pass (built-in, user, and from installed packages' entry points), by name."""
+    _load_entry_points()
+    return dict(sorted(_REGISTRY.items()))
+
+
+def providers(fact: str) -> list[str]:
+    return [p.name for p in passes().values() if fact in p.provides]

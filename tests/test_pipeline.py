@@ -1,0 +1,337 @@
+"""Registry, pipeline text, pass manager, instrumentation, dumps, metrics, cache keys and bisect."""
+import csv
+import importlib
+import sys
+import textwrap
+from typing import Annotated, Literal
+
+import attrs
+import pytest
+import torch
+
+import passline
+from passline import Pipeline, PipelineError, register_pass, repeat
+from passline.ir import Constant, Op, Pointwise
+from passline.pipeline import registry
+from passline.testing import assert_matches_eager
+
+
+@pytest.fixture(autouse=True, scope="module")
+def test_passes():
+    @register_pass("t_opts", provides={"t_fact"}, replace=True)
+    def t_opts(graph, ctx, *, max_nodes: Annotated[int, "a cap"] = 64, horizontal: bool = True,
+               ratio: float = 0.5, mode: Literal["fast", "safe"] = "fast", tag: str = "x"):
+        """A test pass with every kind of option."""
+        return graph
+
+    @register_pass("t_needs", requires={"t_fact"}, replace=True)
+    def t_needs(graph, ctx):
+        """Needs t_fact."""
+        return graph
+
+    @register_pass("t_class", replace=True)
+    class TClass:
+        """A class-based pass."""
+
+        @attrs.define
+        class Options:
+            limit: int = attrs.field(default=3, metadata={"doc": "how many"})
+
+        def run(self, graph, ctx, options):
+            ctx.count("limit_seen", options.limit)
+            return graph
+
+    yield
+    for name in ("t_opts", "t_needs", "t_class"):
+        passline.unregister_pass(name)
+
+
+# -- registry and text ----------------------------------------------------------------------------
+def test_registry_lists_passes_with_options_and_docs():
+    info = passline.passes()["t_opts"]
+    assert info.summary == "A test pass with every kind of option."
+    assert [(o.name, o.type, o.default) for o in info.options] == [
+        ("max_nodes", int, 64), ("horizontal", bool, True), ("ratio", float, 0.5), ("mode", str, "fast"),
+        ("tag", str, "x")]
+    assert info.option("max_nodes").doc == "a cap" and info.option("mode").choices == ("fast", "safe")
+    assert passline.passes()["t_class"].option("limit").doc == "how many"
+    assert "dce" in passline.passes()
+
+
+@pytest.mark.parametrize("text", [
+    "dce",
+    "t_opts(max_nodes=32, horizontal=false), t_needs",
+    't_opts(ratio=0.25, mode=safe, tag="with space"), repeat(dce, t_class(limit=2); max_iter=4), dce',
+    "repeat(dce, repeat(t_class; max_iter=2))",
+    "",
+])
+def test_round_trip(text):
+    p = Pipeline.parse(text)
+    assert Pipeline.parse(str(p)) == p
+    assert str(Pipeline.parse(str(p))) == str(p)
+
+
+def test_python_form_equals_text():
+    t_opts, t_class = passline.passes()["t_opts"], passline.passes()["t_class"]
+    p = Pipeline(["dce", t_opts(max_nodes=32), repeat("dce", t_class(limit=2), max_iter=4), "t_needs"])
+    assert p == Pipeline.parse("dce, t_opts(max_nodes=32), repeat(dce, t_class(limit=2); max_iter=4), t_needs")
+    assert Pipeline.parse(str(p)) == p
+
+
+def test_int_option_accepted_for_float_and_normalized():
+    assert Pipeline.parse("t_opts(ratio=1)") == Pipeline.parse("t_opts(ratio=1.0)")
+
+
+@pytest.mark.parametrize("text, message, column", [
+    ("dce, t_optz", "unknown pass 't_optz'; did you mean 't_opts'", 5),
+    ("t_opts(max_node=3)", "has no option 'max_node'; did you mean 'max_nodes'", 7),
+    ("t_opts(max_nodes=1.5)", "option 'max_nodes' of pass 't_opts' takes int, got 1.5", 7),
+    ("t_opts(horizontal=3)", "takes bool", 7),
+    ("t_opts(mode=quick)", "takes str in ['fast', 'safe'], got 'quick'", 7),
+    ("t_needs, t_opts", "pass 't_needs' requires 't_fact', which no earlier pass provides; 't_opts' provides it", 0),
+    ("dce,", "expected a pass name, found the end", 4),
+    ("dce(", "expected an option name", 4),
+    ("dce dce", "expected ',' between passes", 4),
+    ("repeat(dce; max_iter=0)", "max_iter must be a positive int", 12),
+    ("t_opts(max_nodes=1, max_nodes=2)", "given twice", 20),
+    ("dce $", "unexpected character '$'", 4),
+])
+def test_errors_name_the_problem_and_point_at_it(text, message, column):
+    with pytest.raises(PipelineError) as e:
+        Pipeline.parse(text)
+    assert message in str(e.value)
+    assert e.value.position == column
+    assert str(e.value).splitlines()[-1] == " " * (2 + column) + "^"
+
+
+def test_python_form_errors():
+    with pytest.raises(PipelineError, match="did you mean 'max_nodes'"):
+        passline.passes()["t_opts"](max_nodez=1)
+    with pytest.raises(PipelineError, match="requires 't_fact'"):
+        Pipeline(["t_needs"])
+
+
+# -- pass manager ---------------------------------------------------------------------------------
+def _graph():
+    from passline.lowering import lower_graph
+    from passline.pipeline import SchedulerGraph
+
+    gm = torch.fx.symbolic_trace(lambda x: x)  # replaced below by an aten graph
+    from torch._functorch.aot_autograd import aot_export_joint_simple  # noqa: F401
+
+    def f(x):
+        y = torch.ops.aten.mul.Tensor(x, 2.0)
+        torch.ops.aten.add.Tensor(x, 1.0)  # dead
+        return torch.ops.aten.exp.default(y)
+
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    gm = make_fx(f)(torch.randn(4, 8))
+    return SchedulerGraph.from_program(lower_graph(gm))
+
+
+def test_manager_records_time_counts_and_checked_change():
+    @register_pass("t_liar", replace=True)
+    def t_liar(graph, ctx):
+        return passline.PassResult(graph, changed=True, stats={"claimed": 1})
+
+    try:
+        pm = passline.PassManager("dce, t_liar, t_class(limit=5)")
+        graph, records = pm.run(_graph())
+        dce_rec, liar, cls = records
+        assert (dce_rec.name, dce_rec.nodes_before, dce_rec.nodes_after, dce_rec.changed) == ("dce", 3, 2, True)
+        assert dce_rec.stats == {"dce_removed": 1} and dce_rec.seconds > 0
+        assert liar.claimed_changed is True and liar.changed is False and liar.stats == {"claimed": 1}
+        assert cls.stats == {"limit_seen": 5} and cls.call == "t_class(limit=5)"
+    finally:
+        passline.unregister_pass("t_liar")
+
+
+def test_fixed_point_repeat_runs_until_no_change_and_respects_cap():
+    @register_pass("t_shrink", replace=True)
+    def t_shrink(graph, ctx, *, keep: int = 0):
+        """Remove one node per run until `keep` remain."""
+        if len(graph) > keep:
+            graph.remove_node(graph.nodes()[-1].name)
+        return graph
+
+    try:
+        _, records = passline.PassManager("repeat(t_shrink)", verify=False).run(_graph())
+        assert [r.changed for r in records] == [True, True, True, False]
+        assert [r.iteration for r in records] == [1, 2, 3, 4]
+        _, records = passline.PassManager("repeat(t_shrink; max_iter=2)", verify=False).run(_graph())
+        assert len(records) == 2
+    finally:
+        passline.unregister_pass("t_shrink")
+
+
+def test_verifier_names_the_pass_that_broke_the_graph():
+    @register_pass("t_breaks", replace=True)
+    def t_breaks(graph, ctx):
+        """Drops a node something still reads."""
+        graph.remove_node(graph.nodes()[0].name)
+        return graph
+
+    try:
+        with pytest.raises(passline.VerificationError, match="after pass 't_breaks': reads buf0"):
+            passline.PassManager("t_breaks").run(_graph())
+        passline.PassManager("t_breaks", verify=False).run(_graph())  # switchable
+    finally:
+        passline.unregister_pass("t_breaks")
+
+
+def test_instruments_see_every_pass():
+    seen = []
+
+    class Spy:
+        def before_pass(self, call, graph):
+            seen.append(("before", str(call), len(graph)))
+
+        def after_pass(self, record, graph):
+            seen.append(("after", record.name, record.changed))
+
+    passline.PassManager("dce, t_class", instruments=[Spy()]).run(_graph())
+    assert seen == [("before", "dce", 3), ("after", "dce", True), ("before", "t_class", 2),
+                    ("after", "t_class", False)]
+
+
+def test_report_passes_and_figures():
+    be = assert_matches_eager(lambda x: (x * 2).exp() + 1, [torch.randn(4, 8)], pipeline="dce, t_class")
+    r = be.reports[0]
+    assert [p.name for p in r.passes] == ["dce", "t_class"]
+    for p in r.passes:
+        assert {"name", "seconds", "nodes_before", "nodes_after", "changed", "stats"} <= set(attrs.asdict(p))
+    # three pointwise nodes over float32[4, 8]: each reads 128 bytes and writes 128 bytes
+    assert r.kernels == 3 and r.bytes_accessed == 3 * (128 + 128)
+    assert r.metrics.counters["generated_kernel_count"] == 3
+
+
+def test_default_pipeline_is_used():
+    assert str(passline.backend().pipeline) == str(Pipeline.parse(passline.DEFAULT_PIPELINE))
+
+
+# -- dumps, metric tables, cache keys -------------------------------------------------------------
+def test_dumps_for_changed_passes(tmp_path):
+    be = passline.backend("dce, t_class", dump_dir=str(tmp_path))
+    graph = _graph()
+    be.manager.run(graph, graph_name="g")
+    files = sorted(p.name for p in (tmp_path / "g").iterdir())
+    assert files == ["000-input.dot", "000-input.txt", "001-dce.diff", "001-dce.dot", "001-dce.txt"]
+    diff = (tmp_path / "g" / "001-dce.diff").read_text()
+    assert "- buf1: removed (FX: add)" in diff
+    assert "digraph" in (tmp_path / "g" / "001-dce.dot").read_text()
+
+
+def test_dump_dir_from_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("PASSLINE_DUMP_DIR", str(tmp_path))
+    assert_matches_eager(lambda x: x.sin() * 2, [torch.randn(3)])
+    assert list(tmp_path.glob("forward*/000-input.txt")) or list(tmp_path.glob("inference*/000-input.txt"))
+
+
+def test_metric_tables(tmp_path, monkeypatch):
+    monkeypatch.setenv("PASSLINE_METRIC_TABLES", "graph_stats,kernel_metadata,pass_stats")
+    monkeypatch.setenv("PASSLINE_METRIC_DIR", str(tmp_path))
+    assert_matches_eager(lambda x: (x * 2).sum(1), [torch.randn(4, 8)])
+    rows = list(csv.DictReader((tmp_path / "kernel_metadata.csv").open()))
+    assert {r["kind"] for r in rows} == {"pointwise", "reduction"}
+    stats = list(csv.DictReader((tmp_path / "graph_stats.csv").open()))
+    assert len(stats) == 1 and int(stats[0]["kernels"]) == 2
+    assert (tmp_path / "pass_stats.csv").exists()
+    with pytest.raises(ValueError, match="unknown metric table 'graph_stat'"):
+        passline.backend(metric_tables=["graph_stat"])
+
+
+def test_cache_key_tracks_text_options_and_pass_source(tmp_path, monkeypatch):
+    mod = tmp_path / "my_cache_pass.py"
+    src = textwrap.dedent('''
+        import passline
+
+        @passline.register_pass("t_cached", replace=True)
+        def t_cached(graph, ctx, *, n: int = 1):
+            return graph  # VERSION 1
+    ''')
+    mod.write_text(src)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.import_module("my_cache_pass")
+    try:
+        k1 = Pipeline.parse("dce, t_cached").cache_key()
+        assert k1 == Pipeline.parse("dce, t_cached").cache_key()
+        assert k1 != Pipeline.parse("dce, t_cached(n=2)").cache_key()
+        assert k1 != Pipeline.parse("t_cached, dce").cache_key()
+        mod.write_text(src.replace("VERSION 1", "VERSION 2"))
+        importlib.reload(sys.modules["my_cache_pass"])
+        assert Pipeline.parse("dce, t_cached").cache_key() != k1
+    finally:
+        passline.unregister_pass("t_cached")
+        sys.modules.pop("my_cache_pass", None)
+
+
+def test_entry_point_discovery(tmp_path, monkeypatch):
+    dist = tmp_path / "thirdparty_passes-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: thirdparty-passes\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[passline.passes]\nmine = thirdparty_passes_mod\n")
+    (tmp_path / "thirdparty_passes_mod.py").write_text(textwrap.dedent('''
+        import passline
+
+        @passline.register_pass("t_thirdparty", replace=True)
+        def t_thirdparty(graph, ctx):
+            """From a plugin."""
+            return graph
+    '''))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(registry, "_entry_points_loaded", False)
+    try:
+        assert str(Pipeline.parse("dce, t_thirdparty")) == "dce, t_thirdparty"
+    finally:
+        passline.unregister_pass("t_thirdparty")
+
+
+# -- bisect -----------------------------------------------------------------------------------------
+def test_bisect_names_the_pass_and_the_decision(tmp_path):
+    @register_pass("t_sign_flip", replace=True)
+    def t_sign_flip(graph, ctx):
+        """Rewrites each pointwise node harmlessly, except the 3rd, whose sign it flips."""
+        for k, node in enumerate([n for n in graph.nodes() if isinstance(n, Pointwise)], 1):
+            if not ctx.decide("rewrite", node):
+                continue
+            factor = -1.0 if k == 3 else 1.0
+            body = Op("mul", (node.body, Constant(factor, node.body.dtype)), node.body.dtype)
+            graph.replace_node(node.name, attrs.evolve(node, body=body))
+        return graph
+
+    try:
+        fn = lambda x: ((x * 2 + 1).exp() - 3).tanh() * 0.5
+        x = torch.randn(8, 4)
+        with pytest.raises(AssertionError):
+            assert_matches_eager(fn, [x], pipeline="dce, t_class, t_sign_flip, dce")
+        report = passline.bisect(fn, [x], pipeline="dce, t_class, t_sign_flip, dce", save_dir=tmp_path)
+        assert (report.pass_index, report.pass_name) == (3, "t_sign_flip")
+        assert report.decision.index == 3 and report.decision.kind == "rewrite"
+        assert report.minimal_pipeline == "dce, t_class, t_sign_flip"
+        assert "t_sign_flip" in str(report) and "#3 rewrite" in str(report)
+        replayed = passline.replay(report.reproducer)
+        assert not replayed.matches
+    finally:
+        passline.unregister_pass("t_sign_flip")
+
+
+def test_bisect_finds_a_pass_that_drops_a_needed_node():
+    @register_pass("t_dropper", replace=True)
+    def t_dropper(graph, ctx):
+        for node in graph.nodes():
+            if graph.consumers(node.name) and ctx.decide("drop", node):
+                graph.remove_node(node.name)
+                break
+        return graph
+
+    try:
+        report = passline.bisect(lambda x: (x + 1) * 2, [torch.randn(3)], pipeline="dce, t_dropper")
+        assert report.pass_name == "t_dropper" and report.decision.index == 1
+    finally:
+        passline.unregister_pass("t_dropper")
+
+
+def test_bisect_reports_a_matching_pipeline():
+    report = passline.bisect(lambda x: x * 2, [torch.randn(3)], pipeline="dce")
+    assert report.matches and "nothing to bisect" in str(report)
