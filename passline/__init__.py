@@ -14,9 +14,10 @@ from .pipeline.registry import PassInfo, PipelineError, passes, register_pass, u
 from .pipeline.text import PassCall, Pipeline, Repeat, repeat  # noqa: E402
 from .backends.dynamo import DEFAULT_PIPELINE, Backend, backend  # noqa: E402
 from .bisect import BisectReport, bisect, replay  # noqa: E402
+from .explain import explain  # noqa: E402
 
 __version__ = "0.1.0"
 
 __all__ = ["backend", "Backend", "last_report", "CompileReport", "SchedulerGraph", "VerificationError",
            "PassContext", "PassManager", "PassResult", "PassInfo", "PipelineError", "passes", "register_pass",
-           "unregister_pass", "PassCall", "Pipeline", "Repeat", "repeat", "DEFAULT_PIPELINE", "bisect", "replay", "BisectReport", "__version__"]
+           "unregister_pass", "PassCall", "Pipeline", "Repeat", "repeat", "DEFAULT_PIPELINE", "bisect", "replay", "BisectReport", "explain", "__version__"]

@@ -25,3 +25,12 @@ def test_doc_examples_run(path, tmp_path):
     proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True,
                           timeout=600, env=env)
     assert proc.returncode == 0, f"{path.name} examples failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+
+
+def test_pass_catalog_is_current():
+    from passline.pipeline.registry import catalog_markdown
+
+    text = (ROOT / "docs" / "passes.md").read_text()
+    start, end = text.index("<!-- catalog:start -->\n"), text.index("<!-- catalog:end -->")
+    assert text[start + len("<!-- catalog:start -->\n"):end] == catalog_markdown(), \
+        "docs/passes.md is stale: paste passline.pipeline.registry.catalog_markdown() between the markers"

@@ -10,7 +10,7 @@ import os
 import time
 
 import torch
-from functorch.compile import make_boxed_func
+from functorch.compile import make_boxed_func, min_cut_rematerialization_partition
 from torch._dynamo.backends.common import aot_autograd
 
 from ..lowering import decomposition_table, lower_graph
@@ -23,7 +23,7 @@ from .reference import ReferenceRunner
 
 CODEGENS = ("reference",)
 # The pipeline `passline.backend()` runs when none is given, in one place.
-DEFAULT_PIPELINE = "dce"
+DEFAULT_PIPELINE = "dce, repeat(fuse, reorder_loops; max_iter=4), mix_order_reduction"
 
 
 class Backend:
@@ -61,6 +61,8 @@ class Backend:
             bw_compiler=self._compiler("backward"),
             inference_compiler=self._compiler("inference"),
             decompositions=decomposition_table(),
+            # save few activations; recompute cheap pointwise work in the backward (as Inductor does)
+            partition_fn=min_cut_rematerialization_partition,
         )
         return compiler(gm, example_inputs)
 

@@ -12,7 +12,8 @@ from typing import Callable
 import sympy
 import torch
 
-from ..ir import Cast, Constant, Extern, IndexValue, Load, Op, Pointwise, Reduction, TensorArg, walk
+from ..ir import (Cast, Constant, Extern, FusedNode, IndexValue, Load, MixOrderNode, Op, Pointwise, Reduction,
+                  TensorArg, walk)
 from ..ir.index import FloorDiv, ModularIndexing
 from ..pipeline.graph import SchedulerGraph
 
@@ -120,6 +121,10 @@ class ReferenceRunner:
         for k, node in enumerate(self.nodes):
             if isinstance(node, Extern):
                 self._extern(node, env, bind)
+            elif isinstance(node, (FusedNode, MixOrderNode)):
+                # a group computes exactly what its members compute, in order: the oracle runs them so
+                for m in node.members():
+                    env[m.output.name] = self._loop(m, env, bind)
             else:
                 env[node.output.name] = self._loop(node, env, bind)
             for b in self.free_after.get(k, ()):

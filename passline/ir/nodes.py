@@ -9,6 +9,7 @@ Loop variables are `i0..` for `ranges` and `r0..` for `reduction_ranges` (see `i
 """
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import attrs
@@ -83,10 +84,25 @@ class Buffer:
 
     @property
     def nbytes(self) -> Expr:
-        return self.layout.storage_span * self.dtype.itemsize
+        return _nbytes(self.layout)
 
     def __repr__(self):
         return f"{self.name}: {self.layout!r}"
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _nbytes(layout: Layout) -> Expr:
+    n = layout.storage_span * layout.dtype.itemsize
+    return int(n) if n.is_number else n
+
+
+def _body_loads(body) -> dict:
+    """Buffer name -> the indices the body loads it at, buffers in first-use order (kept on each node:
+    scheduling asks often)."""
+    out: dict = {}
+    for ld in loads(body):
+        out.setdefault(ld.buffer, []).append(ld.index)
+    return {b: tuple(ix) for b, ix in out.items()}
 
 
 @attrs.frozen(cache_hash=True)
@@ -173,7 +189,15 @@ class _LoopNode(_Node):
         return (MemoryDep(self.output.name, self.store_index(), outer),)
 
     def read_names(self) -> tuple[str, ...]:
-        return tuple(dict.fromkeys(ld.buffer for ld in loads(self.body)))
+        return tuple(self._loads)
+
+    def load_indices(self, buffer: str) -> tuple:
+        """The indices at which the body loads `buffer`."""
+        return self._loads.get(buffer, ())
+
+    def memo(self) -> dict:
+        """A per-node cache for facts derived from this (immutable) node."""
+        return self._memo
 
 
 def _identity_perm(self):
@@ -189,6 +213,9 @@ class Pointwise(_LoopNode):
     origins: tuple = ()
     # permutation[k] = which loop variable indexes the output's k-th dimension (loop reordering)
     permutation: tuple = attrs.field(default=attrs.Factory(_identity_perm, takes_self=True))
+    _loads: dict = attrs.field(init=False, eq=False, hash=False, repr=False,
+                               default=attrs.Factory(lambda self: _body_loads(self.body), takes_self=True))
+    _memo: dict = attrs.field(init=False, eq=False, hash=False, repr=False, factory=dict)
 
     def __repr__(self):
         return (f"{self.name} = Pointwise(ranges=[{', '.join(map(str, self.ranges))}]) "
@@ -205,6 +232,9 @@ class Reduction(_LoopNode):
     output: Buffer
     origins: tuple = ()
     permutation: tuple = attrs.field(default=attrs.Factory(_identity_perm, takes_self=True))
+    _loads: dict = attrs.field(init=False, eq=False, hash=False, repr=False,
+                               default=attrs.Factory(lambda self: _body_loads(self.body), takes_self=True))
+    _memo: dict = attrs.field(init=False, eq=False, hash=False, repr=False, factory=dict)
 
     @property
     def reduction_vars(self) -> tuple:
@@ -275,4 +305,155 @@ def _collect(x, found: list) -> None:
             _collect(y, found)
 
 
-Node = Pointwise | Reduction | Extern
+
+
+def _group_outputs(group) -> tuple:
+    return tuple(m.output.name for m in group.members())
+
+
+def _group_reads(group) -> tuple:
+    inside = set(_group_outputs(group))
+    return tuple(dict.fromkeys(b for m in group.members() for b in m.read_names() if b not in inside))
+
+
+def _derived(fn):
+    """A field computed from the others when the node is built (kept out of eq, hash and repr); a
+    builder that already knows it may pass it (keyword-only)."""
+    return attrs.field(kw_only=True, eq=False, hash=False, repr=False, default=attrs.Factory(fn, takes_self=True))
+
+
+def _members_origins(nodes) -> tuple:
+    return tuple(dict.fromkeys(o for n in nodes for o in n.origins))
+
+
+class _GroupNode(_Node):
+    """Behaviour shared by nodes that hold other nodes (fused groups, mix-order reductions)."""
+
+    def members(self) -> tuple:
+        """The Pointwise/Reduction nodes inside, in execution order."""
+        raise NotImplementedError
+
+    def output_buffers(self) -> tuple[Buffer, ...]:
+        return tuple(m.output for m in self.members())
+
+    def output_names(self) -> tuple[str, ...]:
+        return self._outputs
+
+    def read_names(self) -> tuple[str, ...]:
+        return self._reads
+
+    def reads(self) -> tuple[MemoryDep, ...]:
+        inside = set(self.output_names())
+        return tuple(dict.fromkeys(d for m in self.members() for d in m.reads() if d.buffer not in inside))
+
+    def writes(self) -> tuple[MemoryDep, ...]:
+        return tuple(d for m in self.members() for d in m.writes())
+
+    def member_names(self) -> tuple[str, ...]:
+        return tuple(m.name for m in self.members())
+
+
+@attrs.frozen(cache_hash=True, repr=False)
+class FusedNode(_GroupNode):
+    """Nodes that run as one kernel over one loop nest.
+
+    `ranges` / `reduction_ranges` are the group's canonical loop sizes (size-1 loops dropped); every
+    member's own loops line up with them: a Reduction member as (ranges | reduction_ranges), a Pointwise
+    member either over ranges + reduction_ranges (inside the reduction loop) or over ranges alone (after
+    the reductions). Members read each other's buffers only at the point being computed, so a buffer
+    that no node outside the group reads never needs memory."""
+
+    name: str
+    nodes: tuple
+    ranges: tuple = attrs.field(converter=_exprs)
+    reduction_ranges: tuple = attrs.field(default=(), converter=_exprs)
+    origins: tuple = attrs.field(default=attrs.Factory(lambda self: _members_origins(self.nodes), takes_self=True))
+    _outputs: tuple = _derived(_group_outputs)
+    _reads: tuple = _derived(_group_reads)
+
+    kind = "fused"
+
+    def members(self) -> tuple:
+        return self.nodes
+
+    @property
+    def numel(self) -> Expr:
+        return product(self.ranges)
+
+    @property
+    def reduction_numel(self) -> Expr:
+        return product(self.reduction_ranges)
+
+    def __repr__(self):
+        red = f" | {', '.join(map(str, self.reduction_ranges))}" if self.reduction_ranges else ""
+        return f"{self.name} = Fused[{', '.join(map(str, self.ranges))}{red}]({', '.join(self.member_names())})"
+
+
+@attrs.frozen(cache_hash=True, repr=False)
+class MixOrderNode(_GroupNode):
+    """A row-reduction group and column-reduction groups over the same rows, in one kernel.
+
+    `row` reduces over the columns of each row (ranges = rows | reduction = columns); each of `cols`
+    reduces over the rows for each column (ranges = columns | reduction = rows). The kernel walks blocks
+    of `split_rows` rows: it finishes each row's reduction and epilogue, and adds the block's column
+    partial sums into a workspace [n_splits, columns]; a small reduction over the splits finishes the
+    column results (and their epilogues)."""
+
+    name: str
+    row: Any
+    cols: tuple
+    split_rows: int
+    origins: tuple = attrs.field(default=attrs.Factory(
+        lambda self: _members_origins((self.row, *self.cols)), takes_self=True))
+    _outputs: tuple = _derived(_group_outputs)
+    _reads: tuple = _derived(_group_reads)
+
+    kind = "mix_order"
+
+    def members(self) -> tuple:
+        return tuple(m for g in (self.row, *self.cols) for m in (g.members() if hasattr(g, "members") else (g,)))
+
+    @property
+    def rows(self) -> Expr:
+        return product(_group_shape(self.row)[0])
+
+    @property
+    def columns(self) -> Expr:
+        return product(_group_shape(self.row)[1])
+
+    numel = rows  # the row loop, as for a row reduction
+    reduction_numel = columns
+
+    @property
+    def n_splits(self) -> Expr:
+        from .index import FloorDiv
+
+        return FloorDiv(self.rows + self.split_rows - 1, self.split_rows)
+
+    def column_reductions(self) -> list:
+        return [m for g in self.cols for m in (g.members() if hasattr(g, "members") else (g,))
+                if isinstance(m, Reduction)]
+
+    def workspace_bytes(self) -> Expr:
+        """Bytes of the partial-sum workspaces (float32 or wider accumulators)."""
+        return sum((self.n_splits * self.columns * max(4, m.output.dtype.itemsize)
+                    for m in self.column_reductions()), sympy.S.Zero)
+
+    def __repr__(self):
+        cols = "; ".join(getattr(c, "name", "?") for c in self.cols)
+        return f"{self.name} = MixOrder(rows {self.rows} x cols {self.columns}, split {self.split_rows}: " \
+               f"{self.row.name}; {cols})"
+
+
+def _group_shape(node) -> tuple:
+    """(outer sizes, reduction sizes) of a node or group, size-1 loops dropped."""
+    if isinstance(node, FusedNode):
+        return node.ranges, node.reduction_ranges
+    outer = tuple(s for s in node.ranges if s != 1)
+    red = tuple(s for s in getattr(node, "reduction_ranges", ()) if s != 1)
+    if isinstance(node, Reduction) and not red:
+        red = (sympy.S.One,)
+    return outer, red
+
+
+Node = Pointwise | Reduction | Extern | FusedNode | MixOrderNode

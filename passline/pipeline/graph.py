@@ -14,8 +14,9 @@ import networkx as nx
 import sympy
 import torch
 
-from ..ir import Buffer, Extern, Load, Pointwise, Reduction, TensorArg, loads
+from ..ir import Buffer, Extern, FusedNode, Load, MixOrderNode, Pointwise, Reduction, TensorArg, loads
 from ..ir.index import as_strided_form
+from ..ir.loops import group_problem, shape
 from ..lowering import GraphInput, Program
 
 
@@ -28,6 +29,9 @@ class VerificationError(AssertionError):
         where = f" (node {node})" if node else ""
         after = f"after pass {pass_name!r}: " if pass_name else ""
         super().__init__(f"{after}{message}{where}")
+
+
+_EMPTY: frozenset = frozenset()
 
 
 class SchedulerGraph:
@@ -61,6 +65,10 @@ class SchedulerGraph:
         order = nx.get_node_attributes(self.nx, "order")
         return [self.node(n) for n in nx.lexicographical_topological_sort(self.nx, key=order.__getitem__)]
 
+    def leaf_nodes(self) -> list:
+        """Every Pointwise, Reduction and Extern node, inside fused groups too, in order."""
+        return [m for n in self.nodes() for m in (n.members() if hasattr(n, "members") else (n,))]
+
     def names(self) -> list[str]:
         return [n.name for n in self.nodes()]
 
@@ -77,6 +85,11 @@ class SchedulerGraph:
     def producer(self, buffer: str) -> str | None:
         """The node that writes `buffer`, or None for a graph input."""
         return self._producer.get(buffer)
+
+    def readers(self, buffer: str):
+        """Names of the nodes that read `buffer`: the graph's own set, unordered — read it, never
+        change it (use consumers() for a list in program order)."""
+        return self._readers.get(buffer, _EMPTY)
 
     def consumers(self, buffer: str) -> list[str]:
         """Nodes that read `buffer`, in program order."""
@@ -124,6 +137,45 @@ class SchedulerGraph:
         order = self.nx.nodes[name]["order"]
         self.remove_node(name)
         self.add_node(new, order=order)
+
+    def merge(self, names, new) -> None:
+        """Replace the nodes `names` by `new`, which does all their work: edges among them vanish, the
+        others move to `new`. If `new.name` is one of `names`, that node stays in place with its edges
+        (cheap when it has thousands), and only the others' edges move."""
+        names = list(names)
+        olds = [self.node(n) for n in names]
+        order = min(self.nx.nodes[n]["order"] for n in names)
+        keep = new.name if new.name in names else None
+        if keep is None:
+            if new.name in self.nx:
+                raise ValueError(f"node {new.name} already in the graph")
+            self.nx.add_node(new.name, node=new, order=order)
+        else:
+            self.nx.nodes[keep]["node"] = new
+            self.nx.nodes[keep]["order"] = order
+        merged = set(names)
+        for n in names:
+            if n == keep:
+                continue
+            for u, _, d in list(self.nx.in_edges(n, data=True)):
+                if u not in merged:
+                    for b in d["buffers"]:
+                        self._edge(u, new.name, b)
+            for _, v, d in list(self.nx.out_edges(n, data=True)):
+                if v not in merged:
+                    for b in d["buffers"]:
+                        self._edge(new.name, v, b)
+            self.nx.remove_node(n)
+        if keep is not None:  # edges from or to nodes merged into it
+            for u in [u for u in self.nx.predecessors(keep) if u in merged or u == keep]:
+                self.nx.remove_edge(u, keep)
+        for n, old in zip(names, olds):
+            for b in old.read_names():
+                self._readers.get(b, set()).discard(n)
+        for b in new.output_names():
+            self._producer[b] = new.name
+        for b in new.read_names():
+            self._readers.setdefault(b, set()).add(new.name)
 
     def _edge(self, u: str, v: str, buffer: str) -> None:
         if self.nx.has_edge(u, v):
@@ -203,6 +255,14 @@ class SchedulerGraph:
 
 
 def _describe(node) -> str:
+    if isinstance(node, FusedNode):
+        red = f" | {', '.join(map(str, node.reduction_ranges))}" if node.reduction_ranges else ""
+        head = f"{node.name}: fused [{', '.join(map(str, node.ranges))}{red}], {len(node.nodes)} nodes"
+        return head + "".join("\n  " + _describe(m).replace("\n", "\n  ") for m in node.nodes)
+    if isinstance(node, MixOrderNode):
+        head = (f"{node.name}: mix_order rows={node.rows} cols={node.columns} split_rows={node.split_rows} "
+                f"(row reduction {node.row.name}; column reductions {', '.join(c.name for c in node.cols)})")
+        return head + "".join("\n  " + _describe(g).replace("\n", "\n  ") for g in (node.row, *node.cols))
     if isinstance(node, (Pointwise, Reduction)):
         head = f"{node.name}: {node.kind}"
         ranges = f"[{', '.join(map(str, node.ranges))}]"
@@ -218,7 +278,23 @@ def _describe(node) -> str:
 
 
 def _check_node(node, buffers: dict) -> None:
-    if isinstance(node, (Pointwise, Reduction)):
+    if isinstance(node, FusedNode):
+        problem = group_problem(node)
+        if problem:
+            raise VerificationError(f"fused node is malformed: {problem}", node.name)
+        for m in node.nodes:
+            _check_node(m, buffers)
+    elif isinstance(node, MixOrderNode):
+        outer, red = shape(node.row)
+        if not red:
+            raise VerificationError("mix-order row side is not a reduction", node.name)
+        for g in node.cols:
+            if shape(g) != (red, outer):
+                raise VerificationError(f"column side {g.name} {shape(g)} is not the transpose of "
+                                        f"{(outer, red)}", node.name)
+        for g in (node.row, *node.cols):
+            _check_node(g, buffers)
+    elif isinstance(node, (Pointwise, Reduction)):
         out = node.output.layout
         if sympy.simplify(out.numel - sympy.Mul(*node.ranges)) != 0:
             raise VerificationError(

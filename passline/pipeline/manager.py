@@ -92,16 +92,41 @@ class PassContext:
         self.metrics.counters[stat] += n
 
     def refuse(self, reason: str, a, b, detail: str = "") -> None:
-        """Record why `a` and `b` were not combined (fusion failures by reason)."""
+        """Record why nodes `a` and `b` were not combined (fusion failures by reason, for explain)."""
         self.metrics.fusion_failures[reason] += 1
-        names = [x if isinstance(x, str) else x.name for x in (a, b)]
         self.metrics.row("fusion_failures", graph=self.graph_name, pass_name=self.pass_name,
-                         reason=reason, node1=names[0], node2=names[1], detail=detail)
-        self.metrics.refusals[(names[0], names[1])] = (reason, detail, self.pass_name)
+                         reason=reason, node1=a.name, node2=b.name, detail=detail)
+        self.metrics.refusals.append(Refusal(self.pass_name, reason, detail, a.name, b.name,
+                                             _member_names(a), _member_names(b)))
 
 
-def _fingerprint(graph: SchedulerGraph):
-    return (frozenset(graph.nx.nodes[n]["node"] for n in graph.nx), frozenset(graph.nx.edges), graph.outputs)
+@attrs.frozen
+class Refusal:
+    pass_name: str
+    reason: str
+    detail: str
+    a: str
+    b: str
+    a_members: tuple  # the original node names inside a and b
+    b_members: tuple
+
+
+def _member_names(node) -> tuple:
+    return tuple(m.name for m in node.members()) if hasattr(node, "members") else (node.name,)
+
+
+def _snapshot(graph: SchedulerGraph):
+    return dict(graph.nx.nodes(data="node")), frozenset(graph.nx.edges), graph.outputs
+
+
+def _changed(before, graph: SchedulerGraph) -> bool:
+    """Did the graph change? Nodes are compared by name, then by identity, and by value only where the
+    object differs (a pass may rebuild an equal node: that is no change)."""
+    nodes, edges, outputs = before
+    now = dict(graph.nx.nodes(data="node"))
+    if nodes.keys() != now.keys() or outputs != graph.outputs or edges != frozenset(graph.nx.edges):
+        return True
+    return any(old is not now[n] and old != now[n] for n, old in nodes.items())
 
 
 class PassManager:
@@ -154,7 +179,7 @@ class PassManager:
                             edges_before=graph.nx.number_of_edges())
         self._records.append(record)
         ctx = PassContext(record, self._metrics, self._graph_name, self.decision_limits.get(index))
-        before = _fingerprint(graph)
+        before = _snapshot(graph)
         before_graph = graph.copy() if self.dump_dir else None
         for ins in self.instruments:
             getattr(ins, "before_pass", lambda *a: None)(call, graph)
@@ -174,7 +199,7 @@ class PassManager:
         if not isinstance(graph, SchedulerGraph):
             raise TypeError(f"pass {call.name!r} returned {type(graph).__name__}, not a SchedulerGraph")
         record.nodes_after, record.edges_after = len(graph), graph.nx.number_of_edges()
-        record.changed = _fingerprint(graph) != before
+        record.changed = _changed(before, graph)
         record.stats = dict(ctx.stats)
         if self.verify:
             try:

@@ -35,7 +35,7 @@ def enabled_tables(explicit=None) -> frozenset:
 class Metrics:
     counters: collections.Counter = attrs.Factory(collections.Counter)
     fusion_failures: collections.Counter = attrs.Factory(collections.Counter)
-    refusals: dict = attrs.Factory(dict)  # (node1, node2) -> (reason, detail, pass name), for explain()
+    refusals: list = attrs.Factory(list)  # manager.Refusal records, for passline.explain
     tables: dict = attrs.Factory(dict)  # table name -> list of row dicts
     enabled: frozenset = frozenset()
 
@@ -68,9 +68,23 @@ def _int(e):
     return int(e) if e.is_number else e
 
 
-def node_bytes(node, buffers: dict) -> tuple:
-    """(bytes read, bytes written) by one kernel node, from its memory deps: each buffer counts the
-    distinct elements its index can reach (capped at the buffer's size), once per node."""
+def kernel_count(node) -> int:
+    """Kernels the backend launches for one scheduler node: none for an extern call, two for a
+    mix-order reduction (the main kernel and the small sum over its partials), else one."""
+    from ..ir import Extern, MixOrderNode
+
+    return 0 if isinstance(node, Extern) else 2 if isinstance(node, MixOrderNode) else 1
+
+
+def node_bytes(graph, node) -> tuple:
+    """(bytes read, bytes written) by one kernel node. Each buffer counts the distinct elements its
+    index can reach (capped at the buffer's size), once per node; a fused node writes only what is
+    read outside it or returned; a mix-order node adds its workspace, written and read back."""
+    from ..ir import MixOrderNode
+
+    buffers = graph.buffers()
+    keep = graph.output_names() | graph.mutated_names()
+
     def elements(dep):
         ranges = dict(dep.var_ranges)
         used = [ranges[v] for v in dep.index.free_symbols if v in ranges]
@@ -85,19 +99,23 @@ def node_bytes(node, buffers: dict) -> tuple:
         for name, n in per_buffer.items():
             buf = buffers[name]
             out += sympy.Min(n, buf.layout.storage_span) * buf.dtype.itemsize
-        return _int(out)
+        return out
 
-    return total(node.reads()), total(node.writes())
+    grouped = hasattr(node, "members")
+    writes = [d for d in node.writes() if not grouped or d.buffer in keep or graph.readers(d.buffer)]
+    read, written = total(node.reads()), total(writes)
+    if isinstance(node, MixOrderNode):
+        read, written = read + node.workspace_bytes(), written + node.workspace_bytes()
+    return _int(read), _int(written)
 
 
 def bytes_accessed(graph) -> int:
     """Bytes the generated kernels read and write (externs excluded), computed from the IR."""
     from ..ir import Extern
 
-    buffers = graph.buffers()
     total = 0
     for node in graph.nodes():
         if not isinstance(node, Extern):
-            r, w = node_bytes(node, buffers)
+            r, w = node_bytes(graph, node)
             total += r + w
     return _int(total)

@@ -210,3 +210,26 @@ def passes() -> dict[str, PassInfo]:
 
 def providers(fact: str) -> list[str]:
     return [p.name for p in passes().values() if fact in p.provides]
+
+
+def catalog_markdown() -> str:
+    """The registered passes as a Markdown catalog (docs/passes.md embeds it; a test keeps it current)."""
+    lines = []
+    for info in passes().values():
+        facts = []
+        for label, group in (("requires", info.requires), ("provides", info.provides),
+                             ("invalidates", info.invalidates)):
+            if group:
+                facts.append(f"{label} {', '.join(sorted(group))}")
+        lines.append(f"### `{info.name}`\n")
+        lines.append(info.summary + "\n")
+        if facts:
+            lines.append(f"Facts: {'; '.join(facts)}.\n")
+        if info.options:
+            lines.append("| option | type | default | meaning |")
+            lines.append("|---|---|---|---|")
+            for o in info.options:
+                allowed = f" ({' / '.join(map(str, o.choices))})" if o.choices else ""
+                lines.append(f"| `{o.name}` | {o.type.__name__}{allowed} | `{o.default!r}` | {o.doc} |")
+            lines.append("")
+    return "\n".join(lines).rstrip() + "\n"

@@ -9,7 +9,7 @@ import attrs
 
 from ..ir import Extern
 from .graph import SchedulerGraph
-from .metrics import Metrics, bytes_accessed, node_bytes
+from .metrics import Metrics, bytes_accessed, kernel_count, node_bytes
 
 
 @attrs.define
@@ -36,10 +36,9 @@ class CompileReport:
         self.metrics.row("graph_stats", graph=self.name, pipeline=self.pipeline, nodes_before=self.nodes_before,
                          nodes_after=len(self.graph), kernels=self.kernels, externs=self.externs,
                          bytes_accessed=self.bytes_accessed, **{f"seconds_{k}": v for k, v in self.seconds.items()})
-        buffers = self.graph.buffers()
         for node in self.graph.nodes():
             if not isinstance(node, Extern):
-                r, w = node_bytes(node, buffers)
+                r, w = node_bytes(self.graph, node)
                 self.metrics.row("kernel_metadata", graph=self.name, kernel=node.name, kind=node.kind,
                                  numel=str(node.numel), rnumel=str(getattr(node, "reduction_numel", 1)),
                                  bytes_read=r, bytes_written=w)
@@ -55,8 +54,8 @@ class CompileReport:
 
     @property
     def kernels(self) -> int:
-        """Nodes the backend runs as generated code (everything but extern calls)."""
-        return sum(1 for n in self.graph.nodes() if not isinstance(n, Extern))
+        """Generated kernels: one per non-extern node, two for a mix-order reduction (main + finish)."""
+        return sum(kernel_count(n) for n in self.graph.nodes())
 
     @property
     def externs(self) -> int:

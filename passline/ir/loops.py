@@ -1,0 +1,200 @@
+"""Loop-nest facts the scheduling passes share: canonical loop variables, a node's role in a group,
+and whether two accesses to a buffer meet at the same point.
+
+Canonical variables drop size-1 loops and name the rest by position: `o0, o1, ...` for a group's outer
+loops and `q0, q1, ...` for its reduction loops. Two nodes line up when their accesses to a shared
+buffer are the same expression in canonical variables.
+"""
+from __future__ import annotations
+
+import functools
+
+import attrs
+import sympy
+
+from .body import substitute_index
+from .index import as_strided_form, loop_vars
+from .nodes import FusedNode, MixOrderNode, Pointwise, Reduction, _group_shape
+
+
+@functools.lru_cache(maxsize=None)
+def canon_var(prefix: str, k: int) -> sympy.Symbol:
+    return sympy.Symbol(f"{prefix}{k}", integer=True, nonnegative=True)
+
+
+def shape(node) -> tuple:
+    """(outer sizes, reduction sizes) of a node or group, size-1 loops dropped; () reduction sizes for
+    pointwise work."""
+    if isinstance(node, MixOrderNode):
+        return _group_shape(node.row)
+    return _group_shape(node)
+
+
+def role(member, outer: tuple, red: tuple) -> str | None:
+    """How `member` runs in a group over (outer | red): "inner" (each point of outer+red, inside the
+    reduction loop), "outer" (each point of outer, after the reductions), "reduction", or None."""
+    o, r = _group_shape(member)
+    if isinstance(member, Reduction):
+        return "reduction" if (o, r) == (tuple(outer), tuple(red)) else None
+    if o == tuple(outer) + tuple(red):
+        return "inner"
+    if red and o == tuple(outer):
+        return "outer"
+    return None
+
+
+def canonical_map(member, n_outer: int) -> dict:
+    """Substitution from the member's loop variables to canonical ones; size-1 loops become 0.
+    For a Pointwise member the first `n_outer` non-unit loops are outer (o*), the rest reduction (q*)."""
+    mapping = {}
+    k = 0
+    for v, s in zip(loop_vars("i", len(member.ranges)), member.ranges):
+        if s == 1:
+            mapping[v] = sympy.S.Zero
+        else:
+            mapping[v] = canon_var("o", k) if k < n_outer or isinstance(member, Reduction) else canon_var("q", k - n_outer)
+            k += 1
+    if isinstance(member, Reduction):
+        j = 0
+        for v, s in zip(loop_vars("r", len(member.reduction_ranges)), member.reduction_ranges):
+            mapping[v] = sympy.S.Zero if s == 1 else canon_var("q", j)
+            j += 1 if s != 1 else 0
+    return mapping
+
+
+def canonical_sizes(member, n_outer: int) -> dict:
+    """Canonical variable -> loop size."""
+    m = canonical_map(member, n_outer)
+    sizes = dict(zip(loop_vars("i", len(member.ranges)), member.ranges))
+    if isinstance(member, Reduction):
+        sizes.update(zip(loop_vars("r", len(member.reduction_ranges)), member.reduction_ranges))
+    return {c: sizes[v] for v, c in m.items() if isinstance(c, sympy.Symbol)}
+
+
+@attrs.frozen(eq=False)
+class Access:
+    """One access to a buffer in canonical variables."""
+
+    index: sympy.Expr
+    sizes: dict  # canonical var -> size
+
+
+def store_access(member, n_outer: int) -> Access:
+    memo = member.memo()
+    key = ("store", n_outer)
+    if key not in memo:
+        memo[key] = Access(sympy.expand(_store_index(member).xreplace(canonical_map(member, n_outer))),
+                           canonical_sizes(member, n_outer))
+    return memo[key]
+
+
+def read_accesses(member, buffer: str, n_outer: int) -> tuple:
+    memo = member.memo()
+    key = ("read", buffer, n_outer)
+    if key not in memo:
+        m = canonical_map(member, n_outer)
+        sizes = canonical_sizes(member, n_outer)
+        memo[key] = tuple(Access(sympy.expand(ix.xreplace(m)), sizes) for ix in member.load_indices(buffer))
+    return memo[key]
+
+
+def compare(store: Access, read: Access):
+    """"same" when the read meets the store point for point; ("permuted", {read var: store var}) when it
+    does with the loops in another order; "different" otherwise."""
+    if store.index == read.index or sympy.expand(store.index - read.index) == 0:
+        return "same"
+    s_form = as_strided_form(store.index, list(store.sizes))
+    r_form = as_strided_form(read.index, list(read.sizes))
+    if s_form is None or r_form is None or sympy.expand(s_form[1] - r_form[1]) != 0:
+        return "different"
+    by_coef = {}
+    for v, c in zip(store.sizes, s_form[0]):
+        if c != 0:
+            by_coef.setdefault(c, []).append(v)
+    mapping = {}
+    for v, c in zip(read.sizes, r_form[0]):
+        if c == 0:
+            continue
+        candidates = [s for s in by_coef.get(c, []) if s not in mapping.values() and store.sizes[s] == read.sizes[v]]
+        if not candidates:
+            return "different"
+        mapping[v] = candidates[0]
+    if len(mapping) != sum(1 for c in s_form[0] if c != 0):
+        return "different"
+    return "permuted", mapping
+
+
+def permute_pointwise(node: Pointwise, order: list[int]) -> Pointwise:
+    """The same node with its loops run in `order` (new loop j is old loop order[j]); what it computes
+    and where it stores are unchanged."""
+    old = loop_vars("i", len(node.ranges))
+    new = loop_vars("i", len(node.ranges))
+    tmp = [sympy.Symbol(f"_t{j}", integer=True, nonnegative=True) for j in range(len(old))]
+    # old var order[j] becomes new var j (through temporaries so the renaming is simultaneous)
+    body = substitute_index(node.body, {old[order[j]]: tmp[j] for j in range(len(old))})
+    body = substitute_index(body, {tmp[j]: new[j] for j in range(len(old))})
+    where = {o: j for j, o in enumerate(order)}
+    permutation = tuple(where[p] for p in node.permutation)
+    return attrs.evolve(node, ranges=tuple(node.ranges[o] for o in order), body=body, permutation=permutation)
+
+
+def members(node) -> tuple:
+    return node.members() if isinstance(node, (FusedNode, MixOrderNode)) else (node,)
+
+
+def access_problem(writers, readers, outer, red):
+    """(reason, detail) when a member of `readers` reads a buffer a member of `writers` writes at other
+    points than it is written in the loop nest (outer | red), or reads an in-loop value after the
+    reductions; None when every such read meets its write point for point."""
+    n = len(outer)
+    written = {m.output.name: m for m in writers}
+    for c in readers:
+        crossing = [b for b in c.read_names() if b in written]
+        if not crossing:
+            continue
+        rc = role(c, outer, red)
+        for buf in crossing:
+            p = written[buf]
+            if p is c:
+                continue
+            if role(p, outer, red) == "inner" and rc == "outer":
+                return "inner read after reduction", f"{c.name} reads {buf} from {p.name}"
+            if _same_nest(p, c) and all(ix == _store_index(p) for ix in c.load_indices(buf)):
+                continue  # identical loop nests and identical indices: the same point, no algebra needed
+            store = store_access(p, n)
+            for read in read_accesses(c, buf, n):
+                verdict = compare(store, read)
+                if verdict == "same":
+                    continue
+                reason = "indexing mismatch" if verdict == "different" else "loop order mismatch"
+                return reason, f"{c.name} reads {buf}[{read.index}], {p.name} writes {buf}[{store.index}]"
+    return None
+
+
+def _same_nest(a, b) -> bool:
+    return (type(a) is type(b) and a.ranges == b.ranges
+            and getattr(a, "reduction_ranges", ()) == getattr(b, "reduction_ranges", ()))
+
+
+def _store_index(node) -> sympy.Expr:
+    memo = node.memo()
+    if "store_index" not in memo:
+        memo["store_index"] = node.store_index()
+    return memo["store_index"]
+
+
+def group_problem(group) -> str | None:
+    """What is wrong with a FusedNode's structure, or None: every member must fit the loop nest, come
+    after the members it reads, and read them only at the points they write."""
+    outer, red = group.ranges, group.reduction_ranges
+    seen: set = set()
+    outputs = {m.output.name for m in group.nodes}
+    for m in group.nodes:
+        if role(m, outer, red) is None:
+            return f"member {m.name} {_group_shape(m)} does not fit the loop nest {outer}|{red}"
+        early = [b for b in m.read_names() if b in outputs and b not in seen]
+        if early:
+            return f"member {m.name} reads {early[0]} before the member writing it"
+        seen.add(m.output.name)
+    problem = access_problem(group.nodes, group.nodes, outer, red)
+    return f"{problem[0]}: {problem[1]}" if problem else None

@@ -1,0 +1,179 @@
+"""When two scheduler nodes may run as one kernel — the rules fuse, reorder_loops and
+mix_order_reduction share. Not a pass itself.
+
+Each refusal has a reason from REASONS, so `passline.explain` can say why two nodes stayed apart.
+"""
+from __future__ import annotations
+
+import attrs
+import sympy
+
+from ..ir import Extern, FusedNode, MixOrderNode, Pointwise, Reduction
+from ..ir.loops import access_problem, members, shape
+from ..ir.index import product
+
+REASONS = {
+    "extern": "one of them is an extern call (aten runs it, nothing to fuse)",
+    "mix-order": "one of them is already a mix-order reduction",
+    "device": "they run on different devices",
+    "too large": "the fused node would exceed max_nodes",
+    "different numel": "their iteration spaces have different sizes",
+    "loop structure": "same number of points, but the loops have different sizes",
+    "transposed reductions": "reductions with transposed (numel, rnumel): a mix-order candidate",
+    "loop order mismatch": "they walk a shared buffer in different loop orders (reorder_loops can fix this)",
+    "indexing mismatch": "a shared buffer is read at other points than it is written",
+    "inner read after reduction": "a per-row node would read a value computed inside the reduction loop",
+    "cycle": "another path connects them: fusing would create a cycle",
+    "mix-order gate": "a row and a column reduction that mix_order_reduction's gates kept apart",
+}
+
+
+@attrs.frozen
+class Verdict:
+    ok: bool
+    reason: str = ""
+    detail: str = ""
+    shape: tuple = ((), ())  # the fused group's (outer, reduction) sizes when ok
+    producer: object = None  # which side produces what the other reads (None: horizontal)
+
+
+def refuse(reason: str, detail: str = "") -> Verdict:
+    assert reason in REASONS, reason
+    return Verdict(False, reason, detail)
+
+
+def _fmt(sizes) -> str:
+    return "[" + ", ".join(map(str, sizes)) + "]"
+
+
+def fused_shape(a, b):
+    """The (outer, reduction) sizes a group of a and b would have, or a refusal Verdict."""
+    (oa, ra), (ob, rb) = shape(a), shape(b)
+    if (oa, ra) == (ob, rb) or (ra and not rb and ob in (oa + ra, oa)) or (rb and not ra and oa in (ob + rb, ob)):
+        return (oa, ra) if ra else (ob, rb)  # the common cases, without building a description
+    desc = f"{_fmt(oa)}|{_fmt(ra)} vs {_fmt(ob)}|{_fmt(rb)}"
+    if ra and rb:
+        if (oa, ra) == (ob, rb):
+            return oa, ra
+        if (oa, ra) == (rb, ob):
+            return refuse("transposed reductions", desc)
+        return refuse("different numel" if product(oa + ra) != product(ob + rb) or product(oa) != product(ob)
+                      else "loop structure", desc)
+    if rb and not ra:
+        (oa, ra), (ob, rb) = (ob, rb), (oa, ra)
+    if ra:  # a is a reduction group, b pointwise
+        if ob == oa + ra or ob == oa:
+            return oa, ra
+        if sorted(map(str, ob)) == sorted(map(str, oa + ra)):
+            return refuse("loop order mismatch", desc)
+        full, outer = product(oa + ra), product(oa)
+        n = product(ob)
+        return refuse("loop structure" if sympy.simplify(n - full) == 0 or sympy.simplify(n - outer) == 0
+                      else "different numel", desc)
+    if oa == ob:
+        return oa, ()
+    if sorted(map(str, oa)) == sorted(map(str, ob)):
+        return refuse("loop order mismatch", desc)
+    return refuse("loop structure" if sympy.simplify(product(oa) - product(ob)) == 0 else "different numel", desc)
+
+
+def _device(node):
+    return members(node)[0].output.layout.device
+
+
+def _reads_from(consumer, producer) -> bool:
+    outs = producer.output_names()
+    return any(b in outs for b in consumer.read_names())
+
+
+def check_accesses(producer, consumer, outer, red) -> Verdict | None:
+    """Every read by `consumer`'s members of a buffer `producer`'s members write must meet the write
+    point for point in the fused loop nest; None when they all do."""
+    problem = access_problem(members(producer), members(consumer), outer, red)
+    return refuse(*problem) if problem else None
+
+
+def other_path(graph, src: str, dst: str, direct_ok: bool = True) -> bool:
+    """Is there a path src → ... → dst through at least one other node (any path when not
+    `direct_ok`)? Searches from whichever end has fewer neighbours (forward from src's successors, or
+    backward from dst's predecessors)."""
+    g = graph.nx
+    forward = g.out_degree(src) <= g.in_degree(dst)
+    start, goal = (src, dst) if forward else (dst, src)
+    step = g.successors if forward else g.predecessors
+    stack = [n for n in step(start) if n != goal or not direct_ok]
+    seen = set(stack)
+    while stack:
+        n = stack.pop()
+        if n == goal:
+            return True
+        for s in step(n):
+            if s not in seen:
+                seen.add(s)
+                stack.append(s)
+    return False
+
+
+def can_fuse(graph, a, b, max_nodes: int = 64) -> Verdict:
+    """May nodes `a` and `b` (already in `graph`) become one FusedNode?"""
+    for n in (a, b):
+        if isinstance(n, Extern):
+            return refuse("extern", n.name)
+        if isinstance(n, MixOrderNode):
+            return refuse("mix-order", n.name)
+    if _device(a) != _device(b):
+        return refuse("device", f"{_device(a)} vs {_device(b)}")
+    if len(members(a)) + len(members(b)) > max_nodes:
+        return refuse("too large", f"{len(members(a))} + {len(members(b))} > {max_nodes}")
+    fs = fused_shape(a, b)
+    if isinstance(fs, Verdict):
+        return fs
+    outer, red = fs
+    a_to_b, b_to_a = _reads_from(b, a), _reads_from(a, b)
+    if a_to_b and b_to_a:
+        return refuse("cycle", "each reads the other")
+    if a_to_b or b_to_a:
+        producer, consumer = (a, b) if a_to_b else (b, a)
+        bad = check_accesses(producer, consumer, outer, red)
+        if bad is not None:
+            return bad
+        if other_path(graph, producer.name, consumer.name):
+            return refuse("cycle", f"a path leads from {producer.name} to {consumer.name} through other nodes")
+    elif other_path(graph, a.name, b.name, False) or other_path(graph, b.name, a.name, False):
+        return refuse("cycle", "one depends on the other through other nodes")
+    return Verdict(True, shape=(outer, red), producer=producer if (a_to_b or b_to_a) else None)
+
+
+def fuse_nodes(name: str, first, second, outer, red) -> FusedNode:
+    """A FusedNode running `first`'s members, then `second`'s (its buffers and origins combined from
+    the two sides rather than recomputed over every member)."""
+    outputs = first.output_names() + second.output_names()
+    inside = set(outputs)
+    reads = tuple(dict.fromkeys(b for b in first.read_names() + second.read_names() if b not in inside))
+    origins = tuple(dict.fromkeys(first.origins + second.origins))
+    return FusedNode(name, members(first) + members(second), outer, red, origins,
+                     outputs=outputs, reads=reads)
+
+
+def group_name(first, second) -> str:
+    names = [m.name for m in members(first) + members(second)]
+    return "_".join(names) if len(names) <= 3 else f"{names[0]}_to_{names[-1]}_{len(names)}"
+
+
+def saved_bytes(graph, a: str, b: str, io: dict, nbytes: dict, outputs) -> int:
+    """Memory traffic fusing nodes a and b would save: a buffer passed between them is not written and
+    read back (or read twice); a buffer both read is read once. `io[name]` = (read names as a set,
+    output names), `nbytes[buffer]` = its size in bytes, `outputs` = graph.output_names(); the caller
+    computes them once per round."""
+    (ra, oa), (rb, ob) = io[a], io[b]
+    total = sum(nbytes[n] for n in ra & rb)
+    for outs, reads in ((oa, rb), (ob, ra)):
+        for name in outs:
+            if name in reads:
+                readers = graph.readers(name)
+                others = len(readers) - (a in readers) - (b in readers)
+                total += 2 * nbytes[name] if not others and name not in outputs else nbytes[name]
+    if isinstance(total, int):
+        return total
+    total = sympy.sympify(total)  # symbolic sizes: rank by the expression at size 64
+    return int(total.subs({s: 64 for s in total.free_symbols}))

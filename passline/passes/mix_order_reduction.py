@@ -1,0 +1,144 @@
+"""mix_order_reduction — a row reduction and transposed column reductions over the same rows become
+one node (MixOrderNode), so the shared input is read once.
+
+The pattern is LayerNorm/RMSNorm backward: dx needs per-row sums over the columns, dw/db need
+per-column sums over the rows, of the same x and dy. The row side (ranges = rows | reduction = columns)
+runs over a block of `split_rows` rows at a time, finishing each row and its epilogue (dx); the column
+side (ranges = columns | reduction = rows) adds the block's partial sums into a workspace
+[n_splits, columns], and a small reduction over the splits finishes them. Casts and divisions after the
+column reduction ride along as its epilogue.
+
+Gates (options): columns ≤ max_columns; rows ≥ min_rows; column reductions only of `reduction_types`
+(comma-separated; partial results must combine by the same reduction); at most `max_reads` distinct
+buffers read. Refuses: sides that do not share a buffer; a column side whose per-point work needs a
+finished column result; a column side the row side depends on; another path between them (a cycle).
+"""
+from __future__ import annotations
+
+from typing import Annotated
+
+import sympy
+
+from ..ir import Extern, FusedNode, MixOrderNode, Reduction
+from ..ir.index import product
+from ..ir.loops import canonical_map, members, role, shape
+from ..pipeline.registry import register_pass
+from .legality import other_path
+
+
+def _reductions(group) -> list:
+    return [m for m in members(group) if isinstance(m, Reduction)]
+
+
+def _problem(graph, row, col, max_columns, min_rows, types, max_reads, rows, cols) -> str | None:
+    if isinstance(col, (Extern, MixOrderNode)) or isinstance(row, Extern):
+        return "extern or mix-order"
+    if not rows == () and not cols:
+        return "no reduction"
+    ncol, nrow = product(cols), product(rows)
+    if ncol.is_number and int(ncol) > max_columns:
+        return f"{ncol} columns > max_columns={max_columns}"
+    if nrow.is_number and int(nrow) < min_rows:
+        return f"{nrow} rows < min_rows={min_rows}"
+    bad = [m.reduction_type for m in _reductions(col) if m.reduction_type not in types]
+    if bad:
+        return f"column reduction {bad[0]} is not one of {sorted(types)}"
+    row_outs = set(row.output_names())
+    col_outs = set(col.output_names())
+    if any(b in col_outs for b in row.read_names()):
+        return "the row side reads a column result"
+    shared = (set(row.read_names()) & set(col.read_names())) | (row_outs & set(col.read_names()))
+    if not shared:
+        return "they share no buffer"
+    reads = set(row.read_names()) | (set(col.read_names()) - row_outs)
+    if len(reads) > max_reads:
+        return f"{len(reads)} buffers read > max_reads={max_reads}"
+    # column side: in-loop members must not need a finished column result
+    outer, red = cols, rows
+    results = {m.output.name for m in _reductions(col)}
+    for m in members(col):
+        if role(m, outer, red) in ("inner", "reduction") and results & set(m.read_names()):
+            return f"{m.name} needs a finished column result inside the row loop"
+    # reads of row-side values must meet them at the same (row, column) point
+    writers = {m.output.name: m for m in members(row)}
+    row_outer = len(shape(row)[0])
+    for m in members(col):
+        if role(m, outer, red) not in ("inner", "reduction"):
+            continue
+        cmap = canonical_map(m, len(outer))
+        swap = {s: sympy.Symbol(("q" if s.name[0] == "o" else "o") + s.name[1:], integer=True, nonnegative=True)
+                for s in set(cmap.values()) if isinstance(s, sympy.Symbol)}
+        for d in m.reads():
+            p = writers.get(d.buffer)
+            if p is None:
+                continue
+            read = sympy.expand(d.index.xreplace(cmap).xreplace(swap))
+            store = sympy.expand(p.store_index().xreplace(canonical_map(p, row_outer)))
+            if sympy.expand(read - store) != 0:
+                return f"{m.name} reads {d.buffer} at other points than {p.name} writes it"
+    if other_path(graph, row.name, col.name) or other_path(graph, col.name, row.name):
+        return "another path connects them (cycle)"
+    return None
+
+
+def _auto_split(rows) -> int:
+    n = product(rows)
+    if not n.is_number:
+        return 64
+    return max(16, -(-int(n) // 512))
+
+
+@register_pass("mix_order_reduction", provides={"mix_order"})
+def mix_order_reduction(graph, ctx, *,
+                        max_columns: Annotated[int, "most columns (row length) to mix"] = 16384,
+                        min_rows: Annotated[int, "fewest rows worth mixing"] = 8,
+                        reduction_types: Annotated[str, "column reductions allowed, comma-separated"] = "sum",
+                        max_reads: Annotated[int, "most distinct buffers the mixed kernel reads"] = 10,
+                        split_rows: Annotated[int, "rows per block (0: automatic)"] = 0):
+    """Merge a row reduction with transposed column reductions of the same data into one kernel."""
+    types = {t.strip() for t in reduction_types.split(",") if t.strip()}
+    changed = True
+    while changed:
+        changed = False
+        nodes = [n for n in graph.nodes() if not isinstance(n, Extern)]
+        for row in nodes:
+            base = row.row if isinstance(row, MixOrderNode) else row
+            rows, cols = shape(base)
+            if not cols or not isinstance(base, (FusedNode, Reduction)):
+                continue
+            for col in nodes:
+                if col is row or col.name not in graph or row.name not in graph:
+                    continue
+                if shape(col) != (cols, rows):
+                    continue
+                problem = _problem(graph, base if not isinstance(row, MixOrderNode) else row, col, max_columns,
+                                   min_rows, types, max_reads, rows, cols)
+                if problem:
+                    ctx.refuse("mix-order gate", row, col, problem) if _known(ctx, row, col) else None
+                    continue
+                if not ctx.decide("mix", row, col):
+                    continue
+                if isinstance(row, MixOrderNode):
+                    new = MixOrderNode(row.name, row.row, row.cols + (col,), row.split_rows)
+                else:
+                    new = MixOrderNode(f"mix_{row.name}", row, (col,), split_rows or _auto_split(rows))
+                position = min(graph.nx.nodes[row.name]["order"], graph.nx.nodes[col.name]["order"])
+                graph.remove_node(row.name)
+                graph.remove_node(col.name)
+                graph.add_node(new, order=position)
+                ctx.count("codegen_mix_order_reduction")
+                changed = True
+                break
+            if changed:
+                break
+    return graph
+
+
+def _known(ctx, a, b) -> bool:
+    """Record each refused pair once per pass run."""
+    seen = ctx.__dict__.setdefault("_mix_seen", set())
+    key = (a.name, b.name)
+    if key in seen:
+        return False
+    seen.add(key)
+    return True

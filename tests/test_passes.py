@@ -1,0 +1,185 @@
+"""The scheduling passes: dce, fuse, reorder_loops, mix_order_reduction — on hand-built graphs and
+on real forward/backward graphs, always checked against eager."""
+import pytest
+import torch
+
+import passline
+from passline.ir import (Buffer, Constant, Extern, FusedNode, Layout, Load, MixOrderNode, Op, Pointwise,
+                         Reduction, TensorArg, loop_vars)
+from passline.lowering import GraphInput, Program
+from passline.pipeline import SchedulerGraph
+from passline.testing import assert_matches_eager
+from passline.testing.synthetic import chain_and_fanout
+
+F32 = torch.float32
+i0, i1 = loop_vars("i", 2)
+(r0,) = loop_vars("r", 1)
+
+
+def pw(name, src, size=(4, 8), index=None, op="add"):
+    index = index if index is not None else size[1] * i0 + i1
+    return Pointwise(name, size, Op(op, (Load(src, index, F32), Constant(1.0, F32)), F32),
+                     Buffer(name, Layout.contiguous(size, F32)), origins=(name,))
+
+
+def graph(*nodes, outputs=(), size=(4, 8)):
+    x = GraphInput("x", buffer=Buffer("x", Layout.contiguous(size, F32)))
+    outs = [TensorArg(n, size, (size[1], 1)) for n in outputs]
+    return SchedulerGraph.from_program(Program((x,), tuple(nodes), tuple(outs)))
+
+
+def run(text, g):
+    return passline.PassManager(text).run(g)
+
+
+# -- dce ----------------------------------------------------------------------------------------------
+def test_dce_removes_dead_nodes_to_a_fixed_point_and_keeps_side_effects():
+    rand = Extern("r", torch.ops.aten.rand.default, ([4, 8],), (), (Buffer("r", Layout.contiguous([4, 8], F32)),))
+    g = graph(pw("a", "x"), pw("dead1", "a"), pw("dead2", "dead1"), rand, pw("b", "a"), outputs=["b"])
+    out, (rec,) = run("dce", g)
+    assert sorted(out.names()) == ["a", "b", "r"]
+    assert rec.stats == {"dce_removed": 2}
+
+
+# -- fuse -----------------------------------------------------------------------------------------------
+def test_fuse_chain_and_siblings():
+    g = graph(pw("a", "x"), pw("b", "a"), pw("c", "b"), pw("s1", "x", op="mul"), outputs=["c", "s1"])
+    out, _ = run("fuse", g)
+    (node,) = out.nodes()
+    assert isinstance(node, FusedNode) and set(node.member_names()) == {"a", "b", "c", "s1"}
+
+
+def test_fuse_prologue_reduction_epilogue():
+    red = Reduction("s", (4,), (8,), "sum", Load("a", 8 * i0 + r0, F32), Buffer("s", Layout.contiguous([4], F32)))
+    epi = Pointwise("e", (4,), Op("mul", (Load("s", i0, F32), Constant(2.0, F32)), F32),
+                    Buffer("e", Layout.contiguous([4], F32)))
+    g = graph(pw("a", "x"), red, epi)
+    g.outputs = (TensorArg("e", (4,), (1,)),)
+    out, _ = run("fuse", g)
+    (node,) = out.nodes()
+    assert node.ranges == (4,) and node.reduction_ranges == (8,)
+    assert [m.name for m in node.nodes] == ["a", "s", "e"]
+
+
+def test_fuse_refusal_reasons():
+    from passline.pipeline.metrics import Metrics
+
+    shifted = pw("b", "a", size=(3, 8), index=8 * i0 + i1 + 8)  # reads a one row further on
+    other = pw("c", "x", size=(2, 16))  # same numel as a, other loop sizes, shares x with a
+    g = graph(pw("a", "x"), shifted, other)
+    g.outputs = (TensorArg("b", (3, 8), (8, 1)), TensorArg("c", (2, 16), (16, 1)))
+    m = Metrics()
+    out, _ = passline.PassManager("fuse").run(g, m)
+    assert len(out) == 3
+    assert {(r.a, r.b, r.reason) for r in m.refusals} == {("a", "b", "different numel"),
+                                                          ("a", "c", "loop structure")}
+    assert m.fusion_failures == {"different numel": 1, "loop structure": 1}
+
+
+def test_fuse_indexing_mismatch_in_one_loop_nest():
+    from passline.pipeline.metrics import Metrics
+
+    # b reads a at a constant column: same loop nest, other points
+    g = graph(pw("a", "x"), pw("b", "a", index=8 * i0), outputs=["b"])
+    m = Metrics()
+    out, _ = passline.PassManager("fuse").run(g, m)
+    assert len(out) == 2 and [r.reason for r in m.refusals] == ["indexing mismatch"]
+
+
+def test_fuse_respects_max_nodes():
+    out, _ = run("fuse(max_nodes=2)", graph(pw("a", "x"), pw("b", "a"), pw("c", "b"), outputs=["c"]))
+    assert sorted(len(getattr(n, "nodes", (n,))) for n in out.nodes()) == [1, 2]
+
+
+def test_fuse_never_creates_a_cycle():
+    # a -> ext -> b and a -> b: fusing a with b would put ext both before and after the group
+    ext = Extern("e", torch.ops.aten.cumsum.default, (TensorArg("a", (4, 8), (8, 1)), 1), (),
+                 (Buffer("e", Layout.contiguous([4, 8], F32)),))
+    b = Pointwise("b", (4, 8), Op("add", (Load("a", 8 * i0 + i1, F32), Load("e", 8 * i0 + i1, F32)), F32),
+                  Buffer("b", Layout.contiguous([4, 8], F32)))
+    from passline.pipeline.metrics import Metrics
+
+    m = Metrics()
+    out, _ = passline.PassManager("fuse").run(graph(pw("a", "x"), ext, b, outputs=["b"]), m)
+    assert len(out) == 3
+    assert "cycle" in {r.reason for r in m.refusals}
+
+
+@pytest.mark.parametrize("n", [1000, 10000])
+def test_fuse_scales_to_large_graphs(n):
+    out, records = passline.PassManager("fuse").run(chain_and_fanout(n))
+    # a chain of n/2 and a fan-out of n/2, in groups of at most 64 nodes
+    assert len(out) == 2 * -(-(n // 2) // 64)
+    assert all(len(node.nodes) <= 64 for node in out.nodes())
+
+
+# -- end to end -------------------------------------------------------------------------------------
+class RMSNorm(torch.nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.rand(n) + 0.5)
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight
+
+
+def test_layer_norm_forward_is_one_kernel():
+    be = assert_matches_eager(torch.nn.LayerNorm(64), [torch.randn(128, 64)])
+    assert be.reports[0].kernels == 1
+
+
+def minimum_bytes(report) -> int:
+    """Every graph input read once, every output written once, plus the mix-order workspace written
+    and read back: what a perfect single pass moves."""
+    g = report.graph
+    inputs = sum(b.nbytes for b in g.input_buffers().values())
+    outputs = sum(g.buffers()[o.buffer].nbytes for o in g.outputs
+                  if isinstance(o, TensorArg) and o.buffer not in g.input_buffers())
+    workspace = sum(2 * int(n.workspace_bytes()) for n in g.nodes() if isinstance(n, MixOrderNode))
+    return inputs + outputs + workspace
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(512, 64), (16, 1024)])
+@pytest.mark.parametrize("norm", ["layer_norm", "rms_norm"])
+def test_norm_backward_mix_order(norm, shape, dtype):
+    rows, cols = shape
+    model = (torch.nn.LayerNorm(cols) if norm == "layer_norm" else RMSNorm(cols)).to(dtype)
+    x = torch.randn(rows, cols, dtype=dtype, requires_grad=True)
+    be = assert_matches_eager(model, [x])
+    bwd = be.reports[-1]
+    big = [n for n in bwd.graph.nodes() if any(
+        b.layout.numel == rows * cols for b in getattr(n, "output_buffers", lambda: ())())]
+    mixed = [n for n in bwd.graph.nodes() if isinstance(n, MixOrderNode)]
+    assert len(mixed) == 1 and big == mixed, bwd.graph.format()
+    assert bwd.bytes_accessed <= 1.15 * minimum_bytes(bwd)
+    plain = assert_matches_eager(model, [x], pipeline="dce, repeat(fuse, reorder_loops)").reports[-1]
+    assert plain.bytes_accessed >= 1.5 * minimum_bytes(bwd)
+
+
+def test_transpose_fuses_only_with_reorder_loops():
+    fn = lambda x: (x.exp().t() + 1).sin()
+    x = torch.randn(16, 24)
+    without = assert_matches_eager(fn, [x], pipeline="dce, fuse").reports[0]
+    with_ = assert_matches_eager(fn, [x], pipeline="dce, fuse, reorder_loops, fuse").reports[0]
+    assert without.kernels == 2 and with_.kernels == 1
+    assert with_.metrics.counters["num_loop_reordering"] == 1
+    assert without.metrics.counters["num_loop_reordering"] == 0
+
+
+def test_explain_gives_the_recorded_reason():
+    fn = lambda x: (x.exp().t() + 1).sin()
+    report = assert_matches_eager(fn, [torch.randn(16, 24)], pipeline="dce, fuse").reports[0]
+    text = passline.explain(report, "buf0", "buf1")
+    assert "not fused" in text and "loop order mismatch" in text
+    report = assert_matches_eager(fn, [torch.randn(16, 24)], pipeline="dce, fuse, reorder_loops, fuse").reports[0]
+    assert "run in one kernel" in passline.explain(report, "buf0", "buf1")
+
+
+@pytest.mark.parametrize("pipeline", ["dce", "fuse", "fuse(horizontal=false)", "fuse, reorder_loops",
+                                      "reorder_loops, fuse", "fuse, mix_order_reduction",
+                                      "dce, repeat(fuse, reorder_loops; max_iter=2), mix_order_reduction(split_rows=4)"])
+def test_every_pass_keeps_results(pipeline):
+    model = torch.nn.Sequential(torch.nn.LayerNorm(32), torch.nn.Linear(32, 32), torch.nn.GELU())
+    assert_matches_eager(model, [torch.randn(24, 32, requires_grad=True)], pipeline=pipeline)
+    assert_matches_eager(lambda x: torch.softmax(x.t() * 2, -1).sum(0), [torch.randn(12, 20)], pipeline=pipeline)
