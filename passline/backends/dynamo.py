@@ -21,7 +21,7 @@ from ..pipeline.report import CompileReport, set_last_report
 from ..pipeline.text import Pipeline
 from .reference import ReferenceRunner
 
-CODEGENS = ("reference",)
+CODEGENS = ("auto", "triton", "reference")
 # The pipeline `passline.backend()` runs when none is given, in one place.
 DEFAULT_PIPELINE = "dce, repeat(fuse, reorder_loops; max_iter=4), mix_order_reduction"
 
@@ -29,7 +29,10 @@ DEFAULT_PIPELINE = "dce, repeat(fuse, reorder_loops; max_iter=4), mix_order_redu
 class Backend:
     """A configured passline backend: `torch.compile(model, backend=passline.backend(...))`.
 
-    pipeline: text or a Pipeline (default DEFAULT_PIPELINE); codegen: "reference";
+    pipeline: text or a Pipeline (default DEFAULT_PIPELINE);
+    codegen: "triton" (generated kernels; on CPU tensors through Triton's interpreter), "reference" (the
+    torch oracle) or "auto": triton for CUDA graphs, triton's interpreter for CPU graphs when
+    TRITON_INTERPRET=1, else reference — the report's `codegen_reason` says which and why;
     verify: run SchedulerGraph.verify() after lowering and after every pass;
     dump_dir: write graph dumps for each pass that changed the graph (default $PASSLINE_DUMP_DIR);
     metric_tables: CSV metric tables to write (default $PASSLINE_METRIC_TABLES);
@@ -37,7 +40,7 @@ class Backend:
     pass_limit, decision_limits: stop after N pass runs / cap decisions (used by passline.bisect).
     """
 
-    def __init__(self, pipeline=None, codegen: str = "reference", verify: bool = True, dump_dir=None,
+    def __init__(self, pipeline=None, codegen: str = "auto", verify: bool = True, dump_dir=None,
                  metric_tables=None, metric_dir=None, instruments=(), pass_limit=None, decision_limits=None,
                  capture: bool = False):
         if codegen not in CODEGENS:
@@ -85,9 +88,17 @@ class Backend:
         nodes_before = len(graph)
         graph, records = self.manager.run(graph, metrics, name)
         t2 = time.perf_counter()
-        runner = ReferenceRunner(graph)
-        report = CompileReport(name, graph, self.codegen, pipeline=str(self.pipeline), passes=records,
-                               nodes_before=nodes_before, metrics=metrics, gm=gm,
+        codegen, reason = choose_codegen(self.codegen, graph)
+        if codegen == "triton":
+            from .triton.runner import TritonRunner
+
+            runner = TritonRunner(graph, interpret=_on_cpu(graph))
+            if runner.fallbacks:
+                reason += "; on the reference backend: " + "; ".join(f"{n} ({why})" for n, why in runner.fallbacks.items())
+        else:
+            runner = ReferenceRunner(graph)
+        report = CompileReport(name, graph, codegen, codegen_reason=reason, pipeline=str(self.pipeline), passes=records,
+                               nodes_before=nodes_before, metrics=metrics, gm=gm, runner=runner,
                                seconds={"lower": t1 - t0, "passes": t2 - t1, "codegen": time.perf_counter() - t2})
         report.finish()
         if self.metric_tables:
@@ -99,9 +110,28 @@ class Backend:
         return runner
 
 
-def backend(pipeline=None, codegen: str = "reference", **options) -> Backend:
+def backend(pipeline=None, codegen: str = "auto", **options) -> Backend:
     """A torch.compile backend running `pipeline` and generating code with `codegen`."""
     return Backend(pipeline=pipeline, codegen=codegen, **options)
+
+
+def _on_cpu(graph) -> bool:
+    devices = {b.layout.device.type for b in graph.buffers().values()}
+    return "cuda" not in devices
+
+
+def choose_codegen(requested: str, graph) -> tuple[str, str]:
+    """(backend, why) for one graph."""
+    on_cpu = _on_cpu(graph)
+    if requested == "reference":
+        return "reference", "requested"
+    if requested == "triton":
+        return "triton", "requested; CPU tensors: Triton's interpreter" if on_cpu else "requested; GPU"
+    if not on_cpu:
+        return "triton", "auto: CUDA tensors"
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return "triton", "auto: CPU tensors and TRITON_INTERPRET=1: Triton's interpreter"
+    return "reference", "auto: CPU tensors without TRITON_INTERPRET=1: the reference backend"
 
 
 def _capturing(runner, report: CompileReport):

@@ -25,6 +25,12 @@ class CompileReport:
     metrics: Metrics = attrs.Factory(Metrics)
     gm: object = None  # the aten FX graph this report compiled (for reproducers)
     inputs: list | None = None  # its first real inputs, when the backend captures them
+    runner: object = None  # what runs the graph (TritonRunner has .kernels: source, variant, bytes)
+
+    @property
+    def kernel_info(self) -> list:
+        """Generated kernels (Triton backend): name, node, kind, chosen variant and blocks, source, bytes."""
+        return list(getattr(self.runner, "kernels", []))
 
     def finish(self) -> None:
         """Fill the end-of-compile counters and metric-table rows."""

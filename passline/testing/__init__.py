@@ -33,7 +33,7 @@ def _flat(out):
     return []
 
 
-def assert_matches_eager(fn: Callable, inputs: Sequence, pipeline=None, codegen: str = "reference",
+def assert_matches_eager(fn: Callable, inputs: Sequence, pipeline=None, codegen: str = "auto",
                          backward: bool | None = None, **backend_options):
     """Compile `fn` with passline, run it and eager on copies of `inputs`, and compare outputs and
     (when any input requires grad) input gradients, with dtype-appropriate tolerances.

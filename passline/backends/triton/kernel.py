@@ -1,0 +1,557 @@
+"""Triton source for one scheduler node: a pointwise kernel, a reduction kernel (persistent or
+looped), or the two kernels of a mix-order reduction (main and finish).
+
+A kernel walks its group's canonical loop nest: outer variables `o*` come from `xindex`, reduction
+variables `q*` from `rindex`. Every member of the group is computed at that point; a member's value
+is reused by the members that read it, and stored only when something outside the kernel reads it.
+"""
+from __future__ import annotations
+
+import re
+
+import attrs
+import sympy
+import torch
+
+from ...ir import Cast, Constant, FusedNode, IndexValue, Layout, Load, MixOrderNode, Op, Pointwise, Reduction
+from ...ir.body import walk
+from ...ir.index import FloorDiv, ModularIndexing, contiguous_strides, loop_vars, product
+from ...ir.loops import canon_var, canonical_map, role
+from . import printer
+from .printer import Unsupported, tl_dtype
+
+IDENTITY = {"sum": 0, "prod": 1, "any": 0, "all": 1}
+
+
+@attrs.frozen
+class KernelSource:
+    name: str
+    source: str  # the kernel's module text
+    fn_name: str
+    args: tuple  # ("buffer", name) or ("size", sympy expr) in call order
+    xnumel: sympy.Expr
+    rnumel: sympy.Expr | None  # None for a pointwise kernel
+    variant: str  # pointwise | persistent | looped | mix_order
+    constants: dict  # constexpr values: XBLOCK, RBLOCK, SPLIT
+    num_warps: int = 4
+    grid_per_program: str = "XBLOCK"  # grid = cdiv(xnumel, constants[grid_per_program])
+
+
+def _sanitize(name: str) -> str:
+    return re.sub(r"\W", "_", name)
+
+
+def _decompose(prefix: str, sizes, flat: str) -> list[tuple[str, str]]:
+    """Canonical variables from a flat index: [(name, source)]."""
+    out = []
+    strides = contiguous_strides(sizes)
+    for k, (s, st) in enumerate(zip(sizes, strides)):
+        name = f"{prefix}{k}"
+        if len(sizes) == 1:
+            out.append((name, flat))
+        elif k == 0:
+            out.append((name, f"({flat} // {printer.index(st)})"))
+        elif st == 1:
+            out.append((name, f"({flat} % {printer.index(s)})"))
+        else:
+            out.append((name, f"(({flat} // {printer.index(st)}) % {printer.index(s)})"))
+    return out
+
+
+class _Scope:
+    def __init__(self, parent=None):
+        self.parent = parent
+        self.values: dict = {}  # id(body value) -> var
+        self.members: dict = {}  # member buffer name -> var (its computed value, before the store cast)
+
+    def member(self, buf):
+        s = self
+        while s is not None:
+            if buf in s.members:
+                return s.members[buf]
+            s = s.parent
+        return None
+
+
+class KernelWriter:
+    def __init__(self, name: str, nodes, outer, red, stored: set, buffers: dict, interpret: bool,
+                 swap: set = frozenset()):
+        self.name = name
+        self.nodes = list(nodes)
+        self.outer, self.red = tuple(outer), tuple(red)
+        self.stored = stored
+        self.buffers = buffers
+        self.interpret = interpret
+        self.swap = swap  # members whose canonical o/q are the transpose of the kernel's (mix-order columns)
+        self.lines: list[str] = []
+        self.indent = 1
+        self.args: dict = {}  # arg name -> ("buffer", name) | ("size", symbol)
+        self.sizes: set = set()
+        self._tmp = 0
+        self.by_output = {m.output.name: m for m in self.nodes}
+        self.two_d = bool(self.red)
+
+    # -- plumbing ----------------------------------------------------------------------------------
+    def emit(self, line: str) -> None:
+        self.lines.append("    " * self.indent + line)
+
+    def tmp(self) -> str:
+        self._tmp += 1
+        return f"t{self._tmp}"
+
+    def ptr(self, buf: str) -> str:
+        name = f"p_{_sanitize(buf)}"
+        self.args.setdefault(name, ("buffer", buf))
+        return name
+
+    def idx(self, expr) -> str:
+        for s in expr.free_symbols:
+            if not re.fullmatch(r"[oq]\d+", s.name):
+                self.sizes.add(s)
+        return printer.index(expr)
+
+    def canon(self, member) -> dict:
+        n = len(self.outer) if member not in self.swap else len(self.red)
+        cmap = canonical_map(member, n)
+        if member in self.swap:  # a column member: its outer loops are the kernel's reduction loops
+            flip = {}
+            for v in set(cmap.values()):
+                if isinstance(v, sympy.Symbol):
+                    flip[v] = canon_var("q" if v.name[0] == "o" else "o", int(v.name[1:]))
+            cmap = {k: v.xreplace(flip) for k, v in cmap.items()}
+        return cmap
+
+    def mask_for(self, expr) -> str | None:
+        names = {s.name[0] for s in expr.free_symbols if re.fullmatch(r"[oq]\d+", s.name)}
+        if not self.two_d:
+            return "xmask" if "o" in names else None
+        parts = (["xmask"] if "o" in names else []) + (["rmask"] if "q" in names else [])
+        return " & ".join(parts) if parts else None
+
+    def role(self, m) -> str:
+        if not self.red:
+            return "inner"
+        if m in self.swap:
+            r = role(m, self.red, self.outer)
+            return {"inner": "inner", "reduction": "column", "outer": "column_outer"}[r]
+        return role(m, self.outer, self.red)
+
+    # -- values --------------------------------------------------------------------------------------
+    def value(self, v, member, scope: _Scope, cmap) -> str:
+        for node in walk(v):
+            if id(node) in scope.values:
+                continue
+            if isinstance(node, Load):
+                inside = self.by_output.get(node.buffer)
+                if inside is not None:
+                    var = scope.member(node.buffer)
+                    if var is None:
+                        raise Unsupported(f"{member.name} reads {node.buffer} before it is computed")
+                    scope.values[id(node)] = var
+                    continue
+                expr = sympy.expand(node.index.xreplace(cmap))
+                mask = self.mask_for(expr)
+                src = f"tl.load({self.ptr(node.buffer)} + {self.idx(expr)}" + (f", {mask}, other=0)" if mask else ")")
+            elif isinstance(node, Constant):
+                src = printer.constant(node.value, node.dtype)
+            elif isinstance(node, IndexValue):
+                expr = node.expr.xreplace(cmap)
+                src = f"({self.idx(expr)} + tl.zeros([1], tl.int64)).to({tl_dtype(node.dtype)})"
+            elif isinstance(node, Cast):
+                src = printer.cast(scope.values[id(node.value)], node.value.dtype, node.dtype)
+            elif isinstance(node, Op):
+                src = printer.op(node, [scope.values[id(a)] for a in node.args])
+            else:
+                raise Unsupported(f"value {node!r}")
+            var = self.tmp()
+            self.emit(f"{var} = {src}")
+            scope.values[id(node)] = var
+        return scope.values[id(v)]
+
+    def compute(self, m, scope: _Scope) -> str:
+        """Emit member m's body in `scope` (its reads already available) and return its value."""
+        var = self.value(m.body, m, scope, self.canon(m))
+        scope.members[m.output.name] = var
+        return var
+
+    def store(self, m, var: str, mask: str | None) -> None:
+        if m.output.name not in self.stored:
+            return
+        expr = sympy.expand(m.store_index().xreplace(self.canon(m)))
+        src_dtype = m.body.dtype if isinstance(m, Pointwise) else _result_dtype(m)
+        val = printer.cast(var, src_dtype, m.output.dtype)
+        offset = self.idx(expr)
+        if not any(s.name.startswith("o") for s in expr.free_symbols):
+            offset += " + 0 * xindex"  # one element per row block: the pointer must be a block too
+        self.emit(f"tl.store({self.ptr(m.output.name)} + {offset}, {val}" + (f", {mask})" if mask else ")"))
+
+    # -- kernels -------------------------------------------------------------------------------------
+    def header(self, constexprs, int64: bool) -> list[str]:
+        sig = list(self.args) + [_sanitize(s.name) for s in sorted(self.sizes, key=str)] + ["xnumel"]
+        if self.two_d:
+            sig.append("rnumel")
+        sig += [f"{c}: tl.constexpr" for c in constexprs]
+        return [f"@triton.jit", f"def {self.name}({', '.join(sig)}):"]
+
+    def pointwise(self, int64: bool) -> list[str]:
+        pid = "tl.program_id(0).to(tl.int64)" if int64 else "tl.program_id(0)"
+        self.emit(f"xindex = {pid} * XBLOCK + tl.arange(0, XBLOCK)")
+        self.emit("xmask = xindex < xnumel")
+        for name, src in _decompose("o", self.outer, "xindex"):
+            self.emit(f"{name} = {src}")
+        scope = _Scope()
+        for m in self.nodes:
+            var = self.compute(m, scope)
+            self.store(m, var, "xmask")
+        return self.header(["XBLOCK"], int64) + self.lines
+
+    def _xr(self, int64: bool, rloop: bool):
+        pid = "tl.program_id(0).to(tl.int64)" if int64 else "tl.program_id(0)"
+        self.emit(f"xindex = {pid} * XBLOCK + tl.arange(0, XBLOCK)[:, None]")
+        self.emit("xmask = xindex < xnumel")
+        for name, src in _decompose("o", self.outer, "xindex"):
+            self.emit(f"{name} = {src}")
+
+    def _rindex(self, base: str) -> None:
+        self.emit(f"rindex = {base}tl.arange(0, RBLOCK)[None, :]")
+        self.emit("rmask = rindex < rnumel")
+        for name, src in _decompose("q", self.red, "rindex"):
+            self.emit(f"{name} = {src}")
+
+    def _reduce_block(self, m, val: str, acc: str | None) -> str:
+        """Reduce a [XBLOCK, RBLOCK] value over axis 1, or fold it into accumulator `acc`."""
+        rt = m.reduction_type
+        dt = m.body.dtype
+        if rt in ("argmax", "argmin"):
+            init = 'float("-inf")' if rt == "argmax" else 'float("inf")'
+            if not dt.is_floating_point:
+                info = torch.iinfo(dt)
+                init = str(info.min if rt == "argmax" else info.max)
+            v = self.tmp()
+            self.emit(f"{v} = tl.where(xmask & rmask, {val}, {init}) + tl.zeros([XBLOCK, RBLOCK], {tl_dtype(dt)})")
+            ix = self.tmp()
+            self.emit(f"{ix} = rindex + tl.zeros([XBLOCK, RBLOCK], tl.int64)")
+            if acc is None:
+                out_v, out_i = self.tmp(), self.tmp()
+                self.emit(f"{out_v}, {out_i} = tl.reduce(({v}, {ix}), 1, _{rt}_combine)")
+                return f"{out_i}[:, None]"
+            self.emit(f"{acc}_v, {acc}_i = _{rt}_combine({acc}_v, {acc}_i, {v}, {ix})")
+            return acc
+        if rt in ("max", "min"):
+            init = 'float("-inf")' if rt == "max" else 'float("inf")'
+            if not dt.is_floating_point:
+                info = torch.iinfo(dt) if dt != torch.bool else None
+                init = str(info.min if rt == "max" else info.max) if info else ("0" if rt == "max" else "1")
+        else:
+            init = str(IDENTITY[rt])
+        src = val if dt != torch.bool else f"{val}.to(tl.int32)"
+        v = self.tmp()
+        acc_dt = tl_dtype(dt) if dt != torch.bool else "tl.int32"
+        self.emit(f"{v} = tl.where(xmask & rmask, {src}, {init}) + tl.zeros([XBLOCK, RBLOCK], {acc_dt})")
+        combine = {"sum": "_sum_combine", "prod": "_prod_combine", "max": "_max_combine", "min": "_min_combine",
+                   "any": "_max_combine", "all": "_min_combine"}[rt]
+        if acc is None:
+            out = self.tmp()
+            self.emit(f"{out} = tl.reduce({v}, 1, {combine})[:, None]")
+            return out
+        self.emit(f"{acc} = {combine}({acc}, {v})")
+        return acc
+
+    def _acc_init(self, m) -> tuple[str, str]:
+        rt, dt = m.reduction_type, m.body.dtype
+        acc = self.tmp()
+        if rt in ("argmax", "argmin"):
+            init = 'float("-inf")' if rt == "argmax" else 'float("inf")'
+            if not dt.is_floating_point:
+                info = torch.iinfo(dt)
+                init = str(info.min if rt == "argmax" else info.max)
+            self.emit(f"{acc}_v = tl.full([XBLOCK, RBLOCK], {init}, {tl_dtype(dt)})")
+            self.emit(f"{acc}_i = tl.full([XBLOCK, RBLOCK], 2**62, tl.int64)")
+            return acc, rt
+        if rt in ("max", "min") and dt.is_floating_point:
+            init = 'float("-inf")' if rt == "max" else 'float("inf")'
+        elif rt in ("max", "min"):
+            info = torch.iinfo(dt) if dt != torch.bool else None
+            init = str(info.min if rt == "max" else info.max) if info else ("0" if rt == "max" else "1")
+        else:
+            init = str(IDENTITY[rt])
+        acc_dt = tl_dtype(dt) if dt != torch.bool else "tl.int32"
+        self.emit(f"{acc} = tl.full([XBLOCK, RBLOCK], {init}, {acc_dt})")
+        return acc, rt
+
+    def _finish_acc(self, m, acc: str) -> str:
+        rt = m.reduction_type
+        out = self.tmp()
+        if rt in ("argmax", "argmin"):
+            self.emit(f"_, {out} = tl.reduce(({acc}_v, {acc}_i), 1, _{rt}_combine)")
+            return f"{out}[:, None]"
+        combine = {"sum": "_sum_combine", "prod": "_prod_combine", "max": "_max_combine", "min": "_min_combine",
+                   "any": "_max_combine", "all": "_min_combine"}[rt]
+        self.emit(f"{out} = tl.reduce({acc}, 1, {combine})[:, None]")
+        return out
+
+    def _reduction_result(self, m, raw: str, scope: _Scope) -> str:
+        var = raw
+        if m.reduction_type in ("any", "all"):
+            var = self.tmp()
+            self.emit(f"{var} = {raw} != 0")
+        scope.members[m.output.name] = var
+        return var
+
+    def persistent(self, int64: bool) -> list[str]:
+        self._xr(int64, False)
+        self._rindex("")
+        scope = _Scope()
+        for m in self.nodes:
+            r = self.role(m)
+            if r == "reduction":
+                val = self.value(m.body, m, scope, self.canon(m))
+                var = self._reduction_result(m, self._reduce_block(m, val, None), scope)
+                self.store(m, var, "xmask")
+            else:
+                var = self.compute(m, scope)
+                self.store(m, var, "xmask & rmask" if r == "inner" else "xmask")
+        return self.header(["XBLOCK", "RBLOCK"], int64) + self.lines
+
+    def phases(self) -> dict:
+        """Loop phase of each in-loop member and reduction; `avail` = first phase a value can be used."""
+        avail: dict = {}
+        phase: dict = {}
+        for m in self.nodes:
+            deps = [avail[b] for b in m.read_names() if b in avail]
+            p = max(deps, default=0)
+            r = self.role(m)
+            if r == "reduction":
+                phase[m.name] = p
+                avail[m.output.name] = p + 1
+            elif r == "inner":
+                phase[m.name] = p
+                avail[m.output.name] = p
+            else:
+                avail[m.output.name] = p
+        return phase, avail
+
+    def looped(self, int64: bool) -> list[str]:
+        self._xr(int64, True)
+        phase, avail = self.phases()
+        outer_scope = _Scope()
+        n_phases = max(phase.values(), default=-1) + 1
+        done: set = set()
+
+        def outer_ready(limit):
+            for m in self.nodes:
+                if self.role(m) == "outer" and m.name not in done and avail[m.output.name] <= limit:
+                    var = self.compute(m, outer_scope)
+                    self.store(m, var, "xmask")
+                    done.add(m.name)
+
+        for p in range(n_phases):
+            outer_ready(p)
+            reds = [m for m in self.nodes if self.role(m) == "reduction" and phase[m.name] == p]
+            accs = {m.name: self._acc_init(m)[0] for m in reds}
+            self.emit("for roffset in range(0, rnumel, RBLOCK):")
+            self.indent += 1
+            self._rindex("roffset + ")
+            scope = _Scope(outer_scope)
+            needed = {m.name for m in self.nodes if self.role(m) == "inner" and phase[m.name] == p}
+            needed |= {m.name for m in reds}
+            self._demand(needed, scope, phase, p, accs)
+            self.indent -= 1
+            for m in reds:
+                var = self._reduction_result(m, self._finish_acc(m, accs[m.name]), outer_scope)
+                self.store(m, var, "xmask")
+        outer_ready(n_phases + 1)
+        return self.header(["XBLOCK", "RBLOCK"], int64) + self.lines
+
+    def _demand(self, names: set, scope: _Scope, phase: dict, p: int, accs: dict) -> None:
+        """Compute, in this loop, the in-loop members named (and the in-loop members they read)."""
+        want: set = set()
+        stack = [self.by_name(n) for n in names]
+        while stack:
+            m = stack.pop()
+            if m.name in want:
+                continue
+            want.add(m.name)
+            for b in m.read_names():
+                d = self.by_output.get(b)
+                if d is not None and self.role(d) == "inner":
+                    stack.append(d)
+        for m in self.nodes:
+            if m.name not in want:
+                continue
+            if self.role(m) == "reduction":
+                val = self.value(m.body, m, scope, self.canon(m))
+                self._reduce_block(m, val, accs[m.name])
+            else:
+                var = self.compute(m, scope)
+                if phase.get(m.name) == p:
+                    self.store(m, var, "xmask & rmask")
+
+    def by_name(self, name):
+        return next(m for m in self.nodes if m.name == name)
+
+
+def _result_dtype(m) -> torch.dtype:
+    """The dtype of a reduction's computed result (before the cast to its output buffer)."""
+    if m.reduction_type in ("argmax", "argmin"):
+        return torch.int64
+    if m.reduction_type in ("any", "all"):
+        return torch.bool
+    return m.body.dtype
+
+
+def _stored(node, graph) -> set:
+    keep = graph.output_names() | graph.mutated_names()
+    return {b for b in node.output_names() if b in keep or graph.readers(b)}
+
+
+def _int64(graph, node) -> bool:
+    limit = 2 ** 31 - 1
+    for b in graph.buffers().values():
+        span = b.layout.storage_span
+        if not span.is_number or int(span) > limit:
+            return True
+    from ...ir.loops import shape
+
+    outer, red = shape(node)
+    total = product(outer) * product(red)
+    return not total.is_number or int(total) > limit
+
+
+def _source(prelude: str, body: list[str]) -> str:
+    return prelude + "\n\n" + "\n".join(body) + "\n"
+
+
+def _group(node):
+    if isinstance(node, FusedNode):
+        return node.nodes, node.ranges, node.reduction_ranges
+    from ...ir.loops import shape
+
+    outer, red = shape(node)
+    return (node,), outer, red
+
+
+def generate(node, graph, interpret: bool, variant: str, blocks: dict, stored: set | None = None) -> KernelSource:
+    """Triton source for a Pointwise, Reduction or FusedNode scheduler node."""
+    members, outer, red = _group(node)
+    stored = _stored(node, graph) if stored is None else stored
+    name = f"k_{_sanitize(node.name)}"[:60]
+    writer = KernelWriter(name, members, outer, red, stored, graph.buffers(), interpret)
+    int64 = _int64(graph, node)
+    if not red:
+        body = writer.pointwise(int64)
+        variant = "pointwise"
+    elif variant == "persistent":
+        body = writer.persistent(int64)
+    else:
+        body = writer.looped(int64)
+    prelude = printer.PRELUDE_INTERPRETER if interpret else printer.PRELUDE_GPU
+    sizes = tuple(("size", s) for s in sorted(writer.sizes, key=str))
+    args = tuple(writer.args.values()) + sizes
+    constants = {k: v for k, v in blocks.items() if k in ("XBLOCK", "RBLOCK") and (red or k == "XBLOCK")}
+    return KernelSource(name, _source(prelude, body), name, args, product(outer), product(red) if red else None,
+                        variant, constants, blocks.get("num_warps", 4))
+
+
+# -- mix-order reductions ------------------------------------------------------------------------------
+def workspace_name(m) -> str:
+    return f"{m.output.name}_ws"
+
+
+def finish_node(mix: MixOrderNode) -> FusedNode:
+    """The finishing kernel of a mix-order node: each column reduction summed over the workspace's
+    splits, then the column side's epilogues."""
+    from ...ir.loops import shape
+
+    cols, rows = shape(mix.row)[1], shape(mix.row)[0]
+    n_splits = mix.n_splits
+    ncol = product(cols)
+    nodes = []
+    for g in mix.cols:
+        members = g.members() if hasattr(g, "members") else (g,)
+        for m in members:
+            r = role(m, cols, rows)
+            if r == "reduction":
+                vs = loop_vars("i", len(m.ranges))
+                non_unit = [v for v, s in zip(vs, m.ranges) if s != 1]
+                lin = sum((v * st for v, st in zip(non_unit, contiguous_strides(cols))), sympy.S.Zero)
+                (r0,) = loop_vars("r", 1)
+                body = Load(workspace_name(m), r0 * ncol + lin, m.body.dtype)
+                nodes.append(Reduction(m.name, m.ranges, (n_splits,), "sum", body, m.output, m.origins))
+            elif r == "outer":
+                nodes.append(m)
+    return FusedNode(f"{mix.name}_finish", tuple(nodes), cols, (n_splits,))
+
+
+def generate_mix(mix: MixOrderNode, graph, interpret: bool, blocks: dict) -> tuple[KernelSource, FusedNode]:
+    """The main kernel of a mix-order node (rows in blocks, columns persistent, column partial sums
+    into workspaces) and the finishing node (a plain reduction over the splits)."""
+    from ...ir.loops import shape
+
+    rows, cols = shape(mix.row)
+    finish = finish_node(mix)
+    finish_reads = set(finish.read_names())
+    row_members = mix.row.members() if hasattr(mix.row, "members") else (mix.row,)
+    col_members = [m for g in mix.cols for m in (g.members() if hasattr(g, "members") else (g,))]
+    in_loop_cols = [m for m in col_members if role(m, cols, rows) in ("inner", "reduction")]
+    stored = _stored(mix, graph) | {b for b in finish_reads if b in mix.output_names()}
+    stored -= {m.output.name for m in col_members if role(m, cols, rows) != "inner"}
+    name = f"k_{_sanitize(mix.name)}"[:60]
+    w = KernelWriter(name, list(row_members) + in_loop_cols, rows, cols, stored, graph.buffers(), interpret,
+                     swap=set(in_loop_cols))
+    int64 = _int64(graph, mix)
+    pid = "tl.program_id(0).to(tl.int64)" if int64 else "tl.program_id(0)"
+    w._rindex("")
+    accs = {}
+    for m in in_loop_cols:
+        if role(m, cols, rows) == "reduction":
+            accs[m.name] = w.tmp()
+            w.emit(f"{accs[m.name]} = tl.zeros([XBLOCK, RBLOCK], {tl_dtype(m.body.dtype)})")
+    w.emit(f"row_start = {pid} * SPLIT")
+    w.emit("for xoffset in range(0, SPLIT, XBLOCK):")
+    w.indent += 1
+    w.emit("xindex = row_start + xoffset + tl.arange(0, XBLOCK)[:, None]")
+    w.emit("xmask = (xindex < xnumel) & (xoffset + tl.arange(0, XBLOCK)[:, None] < SPLIT)")
+    for vname, src in _decompose("o", rows, "xindex"):
+        w.emit(f"{vname} = {src}")
+    scope = _Scope()
+    for m in w.nodes:
+        r = w.role(m)
+        if r == "reduction":
+            val = w.value(m.body, m, scope, w.canon(m))
+            var = w._reduction_result(m, w._reduce_block(m, val, None), scope)
+            w.store(m, var, "xmask")
+        elif r == "column":
+            val = w.value(m.body, m, scope, w.canon(m))
+            w.emit(f"{accs[m.name]} = {accs[m.name]} + tl.where(xmask & rmask, {val}, 0.0)")
+        else:
+            var = w.compute(m, scope)
+            w.store(m, var, "xmask & rmask" if r == "inner" else "xmask")
+    w.indent -= 1
+    for m in in_loop_cols:
+        if m.name in accs:
+            part = w.tmp()
+            w.emit(f"{part} = tl.sum({accs[m.name]}, 0)[None, :]")
+            w.emit(f"tl.store({w.ptr(workspace_name(m))} + {pid} * rnumel + rindex, {part}, rmask)")
+    body = w.header(["XBLOCK", "RBLOCK", "SPLIT"], int64) + w.lines
+    prelude = printer.PRELUDE_INTERPRETER if interpret else printer.PRELUDE_GPU
+    sizes = tuple(("size", s) for s in sorted(w.sizes, key=str))
+    constants = {k: blocks[k] for k in ("XBLOCK", "RBLOCK", "SPLIT")}
+    src = KernelSource(name, _source(prelude, body), name, tuple(w.args.values()) + sizes, product(rows),
+                       product(cols), "mix_order", constants, blocks.get("num_warps", 4), "SPLIT")
+    return src, finish
+
+
+def workspace_layouts(mix: MixOrderNode) -> dict:
+    """Workspace buffer name -> Layout [n_splits, columns] in the accumulation dtype."""
+    from ...ir.loops import shape
+
+    cols = shape(mix.row)[1]
+    rows = shape(mix.row)[0]
+    out = {}
+    for g in mix.cols:
+        for m in (g.members() if hasattr(g, "members") else (g,)):
+            if role(m, cols, rows) == "reduction":
+                out[workspace_name(m)] = Layout.contiguous([mix.n_splits, product(cols)], m.body.dtype,
+                                                           m.output.layout.device)
+    return out

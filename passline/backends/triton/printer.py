@@ -1,0 +1,321 @@
+"""Printing sympy index expressions and loop-body values as Triton source.
+
+Math that `triton.language` lacks, or that the CPU interpreter cannot run (libdevice), goes through
+small helpers in the kernel's prelude (`PRELUDE_GPU` / `PRELUDE_INTERPRETER`), so one kernel body
+serves both.
+"""
+from __future__ import annotations
+
+import sympy
+import torch
+
+from ...ir import Cast, Constant, IndexValue, Load, Op
+from ...ir.index import FloorDiv, ModularIndexing
+
+TL_DTYPE = {
+    torch.float32: "tl.float32", torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16",
+    torch.float64: "tl.float64", torch.int64: "tl.int64", torch.int32: "tl.int32", torch.int16: "tl.int16",
+    torch.int8: "tl.int8", torch.uint8: "tl.uint8", torch.bool: "tl.int1",
+}
+
+
+class Unsupported(NotImplementedError):
+    """The Triton backend cannot generate this; the node runs on the reference backend instead."""
+
+
+def index(expr: sympy.Expr) -> str:
+    """A sympy index expression as Triton source (all operands non-negative integers)."""
+    if expr.is_Integer:
+        return str(int(expr))
+    if expr.is_Symbol:
+        return expr.name
+    if expr.is_Add:
+        return "(" + " + ".join(index(a) for a in expr.args) + ")"
+    if expr.is_Mul:
+        return "(" + " * ".join(index(a) for a in expr.args) + ")"
+    if isinstance(expr, FloorDiv):
+        return f"({index(expr.args[0])} // {index(expr.args[1])})"
+    if isinstance(expr, ModularIndexing):
+        base, div, mod = map(index, expr.args)
+        return f"(({base} // {div}) % {mod})" if div != "1" else f"({base} % {mod})"
+    if expr.is_Pow and expr.exp.is_Integer and int(expr.exp) > 0:
+        return "(" + " * ".join([index(expr.base)] * int(expr.exp)) + ")"
+    if isinstance(expr, sympy.Max):
+        out = index(expr.args[0])
+        for a in expr.args[1:]:
+            out = f"tl.maximum({out}, {index(a)})"
+        return out
+    if isinstance(expr, sympy.Min):
+        out = index(expr.args[0])
+        for a in expr.args[1:]:
+            out = f"tl.minimum({out}, {index(a)})"
+        return out
+    raise Unsupported(f"index expression {expr}")
+
+
+def tl_dtype(dtype: torch.dtype) -> str:
+    if dtype not in TL_DTYPE:
+        raise Unsupported(f"dtype {dtype}")
+    return TL_DTYPE[dtype]
+
+
+def constant(value, dtype: torch.dtype) -> str:
+    if dtype.is_floating_point:
+        v = float(value)
+        if v != v:
+            lit = 'float("nan")'
+        elif v in (float("inf"), float("-inf")):
+            lit = f'float("{"-" if v < 0 else ""}inf")'
+        else:
+            lit = repr(v)
+        return f"tl.full([1], {lit}, {tl_dtype(dtype)})"
+    if dtype == torch.bool:
+        return f"tl.full([1], {1 if value else 0}, tl.int1)"
+    return f"tl.full([1], {int(value)}, {tl_dtype(dtype)})"
+
+
+_UNARY = {
+    "neg": "-({0})", "abs": "tl.abs({0})", "exp": "tl.exp({0})", "exp2": "tl.exp2({0})", "log": "tl.log({0})",
+    "log2": "tl.log2({0})", "sqrt": "tl.sqrt({0})", "rsqrt": "tl.rsqrt({0})", "sin": "tl.sin({0})",
+    "cos": "tl.cos({0})", "sigmoid": "tl.sigmoid({0})", "erf": "tl.erf({0})", "floor": "tl.floor({0})",
+    "ceil": "tl.ceil({0})", "reciprocal": "(1.0 / {0})", "relu": "_relu({0})", "tanh": "_tanh({0})",
+    "expm1": "_expm1({0})", "log1p": "_log1p({0})", "log10": "(tl.log({0}) * 0.4342944819032518)",
+    "trunc": "_trunc({0})", "round": "_round({0})", "sign": "_sign({0})", "isnan": "({0} != {0})",
+    "isinf": "(tl.abs({0}) == float('inf'))", "logical_not": "({0} == 0)", "bitwise_not": "(~{0})",
+    "sinh": "_sinh({0})", "cosh": "_cosh({0})", "erfc": "(1.0 - tl.erf({0}))",
+}
+_BINARY = {
+    "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "truediv": "({0} / {1})",
+    "maximum": "_maximum({0}, {1})", "minimum": "_minimum({0}, {1})", "eq": "({0} == {1})",
+    "ne": "({0} != {1})", "lt": "({0} < {1})", "le": "({0} <= {1})", "gt": "({0} > {1})", "ge": "({0} >= {1})",
+    "logical_and": "(({0} != 0) & ({1} != 0))", "logical_or": "(({0} != 0) | ({1} != 0))",
+    "logical_xor": "(({0} != 0) ^ ({1} != 0))", "bitwise_and": "({0} & {1})", "bitwise_or": "({0} | {1})",
+    "bitwise_xor": "({0} ^ {1})", "bitwise_left_shift": "({0} << {1})", "bitwise_right_shift": "({0} >> {1})",
+    "pow": "_pow({0}, {1})",
+}
+
+
+def op(v: Op, args: list[str]) -> str:
+    name = v.name
+    dtype = v.args[0].dtype
+    if name == "where":
+        return f"tl.where({args[0]}, {args[1]}, {args[2]})"
+    if name == "floordiv":
+        return f"_floordiv_f({args[0]}, {args[1]})" if dtype.is_floating_point else f"_floordiv_i({args[0]}, {args[1]})"
+    if name == "remainder":
+        return f"_remainder_f({args[0]}, {args[1]})" if dtype.is_floating_point else f"_remainder_i({args[0]}, {args[1]})"
+    if name == "fmod" and not dtype.is_floating_point:
+        return f"({args[0]} % {args[1]})"
+    if name == "pow" and not dtype.is_floating_point:
+        raise Unsupported("integer pow")
+    if name in ("bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not") and dtype.is_floating_point:
+        raise Unsupported(name)
+    if name in ("sign",) and not dtype.is_floating_point:
+        return f"tl.where({args[0]} > 0, 1, tl.where({args[0]} < 0, -1, 0)).to({tl_dtype(v.dtype)})"
+    if name in ("abs", "neg", "maximum", "minimum") and dtype == torch.bool:
+        raise Unsupported(f"{name} on bool")
+    table = _UNARY if len(args) == 1 else _BINARY
+    if name not in table:
+        raise Unsupported(f"op {name}")
+    return table[name].format(*args)
+
+
+def cast(value: str, src: torch.dtype, dst: torch.dtype) -> str:
+    if dst == torch.bool:
+        return f"({value} != 0)"
+    if dst == torch.bfloat16 and src != torch.bfloat16:
+        # round to nearest even, as torch does (the interpreter would truncate)
+        return f"_to_bf16({value}.to(tl.float32))" if src != torch.float32 else f"_to_bf16({value})"
+    return f"{value}.to({tl_dtype(dst)})"
+
+
+# Helpers shared by every kernel; NaN propagates as in eager (maximum/minimum/relu keep NaN).
+_COMMON = '''
+@triton.jit
+def _maximum(a, b):
+    return tl.where((a > b) | (a != a), a, b)
+
+
+@triton.jit
+def _minimum(a, b):
+    return tl.where((a < b) | (a != a), a, b)
+
+
+@triton.jit
+def _relu(x):
+    return tl.where((x > 0) | (x != x), x, 0)
+
+
+@triton.jit
+def _sign(x):
+    return tl.where(x > 0, 1.0, tl.where(x < 0, -1.0, tl.where(x != x, x, 0.0))).to(x.dtype)
+
+
+@triton.jit
+def _floordiv_i(a, b):
+    q = a // b
+    return q - (((a % b) != 0) & ((a < 0) != (b < 0))).to(q.dtype)
+
+
+@triton.jit
+def _remainder_i(a, b):
+    r = a % b
+    return r + tl.where((r != 0) & ((r < 0) != (b < 0)), b, 0)
+
+
+@triton.jit
+def _floordiv_f(a, b):
+    return tl.floor(a / b)
+
+
+@triton.jit
+def _remainder_f(a, b):
+    return a - b * tl.floor(a / b)
+
+
+@triton.jit
+def _sum_combine(a, b):
+    return a + b
+
+
+@triton.jit
+def _prod_combine(a, b):
+    return a * b
+
+
+@triton.jit
+def _max_combine(a, b):
+    return tl.where((a > b) | (a != a), a, b)
+
+
+@triton.jit
+def _min_combine(a, b):
+    return tl.where((a < b) | (a != a), a, b)
+
+
+@triton.jit
+def _argmax_combine(va, ia, vb, ib):
+    # the larger value wins, NaN counts as largest, ties go to the smaller index (as torch.argmax)
+    a_nan = va != va
+    b_nan = vb != vb
+    take_a = (va > vb) | (a_nan & ~b_nan) | (((va == vb) | (a_nan & b_nan)) & (ia < ib))
+    return tl.where(take_a, va, vb), tl.where(take_a, ia, ib)
+
+
+@triton.jit
+def _argmin_combine(va, ia, vb, ib):
+    a_nan = va != va
+    b_nan = vb != vb
+    take_a = (va < vb) | (a_nan & ~b_nan) | (((va == vb) | (a_nan & b_nan)) & (ia < ib))
+    return tl.where(take_a, va, vb), tl.where(take_a, ia, ib)
+
+
+@triton.jit
+def _trunc(x):
+    return tl.where(x >= 0, tl.floor(x), tl.ceil(x))
+
+
+@triton.jit
+def _round(x):
+    # round half to even, as torch.round
+    r = tl.floor(x + 0.5)
+    tie = (r - x) == 0.5
+    odd = (r - 2.0 * tl.floor(r * 0.5)) != 0
+    return tl.where(tie & odd, r - 1.0, r)
+'''
+
+PRELUDE_GPU = '''import triton
+import triton.language as tl
+from triton.language.extra import libdevice
+''' + _COMMON + '''
+
+@triton.jit
+def _to_bf16(x):
+    return x.to(tl.bfloat16)
+
+
+@triton.jit
+def _tanh(x):
+    return libdevice.tanh(x)
+
+
+@triton.jit
+def _expm1(x):
+    return libdevice.expm1(x)
+
+
+@triton.jit
+def _log1p(x):
+    return libdevice.log1p(x)
+
+
+@triton.jit
+def _sinh(x):
+    return libdevice.sinh(x)
+
+
+@triton.jit
+def _cosh(x):
+    return libdevice.cosh(x)
+
+
+@triton.jit
+def _pow(a, b):
+    return libdevice.pow(a, b)
+'''
+
+# The CPU interpreter has no libdevice: the same functions from tl.math, written for accuracy.
+PRELUDE_INTERPRETER = '''import triton
+import triton.language as tl
+''' + _COMMON + '''
+
+@triton.jit
+def _to_bf16(x):
+    # float32 -> bfloat16 rounding to nearest even on the bits: the interpreter's own cast truncates
+    bits = x.to(tl.int32, bitcast=True)
+    rounded = bits + 0x7FFF + ((bits >> 16) & 1)
+    out = tl.where(x != x, bits, rounded) & -65536
+    return out.to(tl.float32, bitcast=True).to(tl.bfloat16)
+
+
+@triton.jit
+def _tanh(x):
+    e = tl.exp(-2.0 * tl.abs(x))
+    t = (1.0 - e) / (1.0 + e)
+    return tl.where(x != x, x, tl.where(x < 0, -t, t))
+
+
+@triton.jit
+def _expm1(x):
+    # exp(x) - 1 loses digits near 0; the series keeps them
+    small = tl.abs(x) < 1e-4
+    return tl.where(small, x + 0.5 * x * x, tl.exp(x) - 1.0)
+
+
+@triton.jit
+def _log1p(x):
+    u = 1.0 + x
+    # log(u) * x / (u - 1) corrects the rounding of 1 + x (Goldberg)
+    return tl.where(u == 1.0, x, tl.log(u) * x / (u - 1.0))
+
+
+@triton.jit
+def _sinh(x):
+    return 0.5 * (tl.exp(x) - tl.exp(-x))
+
+
+@triton.jit
+def _cosh(x):
+    return 0.5 * (tl.exp(x) + tl.exp(-x))
+
+
+@triton.jit
+def _pow(a, b):
+    # a ** b for real a: exp(b log|a|), with the sign for integral b and pow(x, 0) == 1
+    mag = tl.exp(b * tl.log(tl.abs(a)))
+    b_int = b == tl.floor(b)
+    odd = b_int & ((b - 2.0 * tl.floor(b * 0.5)) != 0)
+    res = tl.where((a < 0) & odd, -mag, mag)
+    res = tl.where((a < 0) & ~b_int, float("nan"), res)
+    return tl.where(b == 0, 1.0, tl.where((a == 0) & (b > 0), 0.0, res))
+'''

@@ -1,0 +1,307 @@
+"""The Triton backend's wrapper: runs a SchedulerGraph with one generated kernel per node.
+
+At compile time each kernel node gets its source (from the disk cache, or generated and cached). At the
+first call, when sizes are known, each kernel picks its variant and block sizes: on a GPU by timing the
+candidates (and remembering the winner on disk), under the CPU interpreter by a heuristic. Buffers are
+allocated when first written, freed after their last use, and freed storage of the same size is reused.
+A node the generator cannot handle runs on the reference backend, and the report says so.
+"""
+from __future__ import annotations
+
+import math
+import time
+
+import attrs
+import sympy
+import torch
+
+from ... import __version__
+from ...ir import Extern, MixOrderNode
+from ...pipeline.metrics import node_bytes
+from ..reference import ReferenceRunner, _Bindings
+from . import kernel as kgen
+from .cache import KernelCache, digest, load_kernel
+from .printer import Unsupported
+
+GPU_PERSISTENT_MAX = 16384  # elements of a reduced row kept in registers
+INTERP_PERSISTENT_MAX = 1 << 16
+INTERP_BLOCK = 1 << 17  # interpreter cost grows with programs x ops: few, large programs
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+@attrs.define
+class KernelInfo:
+    """One generated kernel, for the report."""
+
+    name: str
+    node: str
+    kind: str  # pointwise | reduction | mix_order | mix_finish
+    variants: dict  # variant -> KernelSource
+    chosen: str | None = None
+    blocks: dict = attrs.Factory(dict)
+    bytes: int = 0
+    timings: dict = attrs.Factory(dict)  # "variant blocks" -> seconds, when benchmarked
+
+    @property
+    def source(self) -> str:
+        return self.variants[self.chosen or next(iter(self.variants))].source
+
+
+class _Kernel:
+    """A kernel node's variants, compiled lazily, with the block choice made at the first call."""
+
+    def __init__(self, info: KernelInfo, cache: KernelCache, interpret: bool, gpu_tune: bool, key: str):
+        self.info, self.cache, self.interpret, self.gpu_tune, self.key = info, cache, interpret, gpu_tune, key
+        self.fns: dict = {}
+        self.choice = None
+
+    def fn(self, variant: str):
+        if variant not in self.fns:
+            src = self.info.variants[variant]
+            ckey = digest(self.key, variant)
+            path = self.cache.get_source(ckey) or self.cache.put_source(ckey, src.source)
+            self.fns[variant] = load_kernel(path, src.fn_name, self.interpret)
+        return self.fns[variant]
+
+    def candidates(self, xnumel: int, rnumel: int | None) -> list:
+        out = []
+        for variant, src in self.info.variants.items():
+            if variant == "pointwise":
+                if self.interpret:
+                    out.append((variant, {"XBLOCK": min(_pow2(xnumel), INTERP_BLOCK)}, 4))
+                else:
+                    out += [(variant, {"XBLOCK": x}, w) for x, w in ((1024, 4), (512, 4), (2048, 8))]
+            elif variant == "persistent":
+                rb = _pow2(rnumel)
+                if rb > (INTERP_PERSISTENT_MAX if self.interpret else GPU_PERSISTENT_MAX):
+                    continue
+                if self.interpret:
+                    out.append((variant, {"XBLOCK": max(1, min(_pow2(xnumel), INTERP_BLOCK // rb)), "RBLOCK": rb}, 4))
+                else:
+                    for xb in (1, 2, 4, 8, 16, 32):
+                        if xb * rb <= 16384 and xb <= _pow2(xnumel):
+                            out.append((variant, {"XBLOCK": xb, "RBLOCK": rb}, 4 if xb * rb <= 2048 else 8))
+            elif variant == "looped":
+                if self.interpret:
+                    rb = min(_pow2(rnumel), 4096)
+                    out.append((variant, {"XBLOCK": max(1, min(_pow2(xnumel), INTERP_BLOCK // rb)), "RBLOCK": rb}, 4))
+                else:
+                    for xb, rb in ((1, 2048), (2, 1024), (4, 512), (8, 256), (1, 1024)):
+                        if rb <= _pow2(rnumel) * 2:
+                            out.append((variant, {"XBLOCK": xb, "RBLOCK": rb}, 4 if xb * rb <= 1024 else 8))
+            elif variant == "mix_order":
+                rb = _pow2(rnumel)
+                split = src.constants["SPLIT"]
+                xbs = [xb for xb in (1, 2, 4, 8, 16) if xb * rb <= (INTERP_BLOCK if self.interpret else 8192)
+                       and xb <= _pow2(split)] or [1]
+                if self.interpret:
+                    xbs = xbs[-1:]
+                out += [(variant, {"XBLOCK": xb, "RBLOCK": rb, "SPLIT": split}, 4 if xb * rb <= 2048 else 8)
+                        for xb in xbs]
+        if not out:  # rows too long to keep: only the looped form, whatever the heuristics say
+            raise Unsupported("no kernel variant fits")
+        if self.interpret:  # the interpreter's cost is per program and op: prefer persistent
+            out.sort(key=lambda c: c[0] != "persistent")
+            return out[:1]
+        return out
+
+    def launch(self, cand, args, xnumel: int, rnumel: int | None):
+        """Launch variant `cand` = (variant, blocks, num_warps); `args(variant)` gives its arguments."""
+        variant, blocks, warps = cand
+        src = self.info.variants[variant]
+        per = blocks[src.grid_per_program]
+        grid = (max(1, math.ceil(xnumel / per)),)
+        extra = [xnumel] + ([rnumel] if rnumel is not None else [])
+        self.fn(variant)[grid](*args(variant), *extra, **blocks, num_warps=warps)
+
+    def run(self, args, xnumel: int, rnumel: int | None):
+        if self.choice is None:
+            self.choice = self._choose(args, xnumel, rnumel)
+            self.info.chosen, self.info.blocks = self.choice[0], dict(self.choice[1], num_warps=self.choice[2])
+        self.launch(self.choice, args, xnumel, rnumel)
+
+    def _choose(self, args, xnumel, rnumel):
+        cands = self.candidates(xnumel, rnumel)
+        if len(cands) == 1 or not self.gpu_tune:
+            return cands[0]
+        ckey = digest(self.key, xnumel, rnumel, torch.cuda.get_device_name())
+        saved = self.cache.get_choice(ckey)
+        if saved is not None:
+            return saved["variant"], saved["blocks"], saved["num_warps"]
+        from triton.testing import do_bench
+
+        best, best_t = None, float("inf")
+        for c in cands:
+            try:
+                t = do_bench(lambda: self.launch(c, args, xnumel, rnumel), warmup=5, rep=20)
+            except Exception as e:  # a config that does not compile (too many registers) is no candidate
+                self.info.timings[f"{c[0]} {c[1]}"] = repr(e)[:80]
+                continue
+            self.info.timings[f"{c[0]} {c[1]} w{c[2]}"] = t
+            if t < best_t:
+                best, best_t = c, t
+        if best is None:
+            raise RuntimeError(f"no kernel configuration of {self.info.name} ran")
+        self.cache.put_choice(ckey, {"variant": best[0], "blocks": best[1], "num_warps": best[2]})
+        return best
+
+
+class TritonRunner:
+    """Callable that runs the graph with generated Triton kernels: `runner(*inputs) -> outputs`."""
+
+    def __init__(self, graph, interpret: bool, cache: KernelCache | None = None):
+        self.graph = graph
+        self.interpret = interpret
+        self.cache = cache or KernelCache()
+        self.reference = ReferenceRunner(graph)
+        self.buffers = graph.buffers()
+        self.kernels: list[KernelInfo] = []
+        self.fallbacks: dict = {}  # node name -> why it runs on the reference backend
+        self.steps = []
+        for node in graph.nodes():
+            if isinstance(node, Extern):
+                self.steps.append(("extern", node, None))
+                continue
+            try:
+                self.steps.append(self._compile(node))
+            except Unsupported as e:
+                self.fallbacks[node.name] = str(e)
+                self.steps.append(("reference", node, None))
+        self._plan_memory()
+
+    # -- compile ------------------------------------------------------------------------------------
+    def _key(self, node, stored) -> str:
+        from . import kernel, printer
+
+        return digest(__version__, self.interpret, repr(node.members() if hasattr(node, "members") else node),
+                      repr(getattr(node, "ranges", None)), repr(getattr(node, "reduction_ranges", None)),
+                      sorted(stored), _SOURCE_HASH)
+
+    def _kernel(self, node, kind: str, variants: dict, stored) -> _Kernel:
+        info = KernelInfo(next(iter(variants.values())).name, node.name, kind, variants)
+        r, w = node_bytes(self.graph, node) if not kind.startswith("mix_finish") else (0, 0)
+        info.bytes = r + w
+        self.kernels.append(info)
+        gpu_tune = not self.interpret
+        return _Kernel(info, self.cache, self.interpret, gpu_tune, self._key(node, stored))
+
+    def _compile(self, node):
+        if isinstance(node, MixOrderNode):
+            bad = [m.reduction_type for m in node.column_reductions() if m.reduction_type != "sum"]
+            if bad:
+                raise Unsupported(f"mix-order column reduction {bad[0]}")
+            blocks = {"XBLOCK": 1, "RBLOCK": 1, "SPLIT": int(node.split_rows)}
+            main, finish = kgen.generate_mix(node, self.graph, self.interpret, blocks)
+            stored = kgen._stored(node, self.graph)
+            k_main = self._kernel(node, "mix_order", {"mix_order": main}, stored)
+            fin_stored = kgen._stored(finish, self.graph) & set(finish.output_names())
+            k_fin = self._kernel(finish, "mix_finish", self._variants(finish, fin_stored), fin_stored)
+            return ("mix", node, (k_main, main, k_fin, finish, kgen.workspace_layouts(node)))
+        stored = kgen._stored(node, self.graph)
+        variants = self._variants(node, stored)
+        k = self._kernel(node, "pointwise" if "pointwise" in variants else "reduction", variants, stored)
+        return ("kernel", node, (k, variants))
+
+    def _variants(self, node, stored) -> dict:
+        red = getattr(node, "reduction_ranges", ())
+        if not red:
+            return {"pointwise": kgen.generate(node, self.graph, self.interpret, "pointwise", {}, stored)}
+        return {v: kgen.generate(node, self.graph, self.interpret, v, {}, stored) for v in ("persistent", "looped")}
+
+    # -- memory -------------------------------------------------------------------------------------
+    def _plan_memory(self) -> None:
+        keep = self.graph.output_names() | set(self.graph.input_buffers())
+        last: dict = {}
+        for k, (_, node, _) in enumerate(self.steps):
+            for b in node.read_names():
+                last[b] = k
+        self.free_after: dict = {}
+        for b, k in last.items():
+            if b not in keep:
+                self.free_after.setdefault(k, []).append(b)
+
+    def _alloc(self, layout, bind: _Bindings, pool: dict, owned: set, name: str):
+        size, stride = bind.ints(layout.size), bind.ints(layout.stride)
+        span = 1 + sum((s - 1) * st for s, st in zip(size, stride)) if all(size) else 0
+        nbytes = span * layout.dtype.itemsize
+        key = (str(layout.device), nbytes)
+        flat = pool[key].pop() if pool.get(key) else torch.empty(nbytes, dtype=torch.uint8, device=layout.device)
+        owned.add(name)
+        return flat.view(layout.dtype).as_strided(size, stride) if nbytes else torch.empty_strided(
+            size, stride, dtype=layout.dtype, device=layout.device)
+
+    def _release(self, name: str, env: dict, pool: dict, owned: set) -> None:
+        t = env.pop(name, None)
+        if t is not None and name in owned:
+            owned.discard(name)
+            flat = t.as_strided((t.untyped_storage().nbytes() // t.element_size(),), (1,), 0).view(torch.uint8)
+            pool.setdefault((str(t.device), flat.numel()), []).append(flat)
+
+    # -- run ----------------------------------------------------------------------------------------
+    def __call__(self, *args):
+        bind = _Bindings(self.graph, args)
+        env: dict = {}
+        pool: dict = {}
+        owned: set = set()
+        for inp, arg in zip(self.graph.inputs, args):
+            if inp.buffer is not None:
+                env[inp.name] = arg
+        for k, (kind, node, data) in enumerate(self.steps):
+            if kind == "extern":
+                self.reference._extern(node, env, bind)
+            elif kind == "reference":
+                for m in node.members() if hasattr(node, "members") else (node,):
+                    env[m.output.name] = self.reference._loop(m, env, bind)
+            elif kind == "kernel":
+                k_obj, _ = data
+                self._launch(k_obj, node, env, bind, pool, owned)
+            else:
+                k_main, main, k_fin, finish, workspaces = data
+                for name, layout in workspaces.items():
+                    env[name] = self._alloc(layout, bind, pool, owned, name)
+                self._launch(k_main, node, env, bind, pool, owned)
+                self._launch(k_fin, finish, env, bind, pool, owned)
+                for name in workspaces:
+                    self._release(name, env, pool, owned)
+            for b in self.free_after.get(k, ()):
+                self._release(b, env, pool, owned)
+        return [self.reference._output(o, env, bind) for o in self.graph.outputs]
+
+    def _launch(self, k: _Kernel, node, env, bind: _Bindings, pool, owned) -> None:
+        layouts = {b.name: b.layout for b in node.output_buffers()}
+
+        def args(variant: str) -> list:
+            out = []
+            for kind, value in k.info.variants[variant].args:
+                if kind == "buffer":
+                    if value not in env:
+                        env[value] = self._alloc(layouts[value], bind, pool, owned, value)
+                    out.append(env[value])
+                else:
+                    out.append(bind.int(value))
+            return out
+
+        src = next(iter(k.info.variants.values()))
+        xnumel = bind.int(src.xnumel)
+        rnumel = bind.int(src.rnumel) if src.rnumel is not None else None
+        if xnumel == 0 or rnumel == 0:
+            if rnumel == 0:  # an empty reduction: the reference backend knows each identity
+                for m in node.members() if hasattr(node, "members") else (node,):
+                    env[m.output.name] = self.reference._loop(m, env, bind)
+            return
+        k.run(args, xnumel, rnumel)
+
+
+def _source_hash() -> str:
+    """Generated code changes with the generator: its source is part of every cache key."""
+    import inspect
+
+    from . import kernel, printer
+
+    return digest(inspect.getsource(kernel), inspect.getsource(printer))
+
+
+_SOURCE_HASH = _source_hash()
