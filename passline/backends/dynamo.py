@@ -37,12 +37,13 @@ class Backend:
     dump_dir: write graph dumps for each pass that changed the graph (default $PASSLINE_DUMP_DIR);
     metric_tables: CSV metric tables to write (default $PASSLINE_METRIC_TABLES);
     instruments: objects with before_pass/after_pass hooks;
-    pass_limit, decision_limits: stop after N pass runs / cap decisions (used by passline.bisect).
+    pass_limit, decision_limits: stop after N pass runs / cap decisions (used by passline.bisect);
+    kernel_variant: "auto" (multi-kernel choice), "persistent" or "looped" reductions; cache_dir: kernel cache.
     """
 
     def __init__(self, pipeline=None, codegen: str = "auto", verify: bool = True, dump_dir=None,
                  metric_tables=None, metric_dir=None, instruments=(), pass_limit=None, decision_limits=None,
-                 capture: bool = False):
+                 capture: bool = False, kernel_variant: str = "auto", cache_dir=None):
         if codegen not in CODEGENS:
             raise ValueError(f"unknown codegen {codegen!r}; choose one of {', '.join(CODEGENS)}")
         self.pipeline = Pipeline.parse(DEFAULT_PIPELINE if pipeline is None else pipeline) \
@@ -55,6 +56,10 @@ class Backend:
         self.manager = PassManager(self.pipeline, verify=verify, instruments=instruments, pass_limit=pass_limit,
                                    decision_limits=decision_limits, dump_dir=self.dump_dir)
         self.capture = capture  # keep each graph's first real inputs on its report (bisect, reproducers)
+        if kernel_variant not in ("auto", "persistent", "looped"):
+            raise ValueError(f"kernel_variant must be auto, persistent or looped, not {kernel_variant!r}")
+        self.kernel_variant = kernel_variant  # force one reduction variant (tests, experiments)
+        self.cache_dir = cache_dir  # kernel disk cache (default $PASSLINE_CACHE_DIR or ~/.cache/passline)
         self.reports: list[CompileReport] = []
         self._ids = itertools.count()
 
@@ -92,7 +97,10 @@ class Backend:
         if codegen == "triton":
             from .triton.runner import TritonRunner
 
-            runner = TritonRunner(graph, interpret=_on_cpu(graph))
+            from .triton.cache import KernelCache
+
+            runner = TritonRunner(graph, interpret=_on_cpu(graph), variant=self.kernel_variant,
+                                  cache=KernelCache(self.cache_dir))
             if runner.fallbacks:
                 reason += "; on the reference backend: " + "; ".join(f"{n} ({why})" for n, why in runner.fallbacks.items())
         else:

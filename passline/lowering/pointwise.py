@@ -90,7 +90,7 @@ for _name, _kind, _ops in [
     ("floordiv", KIND.DEFAULT, [aten.floor_divide.default, aten.floor_divide.Scalar]),
     ("remainder", KIND.DEFAULT, [aten.remainder.Tensor, aten.remainder.Scalar]),
     ("fmod", KIND.DEFAULT, [aten.fmod.Tensor, aten.fmod.Scalar]),
-    ("pow", KIND.BOOL_TO_LONG, [aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar]),
+    ("pow", KIND.BOOL_TO_LONG, [aten.pow.Tensor_Tensor, aten.pow.Scalar]),
     ("maximum", KIND.DEFAULT, [aten.maximum.default]),
     ("minimum", KIND.DEFAULT, [aten.minimum.default]),
     ("atan2", KIND.INT_TO_FLOAT, [aten.atan2.default]),
@@ -278,3 +278,30 @@ def lower_arange(ctx, node, *args, **kwargs):
         return NotImplemented  # float ranges round like aten's kernel; leave them to aten
     return ctx.pointwise(out.shape, out.dtype,
                          lambda idx: IndexValue(sympy.sympify(start) + sympy.sympify(step) * idx[0], torch.int64))
+
+
+@lowering(aten.pow.Tensor_Scalar)
+def lower_pow_scalar(ctx, node, x, exponent):
+    """x ** c: small constant exponents become multiplies, sqrt or rsqrt (exact, and far cheaper than a
+    general pow in a kernel); other exponents use pow."""
+    out = out_meta(node)
+    compute = promote(node, node.args, KIND.BOOL_TO_LONG)
+    e = exponent
+    forms = {2: "sq", 3: "cube", 1: "id", 0.5: "sqrt", -0.5: "rsqrt", -1: "recip", -2: "recip_sq"}
+    if not isinstance(e, (int, float)) or isinstance(e, bool) or e not in forms or \
+            (not compute.is_floating_point and forms[e] in ("sqrt", "rsqrt", "recip", "recip_sq")):
+        return pointwise_op(ctx, node, "pow", (x, e), node.args, KIND.BOOL_TO_LONG)
+    form = forms[e]
+
+    def inner(idx):
+        v = value(x, idx, out.dim(), compute)
+        if form == "id":
+            return v
+        if form in ("sq", "recip_sq"):
+            sq = Op("mul", (v, v), compute)
+            return sq if form == "sq" else Op("reciprocal", (sq,), compute)
+        if form == "cube":
+            return Op("mul", (Op("mul", (v, v), compute), v), compute)
+        return Op({"sqrt": "sqrt", "rsqrt": "rsqrt", "recip": "reciprocal"}[form], (v,), compute)
+
+    return ctx.pointwise(out.shape, out.dtype, inner)

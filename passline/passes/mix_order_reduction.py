@@ -82,10 +82,13 @@ def _problem(graph, row, col, max_columns, min_rows, types, max_reads, rows, col
 
 
 def _auto_split(rows) -> int:
+    """Rows per block: about 2048 blocks, so a GPU has several per multiprocessor to hide latency
+    (measured on an H200: 2048 blocks beat 512 by 3% in float32 and 25% in bfloat16), and at least 16
+    rows each, so the workspace stays small against the data."""
     n = product(rows)
     if not n.is_number:
         return 64
-    return max(16, -(-int(n) // 512))
+    return max(16, -(-int(n) // 2048))
 
 
 @register_pass("mix_order_reduction", provides={"mix_order"})

@@ -33,14 +33,28 @@ def _flat(out):
     return []
 
 
+def _to(x, device):
+    if isinstance(x, torch.Tensor):
+        return x.detach().to(device).requires_grad_(x.requires_grad)
+    return x
+
+
 def assert_matches_eager(fn: Callable, inputs: Sequence, pipeline=None, codegen: str = "auto",
-                         backward: bool | None = None, **backend_options):
+                         backward: bool | None = None, device: str | None = None, **backend_options):
     """Compile `fn` with passline, run it and eager on copies of `inputs`, and compare outputs and
     (when any input requires grad) input gradients, with dtype-appropriate tolerances.
-    `pipeline=None` runs passline.DEFAULT_PIPELINE; "" runs no pass.
+    `pipeline=None` runs passline.DEFAULT_PIPELINE; "" runs no pass. `device` (default
+    $PASSLINE_TEST_DEVICE, else where the inputs are) moves the inputs and an nn.Module there first.
     Returns the passline backend, whose `reports` describe what was compiled."""
+    import os
+
     import passline
 
+    device = device or os.environ.get("PASSLINE_TEST_DEVICE")
+    if device:
+        inputs = [_to(x, device) for x in inputs]
+        if isinstance(fn, torch.nn.Module):
+            fn = fn.to(device)
     torch._dynamo.reset()
     be = passline.backend(pipeline=pipeline, codegen=codegen, **backend_options)
     ours_in, eager_in = _clone(inputs), _clone(inputs)
@@ -53,7 +67,7 @@ def assert_matches_eager(fn: Callable, inputs: Sequence, pipeline=None, codegen:
     if backward if backward is not None else wants_grad:
         # a fixed random cotangent per output, so every output's gradient path is exercised
         gen = torch.Generator().manual_seed(0)
-        grads = [torch.randn(b.shape, generator=gen).to(b.dtype) for b in eager if b.requires_grad]
+        grads = [torch.randn(b.shape, generator=gen).to(b.dtype).to(b.device) for b in eager if b.requires_grad]
         torch.autograd.backward([a for a in ours if a.requires_grad], grads)
         torch.autograd.backward([b for b in eager if b.requires_grad], grads)
         for k, (a, b) in enumerate(zip(ours_in, eager_in)):

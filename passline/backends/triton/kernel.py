@@ -62,6 +62,7 @@ class _Scope:
     def __init__(self, parent=None):
         self.parent = parent
         self.values: dict = {}  # id(body value) -> var
+        self.loads: dict = {}  # (buffer, index source, mask) -> var: one load per distinct address
         self.members: dict = {}  # member buffer name -> var (its computed value, before the store cast)
 
     def member(self, buf):
@@ -151,6 +152,10 @@ class KernelWriter:
                     continue
                 expr = sympy.expand(node.index.xreplace(cmap))
                 mask = self.mask_for(expr)
+                key = (node.buffer, self.idx(expr), mask)
+                if key in scope.loads:
+                    scope.values[id(node)] = scope.loads[key]
+                    continue
                 src = f"tl.load({self.ptr(node.buffer)} + {self.idx(expr)}" + (f", {mask}, other=0)" if mask else ")")
             elif isinstance(node, Constant):
                 src = printer.constant(node.value, node.dtype)
@@ -166,6 +171,8 @@ class KernelWriter:
             var = self.tmp()
             self.emit(f"{var} = {src}")
             scope.values[id(node)] = var
+            if isinstance(node, Load):
+                scope.loads[key] = var
         return scope.values[id(v)]
 
     def compute(self, m, scope: _Scope) -> str:
@@ -483,9 +490,12 @@ def finish_node(mix: MixOrderNode) -> FusedNode:
     return FusedNode(f"{mix.name}_finish", tuple(nodes), cols, (n_splits,))
 
 
-def generate_mix(mix: MixOrderNode, graph, interpret: bool, blocks: dict) -> tuple[KernelSource, FusedNode]:
+def generate_mix(mix: MixOrderNode, graph, interpret: bool, blocks: dict,
+                 acc2d: bool = False) -> tuple[KernelSource, FusedNode]:
     """The main kernel of a mix-order node (rows in blocks, columns persistent, column partial sums
-    into workspaces) and the finishing node (a plain reduction over the splits)."""
+    into workspaces) and the finishing node (a plain reduction over the splits). The column partials
+    are kept either as one row [1, RBLOCK] that each row block is summed into (`acc2d=False`: fewer
+    registers), or as a [XBLOCK, RBLOCK] tile summed once at the end (no cross-row sum per block)."""
     from ...ir.loops import shape
 
     rows, cols = shape(mix.row)
@@ -505,8 +515,11 @@ def generate_mix(mix: MixOrderNode, graph, interpret: bool, blocks: dict) -> tup
     accs = {}
     for m in in_loop_cols:
         if role(m, cols, rows) == "reduction":
+            # one partial sum per column, [1, RBLOCK]: each row block is summed into it as it is done,
+            # which keeps registers for the row side's work
             accs[m.name] = w.tmp()
-            w.emit(f"{accs[m.name]} = tl.zeros([XBLOCK, RBLOCK], {tl_dtype(m.body.dtype)})")
+            shape = "[XBLOCK, RBLOCK]" if acc2d else "[1, RBLOCK]"
+            w.emit(f"{accs[m.name]} = tl.zeros({shape}, {tl_dtype(m.body.dtype)})")
     w.emit(f"row_start = {pid} * SPLIT")
     w.emit("for xoffset in range(0, SPLIT, XBLOCK):")
     w.indent += 1
@@ -523,22 +536,23 @@ def generate_mix(mix: MixOrderNode, graph, interpret: bool, blocks: dict) -> tup
             w.store(m, var, "xmask")
         elif r == "column":
             val = w.value(m.body, m, scope, w.canon(m))
-            w.emit(f"{accs[m.name]} = {accs[m.name]} + tl.where(xmask & rmask, {val}, 0.0)")
+            masked = f"tl.where(xmask & rmask, {val}, 0.0)"
+            w.emit(f"{accs[m.name]} = {accs[m.name]} + " + (masked if acc2d else f"tl.sum({masked}, 0)[None, :]"))
         else:
             var = w.compute(m, scope)
             w.store(m, var, "xmask & rmask" if r == "inner" else "xmask")
     w.indent -= 1
     for m in in_loop_cols:
         if m.name in accs:
-            part = w.tmp()
-            w.emit(f"{part} = tl.sum({accs[m.name]}, 0)[None, :]")
+            part = f"tl.sum({accs[m.name]}, 0)[None, :]" if acc2d else accs[m.name]
             w.emit(f"tl.store({w.ptr(workspace_name(m))} + {pid} * rnumel + rindex, {part}, rmask)")
     body = w.header(["XBLOCK", "RBLOCK", "SPLIT"], int64) + w.lines
     prelude = printer.PRELUDE_INTERPRETER if interpret else printer.PRELUDE_GPU
     sizes = tuple(("size", s) for s in sorted(w.sizes, key=str))
     constants = {k: blocks[k] for k in ("XBLOCK", "RBLOCK", "SPLIT")}
     src = KernelSource(name, _source(prelude, body), name, tuple(w.args.values()) + sizes, product(rows),
-                       product(cols), "mix_order", constants, blocks.get("num_warps", 4), "SPLIT")
+                       product(cols), "mix_order_acc2d" if acc2d else "mix_order", constants,
+                       blocks.get("num_warps", 4), "SPLIT")
     return src, finish
 
 

@@ -9,7 +9,7 @@ A node the generator cannot handle runs on the reference backend, and the report
 from __future__ import annotations
 
 import math
-import time
+import os
 
 import attrs
 import sympy
@@ -53,8 +53,10 @@ class KernelInfo:
 class _Kernel:
     """A kernel node's variants, compiled lazily, with the block choice made at the first call."""
 
-    def __init__(self, info: KernelInfo, cache: KernelCache, interpret: bool, gpu_tune: bool, key: str):
+    def __init__(self, info: KernelInfo, cache: KernelCache, interpret: bool, gpu_tune: bool, key: str,
+                 only: str | None = None):
         self.info, self.cache, self.interpret, self.gpu_tune, self.key = info, cache, interpret, gpu_tune, key
+        self.only = only  # force one reduction variant ("persistent" or "looped")
         self.fns: dict = {}
         self.choice = None
 
@@ -69,38 +71,46 @@ class _Kernel:
     def candidates(self, xnumel: int, rnumel: int | None) -> list:
         out = []
         for variant, src in self.info.variants.items():
+            if self.only and variant in ("persistent", "looped") and variant != self.only:
+                continue
             if variant == "pointwise":
                 if self.interpret:
                     out.append((variant, {"XBLOCK": min(_pow2(xnumel), INTERP_BLOCK)}, 4))
                 else:
-                    out += [(variant, {"XBLOCK": x}, w) for x, w in ((1024, 4), (512, 4), (2048, 8))]
+                    out += [(variant, {"XBLOCK": x}, w) for x, w in ((1024, 4), (2048, 8), (512, 4))]
             elif variant == "persistent":
                 rb = _pow2(rnumel)
                 if rb > (INTERP_PERSISTENT_MAX if self.interpret else GPU_PERSISTENT_MAX):
                     continue
                 if self.interpret:
                     out.append((variant, {"XBLOCK": max(1, min(_pow2(xnumel), INTERP_BLOCK // rb)), "RBLOCK": rb}, 4))
-                else:
-                    for xb in (1, 2, 4, 8, 16, 32):
-                        if xb * rb <= 16384 and xb <= _pow2(xnumel):
-                            out.append((variant, {"XBLOCK": xb, "RBLOCK": rb}, 4 if xb * rb <= 2048 else 8))
+                else:  # row blocks from one row per program to about 16k elements
+                    for xb in (1, 2, 4, 8, 16, 32, 64):
+                        if xb * rb <= 16384 and xb <= _pow2(xnumel) and (xb == 1 or xb * rb >= 512):
+                            w = 2 if xb * rb <= 512 else 4 if xb * rb <= 2048 else 8 if xb * rb <= 8192 else 16
+                            out.append((variant, {"XBLOCK": xb, "RBLOCK": rb}, w))
             elif variant == "looped":
                 if self.interpret:
                     rb = min(_pow2(rnumel), 4096)
                     out.append((variant, {"XBLOCK": max(1, min(_pow2(xnumel), INTERP_BLOCK // rb)), "RBLOCK": rb}, 4))
                 else:
-                    for xb, rb in ((1, 2048), (2, 1024), (4, 512), (8, 256), (1, 1024)):
-                        if rb <= _pow2(rnumel) * 2:
+                    # long rows: one row per program; reductions over a strided dim (columns): wide
+                    # blocks of columns so that each load is coalesced
+                    for xb, rb in ((1, 2048), (4, 512), (64, 64), (128, 32)):
+                        if rb <= _pow2(rnumel) and xb <= _pow2(xnumel):
                             out.append((variant, {"XBLOCK": xb, "RBLOCK": rb}, 4 if xb * rb <= 1024 else 8))
-            elif variant == "mix_order":
+                    if not any(c[0] == "looped" for c in out):
+                        out.append((variant, {"XBLOCK": 1, "RBLOCK": min(2048, _pow2(rnumel))}, 4))
+            elif variant.startswith("mix_order"):
                 rb = _pow2(rnumel)
                 split = src.constants["SPLIT"]
                 xbs = [xb for xb in (1, 2, 4, 8, 16) if xb * rb <= (INTERP_BLOCK if self.interpret else 8192)
-                       and xb <= _pow2(split)] or [1]
+                       and xb * rb >= min(1024, rb) and xb <= _pow2(split)] or [1]
                 if self.interpret:
                     xbs = xbs[-1:]
-                out += [(variant, {"XBLOCK": xb, "RBLOCK": rb, "SPLIT": split}, 4 if xb * rb <= 2048 else 8)
-                        for xb in xbs]
+                for xb in xbs:
+                    warps = (4, 8) if xb * rb <= 2048 and not self.interpret else (4 if xb * rb <= 2048 else 8,)
+                    out += [(variant, {"XBLOCK": xb, "RBLOCK": rb, "SPLIT": split}, w) for w in warps]
         if not out:  # rows too long to keep: only the looped form, whatever the heuristics say
             raise Unsupported("no kernel variant fits")
         if self.interpret:  # the interpreter's cost is per program and op: prefer persistent
@@ -115,7 +125,7 @@ class _Kernel:
         per = blocks[src.grid_per_program]
         grid = (max(1, math.ceil(xnumel / per)),)
         extra = [xnumel] + ([rnumel] if rnumel is not None else [])
-        self.fn(variant)[grid](*args(variant), *extra, **blocks, num_warps=warps)
+        return self.fn(variant)[grid](*args(variant), *extra, **blocks, num_warps=warps)
 
     def run(self, args, xnumel: int, rnumel: int | None):
         if self.choice is None:
@@ -136,11 +146,13 @@ class _Kernel:
         best, best_t = None, float("inf")
         for c in cands:
             try:
+                compiled = self.launch(c, args, xnumel, rnumel)
                 t = do_bench(lambda: self.launch(c, args, xnumel, rnumel), warmup=5, rep=20)
             except Exception as e:  # a config that does not compile (too many registers) is no candidate
                 self.info.timings[f"{c[0]} {c[1]}"] = repr(e)[:80]
                 continue
-            self.info.timings[f"{c[0]} {c[1]} w{c[2]}"] = t
+            regs = f" regs={getattr(compiled, 'n_regs', '?')} spills={getattr(compiled, 'n_spills', '?')}"
+            self.info.timings[f"{c[0]} {c[1]} w{c[2]}{regs}"] = t
             if t < best_t:
                 best, best_t = c, t
         if best is None:
@@ -152,9 +164,10 @@ class _Kernel:
 class TritonRunner:
     """Callable that runs the graph with generated Triton kernels: `runner(*inputs) -> outputs`."""
 
-    def __init__(self, graph, interpret: bool, cache: KernelCache | None = None):
+    def __init__(self, graph, interpret: bool, cache: KernelCache | None = None, variant: str = "auto"):
         self.graph = graph
         self.interpret = interpret
+        self.variant = None if variant == "auto" else variant
         self.cache = cache or KernelCache()
         self.reference = ReferenceRunner(graph)
         self.buffers = graph.buffers()
@@ -176,7 +189,7 @@ class TritonRunner:
     def _key(self, node, stored) -> str:
         from . import kernel, printer
 
-        return digest(__version__, self.interpret, repr(node.members() if hasattr(node, "members") else node),
+        return digest(__version__, self.interpret, repr(node), repr(node.members() if hasattr(node, "members") else node),
                       repr(getattr(node, "ranges", None)), repr(getattr(node, "reduction_ranges", None)),
                       sorted(stored), _SOURCE_HASH)
 
@@ -185,8 +198,9 @@ class TritonRunner:
         r, w = node_bytes(self.graph, node) if not kind.startswith("mix_finish") else (0, 0)
         info.bytes = r + w
         self.kernels.append(info)
-        gpu_tune = not self.interpret
-        return _Kernel(info, self.cache, self.interpret, gpu_tune, self._key(node, stored))
+        # PASSLINE_AUTOTUNE=0: take each kernel's first candidate instead of timing them (quick GPU checks)
+        gpu_tune = not self.interpret and os.environ.get("PASSLINE_AUTOTUNE", "1") != "0"
+        return _Kernel(info, self.cache, self.interpret, gpu_tune, self._key(node, stored), self.variant)
 
     def _compile(self, node):
         if isinstance(node, MixOrderNode):
@@ -195,8 +209,11 @@ class TritonRunner:
                 raise Unsupported(f"mix-order column reduction {bad[0]}")
             blocks = {"XBLOCK": 1, "RBLOCK": 1, "SPLIT": int(node.split_rows)}
             main, finish = kgen.generate_mix(node, self.graph, self.interpret, blocks)
+            variants = {"mix_order": main}
+            if not self.interpret:  # the second form is one more multi-kernel candidate on a GPU
+                variants["mix_order_acc2d"] = kgen.generate_mix(node, self.graph, False, blocks, acc2d=True)[0]
             stored = kgen._stored(node, self.graph)
-            k_main = self._kernel(node, "mix_order", {"mix_order": main}, stored)
+            k_main = self._kernel(node, "mix_order", variants, stored)
             fin_stored = kgen._stored(finish, self.graph) & set(finish.output_names())
             k_fin = self._kernel(finish, "mix_finish", self._variants(finish, fin_stored), fin_stored)
             return ("mix", node, (k_main, main, k_fin, finish, kgen.workspace_layouts(node)))

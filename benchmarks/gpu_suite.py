@@ -1,0 +1,187 @@
+"""GPU check and benchmark: passline against eager and torch.compile (Inductor), in one process.
+
+    python benchmarks/gpu_suite.py [--shapes 576000x384,32768x4096] [--dtypes float32,bfloat16]
+                                   [--cases layer_norm,rms_norm,softmax,gelu_epilogue,cross_entropy]
+                                   [--out DIR]
+
+For each case, shape and dtype it checks passline's forward and backward against eager (relative
+error against a float64 reference), then times eager, Inductor and passline (median of do_bench) and
+prints a Markdown table: times, passline's speed relative to Inductor (Inductor time / passline time:
+above 1 is faster), and passline's GB/s as a percentage of the device-to-device copy bandwidth measured
+at the start of the same run. Bytes are the minimum each row must move (inputs read once, outputs
+written once).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import passline  # noqa: E402
+
+
+class RMSNorm(torch.nn.Module):
+    def __init__(self, n, dtype):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.rand(n, dtype=dtype, device="cuda") + 0.5)
+
+    def forward(self, x):
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype) * self.weight
+
+
+def make_case(name: str, m: int, n: int, dtype):
+    """(module or fn, inputs, bytes forward, bytes backward)."""
+    es = torch.tensor([], dtype=dtype).element_size()
+    x = torch.randn(m, n, device="cuda", dtype=dtype, requires_grad=True)
+    if name == "layer_norm":
+        mod = torch.nn.LayerNorm(n, device="cuda", dtype=dtype)
+        with torch.no_grad():
+            mod.weight.uniform_(0.5, 1.5)
+            mod.bias.uniform_(-0.5, 0.5)
+        return mod, [x], 2 * m * n * es, 3 * m * n * es
+    if name == "rms_norm":
+        return RMSNorm(n, dtype), [x], 2 * m * n * es, 3 * m * n * es
+    if name == "softmax":
+        return (lambda x: torch.softmax(x, -1)), [x], 2 * m * n * es, 3 * m * n * es
+    if name == "gelu_epilogue":  # the epilogue of an MLP's first matmul: bias add + GELU
+        b = torch.randn(n, device="cuda", dtype=dtype, requires_grad=True)
+        return (lambda h, b: torch.nn.functional.gelu(h + b)), [x, b], 2 * m * n * es, 3 * m * n * es
+    if name == "cross_entropy":
+        t = torch.randint(0, n, (m,), device="cuda")
+        return (lambda x, t: torch.nn.functional.cross_entropy(x.float(), t)), [x, t], m * n * es, 2 * m * n * es
+    raise ValueError(name)
+
+
+def rel_err(a, b) -> float:
+    a, b = a.double(), b.double()
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def grads(fn, inputs, dy_seed=0):
+    ins = [x.detach().clone().requires_grad_(x.requires_grad) for x in inputs]
+    y = fn(*ins)
+    g = torch.Generator(device="cuda").manual_seed(dy_seed)
+    # drawn in float32 for every dtype, so the float64 reference gets the same cotangent
+    dy = torch.randn(y.shape, device="cuda", dtype=torch.float32, generator=g).to(y.dtype)
+    gs = torch.autograd.grad(y, [x for x in ins if x.requires_grad], dy)
+    return y.detach(), gs
+
+
+def bench(fn, reps_ms=200) -> float:
+    from triton.testing import do_bench
+
+    return do_bench(fn, warmup=25, rep=reps_ms, return_mode="median")
+
+
+def copy_bandwidth() -> float:
+    x = torch.randn(1 << 28, device="cuda")
+    y = torch.empty_like(x)
+    t = bench(lambda: y.copy_(x))
+    del x, y
+    return 2 * (1 << 28) * 4 / (t * 1e-3) / 1e9
+
+
+def run_case(name, m, n, dtype, copy_gbs, rows, out_dir):
+    torch.manual_seed(0)
+    fn, inputs, bytes_f, bytes_b = make_case(name, m, n, dtype)
+    tol = 2e-2 if dtype == torch.bfloat16 else 1e-4
+    # float64 reference on the same inputs
+    ref_fn = fn
+    if isinstance(fn, torch.nn.Module):
+        import copy
+
+        ref_fn = copy.deepcopy(fn).double()
+    ref_in = [x.detach().double().requires_grad_(x.requires_grad) if x.is_floating_point() else x for x in inputs]
+    y_ref, g_ref = grads(ref_fn, ref_in)
+    compiled = {}
+    for label, backend in (("inductor", "inductor"), ("passline", passline.backend())):
+        torch._dynamo.reset()
+        compiled[label] = torch.compile(fn, backend=backend)
+        t0 = time.time()
+        grads(compiled[label], inputs)  # compile forward and backward
+        compiled[label + "_s"] = time.time() - t0
+    y_p, g_p = grads(compiled["passline"], inputs)
+    y_e, g_e = grads(fn, inputs)
+    errs = [rel_err(y_p, y_ref)] + [rel_err(a, b) for a, b in zip(g_p, g_ref)]
+    eager_errs = [rel_err(y_e, y_ref)] + [rel_err(a, b) for a, b in zip(g_e, g_ref)]
+    ok = all(e <= max(tol, 4 * ee) for e, ee in zip(errs, eager_errs))
+    # forward (inference) and backward timings
+    det = [x.detach() for x in inputs]
+    for phase, nbytes in (("fwd", bytes_f), ("bwd", bytes_b)):
+        times = {}
+        for label, f in (("eager", fn), ("inductor", compiled["inductor"]), ("passline", compiled["passline"])):
+            if phase == "fwd":
+                with torch.no_grad():
+                    f(*det)  # compile the inference graph outside the timing
+                    times[label] = bench(lambda: f(*det))
+            else:
+                ins = [x.detach().clone().requires_grad_(x.requires_grad) for x in inputs]
+                y = f(*ins)
+                dy = torch.randn_like(y)
+                wrt = [x for x in ins if x.requires_grad]
+                times[label] = bench(lambda: torch.autograd.grad(y, wrt, dy, retain_graph=True))
+                del y, ins
+        gbs = nbytes / (times["passline"] * 1e-3) / 1e9
+        row = dict(case=name, phase=phase, shape=f"{m}x{n}", dtype=str(dtype).replace("torch.", ""),
+                   eager_ms=times["eager"], inductor_ms=times["inductor"], passline_ms=times["passline"],
+                   vs_inductor=times["inductor"] / times["passline"], gbs=gbs, pct_copy=100 * gbs / copy_gbs,
+                   check="ok" if ok else "MISMATCH", rel_err=max(errs), eager_rel_err=max(eager_errs),
+                   compile_s_passline=compiled["passline_s"], compile_s_inductor=compiled["inductor_s"])
+        rows.append(row)
+        print(fmt(row), flush=True)
+        if out_dir:
+            with open(Path(out_dir) / "results.jsonl", "a") as f:
+                f.write(json.dumps(row) + "\n")
+    del fn, inputs, compiled
+    torch.cuda.empty_cache()
+
+
+HEADER = ("| case | phase | shape | dtype | eager ms | Inductor ms | passline ms | passline vs Inductor | "
+          "passline GB/s | % of copy | check |\n|---|---|---|---|---|---|---|---|---|---|---|")
+
+
+def fmt(r) -> str:
+    return (f"| {r['case']} | {r['phase']} | {r['shape']} | {r['dtype']} | {r['eager_ms']:.3f} | "
+            f"{r['inductor_ms']:.3f} | {r['passline_ms']:.3f} | {r['vs_inductor']:.2f}x | {r['gbs']:.0f} | "
+            f"{r['pct_copy']:.0f}% | {r['check']} (rel err {r['rel_err']:.1e}) |")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", default="576000x384,32768x4096")
+    ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap.add_argument("--cases", default="layer_norm,rms_norm,softmax,gelu_epilogue,cross_entropy")
+    ap.add_argument("--out", default=os.environ.get("OUT"))
+    args = ap.parse_args(argv)
+    import triton
+
+    # backward timings replay one backward with retain_graph=True, which donated buffers forbid
+    torch._functorch.config.donated_buffer = False
+    copy_gbs = copy_bandwidth()
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}, "
+          f"passline {passline.__version__}; device-to-device copy {copy_gbs:.0f} GB/s")
+    print(HEADER)
+    rows = []
+    for shape in args.shapes.split(","):
+        m, n = map(int, shape.split("x"))
+        for dt in args.dtypes.split(","):
+            for case in args.cases.split(","):
+                try:
+                    run_case(case, m, n, getattr(torch, dt), copy_gbs, rows, args.out)
+                except Exception as e:  # one failing row must not hide the others
+                    print(f"| {case} | - | {shape} | {dt} | FAILED: {type(e).__name__}: {str(e)[:300]} |", flush=True)
+    print("\n" + HEADER)
+    for r in rows:
+        print(fmt(r))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+"""The Triton backend specifically: both reduction variants, the kernel cache, the report, fallbacks.
+(The other end-to-end tests run on Triton too: make test sets TRITON_INTERPRET=1 and codegen='auto'
+picks the interpreter.)"""
+import pytest
+import torch
+
+import passline
+from passline.testing import assert_matches_eager
+
+
+class RMSNorm(torch.nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.rand(n) + 0.5)
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight
+
+
+REDUCING = {
+    "layer_norm": (lambda: torch.nn.LayerNorm(48), lambda: [torch.randn(40, 48, requires_grad=True)]),
+    "rms_norm": (lambda: RMSNorm(48), lambda: [torch.randn(40, 48, requires_grad=True)]),
+    "softmax_t": (lambda: (lambda x: torch.softmax(x.t() * 3, -1)), lambda: [torch.randn(33, 20, requires_grad=True)]),
+    "arg_and_minmax": (lambda: (lambda x: (x.argmax(1), x.argmin(0), x.amax(0), x.amin(1))), lambda: [torch.randn(30, 70)]),
+    "any_all_prod": (lambda: (lambda x: ((x > 1).any(1), (x > -2).all(0), (x * 0.1 + 1).prod(1))), lambda: [torch.randn(30, 70)]),
+    "var_mean": (lambda: (lambda x: torch.var_mean(x, 0)), lambda: [torch.randn(300, 7)]),
+}
+
+
+@pytest.mark.parametrize("variant", ["persistent", "looped"])
+@pytest.mark.parametrize("name", sorted(REDUCING))
+def test_reduction_variants(name, variant):
+    make_fn, make_inputs = REDUCING[name]
+    be = assert_matches_eager(make_fn(), make_inputs(), codegen="triton", kernel_variant=variant)
+    chosen = {k.chosen for r in be.reports for k in r.kernel_info if k.kind == "reduction"}
+    assert chosen <= {variant}
+
+
+def test_nan_and_inf_propagate_like_eager():
+    x = torch.randn(16, 32)
+    x[0, 3] = float("nan")
+    x[1, 5] = float("inf")
+    x[2, :] = float("-inf")
+    fn = lambda x: (torch.relu(x), x.amax(1), x.argmax(1), torch.maximum(x, x.t().contiguous().t() * 0), x.sum(1))
+    assert_matches_eager(fn, [x], codegen="triton")
+
+
+def test_report_has_kernel_sources_variants_and_bytes():
+    be = assert_matches_eager(torch.nn.LayerNorm(32), [torch.randn(64, 32)], codegen="triton")
+    (report,) = be.reports
+    (k,) = report.kernel_info
+    assert "@triton.jit" in k.source and k.chosen in ("persistent", "looped") and k.blocks["RBLOCK"] >= 32
+    assert k.bytes == report.bytes_accessed
+    on_gpu = report.graph.input_buffers()["primals_3" if "primals_3" in report.graph.input_buffers()
+                                           else next(iter(report.graph.input_buffers()))].layout.device.type == "cuda"
+    assert report.codegen == "triton" and ("GPU" if on_gpu else "interpreter") in report.codegen_reason
+
+
+def test_second_compile_does_no_codegen_and_corrupted_entries_rebuild(tmp_path):
+    fn = lambda x: torch.softmax(x * 2, -1)
+    x = torch.randn(8, 16)
+    first = assert_matches_eager(fn, [x], codegen="triton", cache_dir=tmp_path).reports[0].runner.cache
+    assert first.misses >= 1 and first.hits == 0
+    second = assert_matches_eager(fn, [x], codegen="triton", cache_dir=tmp_path).reports[0].runner.cache
+    assert second.hits >= 1 and second.misses == 0
+    for f in tmp_path.glob("k*.py"):
+        f.write_text(f.read_text().replace("tl.exp", "tl.log"))  # corrupt: the checksum no longer holds
+    third = assert_matches_eager(fn, [x], codegen="triton", cache_dir=tmp_path).reports[0].runner.cache
+    assert third.rebuilt >= 1
+
+
+def test_ops_without_triton_code_run_on_reference_and_the_report_says_so():
+    fn = lambda x: torch.atan2(x, x + 1) * 2
+    be = assert_matches_eager(fn, [torch.randn(5, 6)], codegen="triton")
+    report = be.reports[0]
+    assert "on the reference backend" in report.codegen_reason and "atan2" in report.codegen_reason
+
+
+def test_auto_codegen_is_said_in_the_report(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    be = assert_matches_eager(lambda x: x * 2, [torch.randn(3)], codegen="auto")
+    assert be.reports[0].codegen == "reference" and "TRITON_INTERPRET" in be.reports[0].codegen_reason
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    be = assert_matches_eager(lambda x: x * 2, [torch.randn(3)], codegen="auto")
+    assert be.reports[0].codegen == "triton"
+
+
+def test_index_width():
+    from passline.backends.triton.kernel import _int64
+    from passline.testing.synthetic import chain_and_fanout
+
+    small = chain_and_fanout(4)
+    assert not _int64(small, small.nodes()[0])
+    big = chain_and_fanout(4, size=(1 << 16, 1 << 16))
+    assert _int64(big, big.nodes()[0])
