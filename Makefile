@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 TRITON ?= triton==3.9.0
 
-.PHONY: demo test venv clean
+.PHONY: demo test fuzz venv clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,12 @@ demo: venv
 
 test: venv
 	TRITON_INTERPRET=1 $(PY) -m pytest -q $(PYTEST_ARGS)
+
+# A long randomized campaign (hypothesis profile "fuzz": 10,000 examples a property); failing
+# examples are saved as reproducers in fuzz_failures/ and in hypothesis' database.
+FUZZ_ARGS ?= -k "reference or every_pass or idempotent"
+fuzz: venv
+	HYPOTHESIS_PROFILE=fuzz TRITON_INTERPRET=1 $(PY) -m pytest -q tests/test_fuzz.py $(FUZZ_ARGS) --hypothesis-show-statistics
 
 clean:
 	rm -rf $(VENV) build *.egg-info

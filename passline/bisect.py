@@ -90,7 +90,7 @@ class _Prober:
         self.count += 1
         torch._dynamo.reset()
         be = Backend(self.pipeline, self.codegen, pass_limit=pass_limit, decision_limits=decision_limits,
-                     capture=capture)
+                     capture=capture, fallback="raise")
         be.error = None
         try:
             got = self._run(torch.compile(self.fn, backend=be))
@@ -179,7 +179,7 @@ class ReplayResult:
 
 
 def replay_graph(gm, inputs, pipeline, pass_limit=None, decision_limits=None, codegen="reference") -> ReplayResult:
-    be = Backend(pipeline, codegen, pass_limit=pass_limit, decision_limits=decision_limits)
+    be = Backend(pipeline, codegen, pass_limit=pass_limit, decision_limits=decision_limits, fallback="raise")
     if any("val" not in n.meta for n in gm.graph.nodes if n.op != "output"):
         _propagate_meta(gm, inputs)  # a reloaded GraphModule has lost its FakeTensor metadata
     runner = be.compile_aten(gm, list(inputs), "replay")

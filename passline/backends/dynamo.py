@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import os
 import time
+import warnings
 
 import torch
 from functorch.compile import make_boxed_func, min_cut_rematerialization_partition
@@ -38,12 +39,14 @@ class Backend:
     metric_tables: CSV metric tables to write (default $PASSLINE_METRIC_TABLES);
     instruments: objects with before_pass/after_pass hooks;
     pass_limit, decision_limits: stop after N pass runs / cap decisions (used by passline.bisect);
-    kernel_variant: "auto" (multi-kernel choice), "persistent" or "looped" reductions; cache_dir: kernel cache.
+    kernel_variant: "auto" (multi-kernel choice), "persistent" or "looped" reductions; cache_dir: kernel cache;
+    fallback: when passline fails on a graph, "eager" (default for users; $PASSLINE_FALLBACK) warns and
+    runs that graph's aten code as it is, "raise" (what passline.testing uses) raises the error.
     """
 
     def __init__(self, pipeline=None, codegen: str = "auto", verify: bool = True, dump_dir=None,
                  metric_tables=None, metric_dir=None, instruments=(), pass_limit=None, decision_limits=None,
-                 capture: bool = False, kernel_variant: str = "auto", cache_dir=None):
+                 capture: bool = False, kernel_variant: str = "auto", cache_dir=None, fallback=None):
         if codegen not in CODEGENS:
             raise ValueError(f"unknown codegen {codegen!r}; choose one of {', '.join(CODEGENS)}")
         self.pipeline = Pipeline.parse(DEFAULT_PIPELINE if pipeline is None else pipeline) \
@@ -60,7 +63,12 @@ class Backend:
             raise ValueError(f"kernel_variant must be auto, persistent or looped, not {kernel_variant!r}")
         self.kernel_variant = kernel_variant  # force one reduction variant (tests, experiments)
         self.cache_dir = cache_dir  # kernel disk cache (default $PASSLINE_CACHE_DIR or ~/.cache/passline)
+        fallback = fallback or os.environ.get("PASSLINE_FALLBACK", "eager")
+        if fallback not in ("eager", "raise"):
+            raise ValueError(f"fallback must be 'eager' or 'raise', not {fallback!r}")
+        self.fallback = fallback
         self.reports: list[CompileReport] = []
+        self.failures: list = []  # (graph kind, exception) for graphs run eagerly by the fallback
         self._ids = itertools.count()
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs):
@@ -76,7 +84,16 @@ class Backend:
 
     def _compiler(self, kind: str):
         def compile_graph(gm: torch.fx.GraphModule, example_inputs):
-            return make_boxed_func(self.compile_aten(gm, example_inputs, kind))
+            try:
+                return make_boxed_func(self.compile_aten(gm, example_inputs, kind))
+            except Exception as e:
+                if self.fallback == "raise":
+                    raise
+                # passline failed on this graph: run its aten code as it is (never a wrong result)
+                warnings.warn(f"passline could not compile a {kind} graph and runs it eagerly: "
+                              f"{type(e).__name__}: {e}", stacklevel=2)
+                self.failures.append((kind, e))
+                return make_boxed_func(gm.forward)
 
         return compile_graph
 

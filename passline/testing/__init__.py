@@ -2,12 +2,17 @@
 
     from passline.testing import assert_matches_eager
     assert_matches_eager(torch.nn.LayerNorm(64), [torch.randn(8, 64, requires_grad=True)])
+
+and hypothesis strategies, `programs()` and `pipelines()`, to fuzz passes and pipelines (see
+docs/testing.md).
 """
 from __future__ import annotations
 
 from typing import Callable, Sequence
 
 import torch
+
+from .strategies import TensorProgram, pipelines, programs  # noqa: F401  (public: fuzz your passes)
 
 TOLERANCES = {
     torch.float32: dict(atol=1e-4, rtol=1e-4),
@@ -56,6 +61,7 @@ def assert_matches_eager(fn: Callable, inputs: Sequence, pipeline=None, codegen:
         if isinstance(fn, torch.nn.Module):
             fn = fn.to(device)
     torch._dynamo.reset()
+    backend_options.setdefault("fallback", "raise")  # a test must see passline's errors
     be = passline.backend(pipeline=pipeline, codegen=codegen, **backend_options)
     ours_in, eager_in = _clone(inputs), _clone(inputs)
     ours = _flat(torch.compile(fn, backend=be, fullgraph=False)(*ours_in))

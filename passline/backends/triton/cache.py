@@ -82,21 +82,32 @@ class KernelCache:
         self._write(self.dir / f"c{key}.json", json.dumps(choice))
 
 
+class interpreting:
+    """Within: Triton runs kernels in its CPU interpreter (it reads TRITON_INTERPRET both when a kernel
+    module is loaded and when helper functions are called from a running kernel)."""
+
+    def __init__(self, on: bool):
+        self.on = on
+
+    def __enter__(self):
+        self.old = os.environ.get("TRITON_INTERPRET")
+        if self.on:
+            os.environ["TRITON_INTERPRET"] = "1"
+
+    def __exit__(self, *exc):
+        if self.on and self.old is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+
+
 def load_kernel(path: Path, fn_name: str, interpret: bool):
     """Import the kernel module at `path` (Triton reads the source from the file) and return the
     jitted function; under `interpret` it is built for Triton's CPU interpreter."""
     name = f"passline_kernels.{path.stem}"
     if name in sys.modules:
         return getattr(sys.modules[name], fn_name)
-    old = os.environ.get("TRITON_INTERPRET")
-    if interpret:
-        os.environ["TRITON_INTERPRET"] = "1"
-    try:
+    with interpreting(interpret):
         spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-    finally:
-        if interpret and old is None:
-            del os.environ["TRITON_INTERPRET"]
     sys.modules[name] = module
     return getattr(module, fn_name)

@@ -161,7 +161,7 @@ class KernelWriter:
                 src = printer.constant(node.value, node.dtype)
             elif isinstance(node, IndexValue):
                 expr = node.expr.xreplace(cmap)
-                src = f"({self.idx(expr)} + tl.zeros([1], tl.int64)).to({tl_dtype(node.dtype)})"
+                src = f"({self.idx(expr)} + tl.full([1], 0, tl.int64)).to({tl_dtype(node.dtype)})"
             elif isinstance(node, Cast):
                 src = printer.cast(scope.values[id(node.value)], node.value.dtype, node.dtype)
             elif isinstance(node, Op):
@@ -235,9 +235,9 @@ class KernelWriter:
                 info = torch.iinfo(dt)
                 init = str(info.min if rt == "argmax" else info.max)
             v = self.tmp()
-            self.emit(f"{v} = tl.where(xmask & rmask, {val}, {init}) + tl.zeros([XBLOCK, RBLOCK], {tl_dtype(dt)})")
+            self.emit(f"{v} = tl.where(xmask & rmask, {val}, {init}) + tl.full([XBLOCK, RBLOCK], 0, {tl_dtype(dt)})")
             ix = self.tmp()
-            self.emit(f"{ix} = rindex + tl.zeros([XBLOCK, RBLOCK], tl.int64)")
+            self.emit(f"{ix} = rindex + tl.full([XBLOCK, RBLOCK], 0, tl.int64)")
             if acc is None:
                 out_v, out_i = self.tmp(), self.tmp()
                 self.emit(f"{out_v}, {out_i} = tl.reduce(({v}, {ix}), 1, _{rt}_combine)")
@@ -254,7 +254,7 @@ class KernelWriter:
         src = val if dt != torch.bool else f"{val}.to(tl.int32)"
         v = self.tmp()
         acc_dt = tl_dtype(dt) if dt != torch.bool else "tl.int32"
-        self.emit(f"{v} = tl.where(xmask & rmask, {src}, {init}) + tl.zeros([XBLOCK, RBLOCK], {acc_dt})")
+        self.emit(f"{v} = tl.where(xmask & rmask, {src}, {init}) + tl.full([XBLOCK, RBLOCK], 0, {acc_dt})")
         combine = {"sum": "_sum_combine", "prod": "_prod_combine", "max": "_max_combine", "min": "_min_combine",
                    "any": "_max_combine", "all": "_min_combine"}[rt]
         if acc is None:
@@ -519,7 +519,7 @@ def generate_mix(mix: MixOrderNode, graph, interpret: bool, blocks: dict,
             # which keeps registers for the row side's work
             accs[m.name] = w.tmp()
             shape = "[XBLOCK, RBLOCK]" if acc2d else "[1, RBLOCK]"
-            w.emit(f"{accs[m.name]} = tl.zeros({shape}, {tl_dtype(m.body.dtype)})")
+            w.emit(f"{accs[m.name]} = tl.full({shape}, 0, {tl_dtype(m.body.dtype)})")
     w.emit(f"row_start = {pid} * SPLIT")
     w.emit("for xoffset in range(0, SPLIT, XBLOCK):")
     w.indent += 1
@@ -537,14 +537,14 @@ def generate_mix(mix: MixOrderNode, graph, interpret: bool, blocks: dict,
         elif r == "column":
             val = w.value(m.body, m, scope, w.canon(m))
             masked = f"tl.where(xmask & rmask, {val}, 0.0)"
-            w.emit(f"{accs[m.name]} = {accs[m.name]} + " + (masked if acc2d else f"tl.sum({masked}, 0)[None, :]"))
+            w.emit(f"{accs[m.name]} = {accs[m.name]} + " + (masked if acc2d else f"tl.reduce({masked}, 0, _sum_combine)[None, :]"))
         else:
             var = w.compute(m, scope)
             w.store(m, var, "xmask & rmask" if r == "inner" else "xmask")
     w.indent -= 1
     for m in in_loop_cols:
         if m.name in accs:
-            part = f"tl.sum({accs[m.name]}, 0)[None, :]" if acc2d else accs[m.name]
+            part = f"tl.reduce({accs[m.name]}, 0, _sum_combine)[None, :]" if acc2d else accs[m.name]
             w.emit(f"tl.store({w.ptr(workspace_name(m))} + {pid} * rnumel + rindex, {part}, rmask)")
     body = w.header(["XBLOCK", "RBLOCK", "SPLIT"], int64) + w.lines
     prelude = printer.PRELUDE_INTERPRETER if interpret else printer.PRELUDE_GPU

@@ -77,7 +77,7 @@ def constant(value, dtype: torch.dtype) -> str:
 _UNARY = {
     "neg": "-({0})", "abs": "tl.abs({0})", "exp": "tl.exp({0})", "exp2": "tl.exp2({0})", "log": "tl.log({0})",
     "log2": "tl.log2({0})", "sqrt": "tl.sqrt({0})", "rsqrt": "tl.rsqrt({0})", "sin": "tl.sin({0})",
-    "cos": "tl.cos({0})", "sigmoid": "tl.sigmoid({0})", "erf": "tl.erf({0})", "floor": "tl.floor({0})",
+    "cos": "tl.cos({0})", "sigmoid": "_sigmoid({0})", "erf": "tl.erf({0})", "floor": "tl.floor({0})",
     "ceil": "tl.ceil({0})", "reciprocal": "(1.0 / {0})", "relu": "_relu({0})", "tanh": "_tanh({0})",
     "expm1": "_expm1({0})", "log1p": "_log1p({0})", "log10": "(tl.log({0}) * 0.4342944819032518)",
     "trunc": "_trunc({0})", "round": "_round({0})", "sign": "_sign({0})", "isnan": "({0} != {0})",
@@ -130,7 +130,14 @@ def cast(value: str, src: torch.dtype, dst: torch.dtype) -> str:
 
 
 # Helpers shared by every kernel; NaN propagates as in eager (maximum/minimum/relu keep NaN).
+# Kernels call only Triton builtins and these helpers, never triton.language's own @jit functions
+# (tl.zeros, tl.sum, tl.sigmoid): those are compiled for the GPU if triton.language was imported
+# before the interpreter was switched on, and then cannot run inside an interpreted kernel.
 _COMMON = '''
+@triton.jit
+def _sigmoid(x):
+    return 1.0 / (1.0 + tl.exp(-x))
+
 @triton.jit
 def _maximum(a, b):
     return tl.where((a > b) | (a != a), a, b)

@@ -20,7 +20,7 @@ from ...ir import Extern, MixOrderNode
 from ...pipeline.metrics import node_bytes
 from ..reference import ReferenceRunner, _Bindings
 from . import kernel as kgen
-from .cache import KernelCache, digest, load_kernel
+from .cache import KernelCache, digest, interpreting, load_kernel
 from .printer import Unsupported
 
 GPU_PERSISTENT_MAX = 16384  # elements of a reduced row kept in registers
@@ -125,7 +125,8 @@ class _Kernel:
         per = blocks[src.grid_per_program]
         grid = (max(1, math.ceil(xnumel / per)),)
         extra = [xnumel] + ([rnumel] if rnumel is not None else [])
-        return self.fn(variant)[grid](*args(variant), *extra, **blocks, num_warps=warps)
+        with interpreting(self.interpret):
+            return self.fn(variant)[grid](*args(variant), *extra, **blocks, num_warps=warps)
 
     def run(self, args, xnumel: int, rnumel: int | None):
         if self.choice is None:
