@@ -511,6 +511,12 @@ def generate_mix(mix: MixOrderNode, graph, interpret: bool, blocks: dict,
                      swap=set(in_loop_cols))
     int64 = _int64(graph, mix)
     pid = "tl.program_id(0).to(tl.int64)" if int64 else "tl.program_id(0)"
+
+    def colsum(x: str) -> str:
+        # tl.sum measured faster here on an H200 than tl.reduce with our combine (0.47 vs 0.70 ms,
+        # LayerNorm backward 32768x4096); the interpreter needs the builtin-only form (see printer)
+        return f"tl.reduce({x}, 0, _sum_combine)" if interpret else f"tl.sum({x}, 0)"
+
     w._rindex("")
     accs = {}
     for m in in_loop_cols:
@@ -537,14 +543,14 @@ def generate_mix(mix: MixOrderNode, graph, interpret: bool, blocks: dict,
         elif r == "column":
             val = w.value(m.body, m, scope, w.canon(m))
             masked = f"tl.where(xmask & rmask, {val}, 0.0)"
-            w.emit(f"{accs[m.name]} = {accs[m.name]} + " + (masked if acc2d else f"tl.reduce({masked}, 0, _sum_combine)[None, :]"))
+            w.emit(f"{accs[m.name]} = {accs[m.name]} + " + (masked if acc2d else f"{colsum(masked)}[None, :]"))
         else:
             var = w.compute(m, scope)
             w.store(m, var, "xmask & rmask" if r == "inner" else "xmask")
     w.indent -= 1
     for m in in_loop_cols:
         if m.name in accs:
-            part = f"tl.reduce({accs[m.name]}, 0, _sum_combine)[None, :]" if acc2d else accs[m.name]
+            part = f"{colsum(accs[m.name])}[None, :]" if acc2d else accs[m.name]
             w.emit(f"tl.store({w.ptr(workspace_name(m))} + {pid} * rnumel + rindex, {part}, rmask)")
     body = w.header(["XBLOCK", "RBLOCK", "SPLIT"], int64) + w.lines
     prelude = printer.PRELUDE_INTERPRETER if interpret else printer.PRELUDE_GPU
