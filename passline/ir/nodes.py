@@ -17,15 +17,13 @@ import sympy
 import torch
 
 from .body import Value, loads
-from .index import Expr, contiguous_strides, loop_vars, product, strided_index
+from .index import Expr, contiguous_strides, loop_vars, product, strided_index, sympify
 
 REDUCTION_TYPES = ("sum", "prod", "max", "min", "argmax", "argmin", "any", "all")
 
 
 def _exprs(xs) -> tuple:
-    from .index import sympify
-
-    return tuple(sympify(x) for x in xs)
+    return tuple(x if isinstance(x, sympy.Basic) else sympify(x) for x in xs)
 
 
 def _short(dtype: torch.dtype) -> str:
@@ -449,6 +447,13 @@ def _group_shape(node) -> tuple:
     """(outer sizes, reduction sizes) of a node or group, size-1 loops dropped."""
     if isinstance(node, FusedNode):
         return node.ranges, node.reduction_ranges
+    memo = node.memo()
+    if "shape" not in memo:
+        memo["shape"] = _loop_shape(node)
+    return memo["shape"]
+
+
+def _loop_shape(node) -> tuple:
     outer = tuple(s for s in node.ranges if s != 1)
     red = tuple(s for s in getattr(node, "reduction_ranges", ()) if s != 1)
     if isinstance(node, Reduction) and not red:

@@ -308,17 +308,24 @@ class KernelWriter:
     def persistent(self, int64: bool) -> list[str]:
         self._xr(int64, False)
         self._rindex("")
-        scope = _Scope()
+        self.emit_members(_Scope())
+        return self.header(["XBLOCK", "RBLOCK"], int64) + self.lines
+
+    def emit_members(self, scope: _Scope, column=None) -> None:
+        """Every member in order, with whole rows in the tile: reductions reduce the tile, the others are
+        computed and stored as needed; `column(m, value)` takes the mix-order column reductions."""
         for m in self.nodes:
             r = self.role(m)
-            if r == "reduction":
+            if r in ("reduction", "column"):
                 val = self.value(m.body, m, scope, self.canon(m))
+                if r == "column":
+                    column(m, val)
+                    continue
                 var = self._reduction_result(m, self._reduce_block(m, val, None), scope)
                 self.store(m, var, "xmask")
             else:
                 var = self.compute(m, scope)
                 self.store(m, var, "xmask & rmask" if r == "inner" else "xmask")
-        return self.header(["XBLOCK", "RBLOCK"], int64) + self.lines
 
     def phases(self) -> dict:
         """Loop phase of each in-loop member and reduction; `avail` = first phase a value can be used."""
@@ -526,6 +533,10 @@ def generate_mix(mix: MixOrderNode, graph, interpret: bool, blocks: dict,
             accs[m.name] = w.tmp()
             shape = "[XBLOCK, RBLOCK]" if acc2d else "[1, RBLOCK]"
             w.emit(f"{accs[m.name]} = tl.full({shape}, 0, {tl_dtype(m.body.dtype)})")
+    def column(m, val):
+        masked = f"tl.where(xmask & rmask, {val}, 0.0)"
+        w.emit(f"{accs[m.name]} = {accs[m.name]} + " + (masked if acc2d else f"{colsum(masked)}[None, :]"))
+
     w.emit(f"row_start = {pid} * SPLIT")
     w.emit("for xoffset in range(0, SPLIT, XBLOCK):")
     w.indent += 1
@@ -533,20 +544,7 @@ def generate_mix(mix: MixOrderNode, graph, interpret: bool, blocks: dict,
     w.emit("xmask = (xindex < xnumel) & (xoffset + tl.arange(0, XBLOCK)[:, None] < SPLIT)")
     for vname, src in _decompose("o", rows, "xindex"):
         w.emit(f"{vname} = {src}")
-    scope = _Scope()
-    for m in w.nodes:
-        r = w.role(m)
-        if r == "reduction":
-            val = w.value(m.body, m, scope, w.canon(m))
-            var = w._reduction_result(m, w._reduce_block(m, val, None), scope)
-            w.store(m, var, "xmask")
-        elif r == "column":
-            val = w.value(m.body, m, scope, w.canon(m))
-            masked = f"tl.where(xmask & rmask, {val}, 0.0)"
-            w.emit(f"{accs[m.name]} = {accs[m.name]} + " + (masked if acc2d else f"{colsum(masked)}[None, :]"))
-        else:
-            var = w.compute(m, scope)
-            w.store(m, var, "xmask & rmask" if r == "inner" else "xmask")
+    w.emit_members(_Scope(), column)
     w.indent -= 1
     for m in in_loop_cols:
         if m.name in accs:
