@@ -59,6 +59,23 @@ def lowered(program):
 BUILTIN = sorted(n for n in passline.passes() if not n.startswith("t_"))
 
 
+@settings(max_examples=10_000 if FUZZ else 100)
+@given(programs(), pipelines())
+def test_random_pipelines_on_lowered_programs_match_eager(program, pipeline):
+    """The same property without dynamo: lower once with make_fx, run the pipeline, compare the
+    reference backend's results with eager PyTorch's (fast enough for long campaigns)."""
+    try:
+        graph = lowered(program)
+        out, _ = passline.PassManager(pipeline).run(graph)
+        got = ReferenceRunner(out)(*program.inputs)
+        for a, b in zip(got, program(*program.inputs)):
+            torch.testing.assert_close(a, b, **tolerance(b.dtype), equal_nan=True)
+    except Exception as e:
+        if FUZZ:
+            save_reproducer(program, pipeline, e)
+        raise
+
+
 @pytest.mark.parametrize("name", BUILTIN)
 @settings(max_examples=2000 if FUZZ else 25)
 @given(program=programs(), data=st.data())

@@ -165,17 +165,26 @@ class SchedulerGraph:
                 if v not in merged:
                     for b in d["buffers"]:
                         self._edge(new.name, v, b)
-            self.nx.remove_node(n)
-        if keep is not None:  # edges from or to nodes merged into it
-            for u in [u for u in self.nx.predecessors(keep) if u in merged or u == keep]:
-                self.nx.remove_edge(u, keep)
-        for n, old in zip(names, olds):
+            self.nx.remove_node(n)  # and with it every edge to or from the kept node
+        # bookkeeping, touching only what the absorbed nodes bring (a kept group may be large)
+        absorbed = [(n, old) for n, old in zip(names, olds) if n != keep]
+        for n, old in absorbed:
+            for b in old.output_names():
+                self._producer[b] = new.name
             for b in old.read_names():
                 self._readers.get(b, set()).discard(n)
-        for b in new.output_names():
-            self._producer[b] = new.name
-        for b in new.read_names():
-            self._readers.setdefault(b, set()).add(new.name)
+        if keep is None:
+            for b in new.read_names():
+                self._readers.setdefault(b, set()).add(new.name)
+            return
+        inside = {b for _, old in absorbed for b in old.output_names()}
+        for b in olds[names.index(keep)].read_names():
+            if b in inside:  # what the kept node read from an absorbed one is now internal
+                self._readers.get(b, set()).discard(keep)
+        for _, old in absorbed:
+            for b in old.read_names():
+                if self._producer.get(b) != new.name:
+                    self._readers.setdefault(b, set()).add(new.name)
 
     def _edge(self, u: str, v: str, buffer: str) -> None:
         if self.nx.has_edge(u, v):
@@ -232,11 +241,28 @@ class SchedulerGraph:
                 if p is not None and p != name and not self.nx.has_edge(p, name):
                     raise VerificationError(f"reads {b} from {p} without a dependency edge", name)
             _check_node(node, buffers)
+        self._check_index()
         for o in self.outputs:
             if isinstance(o, TensorArg):
                 if o.buffer not in buffers:
                     raise VerificationError(f"graph output {o.buffer} is not produced")
                 _check_bounds(o.size, o.stride, o.offset, buffers[o.buffer], "graph output", None)
+
+    def _check_index(self) -> None:
+        """The producer and reader indexes (kept incrementally by every edit) match the nodes."""
+        readers: dict = {}
+        for name in self.nx:
+            node = self.node(name)
+            for b in node.read_names():
+                readers.setdefault(b, set()).add(name)
+            for b in node.output_names():
+                if self._producer.get(b) != name:
+                    raise VerificationError(f"the producer index says {self._producer.get(b)} writes {b}", name)
+        actual = {b: r for b, r in self._readers.items() if r}
+        if actual != readers:
+            bad = next(b for b in set(actual) | set(readers) if actual.get(b) != readers.get(b))
+            raise VerificationError(f"the reader index of {bad} is {sorted(actual.get(bad, ()))}, "
+                                    f"but {sorted(readers.get(bad, ()))} read it")
 
     # -- printing ---------------------------------------------------------------------------------
     def format(self) -> str:
