@@ -63,10 +63,7 @@ def lower_sum(ctx, node, x, dims=None, keepdim=False, *, dtype=None):
     out = node.meta["val"]
     dims = _dims(x, dims)
     acc = _acc(out.dtype)
-    ref = reduce(ctx, x, dims, "sum", acc, acc)
-    if acc != out.dtype:
-        ref = ctx.pointwise(ref.size, out.dtype, lambda idx: cast(ref.load(idx), out.dtype))
-    return _keepdim(ref, dims, keepdim)
+    return _finish(ctx, reduce(ctx, x, dims, "sum", acc, acc), out.dtype, dims, keepdim)
 
 
 @lowering(aten.prod.default, aten.prod.dim_int)
@@ -74,10 +71,7 @@ def lower_prod(ctx, node, x, dim=None, keepdim=False, *, dtype=None):
     out = node.meta["val"]
     dims = _dims(x, dim)
     acc = _acc(out.dtype)
-    ref = reduce(ctx, x, dims, "prod", acc, acc)
-    if acc != out.dtype:
-        ref = ctx.pointwise(ref.size, out.dtype, lambda idx: cast(ref.load(idx), out.dtype))
-    return _keepdim(ref, dims, keepdim)
+    return _finish(ctx, reduce(ctx, x, dims, "prod", acc, acc), out.dtype, dims, keepdim)
 
 
 def _mean_of(ctx, x: TensorRef, dims, acc) -> TensorRef:
@@ -98,10 +92,7 @@ def lower_mean(ctx, node, x, dims=None, keepdim=False, *, dtype=None):
     if not out.dtype.is_floating_point:
         return NotImplemented
     dims = _dims(x, dims)
-    ref = _mean_of(ctx, x, dims, _acc(out.dtype))
-    if ref.dtype != out.dtype:
-        ref = ctx.pointwise(ref.size, out.dtype, lambda idx: cast(ref.load(idx), out.dtype))
-    return _keepdim(ref, dims, keepdim)
+    return _finish(ctx, _mean_of(ctx, x, dims, _acc(out.dtype)), out.dtype, dims, keepdim)
 
 
 def _var(ctx, x: TensorRef, dims, correction, acc):
@@ -124,6 +115,7 @@ def _var(ctx, x: TensorRef, dims, correction, acc):
 
 
 def _finish(ctx, ref: TensorRef, dtype, dims, keepdim):
+    """Cast a reduced result to the op's dtype (when it was accumulated wider) and apply keepdim."""
     if ref.dtype != dtype:
         ref = ctx.pointwise(ref.size, dtype, lambda idx: cast(ref.load(idx), dtype))
     return _keepdim(ref, dims, keepdim)

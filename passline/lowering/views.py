@@ -124,19 +124,15 @@ def lower_view_as(ctx, node, x, other):
 
 def _scatter(ctx, node, x, src, dim, hit, src_index):
     from ..ir import Op
-    from .pointwise import broadcast_load, value
+    from .context import cast
+    from .pointwise import broadcast_load
 
     out = node.meta["val"]
     compute = out.dtype
 
     def inner(idx):
         chosen = src.load(src_index(idx))
-        return Op("where", (hit(idx), value_of(chosen, compute), broadcast_load(x, idx, out.dim())), compute)
-
-    def value_of(v, dtype):
-        from .context import cast
-
-        return cast(v, dtype)
+        return Op("where", (hit(idx), cast(chosen, compute), broadcast_load(x, idx, out.dim())), compute)
 
     return ctx.pointwise(out.shape, out.dtype, inner)
 

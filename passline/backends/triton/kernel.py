@@ -20,7 +20,23 @@ from ...ir.loops import canon_var, canonical_map, role
 from . import printer
 from .printer import Unsupported, tl_dtype
 
-IDENTITY = {"sum": 0, "prod": 1, "any": 0, "all": 1}
+COMBINE = {"sum": "_sum_combine", "prod": "_prod_combine", "max": "_max_combine", "min": "_min_combine",
+           "any": "_max_combine", "all": "_min_combine"}
+
+
+def identity(rtype: str, dtype: torch.dtype) -> str:
+    """The value masked-off lanes take so that they never change a reduction's result."""
+    if rtype in ("sum", "any"):
+        return "0"
+    if rtype in ("prod", "all"):
+        return "1"
+    high = rtype in ("min", "argmin")  # the identity of a min is the largest value
+    if dtype.is_floating_point:
+        return 'float("inf")' if high else 'float("-inf")'
+    if dtype == torch.bool:
+        return "1" if high else "0"
+    info = torch.iinfo(dtype)
+    return str(info.max if high else info.min)
 
 
 @attrs.frozen
@@ -212,7 +228,7 @@ class KernelWriter:
             self.store(m, var, "xmask")
         return self.header(["XBLOCK"], int64) + self.lines
 
-    def _xr(self, int64: bool, rloop: bool):
+    def _xr(self, int64: bool):
         pid = "tl.program_id(0).to(tl.int64)" if int64 else "tl.program_id(0)"
         self.emit(f"xindex = {pid} * XBLOCK + tl.arange(0, XBLOCK)[:, None]")
         self.emit("xmask = xindex < xnumel")
@@ -227,13 +243,9 @@ class KernelWriter:
 
     def _reduce_block(self, m, val: str, acc: str | None) -> str:
         """Reduce a [XBLOCK, RBLOCK] value over axis 1, or fold it into accumulator `acc`."""
-        rt = m.reduction_type
-        dt = m.body.dtype
+        rt, dt = m.reduction_type, m.body.dtype
+        init = identity(rt, dt)
         if rt in ("argmax", "argmin"):
-            init = 'float("-inf")' if rt == "argmax" else 'float("inf")'
-            if not dt.is_floating_point:
-                info = torch.iinfo(dt)
-                init = str(info.min if rt == "argmax" else info.max)
             v = self.tmp()
             self.emit(f"{v} = tl.where(xmask & rmask, {val}, {init}) + tl.full([XBLOCK, RBLOCK], 0, {tl_dtype(dt)})")
             ix = self.tmp()
@@ -244,47 +256,28 @@ class KernelWriter:
                 return f"{out_i}[:, None]"
             self.emit(f"{acc}_v, {acc}_i = _{rt}_combine({acc}_v, {acc}_i, {v}, {ix})")
             return acc
-        if rt in ("max", "min"):
-            init = 'float("-inf")' if rt == "max" else 'float("inf")'
-            if not dt.is_floating_point:
-                info = torch.iinfo(dt) if dt != torch.bool else None
-                init = str(info.min if rt == "max" else info.max) if info else ("0" if rt == "max" else "1")
-        else:
-            init = str(IDENTITY[rt])
         src = val if dt != torch.bool else f"{val}.to(tl.int32)"
         v = self.tmp()
         acc_dt = tl_dtype(dt) if dt != torch.bool else "tl.int32"
         self.emit(f"{v} = tl.where(xmask & rmask, {src}, {init}) + tl.full([XBLOCK, RBLOCK], 0, {acc_dt})")
-        combine = {"sum": "_sum_combine", "prod": "_prod_combine", "max": "_max_combine", "min": "_min_combine",
-                   "any": "_max_combine", "all": "_min_combine"}[rt]
         if acc is None:
             out = self.tmp()
-            self.emit(f"{out} = tl.reduce({v}, 1, {combine})[:, None]")
+            self.emit(f"{out} = tl.reduce({v}, 1, {COMBINE[rt]})[:, None]")
             return out
-        self.emit(f"{acc} = {combine}({acc}, {v})")
+        self.emit(f"{acc} = {COMBINE[rt]}({acc}, {v})")
         return acc
 
-    def _acc_init(self, m) -> tuple[str, str]:
+    def _acc_init(self, m) -> str:
         rt, dt = m.reduction_type, m.body.dtype
         acc = self.tmp()
+        init = identity(rt, dt)
         if rt in ("argmax", "argmin"):
-            init = 'float("-inf")' if rt == "argmax" else 'float("inf")'
-            if not dt.is_floating_point:
-                info = torch.iinfo(dt)
-                init = str(info.min if rt == "argmax" else info.max)
             self.emit(f"{acc}_v = tl.full([XBLOCK, RBLOCK], {init}, {tl_dtype(dt)})")
             self.emit(f"{acc}_i = tl.full([XBLOCK, RBLOCK], 2**62, tl.int64)")
-            return acc, rt
-        if rt in ("max", "min") and dt.is_floating_point:
-            init = 'float("-inf")' if rt == "max" else 'float("inf")'
-        elif rt in ("max", "min"):
-            info = torch.iinfo(dt) if dt != torch.bool else None
-            init = str(info.min if rt == "max" else info.max) if info else ("0" if rt == "max" else "1")
-        else:
-            init = str(IDENTITY[rt])
+            return acc
         acc_dt = tl_dtype(dt) if dt != torch.bool else "tl.int32"
         self.emit(f"{acc} = tl.full([XBLOCK, RBLOCK], {init}, {acc_dt})")
-        return acc, rt
+        return acc
 
     def _finish_acc(self, m, acc: str) -> str:
         rt = m.reduction_type
@@ -292,9 +285,7 @@ class KernelWriter:
         if rt in ("argmax", "argmin"):
             self.emit(f"_, {out} = tl.reduce(({acc}_v, {acc}_i), 1, _{rt}_combine)")
             return f"{out}[:, None]"
-        combine = {"sum": "_sum_combine", "prod": "_prod_combine", "max": "_max_combine", "min": "_min_combine",
-                   "any": "_max_combine", "all": "_min_combine"}[rt]
-        self.emit(f"{out} = tl.reduce({acc}, 1, {combine})[:, None]")
+        self.emit(f"{out} = tl.reduce({acc}, 1, {COMBINE[rt]})[:, None]")
         return out
 
     def _reduction_result(self, m, raw: str, scope: _Scope) -> str:
@@ -306,7 +297,7 @@ class KernelWriter:
         return var
 
     def persistent(self, int64: bool) -> list[str]:
-        self._xr(int64, False)
+        self._xr(int64)
         self._rindex("")
         self.emit_members(_Scope())
         return self.header(["XBLOCK", "RBLOCK"], int64) + self.lines
@@ -346,7 +337,7 @@ class KernelWriter:
         return phase, avail
 
     def looped(self, int64: bool) -> list[str]:
-        self._xr(int64, True)
+        self._xr(int64)
         phase, avail = self.phases()
         outer_scope = _Scope()
         n_phases = max(phase.values(), default=-1) + 1
@@ -362,7 +353,7 @@ class KernelWriter:
         for p in range(n_phases):
             outer_ready(p)
             reds = [m for m in self.nodes if self.role(m) == "reduction" and phase[m.name] == p]
-            accs = {m.name: self._acc_init(m)[0] for m in reds}
+            accs = {m.name: self._acc_init(m) for m in reds}
             self.emit("for roffset in range(0, rnumel, RBLOCK):")
             self.indent += 1
             self._rindex("roffset + ")
