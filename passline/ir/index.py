@@ -112,6 +112,12 @@ def product(xs) -> Expr:
 
 
 def strided_index(idx: Sequence[Expr], stride: Sequence[Expr], offset: Expr = sympy.S.Zero) -> Expr:
+    return _strided_index(tuple(idx), tuple(stride), offset)
+
+
+@functools.lru_cache(maxsize=4096)
+def _strided_index(idx: tuple, stride: tuple, offset: Expr) -> Expr:
+    # cached: thousands of nodes share a few layouts and loop variables, and sympy arithmetic is slow
     return sympy.Add(offset, *[i * s for i, s in zip(idx, stride)])
 
 

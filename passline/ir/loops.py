@@ -142,12 +142,14 @@ def members(node) -> tuple:
     return node.members() if isinstance(node, (FusedNode, MixOrderNode)) else (node,)
 
 
-def access_problem(writers, readers, outer, red):
+def access_problem(writers, readers, outer, red, written=None):
     """(reason, detail) when a member of `readers` reads a buffer a member of `writers` writes at other
     points than it is written in the loop nest (outer | red), or reads an in-loop value after the
-    reductions; None when every such read meets its write point for point."""
+    reductions; None when every such read meets its write point for point. `written` ({buffer: writer
+    member}) may be passed by a caller that already has it."""
     n = len(outer)
-    written = {m.output.name: m for m in writers}
+    if written is None:
+        written = {m.output.name: m for m in writers}
     for c in readers:
         crossing = [b for b in c.read_names() if b in written]
         if not crossing:

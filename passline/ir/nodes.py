@@ -186,6 +186,9 @@ class _LoopNode(_Node):
         outer = self.var_ranges[: len(self.ranges)]
         return (MemoryDep(self.output.name, self.store_index(), outer),)
 
+    def output_names(self) -> tuple[str, ...]:
+        return (self.output.name,)
+
     def read_names(self) -> tuple[str, ...]:
         return tuple(self._loads)
 

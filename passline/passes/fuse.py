@@ -29,8 +29,11 @@ def _name(graph, a, b) -> str:
     """A group keeps the name of the fused side with more edges (so the graph need not move them);
     a new group is named after its first node."""
     groups = [n for n in (a, b) if isinstance(n, FusedNode)]
+    if len(groups) == 1:
+        return groups[0].name
     if groups:
-        return max(groups, key=lambda n: graph.nx.degree(n.name)).name
+        pred, succ = graph.nx.pred, graph.nx.succ
+        return max(groups, key=lambda n: len(pred[n.name]) + len(succ[n.name])).name
     first = a if graph.nx.nodes[a.name]["order"] <= graph.nx.nodes[b.name]["order"] else b
     return f"fused_{first.name}"
 

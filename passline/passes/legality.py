@@ -5,7 +5,8 @@ Each refusal has a reason from REASONS, so `passline.explain` can say why two no
 """
 from __future__ import annotations
 
-import attrs
+from typing import NamedTuple
+
 import sympy
 
 from ..ir import Extern, FusedNode, MixOrderNode, Pointwise, Reduction
@@ -28,8 +29,7 @@ REASONS = {
 }
 
 
-@attrs.frozen
-class Verdict:
+class Verdict(NamedTuple):  # a tuple: built once per pair tried, thousands of times per pass
     ok: bool
     reason: str = ""
     detail: str = ""
@@ -82,14 +82,14 @@ def _device(node):
 
 
 def _reads_from(consumer, producer) -> bool:
-    outs = producer.output_names()
-    return any(b in outs for b in consumer.read_names())
+    return not set(consumer.read_names()).isdisjoint(producer.output_names())
 
 
 def check_accesses(producer, consumer, outer, red) -> Verdict | None:
     """Every read by `consumer`'s members of a buffer `producer`'s members write must meet the write
     point for point in the fused loop nest; None when they all do."""
-    problem = access_problem(members(producer), members(consumer), outer, red)
+    written = dict(zip(producer.output_names(), members(producer)))
+    problem = access_problem(members(producer), members(consumer), outer, red, written)
     return refuse(*problem) if problem else None
 
 
@@ -97,10 +97,10 @@ def other_path(graph, src: str, dst: str, direct_ok: bool = True) -> bool:
     """Is there a path src → ... → dst through at least one other node (any path when not
     `direct_ok`)? Searches from whichever end has fewer neighbours (forward from src's successors, or
     backward from dst's predecessors)."""
-    g = graph.nx
-    forward = g.out_degree(src) <= g.in_degree(dst)
+    succ, pred = graph.nx.succ, graph.nx.pred
+    forward = len(succ[src]) <= len(pred[dst])
     start, goal = (src, dst) if forward else (dst, src)
-    step = g.successors if forward else g.predecessors
+    step = graph.nx.successors if forward else graph.nx.predecessors
     stack = [n for n in step(start) if n != goal or not direct_ok]
     seen = set(stack)
     while stack:
@@ -121,10 +121,12 @@ def can_fuse(graph, a, b, max_nodes: int = 64) -> Verdict:
             return refuse("extern", n.name)
         if isinstance(n, MixOrderNode):
             return refuse("mix-order", n.name)
-    if _device(a) != _device(b):
-        return refuse("device", f"{_device(a)} vs {_device(b)}")
-    if len(members(a)) + len(members(b)) > max_nodes:
-        return refuse("too large", f"{len(members(a))} + {len(members(b))} > {max_nodes}")
+    da, db = _device(a), _device(b)
+    if da != db:
+        return refuse("device", f"{da} vs {db}")
+    na, nb = len(members(a)), len(members(b))
+    if na + nb > max_nodes:
+        return refuse("too large", f"{na} + {nb} > {max_nodes}")
     fs = fused_shape(a, b)
     if isinstance(fs, Verdict):
         return fs
@@ -166,7 +168,7 @@ def saved_bytes(graph, a: str, b: str, io: dict, nbytes: dict, outputs) -> int:
     output names), `nbytes[buffer]` = its size in bytes, `outputs` = graph.output_names(); the caller
     computes them once per round."""
     (ra, oa), (rb, ob) = io[a], io[b]
-    total = sum(nbytes[n] for n in ra & rb)
+    total = sum(map(nbytes.__getitem__, ra & rb))
     for outs, reads in ((oa, rb), (ob, ra)):
         for name in outs:
             if name in reads:

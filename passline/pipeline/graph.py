@@ -32,6 +32,7 @@ class VerificationError(AssertionError):
 
 
 _EMPTY: frozenset = frozenset()
+_EMPTY_SET: set = set()  # a sink for discard() on buffers nobody reads (never added to)
 
 
 class SchedulerGraph:
@@ -143,54 +144,57 @@ class SchedulerGraph:
         others move to `new`. If `new.name` is one of `names`, that node stays in place with its edges
         (cheap when it has thousands), and only the others' edges move."""
         names = list(names)
-        olds = [self.node(n) for n in names]
-        order = min(self.nx.nodes[n]["order"] for n in names)
+        data = self.nx.nodes
+        olds = [data[n]["node"] for n in names]
+        order = min(data[n]["order"] for n in names)
         keep = new.name if new.name in names else None
         if keep is None:
             if new.name in self.nx:
                 raise ValueError(f"node {new.name} already in the graph")
             self.nx.add_node(new.name, node=new, order=order)
         else:
-            self.nx.nodes[keep]["node"] = new
-            self.nx.nodes[keep]["order"] = order
+            data[keep]["node"] = new
+            data[keep]["order"] = order
         merged = set(names)
+        pred, succ = self.nx.pred, self.nx.succ
         for n in names:
             if n == keep:
                 continue
-            for u, _, d in list(self.nx.in_edges(n, data=True)):
+            for u, d in list(pred[n].items()):
                 if u not in merged:
-                    for b in d["buffers"]:
-                        self._edge(u, new.name, b)
-            for _, v, d in list(self.nx.out_edges(n, data=True)):
+                    self._edge(u, new.name, d["buffers"])
+            for v, d in list(succ[n].items()):
                 if v not in merged:
-                    for b in d["buffers"]:
-                        self._edge(new.name, v, b)
+                    self._edge(new.name, v, d["buffers"])
             self.nx.remove_node(n)  # and with it every edge to or from the kept node
         # bookkeeping, touching only what the absorbed nodes bring (a kept group may be large)
         absorbed = [(n, old) for n, old in zip(names, olds) if n != keep]
+        producer, readers = self._producer, self._readers
         for n, old in absorbed:
             for b in old.output_names():
-                self._producer[b] = new.name
+                producer[b] = new.name
             for b in old.read_names():
-                self._readers.get(b, set()).discard(n)
+                readers.get(b, _EMPTY_SET).discard(n)
         if keep is None:
             for b in new.read_names():
-                self._readers.setdefault(b, set()).add(new.name)
+                readers.setdefault(b, set()).add(new.name)
             return
         inside = {b for _, old in absorbed for b in old.output_names()}
         for b in olds[names.index(keep)].read_names():
             if b in inside:  # what the kept node read from an absorbed one is now internal
-                self._readers.get(b, set()).discard(keep)
+                readers.get(b, _EMPTY_SET).discard(keep)
         for _, old in absorbed:
             for b in old.read_names():
-                if self._producer.get(b) != new.name:
-                    self._readers.setdefault(b, set()).add(new.name)
+                if producer.get(b) != new.name:
+                    readers.setdefault(b, set()).add(new.name)
 
-    def _edge(self, u: str, v: str, buffer: str) -> None:
-        if self.nx.has_edge(u, v):
-            self.nx.edges[u, v]["buffers"].add(buffer)
+    def _edge(self, u: str, v: str, buffers) -> None:
+        """Add an edge u -> v for `buffers` (a collection of names), or add them to the existing one."""
+        d = self.nx.succ[u].get(v)
+        if d is None:
+            self.nx.add_edge(u, v, buffers=set(buffers))
         else:
-            self.nx.add_edge(u, v, buffers={buffer})
+            d["buffers"].update(buffers)
 
     def _connect(self, node) -> None:
         """Edges from the producers of what `node` reads, and to the nodes reading what it writes."""
@@ -198,17 +202,17 @@ class SchedulerGraph:
         for b in node.read_names():
             p = self._producer.get(b)
             if p is not None and p != me:
-                self._edge(p, me, b)
+                self._edge(p, me, (b,))
         for b in node.output_names():
             for v in self._readers.get(b, ()):
                 if v != me:
-                    self._edge(me, v, b)
+                    self._edge(me, v, (b,))
         # a mutation must come after every earlier reader of the buffer it writes
         mine = self.nx.nodes[me]["order"]
         for b in getattr(node, "mutates", ()):
             for v in self._readers.get(b, ()):
                 if v != me and self.nx.nodes[v]["order"] < mine:
-                    self._edge(v, me, b)
+                    self._edge(v, me, (b,))
 
     def copy(self) -> "SchedulerGraph":
         g = SchedulerGraph(self.inputs, self.outputs)

@@ -8,6 +8,8 @@ False, which is how `passline.bisect` finds the one decision that breaks a resul
 from __future__ import annotations
 
 import collections
+import contextlib
+import gc
 import time
 from typing import Any, Callable, Iterable
 
@@ -129,6 +131,22 @@ def _changed(before, graph: SchedulerGraph) -> bool:
     return any(old is not now[n] and old != now[n] for n, old in nodes.items())
 
 
+@contextlib.contextmanager
+def _collector_paused():
+    """Pause CPython's cyclic garbage collector while passes run. Passes allocate many small objects
+    that outlive a young collection (groups, edges, decisions), and every so often that triggers a full
+    collection that rescans the whole heap — torch, sympy's caches, the graph: on a 10,000-node graph
+    those scans took up to a third of fusion time. Reference counting still frees everything acyclic at
+    once; the collector resumes when the pipeline ends (mypy does the same for its parse phase)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 class PassManager:
     """Runs `pipeline` on graphs. Instruments are objects with optional `before_pass(call, graph)` and
     `after_pass(record, graph)` methods."""
@@ -154,7 +172,8 @@ class PassManager:
             from .dump import dump_graph
 
             dump_graph(self.dump_dir, graph_name, 0, "input", graph)
-        graph, _ = self._run_items(self.pipeline.items, graph, None)
+        with _collector_paused():
+            graph, _ = self._run_items(self.pipeline.items, graph, None)
         return graph, self._records
 
     def _run_items(self, items, graph, iteration) -> tuple[SchedulerGraph, bool]:
