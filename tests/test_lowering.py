@@ -101,7 +101,9 @@ def test_reductions(name):
 
 
 def test_constants():
-    fn = lambda x: x + torch.full((6, 8), 2.5) + torch.ones(8) * torch.arange(8) + torch.zeros_like(x)
+    # constants made where the input is (PASSLINE_TEST_DEVICE=cuda runs this on the GPU)
+    fn = lambda x: (x + torch.full((6, 8), 2.5, device=x.device)
+                    + torch.ones(8, device=x.device) * torch.arange(8, device=x.device) + torch.zeros_like(x))
     assert_matches_eager(fn, [A])
     assert not any(isinstance(n, Extern) for n in passline.last_report().graph.leaf_nodes())
 
@@ -115,7 +117,7 @@ def test_op_without_lowering_runs_as_extern():
 
 def test_extern_gets_non_strided_view_as_copy():
     # reshape of a transposed tensor is not a strided view: mm must get a materialized copy
-    fn = lambda x: (x.t().reshape(8, 6) + 0) @ torch.ones(6, 3)
+    fn = lambda x: (x.t().reshape(8, 6) + 0) @ torch.ones(6, 3, device=x.device)
     assert_matches_eager(fn, [A])
 
 

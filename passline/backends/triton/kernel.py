@@ -89,6 +89,14 @@ class _Scope:
             s = s.parent
         return None
 
+    def load(self, key):
+        s = self
+        while s is not None:
+            if key in s.loads:
+                return s.loads[key]
+            s = s.parent
+        return None
+
 
 class KernelWriter:
     def __init__(self, name: str, nodes, outer, red, stored: set, buffers: dict, interpret: bool,
@@ -166,13 +174,8 @@ class KernelWriter:
                         raise Unsupported(f"{member.name} reads {node.buffer} before it is computed")
                     scope.values[id(node)] = var
                     continue
-                expr = sympy.expand(node.index.xreplace(cmap))
-                mask = self.mask_for(expr)
-                key = (node.buffer, self.idx(expr), mask)
-                if key in scope.loads:
-                    scope.values[id(node)] = scope.loads[key]
-                    continue
-                src = f"tl.load({self.ptr(node.buffer)} + {self.idx(expr)}" + (f", {mask}, other=0)" if mask else ")")
+                scope.values[id(node)] = self.load(node.buffer, sympy.expand(node.index.xreplace(cmap)), scope)
+                continue
             elif isinstance(node, Constant):
                 src = printer.constant(node.value, node.dtype)
             elif isinstance(node, IndexValue):
@@ -187,9 +190,33 @@ class KernelWriter:
             var = self.tmp()
             self.emit(f"{var} = {src}")
             scope.values[id(node)] = var
-            if isinstance(node, Load):
-                scope.loads[key] = var
         return scope.values[id(v)]
+
+    def load(self, buffer: str, expr, scope: _Scope) -> str:
+        """The variable holding `buffer[expr]`: loaded once per distinct address in a scope and the scopes
+        it is nested in."""
+        mask = self.mask_for(expr)
+        key = (buffer, self.idx(expr), mask)
+        var = scope.load(key)
+        if var is None:
+            var = self.tmp()
+            self.emit(f"{var} = tl.load({self.ptr(buffer)} + {self.idx(expr)}" + (f", {mask}, other=0)" if mask else ")"))
+            scope.loads[key] = var
+        return var
+
+    def prefetch(self, scope: _Scope, keep=None) -> None:
+        """Load, before any computation, what the members read from outside the kernel (where `keep(expr)`
+        says so). A reduction's cross-thread sum ends in a barrier that the compiler does not move loads
+        above, so a load written after a reduction would wait for it and then stall the program; issued
+        first, all of a block's memory requests are in flight together (as in Inductor's kernels)."""
+        for m in self.nodes:
+            cmap = None
+            for node in walk(m.body):
+                if isinstance(node, Load) and node.buffer not in self.by_output:
+                    cmap = self.canon(m) if cmap is None else cmap
+                    expr = sympy.expand(node.index.xreplace(cmap))
+                    if keep is None or keep(expr):
+                        self.load(node.buffer, expr, scope)
 
     def compute(self, m, scope: _Scope) -> str:
         """Emit member m's body in `scope` (its reads already available) and return its value."""
@@ -299,7 +326,9 @@ class KernelWriter:
     def persistent(self, int64: bool) -> list[str]:
         self._xr(int64)
         self._rindex("")
-        self.emit_members(_Scope())
+        scope = _Scope()
+        self.prefetch(scope)
+        self.emit_members(scope)
         return self.header(["XBLOCK", "RBLOCK"], int64) + self.lines
 
     def emit_members(self, scope: _Scope, column=None) -> None:
@@ -524,6 +553,10 @@ def generate_mix(mix: MixOrderNode, graph, interpret: bool, blocks: dict,
             accs[m.name] = w.tmp()
             shape = "[XBLOCK, RBLOCK]" if acc2d else "[1, RBLOCK]"
             w.emit(f"{accs[m.name]} = tl.full({shape}, 0, {tl_dtype(m.body.dtype)})")
+    # what no row index reaches (a weight per column) is loaded once, before the loop over row blocks
+    per_kernel = _Scope()
+    w.prefetch(per_kernel, keep=lambda e: not any(v.name.startswith("o") for v in e.free_symbols))
+
     def column(m, val):
         masked = f"tl.where(xmask & rmask, {val}, 0.0)"
         w.emit(f"{accs[m.name]} = {accs[m.name]} + " + (masked if acc2d else f"{colsum(masked)}[None, :]"))
@@ -535,7 +568,9 @@ def generate_mix(mix: MixOrderNode, graph, interpret: bool, blocks: dict,
     w.emit("xmask = (xindex < xnumel) & (xoffset + tl.arange(0, XBLOCK)[:, None] < SPLIT)")
     for vname, src in _decompose("o", rows, "xindex"):
         w.emit(f"{vname} = {src}")
-    w.emit_members(_Scope(), column)
+    scope = _Scope(per_kernel)
+    w.prefetch(scope)
+    w.emit_members(scope, column)
     w.indent -= 1
     for m in in_loop_cols:
         if m.name in accs:
