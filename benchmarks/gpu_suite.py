@@ -102,7 +102,8 @@ def run_case(name, m, n, dtype, copy_gbs, rows, out_dir):
     ref_in = [x.detach().double().requires_grad_(x.requires_grad) if x.is_floating_point() else x for x in inputs]
     y_ref, g_ref = grads(ref_fn, ref_in)
     compiled = {}
-    for label, backend in (("inductor", "inductor"), ("passline", passline.backend())):
+    be = passline.backend()
+    for label, backend in (("inductor", "inductor"), ("passline", be)):
         torch._dynamo.reset()
         compiled[label] = torch.compile(fn, backend=backend)
         t0 = time.time()
@@ -134,7 +135,9 @@ def run_case(name, m, n, dtype, copy_gbs, rows, out_dir):
                    eager_ms=times["eager"], inductor_ms=times["inductor"], passline_ms=times["passline"],
                    vs_inductor=times["inductor"] / times["passline"], gbs=gbs, pct_copy=100 * gbs / copy_gbs,
                    check="ok" if ok else "MISMATCH", rel_err=max(errs), eager_rel_err=max(eager_errs),
-                   compile_s_passline=compiled["passline_s"], compile_s_inductor=compiled["inductor_s"])
+                   compile_s_passline=compiled["passline_s"], compile_s_inductor=compiled["inductor_s"],
+                   kernels=[(r.name, k.name, k.chosen, k.blocks) for r in be.reports for k in r.kernel_info
+                            if (phase == "bwd") == r.name.startswith("backward")])
         rows.append(row)
         print(fmt(row), flush=True)
         if out_dir:

@@ -336,3 +336,32 @@ def test_bisect_finds_a_pass_that_drops_a_needed_node():
 def test_bisect_reports_a_matching_pipeline():
     report = passline.bisect(lambda x: x * 2, [torch.randn(3)], pipeline="dce")
     assert report.matches and "nothing to bisect" in str(report)
+
+
+def test_collector_is_paused_while_passes_run_and_restored_after_errors():
+    import gc
+
+    from passline.testing.synthetic import chain_and_fanout
+
+    class Watch:
+        def __init__(self, fail=False):
+            self.enabled, self.fail = [], fail
+
+        def before_pass(self, call, graph):
+            self.enabled.append(gc.isenabled())
+            if self.fail:
+                raise RuntimeError("instrument failed")
+
+    assert gc.isenabled()
+    watch = Watch()
+    passline.PassManager("dce, fuse", instruments=[watch]).run(chain_and_fanout(20))
+    assert watch.enabled == [False, False] and gc.isenabled()
+    with pytest.raises(RuntimeError, match="instrument failed"):
+        passline.PassManager("dce", instruments=[Watch(fail=True)]).run(chain_and_fanout(20))
+    assert gc.isenabled()
+    gc.disable()  # a caller that turned the collector off keeps it off
+    try:
+        passline.PassManager("dce").run(chain_and_fanout(20))
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

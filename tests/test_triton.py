@@ -36,6 +36,20 @@ def test_reduction_variants(name, variant):
     assert chosen <= {variant}
 
 
+@pytest.mark.parametrize("form", ["mix_order", "mix_order_acc2d", "mix_order_pipelined"])
+@pytest.mark.parametrize("norm", ["layer_norm", "rms_norm"])
+def test_mix_order_kernel_forms(norm, form):
+    # 300 rows in blocks of 64: several row blocks per program and a ragged last program, so the
+    # pipelined form's look-ahead loads run past the split and past the last row (masked off)
+    pipeline = passline.DEFAULT_PIPELINE.replace("mix_order_reduction", "mix_order_reduction(split_rows=64)")
+    make = {"layer_norm": lambda: torch.nn.LayerNorm(48), "rms_norm": lambda: RMSNorm(48)}[norm]
+    be = assert_matches_eager(make(), [torch.randn(300, 48, requires_grad=True)], codegen="triton",
+                              kernel_variant=form, pipeline=pipeline)
+    chosen = {k.chosen: k.blocks for r in be.reports for k in r.kernel_info if k.kind == "mix_order"}
+    assert list(chosen) == [form]
+    assert chosen[form]["SPLIT"] == 64 > chosen[form]["XBLOCK"]
+
+
 def test_nan_and_inf_propagate_like_eager():
     x = torch.randn(16, 32)
     x[0, 3] = float("nan")

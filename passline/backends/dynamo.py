@@ -21,6 +21,7 @@ from ..pipeline.metrics import Metrics, enabled_tables
 from ..pipeline.report import CompileReport, set_last_report
 from ..pipeline.text import Pipeline
 from .reference import ReferenceRunner
+from .triton.kernel import MIX_FORMS  # codegen only: imports no triton
 
 CODEGENS = ("auto", "triton", "reference")
 # The pipeline `passline.backend()` runs when none is given, in one place.
@@ -39,7 +40,8 @@ class Backend:
     metric_tables: CSV metric tables to write (default $PASSLINE_METRIC_TABLES);
     instruments: objects with before_pass/after_pass hooks;
     pass_limit, decision_limits: stop after N pass runs / cap decisions (used by passline.bisect);
-    kernel_variant: "auto" (multi-kernel choice), "persistent" or "looped" reductions; cache_dir: kernel cache;
+    kernel_variant: "auto" (multi-kernel choice), or force "persistent" / "looped" reductions or a mix-order
+    form ("mix_order", "mix_order_acc2d", "mix_order_pipelined") wherever a kernel has it; cache_dir: kernel cache;
     fallback: when passline fails on a graph, "eager" (default for users; $PASSLINE_FALLBACK) warns and
     runs that graph's aten code as it is, "raise" (what passline.testing uses) raises the error.
     """
@@ -59,8 +61,9 @@ class Backend:
         self.manager = PassManager(self.pipeline, verify=verify, instruments=instruments, pass_limit=pass_limit,
                                    decision_limits=decision_limits, dump_dir=self.dump_dir)
         self.capture = capture  # keep each graph's first real inputs on its report (bisect, reproducers)
-        if kernel_variant not in ("auto", "persistent", "looped"):
-            raise ValueError(f"kernel_variant must be auto, persistent or looped, not {kernel_variant!r}")
+        variants = ("auto", "persistent", "looped", *MIX_FORMS)
+        if kernel_variant not in variants:
+            raise ValueError(f"kernel_variant must be one of {', '.join(variants)}, not {kernel_variant!r}")
         self.kernel_variant = kernel_variant  # force one reduction variant (tests, experiments)
         self.cache_dir = cache_dir  # kernel disk cache (default $PASSLINE_CACHE_DIR or ~/.cache/passline)
         fallback = fallback or os.environ.get("PASSLINE_FALLBACK", "eager")

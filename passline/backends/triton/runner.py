@@ -65,7 +65,7 @@ class _Kernel:
     def __init__(self, info: KernelInfo, cache: KernelCache, interpret: bool, gpu_tune: bool, key: str,
                  only: str | None = None):
         self.info, self.cache, self.interpret, self.gpu_tune, self.key = info, cache, interpret, gpu_tune, key
-        self.only = only  # force one reduction variant ("persistent" or "looped")
+        self.only = only  # force one variant (persistent, looped, or a mix-order form) where it exists
         self.fns: dict = {}
         self.choice = None
 
@@ -80,8 +80,8 @@ class _Kernel:
     def candidates(self, xnumel: int, rnumel: int | None) -> list:
         out = []
         for variant, src in self.info.variants.items():
-            if self.only and variant in ("persistent", "looped") and variant != self.only:
-                continue
+            if self.only in self.info.variants and variant != self.only:
+                continue  # a forced variant, where this kernel has it
             if variant == "pointwise":
                 if self.interpret:
                     out.append((variant, {"XBLOCK": min(_pow2(xnumel), INTERP_BLOCK)}, 4))
@@ -117,10 +117,11 @@ class _Kernel:
                 if self.interpret:
                     out.append((variant, {"XBLOCK": xbs[-1], "RBLOCK": rb, "SPLIT": split}, 4 if xbs[-1] * rb <= 2048 else 8))
                     continue
-                # with one row per block the two forms are the same kernel: time it once (as mix_order);
-                # more rows per block only with the [XBLOCK, RBLOCK] accumulator (a cross-row sum per
-                # block measured 2-5x slower)
-                for xb in [xb for xb in xbs if (xb == 1) == (variant == "mix_order")]:
+                # with one row per block mix_order and mix_order_acc2d are the same kernel: time it once
+                # (as mix_order); more rows per block only with the [XBLOCK, RBLOCK] accumulator (a
+                # cross-row sum per block measured 2-5x slower); the pipelined form with one row per
+                # block (its registers double: x and dy of two blocks)
+                for xb in [xb for xb in xbs if (xb == 1) == (variant != "mix_order_acc2d")]:
                     warps = _warps(xb * rb)
                     warps = (min(16, 2 * warps[0]),) + warps  # and twice the usual: the loop has more work
                     out += [(variant, {"XBLOCK": xb, "RBLOCK": rb, "SPLIT": split}, w) for w in warps]
@@ -161,7 +162,7 @@ class _Kernel:
         for c in cands:
             try:
                 compiled = self.launch(c, args, xnumel, rnumel)
-                t = do_bench(lambda: self.launch(c, args, xnumel, rnumel), warmup=5, rep=20)
+                t = do_bench(lambda: self.launch(c, args, xnumel, rnumel), warmup=5, rep=20, return_mode="median")
             except Exception as e:  # a config that does not compile (too many registers) is no candidate
                 self.info.timings[f"{c[0]} {c[1]}"] = repr(e)[:80]
                 continue
@@ -178,7 +179,8 @@ class _Kernel:
             again = {i: [] for i in range(len(leaders))}
             for _ in range(3):
                 for i, c in enumerate(leaders):
-                    again[i].append(do_bench(lambda: self.launch(c, args, xnumel, rnumel), warmup=5, rep=30))
+                    again[i].append(do_bench(lambda: self.launch(c, args, xnumel, rnumel), warmup=5, rep=30,
+                                               return_mode="median"))
             best = leaders[min(again, key=lambda i: sorted(again[i])[1])]
         else:
             best = leaders[0]
@@ -235,8 +237,8 @@ class TritonRunner:
             blocks = {"XBLOCK": 1, "RBLOCK": 1, "SPLIT": int(node.split_rows)}
             main, finish = kgen.generate_mix(node, self.graph, self.interpret, blocks)
             variants = {"mix_order": main}
-            if not self.interpret:  # the second form is one more multi-kernel candidate on a GPU
-                variants["mix_order_acc2d"] = kgen.generate_mix(node, self.graph, False, blocks, acc2d=True)[0]
+            for form in kgen.MIX_FORMS[1:]:  # more multi-kernel candidates (on the CPU: when forced)
+                variants[form] = kgen.generate_mix(node, self.graph, self.interpret, blocks, form)[0]
             stored = kgen._stored(node, self.graph)
             k_main = self._kernel(node, "mix_order", variants, stored)
             fin_stored = kgen._stored(finish, self.graph) & set(finish.output_names())
