@@ -1,6 +1,8 @@
 """The Triton backend specifically: both reduction variants, the kernel cache, the report, fallbacks.
 (The other end-to-end tests run on Triton too: make test sets TRITON_INTERPRET=1 and codegen='auto'
 picks the interpreter.)"""
+import os
+
 import pytest
 import torch
 
@@ -107,3 +109,26 @@ def test_index_width():
     assert not _int64(small, small.nodes()[0])
     big = chain_and_fanout(4, size=(1 << 16, 1 << 16))
     assert _int64(big, big.nodes()[0])
+
+
+def test_wrapper_frees_buffers_after_last_use_and_reuses_their_storage():
+    fn = lambda x, w: ((x * 2) @ w + 1) @ w  # kernel, mm, kernel, mm: the second kernel's buffer can reuse
+    dev = os.environ.get("PASSLINE_TEST_DEVICE", "cpu")
+    x, w = torch.randn(8, 8, device=dev), torch.randn(8, 8, device=dev)
+    runner = assert_matches_eager(fn, [x, w], codegen="triton").reports[0].runner
+    allocated = []
+    alloc = runner._alloc
+
+    def watch(layout, bind, pool, owned, name):
+        t = alloc(layout, bind, pool, owned, name)
+        allocated.append((name, t.untyped_storage().data_ptr()))
+        return t
+
+    runner._alloc = watch
+    for _ in range(2):  # the second call takes its plans from the first (static shapes)
+        allocated.clear()
+        out = runner(x, w)[0]
+        torch.testing.assert_close(out, fn(x, w))
+        names = [n for n, _ in allocated]
+        ptrs = [p for _, p in allocated]
+        assert len(set(names)) == 2 and len(set(ptrs)) == 1, allocated  # two buffers, one storage

@@ -29,7 +29,20 @@ def _torch_op(name: str) -> Callable:
 class _Bindings:
     """Values of size symbols for one call (dynamic shapes); evaluates sympy to Python ints."""
 
+    @staticmethod
+    def symbolic(graph: SchedulerGraph) -> bool:
+        """Do the graph's inputs carry size symbols (so that each call needs its own binding)?"""
+        for inp in graph.inputs:
+            if inp.symbol is not None:
+                return True
+            if inp.buffer is not None:
+                lay = inp.buffer.layout
+                if any(not sympy.sympify(e).is_number for e in lay.size + lay.stride):
+                    return True
+        return False
+
     def __init__(self, graph: SchedulerGraph, args):
+        self._memo: dict = {}
         self.values: dict[sympy.Symbol, int] = {}
         for inp, arg in zip(graph.inputs, args):
             if inp.symbol is not None and isinstance(inp.symbol, sympy.Symbol):
@@ -43,7 +56,10 @@ class _Bindings:
     def int(self, e) -> int:
         if isinstance(e, (int, bool)):
             return int(e)
-        return int(e.xreplace(self.values)) if self.values else int(e)
+        v = self._memo.get(e)
+        if v is None:  # each expression once per binding: runners reuse a binding across static calls
+            v = self._memo[e] = int(e.xreplace(self.values)) if self.values else int(e)
+        return v
 
     def ints(self, es) -> list[int]:
         return [self.int(e) for e in es]
