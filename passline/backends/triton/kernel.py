@@ -82,18 +82,19 @@ class _Scope:
         self.members: dict = {}  # member buffer name -> var (its computed value, before the store cast)
 
     def member(self, buf):
-        s = self
-        while s is not None:
-            if buf in s.members:
-                return s.members[buf]
-            s = s.parent
-        return None
+        """The variable of a member's value, here or in an enclosing scope (None: not computed yet)."""
+        return self._find("members", buf)
 
     def load(self, key):
+        """The variable already holding a load, here or in an enclosing scope."""
+        return self._find("loads", key)
+
+    def _find(self, table: str, key):
         s = self
         while s is not None:
-            if key in s.loads:
-                return s.loads[key]
+            found = getattr(s, table).get(key)
+            if found is not None:
+                return found
             s = s.parent
         return None
 
