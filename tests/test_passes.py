@@ -11,6 +11,8 @@ from passline.pipeline import SchedulerGraph
 from passline.testing import assert_matches_eager
 from passline.testing.synthetic import chain_and_fanout
 
+from modules import RMSNorm
+
 F32 = torch.float32
 i0, i1 = loop_vars("i", 2)
 (r0,) = loop_vars("r", 1)
@@ -114,15 +116,6 @@ def test_fuse_scales_to_large_graphs(n):
 
 
 # -- end to end -------------------------------------------------------------------------------------
-class RMSNorm(torch.nn.Module):
-    def __init__(self, n):
-        super().__init__()
-        self.weight = torch.nn.Parameter(torch.rand(n) + 0.5)
-
-    def forward(self, x):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight
-
-
 def test_layer_norm_forward_is_one_kernel():
     be = assert_matches_eager(torch.nn.LayerNorm(64), [torch.randn(128, 64)])
     assert be.reports[0].kernels == 1

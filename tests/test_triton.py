@@ -9,15 +9,7 @@ import torch
 import passline
 from passline.testing import assert_matches_eager
 
-
-class RMSNorm(torch.nn.Module):
-    def __init__(self, n):
-        super().__init__()
-        self.weight = torch.nn.Parameter(torch.rand(n) + 0.5)
-
-    def forward(self, x):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight
-
+from modules import RMSNorm
 
 REDUCING = {
     "layer_norm": (lambda: torch.nn.LayerNorm(48), lambda: [torch.randn(40, 48, requires_grad=True)]),

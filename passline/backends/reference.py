@@ -29,18 +29,6 @@ def _torch_op(name: str) -> Callable:
 class _Bindings:
     """Values of size symbols for one call (dynamic shapes); evaluates sympy to Python ints."""
 
-    @staticmethod
-    def symbolic(graph: SchedulerGraph) -> bool:
-        """Do the graph's inputs carry size symbols (so that each call needs its own binding)?"""
-        for inp in graph.inputs:
-            if inp.symbol is not None:
-                return True
-            if inp.buffer is not None:
-                lay = inp.buffer.layout
-                if any(not sympy.sympify(e).is_number for e in lay.size + lay.stride):
-                    return True
-        return False
-
     def __init__(self, graph: SchedulerGraph, args):
         self._memo: dict = {}
         self.values: dict[sympy.Symbol, int] = {}

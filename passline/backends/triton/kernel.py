@@ -197,13 +197,15 @@ class KernelWriter:
         """The variable holding `buffer[expr]`: loaded once per distinct address in a scope and the scopes
         it is nested in."""
         key = self.load_key(buffer, expr)
-        mask = key[2]
         var = scope.load(key)
         if var is None:
             var = self.tmp()
-            self.emit(f"{var} = tl.load({self.ptr(buffer)} + {self.idx(expr)}" + (f", {mask}, other=0)" if mask else ")"))
+            self.emit(f"{var} = {self.load_src(*key)}")
             scope.loads[key] = var
         return var
+
+    def load_src(self, buffer: str, index: str, mask: str | None) -> str:
+        return f"tl.load({self.ptr(buffer)} + {index}" + (f", {mask}, other=0)" if mask else ")")
 
     def prefetch(self, scope: _Scope, keep=None) -> None:
         """Load, before any computation, what the members read from outside the kernel (where `keep(expr)`
@@ -632,9 +634,7 @@ def _has_outer(expr) -> bool:
 def _next_load(w: KernelWriter, key) -> str:
     """The load of `key` = (buffer, index source, mask) for the next row block (the `_n` variables)."""
     buffer, index, mask = key
-    index = re.sub(r"\b(o\d+)\b", r"\1_n", index)
-    mask = mask.replace("xmask", "xmask_n") if mask else None
-    return f"tl.load({w.ptr(buffer)} + {index}" + (f", {mask}, other=0)" if mask else ")")
+    return w.load_src(buffer, re.sub(r"\b(o\d+)\b", r"\1_n", index), mask and mask.replace("xmask", "xmask_n"))
 
 
 def workspace_layouts(mix: MixOrderNode) -> dict:

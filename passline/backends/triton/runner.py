@@ -16,7 +16,7 @@ import sympy
 import torch
 
 from ... import __version__
-from ...ir import Extern, MixOrderNode, TensorArg
+from ...ir import Extern, MixOrderNode
 from ...pipeline.metrics import node_bytes
 from ..reference import ReferenceRunner, _Bindings
 from . import kernel as kgen
@@ -123,7 +123,8 @@ class _Kernel:
                 # block (its registers double: x and dy of two blocks)
                 for xb in [xb for xb in xbs if (xb == 1) == (variant != "mix_order_acc2d")]:
                     warps = _warps(xb * rb)
-                    warps = (min(16, 2 * warps[0]),) + warps  # and twice the usual: the loop has more work
+                    # and twice the usual warps: the loop body has more work than a plain row
+                    warps = dict.fromkeys((min(16, 2 * warps[0]),) + warps)
                     out += [(variant, {"XBLOCK": xb, "RBLOCK": rb, "SPLIT": split}, w) for w in warps]
         if not out:  # rows too long to keep: only the looped form, whatever the heuristics say
             raise Unsupported("no kernel variant fits")
@@ -211,8 +212,8 @@ class TritonRunner:
                 self.fallbacks[node.name] = str(e)
                 self.steps.append(("reference", node, None))
         self._plan_memory()
-        self._bind = None if _Bindings.symbolic(graph) else _Bindings(graph, ())
-        self._plans: dict = {}  # static shapes only: buffer name -> (sizes, strides, bytes); output -> view
+        self._bind = None  # static shapes: the first call's binding, reused by every call
+        self._plans: dict = {}  # static shapes: buffer name -> (sizes, strides, bytes)
 
     # -- compile ------------------------------------------------------------------------------------
     def _key(self, node, stored) -> str:
@@ -293,9 +294,11 @@ class TritonRunner:
 
     # -- run ----------------------------------------------------------------------------------------
     def __call__(self, *args):
-        # static shapes: one binding for every call, its sympy -> int conversions memoized (the wrapper's
-        # Python time runs before the first kernel and between kernels, while the GPU waits)
-        bind = self._bind if self._bind is not None else _Bindings(self.graph, args)
+        # static shapes (nothing to bind): one binding for every call, its sympy -> int conversions
+        # memoized (the wrapper's Python time runs before the first kernel and between kernels)
+        bind = self._bind or _Bindings(self.graph, args)
+        if self._bind is None and not bind.values:
+            self._bind = bind
         env: dict = {}
         pool: dict = {}
         owned: dict = {}
@@ -321,19 +324,7 @@ class TritonRunner:
                     self._release(name, env, pool, owned)
             for b in self.free_after.get(k, ()):
                 self._release(b, env, pool, owned)
-        if bind is not self._bind:
-            return [self.reference._output(o, env, bind) for o in self.graph.outputs]
-        out = []
-        for o in self.graph.outputs:  # static shapes: each output's view computed once
-            if not isinstance(o, TensorArg):
-                out.append(self.reference._output(o, env, bind))
-                continue
-            if o not in self._plans:
-                self._plans[o] = bind.ints(o.size), bind.ints(o.stride), bind.int(o.offset)
-            size, stride, offset = self._plans[o]
-            t = env[o.buffer]
-            out.append(t.as_strided(size, stride, t.storage_offset() + offset))
-        return out
+        return [self.reference._output(o, env, bind) for o in self.graph.outputs]
 
     def _launch(self, k: _Kernel, node, env, bind: _Bindings, pool, owned) -> None:
         def args(variant: str) -> list:
