@@ -6,9 +6,11 @@ accumulator (ACC2D), rows per block, warps and rows per program — against the 
 
     python benchmarks/mix_design_bound.py      # on a GPU; about a minute
 
-On an H200 (2026-11-21) the best was 392 µs (PREF=1, one row per block, 2 warps, 64 rows per program):
-80% of copy bandwidth for the kernel alone; without the look-ahead loads, 431 µs. passline's generated
-`mix_order_pipelined` kernel measured 395-430 µs on the same shape.
+On an H200 (2026-11-21) the best with one row per block was 392 µs (PREF=1, 2 warps, 64 rows per
+program); without the look-ahead loads, 431 µs. Two rows per block with the [1, RBLOCK] accumulator
+(third session) reached 374 µs (1 warp without look-ahead, or 2 warps with it, 64 rows per program, 96
+registers a thread). passline's generated `mix_order_pipelined` kernel, two rows on two warps, measured
+385 µs at one whole wave of programs (546 rows per program; it needs 118 registers).
 """
 import itertools
 
@@ -98,7 +100,7 @@ def main():
     print(f"copy {copy*1e3:.1f} us; 80% target {3*x.numel()*2/(0.8*2*x.numel()*2/copy)*1e3:.1f} us", flush=True)
     results = []
     for HOIST, PREF, ACC2D, XB in itertools.product((1, 0), (0, 1), (1, 0), (1, 2, 4)):
-        if XB > 1 and not ACC2D: continue
+        if XB > 2 and not ACC2D: continue  # two rows on 1-2 warps: the column sum stays in a thread
         for nw in (1, 2, 4, 8):
             if nw * 32 > XB * 512: continue
             for split in (64, 128, 256, 512, 1024, 4364):

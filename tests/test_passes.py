@@ -1,10 +1,10 @@
-"""The scheduling passes: dce, fuse, reorder_loops, mix_order_reduction — on hand-built graphs and
+"""The scheduling passes: dce, inline_pointwise, fuse, reorder_loops, mix_order_reduction — on hand-built graphs and
 on real forward/backward graphs, always checked against eager."""
 import pytest
 import torch
 
 import passline
-from passline.ir import (Buffer, Constant, Extern, FusedNode, Layout, Load, MixOrderNode, Op, Pointwise,
+from passline.ir import (Buffer, Cast, Constant, Extern, FusedNode, Layout, Load, MixOrderNode, Op, Pointwise,
                          Reduction, TensorArg, loop_vars)
 from passline.lowering import GraphInput, Program
 from passline.pipeline import SchedulerGraph
@@ -41,6 +41,73 @@ def test_dce_removes_dead_nodes_to_a_fixed_point_and_keeps_side_effects():
     out, (rec,) = run("dce", g)
     assert sorted(out.names()) == ["a", "b", "r"]
     assert rec.stats == {"dce_removed": 2}
+
+
+# -- inline_pointwise ----------------------------------------------------------------------------------
+def _weighted(w_dtype=F32, body_dtype=F32):
+    """x [4, 8] times p = w + 1 over [8] (p's body computed in `body_dtype`, stored as `w_dtype`)."""
+    w = GraphInput("w", buffer=Buffer("w", Layout.contiguous([8], F32)))
+    x = GraphInput("x", buffer=Buffer("x", Layout.contiguous([4, 8], F32)))
+    p = Pointwise("p", (8,), Op("add", (Load("w", i0, F32), Constant(1.0, F32)), body_dtype),
+                  Buffer("p", Layout.contiguous([8], w_dtype)))
+    c = Pointwise("c", (4, 8), Op("mul", (Load("x", 8 * i0 + i1, F32), Cast(Load("p", i1, w_dtype), F32)), F32),
+                  Buffer("c", Layout.contiguous([4, 8], F32)))
+    return SchedulerGraph.from_program(Program((w, x), (p, c), (TensorArg("c", (4, 8), (8, 1)),)))
+
+
+def test_inline_pointwise_recomputes_a_broadcast_producer_in_its_consumer():
+    from passline.backends.reference import ReferenceRunner
+
+    w, x = torch.randn(8), torch.randn(4, 8)
+    g = _weighted()
+    out, (rec,) = run("inline_pointwise", g.copy())
+    assert out.names() == ["c"] and rec.stats == {"inlined_pointwise": 1}
+    assert "p" not in out.node("c").read_names() and set(out.node("c").read_names()) == {"w", "x"}
+    torch.testing.assert_close(ReferenceRunner(out)(w, x)[0], x * (w + 1))
+    # the stored value was rounded to bfloat16: the recomputed one is rounded the same way
+    g = _weighted(torch.bfloat16)
+    out, _ = run("inline_pointwise", g.copy())
+    assert out.names() == ["c"]
+    assert torch.equal(ReferenceRunner(out)(w, x)[0], ReferenceRunner(g)(w, x)[0])
+    assert torch.equal(ReferenceRunner(out)(w, x)[0], x * (w + 1).bfloat16().float())
+
+
+def test_inline_pointwise_gates():
+    # an output stays; so does a producer the consumer can fuse with (same loop nest)
+    g = _weighted()
+    g.outputs = g.outputs + (TensorArg("p", (8,), (1,)),)
+    assert sorted(run("inline_pointwise", g)[0].names()) == ["c", "p"]
+    g = graph(pw("a", "x"), pw("b", "a"), outputs=["b"])
+    assert sorted(run("inline_pointwise", g)[0].names()) == ["a", "b"]
+    # two loads are over max_loads=1 by default, allowed with max_loads=2
+    fn = lambda x, a, b: x * (a + b)
+    args = [torch.randn(6, 8), torch.randn(8), torch.randn(8)]
+    for text, kernels in (("inline_pointwise, fuse", 2), ("inline_pointwise(max_loads=2), fuse", 1)):
+        assert assert_matches_eager(fn, args, pipeline=text, codegen="reference").reports[0].kernels == kernels
+
+
+@pytest.mark.parametrize("fn, x_shape, inlined, kernels_before", [
+    (lambda x, w: x * w.float(), (6, 8), 1, 2),                               # a weight cast, read by row
+    (lambda x, w: x + w.float().exp()[:, None][:6] * 2, (6, 8), 3, 3),        # a chain, a column broadcast
+    # into a column reduction: fusion alone already made it one kernel (a per-column prologue)
+    (lambda x, w: (x.t() * (w.float() + 1)).sum(0), (8, 6), 2, 1),
+])
+def test_inline_pointwise_matches_eager(fn, x_shape, inlined, kernels_before):
+    x, w = torch.randn(*x_shape), torch.randn(8).bfloat16()
+    report = assert_matches_eager(fn, [x, w]).reports[0]
+    assert report.metrics.counters["inlined_pointwise"] == inlined
+    assert report.kernels == 1
+    without = passline.DEFAULT_PIPELINE.replace("inline_pointwise, ", "")
+    assert assert_matches_eager(fn, [x, w], pipeline=without).reports[0].kernels == kernels_before
+
+
+def test_inline_pointwise_removes_the_weight_cast_of_a_norm_backward():
+    model = torch.nn.LayerNorm(64).to(torch.bfloat16)
+    be = assert_matches_eager(model, [torch.randn(128, 64, dtype=torch.bfloat16, requires_grad=True)])
+    bwd = be.reports[-1]
+    assert bwd.metrics.counters["inlined_pointwise"] >= 1
+    (mix,) = bwd.graph.nodes()  # the weight cast was a node of its own: now only the mix-order node
+    assert isinstance(mix, MixOrderNode)
 
 
 # -- fuse -----------------------------------------------------------------------------------------------

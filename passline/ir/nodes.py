@@ -398,12 +398,14 @@ class MixOrderNode(_GroupNode):
     reduces over the rows for each column (ranges = columns | reduction = rows). The kernel walks blocks
     of `split_rows` rows: it finishes each row's reduction and epilogue, and adds the block's column
     partial sums into a workspace [n_splits, columns]; a small reduction over the splits finishes the
-    column results (and their epilogues)."""
+    column results (and their epilogues). `split_rows` is the block size the IR's byte counts and the
+    CPU interpreter use; with `tune_split` a GPU backend may time other block sizes and keep the best."""
 
     name: str
     row: Any
     cols: tuple
     split_rows: int
+    tune_split: bool = True
     origins: tuple = attrs.field(default=attrs.Factory(
         lambda self: _members_origins((self.row, *self.cols)), takes_self=True))
     _outputs: tuple = _derived(_group_outputs)
@@ -442,7 +444,8 @@ class MixOrderNode(_GroupNode):
 
     def __repr__(self):
         cols = "; ".join(getattr(c, "name", "?") for c in self.cols)
-        return f"{self.name} = MixOrder(rows {self.rows} x cols {self.columns}, split {self.split_rows}: " \
+        split = f"{self.split_rows}{' (tuned)' if self.tune_split else ''}"
+        return f"{self.name} = MixOrder(rows {self.rows} x cols {self.columns}, split {split}: " \
                f"{self.row.name}; {cols})"
 
 

@@ -99,7 +99,7 @@ def mix_order_reduction(graph, ctx, *,
                         min_rows: Annotated[int, "fewest rows worth mixing"] = 8,
                         reduction_types: Annotated[str, "column reductions allowed, comma-separated"] = "sum",
                         max_reads: Annotated[int, "most distinct buffers the mixed kernel reads"] = 10,
-                        split_rows: Annotated[int, "rows per block (0: automatic)"] = 0):
+                        split_rows: Annotated[int, "rows per block (0: automatic, and tuned on a GPU)"] = 0):
     """Merge a row reduction with transposed column reductions of the same data into one kernel."""
     types = {t.strip() for t in reduction_types.split(",") if t.strip()}
     changed = True
@@ -124,9 +124,10 @@ def mix_order_reduction(graph, ctx, *,
                 if not ctx.decide("mix", row, col):
                     continue
                 if isinstance(row, MixOrderNode):
-                    new = MixOrderNode(row.name, row.row, row.cols + (col,), row.split_rows)
+                    new = MixOrderNode(row.name, row.row, row.cols + (col,), row.split_rows, row.tune_split)
                 else:
-                    new = MixOrderNode(f"mix_{row.name}", row, (col,), split_rows or _auto_split(rows))
+                    new = MixOrderNode(f"mix_{row.name}", row, (col,), split_rows or _auto_split(rows),
+                                       tune_split=not split_rows)
                 position = min(graph.nx.nodes[row.name]["order"], graph.nx.nodes[col.name]["order"])
                 graph.remove_node(row.name)
                 graph.remove_node(col.name)

@@ -249,10 +249,11 @@ class KernelWriter:
         self.emit(f"tl.store({self.ptr(m.output.name)} + {offset}, {val}" + (f", {mask})" if mask else ")"))
 
     # -- kernels -------------------------------------------------------------------------------------
-    def header(self, constexprs, int64: bool) -> list[str]:
+    def header(self, constexprs, int64: bool, extra=()) -> list[str]:
         sig = list(self.args) + [_sanitize(s.name) for s in sorted(self.sizes, key=str)] + ["xnumel"]
         if self.two_d:
             sig.append("rnumel")
+        sig += list(extra)
         sig += [f"{c}: tl.constexpr" for c in constexprs]
         return [f"@triton.jit", f"def {self.name}({', '.join(sig)}):"]
 
@@ -618,7 +619,8 @@ def generate_mix(mix: MixOrderNode, graph, interpret: bool, blocks: dict,
         if m.name in accs:
             part = f"{colsum(accs[m.name])}[None, :]" if acc2d else accs[m.name]
             w.emit(f"tl.store({w.ptr(workspace_name(m))} + {pid} * rnumel + rindex, {part}, rmask)")
-    body = w.header(["XBLOCK", "RBLOCK", "SPLIT"], int64) + w.lines
+    # SPLIT (rows per program) is a run-time argument: the autotuner times several without recompiling
+    body = w.header(["XBLOCK", "RBLOCK"], int64, extra=["SPLIT"]) + w.lines
     prelude = printer.PRELUDE_INTERPRETER if interpret else printer.PRELUDE_GPU
     sizes = tuple(("size", s) for s in sorted(w.sizes, key=str))
     constants = {k: blocks[k] for k in ("XBLOCK", "RBLOCK", "SPLIT")}

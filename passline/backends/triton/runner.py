@@ -16,7 +16,7 @@ import sympy
 import torch
 
 from ... import __version__
-from ...ir import Extern, MixOrderNode
+from ...ir import Extern, Layout, MixOrderNode
 from ...pipeline.metrics import node_bytes
 from ..reference import ReferenceRunner, _Bindings
 from . import kernel as kgen
@@ -118,14 +118,20 @@ class _Kernel:
                     out.append((variant, {"XBLOCK": xbs[-1], "RBLOCK": rb, "SPLIT": split}, 4 if xbs[-1] * rb <= 2048 else 8))
                     continue
                 # with one row per block mix_order and mix_order_acc2d are the same kernel: time it once
-                # (as mix_order); more rows per block only with the [XBLOCK, RBLOCK] accumulator (a
-                # cross-row sum per block measured 2-5x slower); the pipelined form with one row per
-                # block (its registers double: x and dy of two blocks)
+                # (as mix_order); several rows per block with the [XBLOCK, RBLOCK] accumulator, and
+                # with the one-row accumulator only two rows on one or two warps, where each thread
+                # holds its columns of both rows and the per-block cross-row sum stays in its registers
+                # (with more warps it crosses warps: measured 2-5x slower at (32768, 4096); two rows on
+                # one warp was the best bfloat16 LayerNorm backward at (576000, 384) on an H200, 374 µs
+                # against 386 for one row per block)
                 for xb in [xb for xb in xbs if (xb == 1) == (variant != "mix_order_acc2d")]:
                     warps = _warps(xb * rb)
                     # and twice the usual warps: the loop body has more work than a plain row
                     warps = dict.fromkeys((min(16, 2 * warps[0]),) + warps)
                     out += [(variant, {"XBLOCK": xb, "RBLOCK": rb, "SPLIT": split}, w) for w in warps]
+                if variant != "mix_order_acc2d" and split >= 2:
+                    out += [(variant, {"XBLOCK": 2, "RBLOCK": rb, "SPLIT": split}, w) for w in (1, 2)
+                            if 2 * rb <= 32 * 32 * w]  # at most 32 elements of a block per thread
         if not out:  # rows too long to keep: only the looped form, whatever the heuristics say
             raise Unsupported("no kernel variant fits")
         if self.interpret:  # the interpreter's cost is per program and op: prefer persistent
@@ -143,13 +149,15 @@ class _Kernel:
         with interpreting(self.interpret):
             return self.fn(variant)[grid](*args(variant), *extra, **blocks, num_warps=warps)
 
-    def run(self, args, xnumel: int, rnumel: int | None):
+    def run(self, args, xnumel: int, rnumel: int | None, after=None):
+        """Launch the chosen configuration (chosen now at the first call); `after(cand)`, where given,
+        runs right after each timed candidate (a mix-order kernel's finishing kernel)."""
         if self.choice is None:
-            self.choice = self._choose(args, xnumel, rnumel)
+            self.choice = self._choose(args, xnumel, rnumel, after)
             self.info.chosen, self.info.blocks = self.choice[0], dict(self.choice[1], num_warps=self.choice[2])
         self.launch(self.choice, args, xnumel, rnumel)
 
-    def _choose(self, args, xnumel, rnumel):
+    def _choose(self, args, xnumel, rnumel, after=None):
         cands = self.candidates(xnumel, rnumel)
         if len(cands) == 1 or not self.gpu_tune:
             return cands[0]
@@ -157,14 +165,28 @@ class _Kernel:
         saved = self.cache.get_choice(ckey)
         if saved is not None:
             return saved["variant"], saved["blocks"], saved["num_warps"]
+        best = self._best(self._leaders(self._time(cands, args, xnumel, rnumel)), args, xnumel, rnumel)
+        self.cache.put_choice(ckey, {"variant": best[0], "blocks": best[1], "num_warps": best[2]})
+        return best
+
+    def _bench(self, c, args, xnumel, rnumel, after=None, rep: int = 20) -> float:
         from triton.testing import do_bench
 
+        def go():
+            self.launch(c, args, xnumel, rnumel)
+            if after is not None:
+                after(c)
+        return do_bench(go, warmup=5, rep=rep, return_mode="median")
+
+    def _time(self, cands, args, xnumel, rnumel) -> list:
+        """[(seconds, candidate)], fastest first; a configuration that does not compile (too many
+        registers) is no candidate."""
         timed = []
         for c in cands:
             try:
                 compiled = self.launch(c, args, xnumel, rnumel)
-                t = do_bench(lambda: self.launch(c, args, xnumel, rnumel), warmup=5, rep=20, return_mode="median")
-            except Exception as e:  # a config that does not compile (too many registers) is no candidate
+                t = self._bench(c, args, xnumel, rnumel)
+            except Exception as e:
                 self.info.timings[f"{c[0]} {c[1]}"] = repr(e)[:80]
                 continue
             regs = f" regs={getattr(compiled, 'n_regs', '?')} spills={getattr(compiled, 'n_spills', '?')}"
@@ -172,19 +194,93 @@ class _Kernel:
             timed.append((t, c))
         if not timed:
             raise RuntimeError(f"no kernel configuration of {self.info.name} ran")
-        # the first pass is short and near-equal configurations swap places from run to run: the leaders
-        # are timed again, longer and interleaved, and the best median of those runs is kept
-        timed.sort(key=lambda tc: tc[0])
-        leaders = [c for t, c in timed[:3] if t <= 1.1 * timed[0][0]]
-        if len(leaders) > 1:
-            again = {i: [] for i in range(len(leaders))}
-            for _ in range(3):
-                for i, c in enumerate(leaders):
-                    again[i].append(do_bench(lambda: self.launch(c, args, xnumel, rnumel), warmup=5, rep=30,
-                                               return_mode="median"))
-            best = leaders[min(again, key=lambda i: sorted(again[i])[1])]
-        else:
-            best = leaders[0]
+        return sorted(timed, key=lambda tc: tc[0])
+
+    @staticmethod
+    def _leaders(timed: list) -> list:
+        return [c for t, c in timed[:3] if t <= 1.1 * timed[0][0]]
+
+    def _best(self, leaders, args, xnumel, rnumel, after=None):
+        """The first timing pass is short and near-equal configurations swap places from run to run:
+        the leaders are timed again, longer and interleaved, and the best median of those runs wins."""
+        if len(leaders) == 1:
+            return leaders[0]
+        again = {i: [] for i in range(len(leaders))}
+        for _ in range(3):
+            for i, c in enumerate(leaders):
+                again[i].append(self._bench(c, args, xnumel, rnumel, after, rep=30))
+        return leaders[min(again, key=lambda i: sorted(again[i])[1])]
+
+
+MAX_PROGRAMS_PER_SM = 32  # resident blocks per SM on recent NVIDIA GPUs: the most a split may ask for
+
+
+def _resident(regs: int, warps: int) -> int:
+    """Programs of `warps` warps using `regs` registers a thread that one SM holds at once."""
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    per_sm = getattr(props, "regs_per_multiprocessor", 65536)
+    max_warps = getattr(props, "max_threads_per_multi_processor", 2048) // 32
+    per_warp = -(-regs * 32 // 256) * 256  # registers are given to a warp 256 at a time
+    return max(1, min(MAX_PROGRAMS_PER_SM, max_warps // warps, per_sm // (per_warp * warps)))
+
+
+class _MixKernel(_Kernel):
+    """A mix-order kernel, whose rows per program (SPLIT, a run-time argument) is chosen with its
+    configuration when the node allows it (`MixOrderNode.tune_split`). The configurations are timed at
+    the IR's split; the leaders are then timed at the splits that give whole waves — one to four times
+    the programs all SMs hold at once, from the compiled kernel's registers and warps — each followed by
+    the finishing kernel, which sums one workspace row per program. On an H200, bfloat16 LayerNorm
+    backward (576000, 384), two rows a block on two warps (115 registers: 8 programs per SM) took 413 µs
+    at 128 rows per program (4500 programs: four waves of 1056 and a fifth a quarter full) and 385 µs at
+    546 (one wave); one row on two warps (72 registers: 14 per SM) 388 µs at one, two or three waves and
+    430-500 µs at splits that were not. Not rounded to a multiple of 16 (which Triton specializes on): 560
+    rows (1029 programs) took 396 µs."""
+
+    def __init__(self, *a, split: int, tune_split: bool, **kw):
+        super().__init__(*a, **kw)
+        self.split, self.tune_split = split, tune_split
+
+    def _tuned(self) -> bool:
+        return not self.interpret and self.gpu_tune and self.tune_split
+
+    def _floor(self, xnumel: int) -> int:
+        """The smallest split tried: at most MAX_PROGRAMS_PER_SM programs per SM, never under 16 rows
+        (tiny blocks make huge workspaces)."""
+        sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+        return max(16, math.ceil(xnumel / (sms * MAX_PROGRAMS_PER_SM)))
+
+    def splits(self, xnumel: int, regs: int, warps: int) -> list[int]:
+        """The IR's split and the splits that give one to four whole waves of programs."""
+        sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+        wave = sms * _resident(regs, warps)
+        floor = self._floor(xnumel)
+        waves = {math.ceil(xnumel / (wave * k)) for k in (1, 2, 3, 4)}
+        return sorted({self.split} | {s for s in waves if s >= floor})
+
+    def workspace_rows(self, xnumel: int) -> int:
+        """Rows of each workspace: one per program at the smallest split that may be tried."""
+        smallest = min(self.split, self._floor(xnumel)) if self._tuned() else self.split
+        return max(1, math.ceil(xnumel / smallest))
+
+    def _choose(self, args, xnumel, rnumel, after=None):
+        if not self._tuned():
+            return super()._choose(args, xnumel, rnumel)
+        ckey = digest(self.key, xnumel, rnumel, torch.cuda.get_device_name(), "split")
+        saved = self.cache.get_choice(ckey)
+        if saved is not None:
+            return saved["variant"], saved["blocks"], saved["num_warps"]
+        leaders = self._leaders(self._time(self.candidates(xnumel, rnumel), args, xnumel, rnumel))
+        timed = []
+        for v, b, w in leaders:
+            # the compiled kernel says its registers (64, a common figure, if this Triton does not)
+            regs = getattr(self.launch((v, b, w), args, xnumel, rnumel), "n_regs", 0) or 64
+            for split in self.splits(xnumel, regs, w):
+                if b["XBLOCK"] <= split:
+                    c = (v, dict(b, SPLIT=split), w)
+                    t = self._bench(c, args, xnumel, rnumel, after)
+                    self.info.timings[f"{v} {c[1]} w{w} +finish"] = t
+                    timed.append((t, c))
+        best = self._best(self._leaders(sorted(timed, key=lambda tc: tc[0])), args, xnumel, rnumel, after)
         self.cache.put_choice(ckey, {"variant": best[0], "blocks": best[1], "num_warps": best[2]})
         return best
 
@@ -223,14 +319,14 @@ class TritonRunner:
                       repr(getattr(node, "ranges", None)), repr(getattr(node, "reduction_ranges", None)),
                       sorted(stored), _SOURCE_HASH)
 
-    def _kernel(self, node, kind: str, variants: dict, stored) -> _Kernel:
+    def _kernel(self, node, kind: str, variants: dict, stored, cls=_Kernel, **extra) -> _Kernel:
         info = KernelInfo(next(iter(variants.values())).name, node.name, kind, variants)
         r, w = node_bytes(self.graph, node) if not kind.startswith("mix_finish") else (0, 0)
         info.bytes = r + w
         self.kernels.append(info)
         # PASSLINE_AUTOTUNE=0: take each kernel's first candidate instead of timing them (quick GPU checks)
         gpu_tune = not self.interpret and os.environ.get("PASSLINE_AUTOTUNE", "1") != "0"
-        return _Kernel(info, self.cache, self.interpret, gpu_tune, self._key(node, stored), self.variant)
+        return cls(info, self.cache, self.interpret, gpu_tune, self._key(node, stored), self.variant, **extra)
 
     def _compile(self, node):
         if isinstance(node, MixOrderNode):
@@ -243,7 +339,8 @@ class TritonRunner:
             for form in kgen.MIX_FORMS[1:]:  # more multi-kernel candidates (on the CPU: when forced)
                 variants[form] = kgen.generate_mix(node, self.graph, self.interpret, blocks, form)[0]
             stored = kgen._stored(node, self.graph)
-            k_main = self._kernel(node, "mix_order", variants, stored)
+            k_main = self._kernel(node, "mix_order", variants, stored, _MixKernel, split=int(node.split_rows),
+                                  tune_split=node.tune_split)
             fin_stored = kgen._stored(finish, self.graph) & set(finish.output_names())
             k_fin = self._kernel(finish, "mix_finish", self._variants(finish, fin_stored), fin_stored)
             return ("mix", node, (k_main, main, k_fin, finish, kgen.workspace_layouts(node)))
@@ -316,17 +413,31 @@ class TritonRunner:
                 self._launch(k_obj, node, env, bind, pool, owned)
             else:
                 k_main, main, k_fin, finish, workspaces = data
-                for name, layout in workspaces.items():
+                rows = bind.int(main.xnumel)
+                for name, layout in workspaces.items():  # [programs, columns]: the split is chosen at run time
+                    layout = Layout.contiguous([k_main.workspace_rows(rows), layout.size[1]], layout.dtype,
+                                               layout.device)
                     env[name] = self._alloc(layout, bind, pool, owned, name)
-                self._launch(k_main, node, env, bind, pool, owned)
-                self._launch(k_fin, finish, env, bind, pool, owned)
+                fin_args = self._args(k_fin, env, bind, pool, owned)
+
+                def programs(split: int) -> int:
+                    return max(1, math.ceil(rows / split))
+
+                def finish_first(cand):  # while the main kernel is tuned: the finish's first candidate
+                    n = programs(cand[1]["SPLIT"])
+                    k_fin.launch(k_fin.candidates(bind.int(finish.numel), n)[0], fin_args, bind.int(finish.numel), n)
+
+                self._launch(k_main, node, env, bind, pool, owned, after=finish_first)
+                split = k_main.choice[1]["SPLIT"] if k_main.choice else k_main.split
+                self._launch(k_fin, finish, env, bind, pool, owned, rnumel=programs(split))
                 for name in workspaces:
                     self._release(name, env, pool, owned)
             for b in self.free_after.get(k, ()):
                 self._release(b, env, pool, owned)
         return [self.reference._output(o, env, bind) for o in self.graph.outputs]
 
-    def _launch(self, k: _Kernel, node, env, bind: _Bindings, pool, owned) -> None:
+    def _args(self, k: _Kernel, env, bind: _Bindings, pool, owned):
+        """`args(variant)`: the kernel's arguments, allocating outputs on first use."""
         def args(variant: str) -> list:
             out = []
             for kind, value in k.info.variants[variant].args:
@@ -337,16 +448,20 @@ class TritonRunner:
                 else:
                     out.append(bind.int(value))
             return out
+        return args
 
+    def _launch(self, k: _Kernel, node, env, bind: _Bindings, pool, owned, rnumel: int | None = None,
+                after=None) -> None:
         src = next(iter(k.info.variants.values()))
         xnumel = bind.int(src.xnumel)
-        rnumel = bind.int(src.rnumel) if src.rnumel is not None else None
+        if rnumel is None:
+            rnumel = bind.int(src.rnumel) if src.rnumel is not None else None
         if xnumel == 0 or rnumel == 0:
             if rnumel == 0:  # an empty reduction: the reference backend knows each identity
                 for m in node.members() if hasattr(node, "members") else (node,):
                     env[m.output.name] = self.reference._loop(m, env, bind)
             return
-        k.run(args, xnumel, rnumel)
+        k.run(self._args(k, env, bind, pool, owned), xnumel, rnumel, after)
 
 
 def _source_hash() -> str:

@@ -1,0 +1,112 @@
+"""inline_pointwise — a cheap pointwise node that no consumer can fuse with is recomputed inside its
+consumers, and removed.
+
+The pattern is a LayerNorm weight cast, `w.to(float32)` over [C], read by consumers that iterate over
+[rows, C]: fuse refuses the pair (different numel), so the cast would be a kernel of its own whose
+output is written and read back, one launch and a dependency more for the big kernel after it. Its body
+(at most `max_loads` loads and `max_ops` operations) is substituted at each of its consumers' loads of
+it, the load's index mapped back to the node's loop variables; nothing reads it afterwards and it goes.
+With one load the consumer still makes one load per use (of the node's input instead of its output), so
+no memory traffic is added; with more loads, each use costs more loads.
+
+Inlines node P only when: P is a Pointwise node; it is not a graph output; nothing in the graph mutates
+its output or a buffer it reads (its reads move later); every consumer is a single Pointwise or Reduction node that
+cannot fuse with P for a reason of shape (`different numel` or `loop structure` — fusion would compute P
+once, not once per use); each consumer's load of P maps to one point of P's loops (the index is a sum
+of the consumer's loop variables times P's output strides, each variable's range within the dimension
+it addresses). All or nothing per node. Nodes are visited consumers first, so a chain of such nodes (a cast, then a
+scale) is inlined link by link in one sweep; each link's own body is what the limits count. Stat:
+`inlined_pointwise`.
+"""
+from __future__ import annotations
+
+from typing import Annotated
+
+import attrs
+import sympy
+
+from ..ir import Extern, Pointwise, Reduction
+from ..ir.body import Cast, Load, Op, rebuild, substitute_index, walk
+from ..ir.index import as_strided_form
+from ..pipeline.registry import register_pass
+from .legality import can_fuse
+
+SHAPE_REASONS = ("different numel", "loop structure")
+
+
+def _cheap(node: Pointwise, max_loads: int, max_ops: int) -> bool:
+    values = list(walk(node.body))
+    n_loads = len({(v.buffer, v.index) for v in values if isinstance(v, Load)})
+    n_ops = sum(isinstance(v, (Op, Cast)) for v in values)
+    return n_loads <= max_loads and n_ops <= max_ops
+
+
+def _point(node: Pointwise, index, var_ranges) -> dict | None:
+    """{node's loop variable: expression in the consumer's variables} so that the node stores at
+    `index`, or None when that is not provable."""
+    layout = node.output.layout
+    vs = [v for v, _ in var_ranges]
+    form = as_strided_form(index, vs)
+    if form is None or form[1] != 0:
+        return None
+    dims: dict = {}  # output dimension -> consumer variable
+    for (v, size), t in zip(var_ranges, form[0]):
+        if t == 0 or size == 1:
+            continue
+        hits = [k for k, (s, st) in enumerate(zip(layout.size, layout.stride))
+                if s != 1 and k not in dims and sympy.expand(st - t) == 0]
+        # the variable must stay inside that dimension, or it would reach another one's points
+        if len(hits) != 1 or not sympy.expand(size - layout.size[hits[0]]).is_nonpositive:
+            return None
+        dims[hits[0]] = v
+    loop_of = node.store_order(node.vars)  # output dimension k is indexed by loop variable loop_of[k]
+    mapping = {loop_of[k]: dims.get(k, sympy.S.Zero) for k in range(len(layout.size))}
+    if sympy.expand(node.store_index().xreplace(mapping) - index) != 0:
+        return None
+    return mapping
+
+
+def _inlined(consumer, node: Pointwise):
+    """`consumer` with each load of `node`'s output replaced by `node`'s body at that point, or None."""
+    name, var_ranges = node.output.name, consumer.var_ranges
+    points = {}
+    for ix in consumer.load_indices(name):
+        points[ix] = _point(node, ix, var_ranges)
+        if points[ix] is None:
+            return None
+
+    def leaf(v):
+        if not (isinstance(v, Load) and v.buffer == name):
+            return v
+        value = substitute_index(node.body, points[v.index])
+        # the stored value was rounded to the buffer's dtype: so is the recomputed one
+        return value if value.dtype == v.dtype else Cast(value, v.dtype)
+
+    return attrs.evolve(consumer, body=rebuild(consumer.body, leaf))
+
+
+@register_pass("inline_pointwise", provides={"pointwise_inlined"})
+def inline_pointwise(graph, ctx, *,
+                     max_loads: Annotated[int, "most distinct loads in an inlined node's body"] = 1,
+                     max_ops: Annotated[int, "most operations (casts included) in an inlined node's body"] = 4):
+    """Recompute cheap pointwise nodes inside consumers they cannot fuse with (a weight cast)."""
+    outputs, mutated = graph.output_names(), graph.mutated_names()
+    for name in reversed(graph.names()):  # consumers first: a chain of such nodes goes in one sweep
+        node = graph.node(name) if name in graph else None  # a consumer rewritten above is a new object
+        if not isinstance(node, Pointwise) or node.output.name in outputs | mutated \
+                or mutated & set(node.read_names()):
+            continue
+        if not _cheap(node, max_loads, max_ops):
+            continue
+        consumers = [graph.node(c) for c in graph.consumers(node.output.name)]
+        if not consumers or any(isinstance(c, Extern) or not isinstance(c, (Pointwise, Reduction))
+                                or can_fuse(graph, node, c).reason not in SHAPE_REASONS for c in consumers):
+            continue
+        rewritten = [_inlined(c, node) for c in consumers]
+        if any(r is None for r in rewritten) or not ctx.decide("inline", node, *consumers):
+            continue
+        for new in rewritten:
+            graph.replace_node(new.name, new)
+        graph.remove_node(node.name)
+        ctx.count("inlined_pointwise")
+    return graph
