@@ -25,7 +25,7 @@ from typing import Annotated
 import attrs
 import sympy
 
-from ..ir import Extern, Pointwise, Reduction
+from ..ir import Pointwise, Reduction
 from ..ir.body import Cast, Load, Op, rebuild, substitute_index, walk
 from ..ir.index import as_strided_form
 from ..pipeline.registry import register_pass
@@ -99,7 +99,7 @@ def inline_pointwise(graph, ctx, *,
         if not _cheap(node, max_loads, max_ops):
             continue
         consumers = [graph.node(c) for c in graph.consumers(node.output.name)]
-        if not consumers or any(isinstance(c, Extern) or not isinstance(c, (Pointwise, Reduction))
+        if not consumers or any(not isinstance(c, (Pointwise, Reduction))  # no extern, no group
                                 or can_fuse(graph, node, c).reason not in SHAPE_REASONS for c in consumers):
             continue
         rewritten = [_inlined(c, node) for c in consumers]

@@ -161,11 +161,15 @@ class _Kernel:
         cands = self.candidates(xnumel, rnumel)
         if len(cands) == 1 or not self.gpu_tune:
             return cands[0]
-        ckey = digest(self.key, xnumel, rnumel, torch.cuda.get_device_name())
+        return self._remembered(digest(self.key, xnumel, rnumel, torch.cuda.get_device_name()), lambda: self._best(
+            self._leaders(self._time(cands, args, xnumel, rnumel)), args, xnumel, rnumel))
+
+    def _remembered(self, ckey: str, pick):
+        """The choice stored on disk under `ckey`, or `pick()`'s, stored."""
         saved = self.cache.get_choice(ckey)
         if saved is not None:
             return saved["variant"], saved["blocks"], saved["num_warps"]
-        best = self._best(self._leaders(self._time(cands, args, xnumel, rnumel)), args, xnumel, rnumel)
+        best = pick()
         self.cache.put_choice(ckey, {"variant": best[0], "blocks": best[1], "num_warps": best[2]})
         return best
 
@@ -266,9 +270,10 @@ class _MixKernel(_Kernel):
         if not self._tuned():
             return super()._choose(args, xnumel, rnumel)
         ckey = digest(self.key, xnumel, rnumel, torch.cuda.get_device_name(), "split")
-        saved = self.cache.get_choice(ckey)
-        if saved is not None:
-            return saved["variant"], saved["blocks"], saved["num_warps"]
+        return self._remembered(ckey, lambda: self._pick_split(args, xnumel, rnumel, after))
+
+    def _pick_split(self, args, xnumel, rnumel, after):
+        """Configurations timed at the IR's split; the leaders again at whole waves, finish included."""
         leaders = self._leaders(self._time(self.candidates(xnumel, rnumel), args, xnumel, rnumel))
         timed = []
         for v, b, w in leaders:
@@ -280,9 +285,7 @@ class _MixKernel(_Kernel):
                     t = self._bench(c, args, xnumel, rnumel, after)
                     self.info.timings[f"{v} {c[1]} w{w} +finish"] = t
                     timed.append((t, c))
-        best = self._best(self._leaders(sorted(timed, key=lambda tc: tc[0])), args, xnumel, rnumel, after)
-        self.cache.put_choice(ckey, {"variant": best[0], "blocks": best[1], "num_warps": best[2]})
-        return best
+        return self._best(self._leaders(sorted(timed, key=lambda tc: tc[0])), args, xnumel, rnumel, after)
 
 
 class TritonRunner:
@@ -310,6 +313,7 @@ class TritonRunner:
         self._plan_memory()
         self._bind = None  # static shapes: the first call's binding, reused by every call
         self._plans: dict = {}  # static shapes: buffer name -> (sizes, strides, bytes)
+        self._ws_layouts: dict = {}  # (mix kernel, rows) -> its workspaces' layouts
 
     # -- compile ------------------------------------------------------------------------------------
     def _key(self, node, stored) -> str:
@@ -414,27 +418,34 @@ class TritonRunner:
             else:
                 k_main, main, k_fin, finish, workspaces = data
                 rows = bind.int(main.xnumel)
-                for name, layout in workspaces.items():  # [programs, columns]: the split is chosen at run time
-                    layout = Layout.contiguous([k_main.workspace_rows(rows), layout.size[1]], layout.dtype,
-                                               layout.device)
+                for name, layout in self._workspaces(k_main, workspaces, rows).items():
                     env[name] = self._alloc(layout, bind, pool, owned, name)
-                fin_args = self._args(k_fin, env, bind, pool, owned)
+                after = None
+                if k_main.choice is None:  # being tuned: each candidate is timed with the finish after it
+                    fin_args, ncols = self._args(k_fin, env, bind, pool, owned), bind.int(finish.numel)
 
-                def programs(split: int) -> int:
-                    return max(1, math.ceil(rows / split))
+                    def after(cand):  # the finish's first candidate, for the candidate's program count
+                        n = max(1, math.ceil(rows / cand[1]["SPLIT"]))
+                        k_fin.launch(k_fin.candidates(ncols, n)[0], fin_args, ncols, n)
 
-                def finish_first(cand):  # while the main kernel is tuned: the finish's first candidate
-                    n = programs(cand[1]["SPLIT"])
-                    k_fin.launch(k_fin.candidates(bind.int(finish.numel), n)[0], fin_args, bind.int(finish.numel), n)
-
-                self._launch(k_main, node, env, bind, pool, owned, after=finish_first)
+                self._launch(k_main, node, env, bind, pool, owned, after=after)
                 split = k_main.choice[1]["SPLIT"] if k_main.choice else k_main.split
-                self._launch(k_fin, finish, env, bind, pool, owned, rnumel=programs(split))
+                self._launch(k_fin, finish, env, bind, pool, owned, rnumel=max(1, math.ceil(rows / split)))
                 for name in workspaces:
                     self._release(name, env, pool, owned)
             for b in self.free_after.get(k, ()):
                 self._release(b, env, pool, owned)
         return [self.reference._output(o, env, bind) for o in self.graph.outputs]
+
+    def _workspaces(self, k_main: "_MixKernel", workspaces: dict, rows: int) -> dict:
+        """Name -> Layout [programs, columns] of a mix-order node's workspaces for `rows` rows (the split
+        is chosen at run time); built once per row count, off the per-call path."""
+        key = (k_main.info.name, rows)
+        if key not in self._ws_layouts:
+            n = k_main.workspace_rows(rows)
+            self._ws_layouts[key] = {name: Layout.contiguous([n, layout.size[1]], layout.dtype, layout.device)
+                                     for name, layout in workspaces.items()}
+        return self._ws_layouts[key]
 
     def _args(self, k: _Kernel, env, bind: _Bindings, pool, owned):
         """`args(variant)`: the kernel's arguments, allocating outputs on first use."""
