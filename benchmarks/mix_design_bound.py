@@ -9,8 +9,11 @@ accumulator (ACC2D), rows per block, warps and rows per program — against the 
 On an H200 (2026-11-21) the best with one row per block was 392 µs (PREF=1, 2 warps, 64 rows per
 program); without the look-ahead loads, 431 µs. Two rows per block with the [1, RBLOCK] accumulator
 (third session) reached 374 µs (1 warp without look-ahead, or 2 warps with it, 64 rows per program, 96
-registers a thread). passline's generated `mix_order_pipelined` kernel, two rows on two warps, measured
-385 µs at one whole wave of programs (546 rows per program; it needs 118 registers).
+registers a thread). passline's generated kernel with the look-ahead loads, two rows on two warps,
+measured 385 µs at one whole wave of programs (546 rows per program; 118 registers). Fourth session: the
+same generated kernel without look-ahead, its row loop pipelined by Triton through shared memory
+(`tl.range(..., num_stages=4)`), reached 329 µs (four rows, [XBLOCK, RBLOCK] accumulator, two warps):
+the look-ahead by hand is no longer generated, and this script's PREF is the record of why it was.
 """
 import itertools
 

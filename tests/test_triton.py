@@ -30,11 +30,10 @@ def test_reduction_variants(name, variant):
     assert chosen <= {variant}
 
 
-@pytest.mark.parametrize("form", ["mix_order", "mix_order_acc2d", "mix_order_pipelined"])
+@pytest.mark.parametrize("form", ["mix_order", "mix_order_acc2d"])
 @pytest.mark.parametrize("norm", ["layer_norm", "rms_norm"])
 def test_mix_order_kernel_forms(norm, form):
-    # 300 rows in blocks of 64: several row blocks per program and a ragged last program, so the
-    # pipelined form's look-ahead loads run past the split and past the last row (masked off)
+    # 300 rows in blocks of 64: several row blocks per program and a ragged last program
     pipeline = passline.DEFAULT_PIPELINE.replace("mix_order_reduction", "mix_order_reduction(split_rows=64)")
     make = {"layer_norm": lambda: torch.nn.LayerNorm(48), "rms_norm": lambda: RMSNorm(48)}[norm]
     be = assert_matches_eager(make(), [torch.randn(300, 48, requires_grad=True)], codegen="triton",
@@ -42,6 +41,25 @@ def test_mix_order_kernel_forms(norm, form):
     chosen = {k.chosen: k.blocks for r in be.reports for k in r.kernel_info if k.kind == "mix_order"}
     assert list(chosen) == [form]
     assert chosen[form]["SPLIT"] == 64 > chosen[form]["XBLOCK"]
+
+
+def test_mix_order_row_loop_is_pipelined_on_gpus_only():
+    from passline.backends.triton.runner import _mix_candidates
+
+    be = assert_matches_eager(torch.nn.LayerNorm(48), [torch.randn(300, 48, requires_grad=True)], codegen="triton")
+    (mix,) = [k for r in be.reports for k in r.kernel_info if k.kind == "mix_order"]
+    assert "tl.range(0, SPLIT, XBLOCK, num_stages=STAGES)" in mix.source
+    on_gpu = "GPU" in be.reports[0].codegen_reason
+    assert mix.blocks["STAGES"] in ((1, 3, 4) if on_gpu else (1,))  # the interpreter runs the loop as it is
+    # on a GPU: three and four stages for each configuration, one unpipelined baseline
+    gpu = _mix_candidates("mix_order", 512, 128, interpret=False)
+    assert sorted(c[1]["STAGES"] for c in gpu).count(1) == 1 and {c[1]["STAGES"] for c in gpu} == {1, 3, 4}
+    # two rows with the one-row accumulator only where a thread holds its columns of both rows:
+    # 512 columns in 16-byte loads are 64 threads, so one or two warps; 4096 columns need 8 to 16
+    assert {c[2] for c in gpu if c[1]["XBLOCK"] == 2} == {1, 2}
+    wide = _mix_candidates("mix_order", 4096, 128, interpret=False)
+    assert {c[2] for c in wide if c[1]["XBLOCK"] == 2} == {8, 16}
+    assert all(c[1]["XBLOCK"] >= 2 for c in _mix_candidates("mix_order_acc2d", 512, 128, interpret=False))
 
 
 def test_nan_and_inf_propagate_like_eager():

@@ -41,7 +41,7 @@ class Backend:
     instruments: objects with before_pass/after_pass hooks;
     pass_limit, decision_limits: stop after N pass runs / cap decisions (used by passline.bisect);
     kernel_variant: "auto" (multi-kernel choice), or force "persistent" / "looped" reductions or a mix-order
-    form ("mix_order", "mix_order_acc2d", "mix_order_pipelined") wherever a kernel has it; cache_dir: kernel cache;
+    form ("mix_order", "mix_order_acc2d") wherever a kernel has it; cache_dir: kernel cache;
     fallback: when passline fails on a graph, "eager" (default for users; $PASSLINE_FALLBACK) warns and
     runs that graph's aten code as it is, "raise" (what passline.testing uses) raises the error.
     """

@@ -196,40 +196,30 @@ class KernelWriter:
     def load(self, buffer: str, expr, scope: _Scope) -> str:
         """The variable holding `buffer[expr]`: loaded once per distinct address in a scope and the scopes
         it is nested in."""
-        key = self.load_key(buffer, expr)
+        key = buffer, self.idx(expr), self.mask_for(expr)
         var = scope.load(key)
         if var is None:
             var = self.tmp()
-            self.emit(f"{var} = {self.load_src(*key)}")
+            index, mask = key[1:]
+            self.emit(f"{var} = tl.load({self.ptr(buffer)} + {index}" + (f", {mask}, other=0)" if mask else ")"))
             scope.loads[key] = var
         return var
-
-    def load_src(self, buffer: str, index: str, mask: str | None) -> str:
-        return f"tl.load({self.ptr(buffer)} + {index}" + (f", {mask}, other=0)" if mask else ")")
 
     def prefetch(self, scope: _Scope, keep=None) -> None:
         """Load, before any computation, what the members read from outside the kernel (where `keep(expr)`
         says so). A reduction's cross-thread sum ends in a barrier that the compiler does not move loads
         above, so a load written after a reduction would wait for it and then stall the program; issued
         first, all of a block's memory requests are in flight together (as in Inductor's kernels)."""
-        for buffer, expr in self.outside_loads(keep):
-            self.load(buffer, expr, scope)
-
-    def outside_loads(self, keep=None) -> list:
-        """(buffer, canonical index) of every load from outside the kernel, in first-use order, once each."""
-        out: dict = {}
+        seen: set = set()
         for m in self.nodes:
             cmap = None
             for node in walk(m.body):
                 if isinstance(node, Load) and node.buffer not in self.by_output:
                     cmap = self.canon(m) if cmap is None else cmap
                     expr = sympy.expand(node.index.xreplace(cmap))
-                    if keep is None or keep(expr):
-                        out.setdefault((node.buffer, expr), None)
-        return list(out)
-
-    def load_key(self, buffer: str, expr) -> tuple:
-        return buffer, self.idx(expr), self.mask_for(expr)
+                    if (node.buffer, expr) not in seen and (keep is None or keep(expr)):
+                        seen.add((node.buffer, expr))
+                        self.load(node.buffer, expr, scope)
 
     def compute(self, m, scope: _Scope) -> str:
         """Emit member m's body in `scope` (its reads already available) and return its value."""
@@ -531,7 +521,7 @@ def finish_node(mix: MixOrderNode) -> FusedNode:
     return FusedNode(f"{mix.name}_finish", tuple(nodes), cols, (n_splits,))
 
 
-MIX_FORMS = ("mix_order", "mix_order_acc2d", "mix_order_pipelined")
+MIX_FORMS = ("mix_order", "mix_order_acc2d")
 
 
 def generate_mix(mix: MixOrderNode, graph, interpret: bool, blocks: dict,
@@ -541,11 +531,15 @@ def generate_mix(mix: MixOrderNode, graph, interpret: bool, blocks: dict,
 
     - "mix_order": the column partials are one row [1, RBLOCK] that each row block is summed into;
     - "mix_order_acc2d": a [XBLOCK, RBLOCK] tile of partials, summed once at the end (no cross-row sum
-      per block: the form for several rows per block);
-    - "mix_order_pipelined": as "mix_order", and the loads of the next row block are issued before this
-      block is computed (software pipelining by hand, values double-buffered in registers), so that a
-      program always has memory requests in flight. On an H200, bfloat16 LayerNorm backward (576000, 384)
-      went from 431 to 392 µs with it in a hand-written kernel of this shape."""
+      per block: the form for several rows per block).
+
+    The loop over a program's row blocks is `tl.range(..., num_stages=STAGES)`: with STAGES > 1 Triton
+    pipelines its loads through shared memory (asynchronous copies issued STAGES - 1 blocks ahead), so a
+    program keeps memory requests in flight while it computes, without holding them in registers. Its
+    loads feed no `tl.dot`, so only this per-loop request pipelines them. On an H200, bfloat16 LayerNorm
+    backward (576000, 384) took 329 µs with four stages against 409 without and 385 with the look-ahead
+    loads written by hand into registers (the form this replaced); (32768, 4096) 207 against 268 and 222.
+    """
     from ...ir.loops import shape
 
     assert form in MIX_FORMS, form
@@ -569,13 +563,6 @@ def generate_mix(mix: MixOrderNode, graph, interpret: bool, blocks: dict,
         # LayerNorm backward 32768x4096); the interpreter needs the builtin-only form (see printer)
         return f"tl.reduce({x}, 0, _sum_combine)" if interpret else f"tl.sum({x}, 0)"
 
-    def row_block(offset: str, suffix: str = "") -> None:
-        """xindex, xmask and the o variables of the row block starting `offset` rows into the split."""
-        w.emit(f"xindex{suffix} = row_start + {offset} + tl.arange(0, XBLOCK)[:, None]")
-        w.emit(f"xmask{suffix} = (xindex{suffix} < xnumel) & ({offset} + tl.arange(0, XBLOCK)[:, None] < SPLIT)")
-        for vname, src in _decompose("o", rows, f"xindex{suffix}"):
-            w.emit(f"{vname}{suffix} = {src}")
-
     w._rindex("")
     accs = {}
     for m in in_loop_cols:
@@ -593,25 +580,12 @@ def generate_mix(mix: MixOrderNode, graph, interpret: bool, blocks: dict,
 
     w.emit(f"row_start = {pid} * SPLIT")
     scope = _Scope(per_kernel)
-    ahead: dict = {}  # pipelined: load key -> the variable holding the next block's value
-    if form == "mix_order_pipelined":
-        # the first block's loads before the loop; in the loop, this block's values are taken over and the
-        # next block's loads issued (masked off past the split) before any of this block's arithmetic
-        row_block("0", "_n")
-        for buffer, expr in w.outside_loads(keep=_has_outer):
-            key = w.load_key(buffer, expr)
-            ahead[key] = w.tmp()
-            w.emit(f"{ahead[key]} = {_next_load(w, key)}")
-    w.emit("for xoffset in range(0, SPLIT, XBLOCK):")
+    w.emit("for xoffset in tl.range(0, SPLIT, XBLOCK, num_stages=STAGES):")
     w.indent += 1
-    row_block("xoffset")
-    if ahead:
-        for key, var in ahead.items():
-            scope.loads[key] = w.tmp()
-            w.emit(f"{scope.loads[key]} = {var}")
-        row_block("xoffset + XBLOCK", "_n")
-        for key, var in ahead.items():
-            w.emit(f"{var} = {_next_load(w, key)}")
+    w.emit("xindex = row_start + xoffset + tl.arange(0, XBLOCK)[:, None]")
+    w.emit("xmask = (xindex < xnumel) & (xoffset + tl.arange(0, XBLOCK)[:, None] < SPLIT)")
+    for vname, src in _decompose("o", rows, "xindex"):
+        w.emit(f"{vname} = {src}")
     w.prefetch(scope)
     w.emit_members(scope, column)
     w.indent -= 1
@@ -620,10 +594,10 @@ def generate_mix(mix: MixOrderNode, graph, interpret: bool, blocks: dict,
             part = f"{colsum(accs[m.name])}[None, :]" if acc2d else accs[m.name]
             w.emit(f"tl.store({w.ptr(workspace_name(m))} + {pid} * rnumel + rindex, {part}, rmask)")
     # SPLIT (rows per program) is a run-time argument: the autotuner times several without recompiling
-    body = w.header(["XBLOCK", "RBLOCK"], int64, extra=["SPLIT"]) + w.lines
+    body = w.header(["XBLOCK", "RBLOCK", "STAGES"], int64, extra=["SPLIT"]) + w.lines
     prelude = printer.PRELUDE_INTERPRETER if interpret else printer.PRELUDE_GPU
     sizes = tuple(("size", s) for s in sorted(w.sizes, key=str))
-    constants = {k: blocks[k] for k in ("XBLOCK", "RBLOCK", "SPLIT")}
+    constants = {k: blocks[k] for k in ("XBLOCK", "RBLOCK", "SPLIT")} | {"STAGES": blocks.get("STAGES", 1)}
     src = KernelSource(name, _source(prelude, body), name, tuple(w.args.values()) + sizes, product(rows),
                        product(cols), form, constants, blocks.get("num_warps", 4), "SPLIT")
     return src, finish
@@ -631,12 +605,6 @@ def generate_mix(mix: MixOrderNode, graph, interpret: bool, blocks: dict,
 
 def _has_outer(expr) -> bool:
     return any(v.name.startswith("o") for v in expr.free_symbols)
-
-
-def _next_load(w: KernelWriter, key) -> str:
-    """The load of `key` = (buffer, index source, mask) for the next row block (the `_n` variables)."""
-    buffer, index, mask = key
-    return w.load_src(buffer, re.sub(r"\b(o\d+)\b", r"\1_n", index), mask and mask.replace("xmask", "xmask_n"))
 
 
 def workspace_layouts(mix: MixOrderNode) -> dict:

@@ -41,6 +41,43 @@ def _pow2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 
 
+MIX_STAGES = (3, 4)  # pipelined row loops timed on a GPU (1: not pipelined, the baseline)
+
+
+def _mix_candidates(form: str, rb: int, split: int, interpret: bool) -> list:
+    """(form, blocks, warps) for a mix-order kernel whose rows are `rb` (a power of two) wide.
+
+    Under the interpreter: one large block, not pipelined. On a GPU, each configuration with its row loop
+    pipelined three and four stages deep (see kernel.generate_mix), and one row per block unpipelined as
+    the baseline that always compiles. Row blocks: one row on the usual warps, half and twice as many;
+    two rows with the one-row accumulator only where each thread holds its columns of both rows (rows
+    spread over warps make the per-block column sum cross warps: 2.8 ms instead of 0.36 on an H200 at
+    (576000, 384)) and at most 32 elements of a block per thread; `mix_order_acc2d` tiles of two to
+    eight rows (up to 8192 elements) on the usual warps and half as many. On an H200 the best bfloat16
+    LayerNorm backwards were acc2d with four rows on two warps, four stages (576000, 384: 329 µs), and
+    acc2d with two rows on sixteen warps, four stages (32768, 4096: 207 µs); all fast configurations
+    were within 3% of those."""
+    def cand(xb, w, stages):
+        return form, {"XBLOCK": xb, "RBLOCK": rb, "SPLIT": split, "STAGES": stages}, w
+
+    xbs = [xb for xb in (1, 2, 4, 8, 16) if xb <= _pow2(split)]
+    if interpret:
+        xb = max([x for x in xbs if x * rb <= INTERP_BLOCK] or [1])
+        return [cand(xb, 4 if xb * rb <= 2048 else 8, 1)]
+    configs = []  # (rows per block, warps)
+    if form == "mix_order":
+        usual = _warps(rb)
+        configs += [(1, w) for w in dict.fromkeys(usual + (min(16, 2 * usual[0]),))]
+        if 2 in xbs:  # 8 bf16 columns per thread per load (16 bytes): rb / 8 threads along a row
+            configs += [(2, w) for w in (1, 2, 4, 8, 16) if 2 * rb <= 32 * 32 * w and rb // 8 >= 32 * w]
+    else:
+        configs += [(xb, w) for xb in xbs if 2 <= xb <= 8 and xb * rb <= 8192 for w in _warps(xb * rb)]
+    out = [cand(xb, w, st) for xb, w in configs for st in MIX_STAGES]
+    if form == "mix_order":
+        out.append(cand(1, _warps(rb)[0], 1))
+    return out
+
+
 @attrs.define
 class KernelInfo:
     """One generated kernel, for the report."""
@@ -110,28 +147,7 @@ class _Kernel:
                     if not any(c[0] == "looped" for c in out):
                         out.append((variant, {"XBLOCK": 1, "RBLOCK": min(2048, _pow2(rnumel))}, 4))
             elif variant.startswith("mix_order"):
-                rb = _pow2(rnumel)
-                split = src.constants["SPLIT"]
-                xbs = [xb for xb in (1, 2, 4, 8, 16) if xb * rb <= (INTERP_BLOCK if self.interpret else 8192)
-                       and xb * rb >= min(1024, rb) and xb <= _pow2(split)] or [1]
-                if self.interpret:
-                    out.append((variant, {"XBLOCK": xbs[-1], "RBLOCK": rb, "SPLIT": split}, 4 if xbs[-1] * rb <= 2048 else 8))
-                    continue
-                # with one row per block mix_order and mix_order_acc2d are the same kernel: time it once
-                # (as mix_order); several rows per block with the [XBLOCK, RBLOCK] accumulator, and
-                # with the one-row accumulator only two rows on one or two warps, where each thread
-                # holds its columns of both rows and the per-block cross-row sum stays in its registers
-                # (with more warps it crosses warps: measured 2-5x slower at (32768, 4096); two rows on
-                # one warp was the best bfloat16 LayerNorm backward at (576000, 384) on an H200, 374 µs
-                # against 386 for one row per block)
-                for xb in [xb for xb in xbs if (xb == 1) == (variant != "mix_order_acc2d")]:
-                    warps = _warps(xb * rb)
-                    # and twice the usual warps: the loop body has more work than a plain row
-                    warps = dict.fromkeys((min(16, 2 * warps[0]),) + warps)
-                    out += [(variant, {"XBLOCK": xb, "RBLOCK": rb, "SPLIT": split}, w) for w in warps]
-                if variant != "mix_order_acc2d" and split >= 2:
-                    out += [(variant, {"XBLOCK": 2, "RBLOCK": rb, "SPLIT": split}, w) for w in (1, 2)
-                            if 2 * rb <= 32 * 32 * w]  # at most 32 elements of a block per thread
+                out += _mix_candidates(variant, _pow2(rnumel), src.constants["SPLIT"], self.interpret)
         if not out:  # rows too long to keep: only the looped form, whatever the heuristics say
             raise Unsupported("no kernel variant fits")
         if self.interpret:  # the interpreter's cost is per program and op: prefer persistent
@@ -219,26 +235,30 @@ class _Kernel:
 MAX_PROGRAMS_PER_SM = 32  # resident blocks per SM on recent NVIDIA GPUs: the most a split may ask for
 
 
-def _resident(regs: int, warps: int) -> int:
-    """Programs of `warps` warps using `regs` registers a thread that one SM holds at once."""
+def _resident(regs: int, warps: int, smem: int = 0) -> int:
+    """Programs of `warps` warps using `regs` registers a thread and `smem` bytes of shared memory that
+    one SM holds at once."""
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     per_sm = getattr(props, "regs_per_multiprocessor", 65536)
     max_warps = getattr(props, "max_threads_per_multi_processor", 2048) // 32
     per_warp = -(-regs * 32 // 256) * 256  # registers are given to a warp 256 at a time
-    return max(1, min(MAX_PROGRAMS_PER_SM, max_warps // warps, per_sm // (per_warp * warps)))
+    # the shared memory an SM has (228 KiB on Hopper), 1 KiB of it reserved per program
+    by_smem = getattr(props, "shared_memory_per_multiprocessor", 233472) // (smem + 1024)
+    return max(1, min(MAX_PROGRAMS_PER_SM, max_warps // warps, per_sm // (per_warp * warps), by_smem))
 
 
 class _MixKernel(_Kernel):
     """A mix-order kernel, whose rows per program (SPLIT, a run-time argument) is chosen with its
     configuration when the node allows it (`MixOrderNode.tune_split`). The configurations are timed at
     the IR's split; the leaders are then timed at the splits that give whole waves — one to four times
-    the programs all SMs hold at once, from the compiled kernel's registers and warps — each followed by
-    the finishing kernel, which sums one workspace row per program. On an H200, bfloat16 LayerNorm
-    backward (576000, 384), two rows a block on two warps (115 registers: 8 programs per SM) took 413 µs
-    at 128 rows per program (4500 programs: four waves of 1056 and a fifth a quarter full) and 385 µs at
-    546 (one wave); one row on two warps (72 registers: 14 per SM) 388 µs at one, two or three waves and
-    430-500 µs at splits that were not. Not rounded to a multiple of 16 (which Triton specializes on): 560
-    rows (1029 programs) took 396 µs."""
+    the programs all SMs hold at once, from the compiled kernel's registers, warps and shared memory —
+    each followed by the finishing kernel, which sums one workspace row per program. On an H200, bfloat16
+    LayerNorm backward (576000, 384) with the loads of the next rows held in registers (two rows a block,
+    two warps, 8 programs per SM) took 413 µs at 128 rows per program (4500 programs: four waves of 1056
+    and a fifth a quarter full) and 385 µs at 546 (one wave); not rounded to a multiple of 16 (which
+    Triton specializes on): 560 rows took 396 µs. With the loads pipelined through shared memory the
+    split matters less (four rows on two warps, 4 per SM: 329, 330 and 332 µs at one, two and three
+    waves), and fewer, longer programs still make the finishing kernel cheaper."""
 
     def __init__(self, *a, split: int, tune_split: bool, **kw):
         super().__init__(*a, **kw)
@@ -253,10 +273,10 @@ class _MixKernel(_Kernel):
         sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
         return max(16, math.ceil(xnumel / (sms * MAX_PROGRAMS_PER_SM)))
 
-    def splits(self, xnumel: int, regs: int, warps: int) -> list[int]:
+    def splits(self, xnumel: int, regs: int, warps: int, smem: int = 0) -> list[int]:
         """The IR's split and the splits that give one to four whole waves of programs."""
         sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-        wave = sms * _resident(regs, warps)
+        wave = sms * _resident(regs, warps, smem)
         floor = self._floor(xnumel)
         waves = {math.ceil(xnumel / (wave * k)) for k in (1, 2, 3, 4)}
         return sorted({self.split} | {s for s in waves if s >= floor})
@@ -277,9 +297,12 @@ class _MixKernel(_Kernel):
         leaders = self._leaders(self._time(self.candidates(xnumel, rnumel), args, xnumel, rnumel))
         timed = []
         for v, b, w in leaders:
-            # the compiled kernel says its registers (64, a common figure, if this Triton does not)
-            regs = getattr(self.launch((v, b, w), args, xnumel, rnumel), "n_regs", 0) or 64
-            for split in self.splits(xnumel, regs, w):
+            # the compiled kernel says its registers (64, a common figure, if this Triton does not) and
+            # its shared memory (the pipelined loads' buffers)
+            compiled = self.launch((v, b, w), args, xnumel, rnumel)
+            regs = getattr(compiled, "n_regs", 0) or 64
+            smem = getattr(getattr(compiled, "metadata", None), "shared", 0) or 0
+            for split in self.splits(xnumel, regs, w, smem):
                 if b["XBLOCK"] <= split:
                     c = (v, dict(b, SPLIT=split), w)
                     t = self._bench(c, args, xnumel, rnumel, after)
