@@ -217,6 +217,24 @@ def test_norm_backward_mix_order(norm, shape, dtype):
     assert plain.bytes_accessed >= 1.5 * minimum_bytes(bwd)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(512, 64), (4, 32, 48)])
+def test_bias_gradient_mixes_with_the_pointwise_gradient(shape, dtype):
+    # gelu(h + b) backward: dh is pointwise over rows x columns and db is its sum over the rows; as one
+    # mix-order node (no row reduction) h and dy are read once, dh written once, db summed on the way
+    fn = lambda h, b: torch.nn.functional.gelu(h + b)
+    h = torch.randn(*shape, dtype=dtype, requires_grad=True)
+    b = torch.randn(shape[-1], dtype=dtype, requires_grad=True)
+    bwd = assert_matches_eager(fn, [h, b]).reports[-1]
+    (mix,) = [n for n in bwd.graph.nodes() if isinstance(n, MixOrderNode)]
+    assert len(bwd.graph) == 1 and mix.rows == h.numel() // shape[-1] and mix.columns == shape[-1]
+    assert bwd.bytes_accessed <= 1.15 * minimum_bytes(bwd)
+    plain = assert_matches_eager(fn, [h, b], pipeline="dce, repeat(fuse, reorder_loops)").reports[-1]
+    workspace = 2 * int(mix.workspace_bytes())  # written, then read by the finishing kernel
+    assert plain.kernels == 2  # dh read back by the column sum instead of the workspace
+    assert plain.bytes_accessed - bwd.bytes_accessed == h.numel() * h.element_size() - workspace
+
+
 def test_transpose_fuses_only_with_reorder_loops():
     fn = lambda x: (x.exp().t() + 1).sin()
     x = torch.randn(16, 24)

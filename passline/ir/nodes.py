@@ -394,8 +394,9 @@ class FusedNode(_GroupNode):
 class MixOrderNode(_GroupNode):
     """A row-reduction group and column-reduction groups over the same rows, in one kernel.
 
-    `row` reduces over the columns of each row (ranges = rows | reduction = columns); each of `cols`
-    reduces over the rows for each column (ranges = columns | reduction = rows). The kernel walks blocks
+    `row` reduces over the columns of each row (ranges = rows | reduction = columns), or is a group of
+    pointwise work over the same loops with no reduction (a bias gradient's dh); each of `cols` reduces
+    over the rows for each column (ranges = columns | reduction = rows). The kernel walks blocks
     of `split_rows` rows: it finishes each row's reduction and epilogue, and adds the block's column
     partial sums into a workspace [n_splits, columns]; a small reduction over the splits finishes the
     column results (and their epilogues). `split_rows` is the block size the IR's byte counts and the

@@ -8,6 +8,11 @@ side (ranges = columns | reduction = rows) adds the block's partial sums into a 
 [n_splits, columns], and a small reduction over the splits finishes them. Casts and divisions after the
 column reduction ride along as its epilogue.
 
+The row side may also be pointwise work whose loops are the column reduction's rows then its columns (a
+bias gradient: db is the sum over the rows of the dh that the pointwise side computes): it becomes a
+group over (rows | columns) with every member inside the column loop, and dh is summed as it is written
+instead of being read back by a reduction with one program per few columns.
+
 Gates (options): columns ≤ max_columns; rows ≥ min_rows; column reductions only of `reduction_types`
 (comma-separated; partial results must combine by the same reduction); at most `max_reads` distinct
 buffers read. Refuses: sides that do not share a buffer; a column side whose per-point work needs a
@@ -19,7 +24,7 @@ from typing import Annotated
 
 import sympy
 
-from ..ir import Extern, FusedNode, MixOrderNode, Reduction
+from ..ir import Extern, FusedNode, MixOrderNode, Pointwise, Reduction
 from ..ir.index import product
 from ..ir.loops import canonical_map, members, role, shape
 from ..pipeline.registry import register_pass
@@ -81,6 +86,19 @@ def _problem(graph, row, col, max_columns, min_rows, types, max_reads, rows, col
     return None
 
 
+def _row_group(base, rows, cols, col):
+    """The row side `base` as the transpose of column reduction `col`, or None. A reduction (or fused
+    group) over (rows | columns) is itself; pointwise work over rows + columns is viewed as a group over
+    (rows | columns) with every member inside the column loop, where `col` splits its loops so (a bias
+    gradient: the sum over rows of the gradient the pointwise side computes)."""
+    c_cols, c_rows = shape(col)
+    if cols:
+        return base if (c_cols, c_rows) == (cols, rows) else None
+    if not c_rows or tuple(rows) != tuple(c_rows) + tuple(c_cols):
+        return None
+    return FusedNode(base.name, tuple(members(base)), c_rows, c_cols)
+
+
 def _auto_split(rows) -> int:
     """Rows per block: 128 (as Inductor's mix-order kernels), fewer when that would leave under 256
     blocks for a GPU's 132 multiprocessors, never under 16 so the workspace stays small against the data.
@@ -100,7 +118,8 @@ def mix_order_reduction(graph, ctx, *,
                         reduction_types: Annotated[str, "column reductions allowed, comma-separated"] = "sum",
                         max_reads: Annotated[int, "most distinct buffers the mixed kernel reads"] = 10,
                         split_rows: Annotated[int, "rows per block (0: automatic, and tuned on a GPU)"] = 0):
-    """Merge a row reduction with transposed column reductions of the same data into one kernel."""
+    """Merge a row reduction, or pointwise work over rows x columns, with transposed column reductions of
+    the same data into one kernel."""
     types = {t.strip() for t in reduction_types.split(",") if t.strip()}
     changed = True
     while changed:
@@ -109,15 +128,17 @@ def mix_order_reduction(graph, ctx, *,
         for row in nodes:
             base = row.row if isinstance(row, MixOrderNode) else row
             rows, cols = shape(base)
-            if not cols or not isinstance(base, (FusedNode, Reduction)):
+            if not isinstance(base, (FusedNode, Reduction, Pointwise)) or (not cols and isinstance(row, MixOrderNode)):
                 continue
             for col in nodes:
                 if col is row or col.name not in graph or row.name not in graph:
                     continue
-                if shape(col) != (cols, rows):
+                group = _row_group(base, rows, cols, col)
+                if group is None:
                     continue
-                problem = _problem(graph, base if not isinstance(row, MixOrderNode) else row, col, max_columns,
-                                   min_rows, types, max_reads, rows, cols)
+                g_rows, g_cols = shape(group)
+                problem = _problem(graph, group if not isinstance(row, MixOrderNode) else row, col, max_columns,
+                                   min_rows, types, max_reads, g_rows, g_cols)
                 if problem:
                     ctx.refuse("mix-order gate", row, col, problem) if _known(ctx, row, col) else None
                     continue
@@ -126,7 +147,7 @@ def mix_order_reduction(graph, ctx, *,
                 if isinstance(row, MixOrderNode):
                     new = MixOrderNode(row.name, row.row, row.cols + (col,), row.split_rows, row.tune_split)
                 else:
-                    new = MixOrderNode(f"mix_{row.name}", row, (col,), split_rows or _auto_split(rows),
+                    new = MixOrderNode(f"mix_{row.name}", group, (col,), split_rows or _auto_split(g_rows),
                                        tune_split=not split_rows)
                 position = min(graph.nx.nodes[row.name]["order"], graph.nx.nodes[col.name]["order"])
                 graph.remove_node(row.name)

@@ -291,7 +291,7 @@ def _describe(node) -> str:
         return head + "".join("\n  " + _describe(m).replace("\n", "\n  ") for m in node.nodes)
     if isinstance(node, MixOrderNode):
         head = (f"{node.name}: mix_order rows={node.rows} cols={node.columns} split_rows={node.split_rows} "
-                f"(row reduction {node.row.name}; column reductions {', '.join(c.name for c in node.cols)})")
+                f"(row side {node.row.name}; column reductions {', '.join(c.name for c in node.cols)})")
         return head + "".join("\n  " + _describe(g).replace("\n", "\n  ") for g in (node.row, *node.cols))
     if isinstance(node, (Pointwise, Reduction)):
         head = f"{node.name}: {node.kind}"

@@ -198,19 +198,21 @@ class _Kernel:
                 after(c)
         return do_bench(go, warmup=5, rep=rep, return_mode="median")
 
-    def _time(self, cands, args, xnumel, rnumel) -> list:
+    def _time(self, cands, args, xnumel, rnumel, after=None, place=None) -> list:
         """[(seconds, candidate)], fastest first; a configuration that does not compile (too many
-        registers) is no candidate."""
+        registers) is no candidate. `place(candidate, compiled)`, where given, gives the candidate to time
+        once its kernel is compiled (a mix-order kernel's split, from its registers)."""
         timed = []
         for c in cands:
             try:
                 compiled = self.launch(c, args, xnumel, rnumel)
-                t = self._bench(c, args, xnumel, rnumel)
+                c = place(c, compiled) if place is not None else c
+                t = self._bench(c, args, xnumel, rnumel, after)
             except Exception as e:
                 self.info.timings[f"{c[0]} {c[1]}"] = repr(e)[:80]
                 continue
             regs = f" regs={getattr(compiled, 'n_regs', '?')} spills={getattr(compiled, 'n_spills', '?')}"
-            self.info.timings[f"{c[0]} {c[1]} w{c[2]}{regs}"] = t
+            self.info.timings[f"{c[0]} {c[1]} w{c[2]}{regs}" + (" +finish" if after else "")] = t
             timed.append((t, c))
         if not timed:
             raise RuntimeError(f"no kernel configuration of {self.info.name} ran")
@@ -249,10 +251,12 @@ def _resident(regs: int, warps: int, smem: int = 0) -> int:
 
 class _MixKernel(_Kernel):
     """A mix-order kernel, whose rows per program (SPLIT, a run-time argument) is chosen with its
-    configuration when the node allows it (`MixOrderNode.tune_split`). The configurations are timed at
-    the IR's split; the leaders are then timed at the splits that give whole waves — one to four times
-    the programs all SMs hold at once, from the compiled kernel's registers, warps and shared memory —
-    each followed by the finishing kernel, which sums one workspace row per program. On an H200, bfloat16
+    configuration when the node allows it (`MixOrderNode.tune_split`). Each configuration is timed at
+    one whole wave — as many programs as all SMs hold at once, from the compiled kernel's registers, warps
+    and shared memory — and the leaders again at the IR's split and two to four whole waves, each time
+    followed by the finishing kernel, which sums one workspace row per program. (Timed first at the IR's
+    split, the configurations that win at a whole wave were sometimes not among the leaders: 350 or 362
+    µs from one run to the next, bfloat16 LayerNorm backward (576000, 384).) On an H200, bfloat16
     LayerNorm backward (576000, 384) with the loads of the next rows held in registers (two rows a block,
     two warps, 8 programs per SM) took 413 µs at 128 rows per program (4500 programs: four waves of 1056
     and a fifth a quarter full) and 385 µs at 546 (one wave); not rounded to a multiple of 16 (which
@@ -273,13 +277,16 @@ class _MixKernel(_Kernel):
         sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
         return max(16, math.ceil(xnumel / (sms * MAX_PROGRAMS_PER_SM)))
 
-    def splits(self, xnumel: int, regs: int, warps: int, smem: int = 0) -> list[int]:
-        """The IR's split and the splits that give one to four whole waves of programs."""
+    def splits(self, xnumel: int, compiled, warps: int) -> list[int]:
+        """The splits that give one to four whole waves of programs (the first: one wave), from what the
+        compiled kernel says of its registers (64, a common figure, if this Triton does not) and its
+        shared memory (the pipelined loads' buffers); those under the smallest split allowed are left out."""
         sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+        regs = getattr(compiled, "n_regs", 0) or 64
+        smem = getattr(getattr(compiled, "metadata", None), "shared", 0) or 0
         wave = sms * _resident(regs, warps, smem)
         floor = self._floor(xnumel)
-        waves = {math.ceil(xnumel / (wave * k)) for k in (1, 2, 3, 4)}
-        return sorted({self.split} | {s for s in waves if s >= floor})
+        return [s for s in dict.fromkeys(math.ceil(xnumel / (wave * k)) for k in (1, 2, 3, 4)) if s >= floor]
 
     def workspace_rows(self, xnumel: int) -> int:
         """Rows of each workspace: one per program at the smallest split that may be tried."""
@@ -293,16 +300,21 @@ class _MixKernel(_Kernel):
         return self._remembered(ckey, lambda: self._pick_split(args, xnumel, rnumel, after))
 
     def _pick_split(self, args, xnumel, rnumel, after):
-        """Configurations timed at the IR's split; the leaders again at whole waves, finish included."""
-        leaders = self._leaders(self._time(self.candidates(xnumel, rnumel), args, xnumel, rnumel))
+        """Each configuration timed at one whole wave of its programs, the leaders again at the IR's split
+        and two to four whole waves; the finishing kernel is timed after each."""
+        waves: dict = {}  # configuration (split left out) -> its whole-wave splits
+
+        def config(c) -> tuple:
+            return c[0], tuple((k, x) for k, x in c[1].items() if k != "SPLIT"), c[2]
+
+        def one_wave(c, compiled):
+            waves[config(c)] = self.splits(xnumel, compiled, c[2])
+            return c[0], dict(c[1], SPLIT=(waves[config(c)] or [self.split])[0]), c[2]
+
         timed = []
-        for v, b, w in leaders:
-            # the compiled kernel says its registers (64, a common figure, if this Triton does not) and
-            # its shared memory (the pipelined loads' buffers)
-            compiled = self.launch((v, b, w), args, xnumel, rnumel)
-            regs = getattr(compiled, "n_regs", 0) or 64
-            smem = getattr(getattr(compiled, "metadata", None), "shared", 0) or 0
-            for split in self.splits(xnumel, regs, w, smem):
+        for v, b, w in self._leaders(self._time(self.candidates(xnumel, rnumel), args, xnumel, rnumel, after,
+                                                one_wave)):
+            for split in dict.fromkeys([b["SPLIT"], self.split] + waves[config((v, b, w))]):
                 if b["XBLOCK"] <= split:
                     c = (v, dict(b, SPLIT=split), w)
                     t = self._bench(c, args, xnumel, rnumel, after)
