@@ -96,7 +96,7 @@ def _row_group(base, rows, cols, col):
         return base if (c_cols, c_rows) == (cols, rows) else None
     if not c_rows or tuple(rows) != tuple(c_rows) + tuple(c_cols):
         return None
-    return FusedNode(base.name, tuple(members(base)), c_rows, c_cols)
+    return FusedNode(base.name, members(base), c_rows, c_cols)
 
 
 def _auto_split(rows) -> int:

@@ -210,16 +210,14 @@ class KernelWriter:
         says so). A reduction's cross-thread sum ends in a barrier that the compiler does not move loads
         above, so a load written after a reduction would wait for it and then stall the program; issued
         first, all of a block's memory requests are in flight together (as in Inductor's kernels)."""
-        seen: set = set()
         for m in self.nodes:
             cmap = None
             for node in walk(m.body):
                 if isinstance(node, Load) and node.buffer not in self.by_output:
                     cmap = self.canon(m) if cmap is None else cmap
                     expr = sympy.expand(node.index.xreplace(cmap))
-                    if (node.buffer, expr) not in seen and (keep is None or keep(expr)):
-                        seen.add((node.buffer, expr))
-                        self.load(node.buffer, expr, scope)
+                    if keep is None or keep(expr):
+                        self.load(node.buffer, expr, scope)  # once per address: load() looks in the scopes
 
     def compute(self, m, scope: _Scope) -> str:
         """Emit member m's body in `scope` (its reads already available) and return its value."""

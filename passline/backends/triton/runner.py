@@ -311,11 +311,12 @@ class _MixKernel(_Kernel):
             waves[config(c)] = self.splits(xnumel, compiled, c[2])
             return c[0], dict(c[1], SPLIT=(waves[config(c)] or [self.split])[0]), c[2]
 
-        timed = []
-        for v, b, w in self._leaders(self._time(self.candidates(xnumel, rnumel), args, xnumel, rnumel, after,
-                                                one_wave)):
-            for split in dict.fromkeys([b["SPLIT"], self.split] + waves[config((v, b, w))]):
-                if b["XBLOCK"] <= split:
+        first = self._time(self.candidates(xnumel, rnumel), args, xnumel, rnumel, after, one_wave)
+        leaders = self._leaders(first)
+        timed = [(t, c) for t, c in first if c in leaders]  # each leader's one-wave time is kept
+        for v, b, w in leaders:
+            for split in dict.fromkeys([self.split] + waves[config((v, b, w))]):
+                if split != b["SPLIT"] and b["XBLOCK"] <= split:
                     c = (v, dict(b, SPLIT=split), w)
                     t = self._bench(c, args, xnumel, rnumel, after)
                     self.info.timings[f"{v} {c[1]} w{w} +finish"] = t
