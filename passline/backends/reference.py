@@ -15,6 +15,7 @@ import torch
 from ..ir import (Cast, Constant, Extern, FusedNode, IndexValue, Load, MixOrderNode, Op, Pointwise, Reduction,
                   TensorArg, walk)
 from ..ir.index import FloorDiv, ModularIndexing
+from ..lowering.sizes import runtime_value
 from ..pipeline.graph import SchedulerGraph
 
 _TORCH_OPS: dict[str, Callable] = {
@@ -140,8 +141,8 @@ class ReferenceRunner:
         if isinstance(o, TensorArg):
             t = env[o.buffer]
             return t.as_strided(bind.ints(o.size), bind.ints(o.stride), t.storage_offset() + bind.int(o.offset))
-        if isinstance(o, sympy.Expr):
-            return bind.int(o)
+        if isinstance(o, sympy.Basic):
+            return runtime_value(o, bind.values)
         return o
 
     def _arg(self, x, env, bind: _Bindings):
