@@ -364,6 +364,7 @@ class TritonRunner:
                 self.steps.append(("reference", node, None))
         self._plan_memory()
         self._bind = None  # static shapes: the first call's binding, reused by every call
+        self._binds: dict = {}  # dynamic shapes: recent bindings by their sizes (a training loop repeats them)
         self._plans: dict = {}  # static shapes: buffer name -> (sizes, strides, bytes)
         self._ws_layouts: dict = {}  # (mix kernel, rows) -> its workspaces' layouts
 
@@ -446,12 +447,22 @@ class TritonRunner:
             pool.setdefault(key, []).append(flat)
 
     # -- run ----------------------------------------------------------------------------------------
+    def _binding(self, args) -> _Bindings:
+        """The sizes of this call. A binding memoizes its sympy -> int conversions, so calls with sizes
+        seen before reuse theirs instead of evaluating every size expression again."""
+        bind = _Bindings(self.graph, args)
+        if not bind.values:
+            self._bind = bind
+            return bind
+        key = tuple(bind.values.items())
+        if key not in self._binds and len(self._binds) >= 16:
+            self._binds.clear()
+        return self._binds.setdefault(key, bind)
+
     def __call__(self, *args):
         # static shapes (nothing to bind): one binding for every call, its sympy -> int conversions
         # memoized (the wrapper's Python time runs before the first kernel and between kernels)
-        bind = self._bind or _Bindings(self.graph, args)
-        if self._bind is None and not bind.values:
-            self._bind = bind
+        bind = self._bind or self._binding(args)
         env: dict = {}
         pool: dict = {}
         owned: dict = {}
