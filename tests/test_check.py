@@ -171,6 +171,26 @@ def test_inputs_written_in_place_are_restored_before_the_fallback(sign_flip):
     torch.testing.assert_close(out, fn(x0.clone()))
 
 
+def test_a_failing_oracle_leaves_the_graph_compiled_and_says_so(monkeypatch):
+    class Failing(check_module.ReferenceRunner):
+        def __call__(self, *args):
+            raise RuntimeError("out of memory (pretend)")
+
+    monkeypatch.setattr(check_module, "ReferenceRunner", Failing)  # the oracle only
+    fn = lambda x: x.exp() * 2
+    x = torch.randn(6)
+    torch._dynamo.reset()
+    be = passline.backend(pipeline="dce", codegen="reference", check=True)
+    with pytest.warns(UserWarning, match="graph inference0 could not be checked.*out of memory"):
+        torch.testing.assert_close(torch.compile(fn, backend=be)(x), fn(x))
+    c = be.reports[0].check
+    assert c.ok is None and "out of memory" in c.message and be.failures == []
+    torch._dynamo.reset()
+    with pytest.raises(RuntimeError, match="out of memory"):  # fallback="raise" shows the error itself
+        torch.compile(fn, backend=passline.backend(pipeline="dce", codegen="reference", check=True,
+                                                   fallback="raise"))(x)
+
+
 # -- (c) PASSLINE_CHECK=1 switches it on ----------------------------------------------------------------
 def test_environment_variable_enables_the_guard(sign_flip, monkeypatch):
     fn = lambda x: ((x * 2 + 1).exp() - 3).tanh()

@@ -274,10 +274,11 @@ def save_reproducer(name: str, gm, inputs, pipeline: str, pass_limit, decision_l
 class CheckReport:
     """The accuracy guard's verdict on one compiled graph (`report.check`)."""
 
-    ok: bool
+    ok: bool | None  # None: not checked, the oracle failed (`message` says how)
     graph: str  # the report name: forward0, backward1, ...
     seconds: float  # first-call cost of the check: the oracle run and the comparison
     mismatch: Mismatch | None = None  # the worst output
+    message: str = ""
     bisect: BisectReport | None = None
     reproducer: str | None = None
     bisect_seconds: float = 0.0
@@ -301,6 +302,8 @@ class CheckReport:
     def __str__(self):
         if self.ok:
             return f"check {self.graph}: matches the reference backend ({self.seconds * 1e3:.1f} ms)"
+        if self.ok is None:
+            return f"check {self.graph}: not checked, the reference backend failed: {self.message}"
         return (f"check {self.graph}: differs from the reference backend at {self.mismatch}; "
                 f"culprit: {self.culprit}; reproducer: {self.reproducer} (passline.replay(path) re-runs it)")
 
@@ -333,15 +336,21 @@ class Guard:
         # copies taken before the runner wrote, and a fallback puts the originals back first.
         t0 = time.perf_counter()
         before = _clone(args) if self.mutated else None
-        cloned = time.perf_counter() - t0
+        spent = time.perf_counter() - t0
         got = self.runner(*args)
-        t0 = time.perf_counter() - cloned  # the check's cost leaves the runner's own first call out
-        expected = self.oracle(*(_clone(before) if before is not None else args))
-        names = output_names(self.gm)
-        mismatch = worst_mismatch(_as_list(got), expected, names)
-        self.report.check = CheckReport(mismatch is None, self.report.name, time.perf_counter() - t0, mismatch)
+        t0 = time.perf_counter()  # the check's cost leaves the runner's own first call out
+        try:
+            expected = self.oracle(*(_clone(before) if before is not None else args))
+            mismatch = worst_mismatch(_as_list(got), expected, output_names(self.gm))
+        except Exception as e:  # e.g. out of memory: the oracle's gathers take more than generated kernels
+            return self._unchecked(got, e)
+        finally:
+            self.oracle = None  # one check per graph: free what it held
+        self.report.check = CheckReport(mismatch is None, self.report.name, spent + time.perf_counter() - t0,
+                                        mismatch)
         if mismatch is None:
             self.call = self.runner  # from now on no extra work at all
+            self.example_inputs = None  # kept for a bisection only
             return got
         self.call = self.gm.forward  # wrong once: eager for good
         inputs = before if before is not None else _clone(args)
@@ -352,6 +361,16 @@ class Guard:
         result = self.gm.forward(*args)  # the user gets eager's values, not the wrong ones
         self._explain(inputs, expected)
         return result
+
+    def _unchecked(self, got, error: Exception):
+        """The oracle itself failed: nothing to compare with. Say so and keep the compiled graph."""
+        self.call = self.runner
+        self.report.check = CheckReport(None, self.report.name, 0.0, message=f"{type(error).__name__}: {error}")
+        if self.backend.fallback == "raise":
+            raise error
+        warnings.warn(f"passline check: graph {self.report.name} could not be checked, the reference backend "
+                      f"failed ({type(error).__name__}: {error}); it runs compiled, unchecked", stacklevel=3)
+        return got
 
     def _explain(self, inputs, expected) -> None:
         """Bisect the pipeline on this graph, save a reproducer, and warn (or raise)."""
