@@ -32,6 +32,7 @@ class _Bindings:
 
     def __init__(self, graph: SchedulerGraph, args):
         self._memo: dict = {}
+        self.plans: dict = {}  # what a runner derives from these sizes (allocations), kept with them
         self.values: dict[sympy.Symbol, int] = {}
         for inp, arg in zip(graph.inputs, args):
             if inp.symbol is not None and isinstance(inp.symbol, sympy.Symbol):

@@ -365,7 +365,6 @@ class TritonRunner:
         self._plan_memory()
         self._bind = None  # static shapes: the first call's binding, reused by every call
         self._binds: dict = {}  # dynamic shapes: recent bindings by their sizes (a training loop repeats them)
-        self._plans: dict = {}  # static shapes: buffer name -> (sizes, strides, bytes)
         self._ws_layouts: dict = {}  # (mix kernel, rows) -> its workspaces' layouts
 
     # -- compile ------------------------------------------------------------------------------------
@@ -425,13 +424,11 @@ class TritonRunner:
                 self.free_after.setdefault(k, []).append(b)
 
     def _alloc(self, layout, bind: _Bindings, pool: dict, owned: dict, name: str):
-        plan = self._plans.get(name) if bind is self._bind else None
+        plan = bind.plans.get(name)  # a binding is reused for the same sizes: so is its plan
         if plan is None:
             size, stride = bind.ints(layout.size), bind.ints(layout.stride)
             span = 1 + sum((s - 1) * st for s, st in zip(size, stride)) if all(size) else 0
-            plan = size, stride, span * layout.dtype.itemsize
-            if bind is self._bind:  # static shapes: the same sizes every call
-                self._plans[name] = plan
+            plan = bind.plans[name] = size, stride, span * layout.dtype.itemsize
         size, stride, nbytes = plan
         if not nbytes:
             return torch.empty_strided(size, stride, dtype=layout.dtype, device=layout.device)
