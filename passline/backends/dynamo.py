@@ -20,6 +20,7 @@ from ..pipeline.manager import PassManager
 from ..pipeline.metrics import Metrics, enabled_tables
 from ..pipeline.report import CompileReport, set_last_report
 from ..pipeline.text import Pipeline
+from .layouts import conform_inputs
 from .reference import ReferenceRunner
 from .triton.kernel import MIX_FORMS  # codegen only: imports no triton
 
@@ -133,6 +134,7 @@ class Backend:
             metrics.write_csv(self.metric_dir)
         self.reports.append(report)
         set_last_report(report)
+        runner = conform_inputs(graph, runner)  # read every input with the strides it was lowered for
         if self.capture:
             return _capturing(runner, report)
         return runner

@@ -10,10 +10,10 @@ import operator
 import sympy
 import torch
 
-from ..ir import Buffer, Layout
+from ..ir import Buffer, Layout, TensorArg
 from ..ir.index import sympify
 from . import pointwise, reductions, views  # noqa: F401  (fill the lowering table)
-from .context import GraphInput, LoweringContext, Program
+from .context import GraphInput, LoweringContext, Program, dense_order, hint, strides_in_order
 from .decompositions import decomposition_table
 from .extern import lower_extern, touches_complex
 from .registry import LOWERINGS, lowering
@@ -51,7 +51,7 @@ def lower_graph(gm: torch.fx.GraphModule, example_inputs=None) -> Program:
         elif n.op == "output":
             ctx.fx_node = None
             outs = n.args[0]
-            outputs = tuple(_output(ctx, env[o]) if isinstance(o, torch.fx.Node) else o
+            outputs = tuple(_output(ctx, env[o], o.meta.get("val")) if isinstance(o, torch.fx.Node) else o
                             for o in (outs if isinstance(outs, (tuple, list)) else (outs,)))
         elif n.op != "placeholder":
             raise LoweringError(f"unsupported FX node kind {n.op!r}: {n.format_node()}")
@@ -83,9 +83,43 @@ def _lower_call(ctx: LoweringContext, n: torch.fx.Node, env):
     return lower_extern(ctx, n, args, kwargs)
 
 
-def _output(ctx: LoweringContext, value):
+def _output(ctx: LoweringContext, value, val):
     if isinstance(value, TensorRef):
-        return ctx.as_arg(value)
+        return _eager_strided(ctx, value, val)
     if isinstance(value, (sympy.Expr, int, float, bool)) or value is None:
         return value
     raise LoweringError(f"unsupported graph output {value!r}")
+
+
+def _eager_strided(ctx: LoweringContext, ref: TensorRef, val) -> TensorArg:
+    """A graph output as a strided view with the strides eager gives it (FX meta `val`).
+
+    Strides are a contract: AOTAutograd compiled the backward against the forward outputs' meta strides
+    (saved activations), regenerates aliases of outputs with them, and users read results with them.
+    A view that already has them is returned as it is; otherwise the value is copied into a buffer laid
+    out as eager's: dense in eager's stride order, with eager's exact strides where those have gaps, and
+    stride 0 kept as a broadcast of a smaller buffer."""
+    arg = ref.as_arg()
+    if not isinstance(val, torch.Tensor) or len(val.shape) != ref.ndim:
+        return arg if arg is not None else ctx.as_arg(ref)
+    want = tuple(sympify(s) for s in val.stride())
+    sizes = [hint(s) for s in val.shape]
+    if arg is not None and _same_strides(arg.stride, want, sizes):
+        return arg
+    if 0 in sizes:  # no element to place: any layout is eager's layout
+        return arg if arg is not None else ctx.as_arg(ref)
+    if 0 in (hint(st) for st, n in zip(val.stride(), sizes) if n > 1):
+        # expanded: store the distinct values once and hand out the broadcast view eager has
+        keep = tuple(sympy.S.One if st == 0 else s for s, st in zip(ref.size, want))
+        base = ctx.pointwise(keep, ref.dtype, lambda idx: ref.load(idx), ref.buffer.layout.device,
+                             stride=tuple(st if st != 0 else sympy.S.One for st in want)).as_arg()
+        return TensorArg(base.buffer, ref.size, want, base.offset)
+    order = dense_order(val)
+    stride = strides_in_order(ref.size, order) if order is not None else want
+    copy = ctx.pointwise(ref.size, ref.dtype, lambda idx: ref.load(idx), ref.buffer.layout.device, stride=stride)
+    return copy.as_arg()
+
+
+def _same_strides(have, want, sizes) -> bool:
+    """Equal on every dimension that has more than one element (other strides are never read)."""
+    return all(n is not None and n <= 1 or sympy.expand(a - b) == 0 for a, b, n in zip(have, want, sizes))

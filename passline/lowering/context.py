@@ -9,6 +9,7 @@ import sympy
 import torch
 
 from ..ir import Buffer, Cast, Extern, Layout, Pointwise, Reduction, TensorArg, loop_vars
+from ..ir.index import sympify
 from .tensor import TensorRef
 
 
@@ -51,12 +52,15 @@ class LoweringContext:
     def new_name(self) -> str:
         return f"buf{next(self._ids)}"
 
-    def pointwise(self, size, dtype: torch.dtype, inner: Callable, device=None) -> TensorRef:
-        """A Pointwise node over `size` computing inner(index vars), stored contiguously as `dtype`."""
+    def pointwise(self, size, dtype: torch.dtype, inner: Callable, device=None, stride=None) -> TensorRef:
+        """A Pointwise node over `size` computing inner(index vars), stored as `dtype` with `stride`
+        (default: the layout eager gives the FX node being lowered, see `eager_layout`)."""
         size = tuple(sympy.sympify(s) for s in size)
         name = self.new_name()
         body = cast(inner(loop_vars("i", len(size))), dtype)
-        buf = Buffer(name, Layout.contiguous(size, dtype, device or self.device))
+        device = device or self.device
+        layout = Layout(size, stride, dtype, device) if stride is not None else self.eager_layout(size, dtype, device)
+        buf = Buffer(name, layout)
         self.nodes.append(Pointwise(name, size, body, buf, origins=self._origins()))
         return TensorRef.of(buf)
 
@@ -67,7 +71,7 @@ class LoweringContext:
         rsize = tuple(sympy.sympify(s) for s in reduction_size)
         name = self.new_name()
         body = inner(loop_vars("i", len(size)), loop_vars("r", len(rsize)))
-        buf = Buffer(name, Layout.contiguous(size, dtype, device or self.device))
+        buf = Buffer(name, self.eager_layout(size, dtype, device or self.device))
         self.nodes.append(Reduction(name, size, rsize, reduction_type, body, buf, origins=self._origins()))
         return TensorRef.of(buf)
 
@@ -88,6 +92,28 @@ class LoweringContext:
         refs = tuple(TensorRef.of(b) if b is not None else None for b in outputs)
         return refs if multi else refs[0]
 
+    def eager_layout(self, size: tuple, dtype: torch.dtype, device) -> Layout:
+        """The layout of a new buffer of `size`: the dense stride order eager gives the FX node being
+        lowered (its meta value), so channels_last stays channels_last and the transpose of a transposed
+        input stays transposed; row-major where eager's value has another size or is not dense.
+
+        Why it matters: AOTAutograd compiles the backward, and the caller reads outputs, with the
+        strides of the FX meta values. Matching them here makes most graph outputs right as written;
+        `lower_graph` checks every output and copies the few that still differ."""
+        val = self._meta_tensor(size)
+        order = dense_order(val) if val is not None else None
+        if order is None:
+            return Layout.contiguous(size, dtype, device)
+        return Layout(size, strides_in_order(size, order), dtype, device)
+
+    def _meta_tensor(self, size: tuple):
+        val = self.fx_node.meta.get("val") if self.fx_node is not None else None
+        for v in (val if isinstance(val, (tuple, list)) else (val,)):
+            if isinstance(v, torch.Tensor) and len(v.shape) == len(size) \
+                    and all(sympify(a) == b for a, b in zip(v.shape, size)):
+                return v
+        return None
+
     def as_arg(self, ref: TensorRef) -> TensorArg:
         """A strided view of `ref` for an extern call; a copy when the view is not strided."""
         arg = ref.as_arg()
@@ -102,3 +128,39 @@ class LoweringContext:
         if isinstance(val, (tuple, list)):
             val = next((v for v in val if isinstance(v, torch.Tensor)), None)
         return val.device if isinstance(val, torch.Tensor) else torch.device("cpu")
+
+
+def hint(x) -> int | None:
+    """The example value of a size or stride (a SymInt's hint under dynamic shapes); None if unknown."""
+    if isinstance(x, torch.SymInt):
+        h = getattr(x.node, "hint", None)
+        return int(h) if h is not None else None
+    return int(x)
+
+
+def dense_order(val: torch.Tensor) -> tuple | None:
+    """`val`'s dimensions from the innermost (stride 1) outwards when its strides are dense and
+    non-overlapping, as eager's fresh tensors are (row-major, channels_last, a transpose's layout...);
+    None for other strides (gaps, overlaps, zero elements) or unknown hints. Size-1 dimensions may have
+    any stride and go where their stride sorts them."""
+    sizes = [hint(s) for s in val.shape]
+    strides = [hint(s) for s in val.stride()]
+    if None in sizes or None in strides or 0 in sizes:
+        return None
+    order = sorted(range(len(sizes)), key=lambda d: (strides[d], sizes[d], -d))
+    expect = 1
+    for d in order:
+        if sizes[d] != 1 and strides[d] != expect:
+            return None
+        expect *= sizes[d]
+    return tuple(order)
+
+
+def strides_in_order(size: tuple, order: tuple) -> tuple:
+    """Dense strides for `size` with the dimensions laid out innermost-first as `order`."""
+    stride = [sympy.S.One] * len(size)
+    acc = sympy.S.One
+    for d in order:
+        stride[d] = acc
+        acc = acc * size[d]
+    return tuple(stride)

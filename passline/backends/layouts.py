@@ -1,0 +1,80 @@
+"""Input strides checked at run time: a compiled graph reads each input with the strides it was
+lowered for, so a tensor that arrives with others is re-laid out first, never read scrambled.
+
+dynamo guards the strides of user inputs and AOTAutograd coerces tangents to their traced layout, so
+this is a last line of defence (a saved activation or a caller that bypasses both): one tuple compare
+per tensor input per call when the layouts agree.
+"""
+from __future__ import annotations
+
+import sympy
+import torch
+
+from ..pipeline.graph import SchedulerGraph
+
+
+class _Expect:
+    """What one tensor input must look like: its position, sizes and strides (ints when static)."""
+
+    __slots__ = ("pos", "stride", "layout", "mutated")
+
+    def __init__(self, pos: int, layout, mutated: bool):
+        self.pos = pos
+        self.layout = layout
+        self.mutated = mutated  # the graph writes this input in place: copy the result back
+        static = all(isinstance(e, sympy.Integer) for e in (*layout.size, *layout.stride))
+        self.stride = tuple(int(s) for s in layout.stride) if static else None
+
+    def wanted(self, t: torch.Tensor) -> tuple | None:
+        """The strides to give `t`, or None when its own are fine (equal on dims of size > 1)."""
+        if t.stride() == self.stride or t.numel() <= 1:
+            return None
+        stride = self.stride if self.stride is not None else _evaluate(self.layout, t)
+        if stride is None or all(a == b for a, b, n in zip(t.stride(), stride, t.shape) if n > 1):
+            return None
+        return stride
+
+
+def _evaluate(layout, t: torch.Tensor) -> tuple | None:
+    """Symbolic strides evaluated with the sizes `t` has (dynamic shapes); None if they don't bind."""
+    values = {}
+    for e, actual in zip(layout.size, t.shape):
+        if isinstance(e, sympy.Symbol):
+            values[e] = int(actual)
+    for e, actual in zip(layout.stride, t.stride()):
+        if isinstance(e, sympy.Symbol):  # a stride that is a symbol of its own is whatever it is
+            values.setdefault(e, int(actual))
+    try:
+        return tuple(int(sympy.sympify(s).xreplace(values)) for s in layout.stride)
+    except TypeError:
+        return None
+
+
+def conform_inputs(graph: SchedulerGraph, runner):
+    """`runner`, wrapped so that every tensor input has the layout the graph was lowered with."""
+    mutated = graph.mutated_names()
+    expects = [_Expect(k, inp.buffer.layout, inp.name in mutated)
+               for k, inp in enumerate(graph.inputs) if inp.buffer is not None]
+    if not expects:
+        return runner
+
+    def run(*args):
+        fixed = None
+        for e in expects:
+            t = args[e.pos]
+            if not isinstance(t, torch.Tensor):
+                continue
+            stride = e.wanted(t)
+            if stride is not None:
+                fixed = fixed or {}
+                fixed[e.pos] = torch.empty_strided(t.shape, stride, dtype=t.dtype, device=t.device).copy_(t)
+        if fixed is None:
+            return runner(*args)
+        out = runner(*[fixed.get(k, a) for k, a in enumerate(args)])
+        for e in expects:
+            if e.mutated and e.pos in fixed:
+                args[e.pos].copy_(fixed[e.pos])
+        return out
+
+    run.runner = runner  # the wrapped runner stays reachable (reports, tests)
+    return run
