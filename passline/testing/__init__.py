@@ -2,7 +2,7 @@
 
     from passline.testing import assert_matches_eager
     assert_matches_eager(torch.nn.LayerNorm(64), [torch.randn(8, 64, requires_grad=True)])
-    assert_matches_eager(fn, [torch.randn(3, 7).t().requires_grad_()])  # strides are compared too
+    assert_matches_eager(lambda x: (x * x).exp(), [torch.randn(3, 7).t().requires_grad_()])  # and strides
 
 and hypothesis strategies, `programs()` and `pipelines()`, to fuzz passes and pipelines (see
 docs/testing.md).
