@@ -25,7 +25,7 @@ def save_reproducer(program, pipeline, error) -> None:
     """Keep a failing example: its program, pipeline and inputs, re-runnable with torch.load."""
     FAILURES.mkdir(exist_ok=True)
     n = len(list(FAILURES.glob("*.pt")))
-    torch.save({"program": repr(program), "steps": program.steps, "inputs": program.inputs, "specs": program.specs,
+    torch.save({"program": repr(program), "steps": program.steps, "inputs": program.inputs,
                 "outputs": program.outputs, "pipeline": str(pipeline), "error": repr(error)[:2000]},
                FAILURES / f"failure{n}.pt")
 
