@@ -184,3 +184,28 @@ def test_training_check_catches_row_major_outputs():
         assert_matches_eager(fn, [torch.randn(7, 3, requires_grad=True)])
         with pytest.raises(AssertionError, match=r"output 0: strides \(3, 1\), eager has \(1, 7\)"):
             assert_matches_eager(fn, [torch.randn(3, 7).t().requires_grad_()])
+
+
+def test_training_check_catches_a_wrong_backward():
+    """A backend whose backward doubles every gradient passes the forward checks and fails on .grad."""
+    import unittest.mock
+
+    from torch._dynamo.backends.common import aot_autograd
+
+    def doubled(gm, example_inputs):
+        def run(args):
+            return [2 * o if isinstance(o, torch.Tensor) else o for o in gm(*args)]
+        run._boxed_call = True
+        return run
+
+    def forward(gm, example_inputs):
+        return gm.forward
+
+    def fn(x):
+        return (x * x).exp()
+
+    backend = aot_autograd(fw_compiler=forward, bw_compiler=doubled)
+    with unittest.mock.patch.object(passline, "backend", lambda **kw: backend):
+        assert_matches_eager(fn, [torch.randn(7, 3)])  # no input requires grad: forward only
+        with pytest.raises(AssertionError, match="grad of input 0"):
+            assert_matches_eager(fn, [torch.randn(3, 7).t().requires_grad_()])

@@ -31,10 +31,10 @@ def _same_layout(x: torch.Tensor, device=None) -> torch.Tensor:
     """A copy of `x` (on `device`) with x's strides and storage offset, a leaf that requires grad iff x
     does. Tensor.clone() and .to() make non-dense tensors (a slice, an expanded view) contiguous, which
     would quietly test the contiguous layout instead of the one asked for: copy the whole storage."""
-    x = x.detach()
+    grad, x = x.requires_grad, x.detach()  # (detach() drops requires_grad: read it first)
     n = x.untyped_storage().nbytes() // x.element_size()
     storage = x.as_strided((n,), (1,), 0).clone().to(device or x.device)
-    return storage.as_strided(x.shape, x.stride(), x.storage_offset()).detach().requires_grad_(x.requires_grad)
+    return storage.as_strided(x.shape, x.stride(), x.storage_offset()).detach().requires_grad_(grad)
 
 
 def _clone(xs):
@@ -114,7 +114,10 @@ def assert_matches_eager(fn: Callable, inputs: Sequence, pipeline=None, codegen:
     compiled = torch.compile(fn, backend=be, fullgraph=False)
     if train:
         eager, eager_loss = train_step(fn, eager_in)
-        ours, _ = train_step(compiled, ours_in, loss_weights(eager))
+        ours, ours_loss = train_step(compiled, ours_in, loss_weights(eager))
+        # a training check that silently trains nothing would pass whatever the backward does
+        assert (ours_loss is None) == (eager_loss is None), \
+            f"loss requires grad: {ours_loss is not None}, eager's: {eager_loss is not None}"
     else:
         ours, eager = _flat(compiled(*ours_in)), _flat(fn(*eager_in))
     assert len(ours) == len(eager), f"{len(ours)} outputs, eager has {len(eager)}"
