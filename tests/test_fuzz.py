@@ -40,13 +40,13 @@ def check(program, pipeline, codegen):
 
 
 # floating-point inputs are requires_grad leaves: assert_matches_eager checks a training step too
-@settings(max_examples=10_000 if FUZZ else 50)
+@settings(max_examples=10_000 if FUZZ else 160)
 @given(programs(layouts=LAYOUTS_DRAWN, requires_grad=True), pipelines())
 def test_random_programs_and_pipelines_match_eager_reference(program, pipeline):
     check(program, pipeline, "reference")
 
 
-@settings(max_examples=10_000 if FUZZ else 25)
+@settings(max_examples=10_000 if FUZZ else 35)
 @given(programs(layouts=LAYOUTS_DRAWN, requires_grad=True), pipelines())
 def test_random_programs_and_pipelines_match_eager_triton(program, pipeline):
     check(program, pipeline, "triton")
@@ -65,7 +65,7 @@ def lowered(program):
 BUILTIN = sorted(n for n in passline.passes() if not n.startswith("t_"))
 
 
-@settings(max_examples=10_000 if FUZZ else 70)
+@settings(max_examples=10_000 if FUZZ else 100)
 @given(programs(layouts=LAYOUTS_DRAWN), pipelines())
 def test_random_pipelines_on_lowered_programs_match_eager(program, pipeline):
     """The same property without dynamo: lower once with make_fx, run the pipeline, compare the
@@ -84,7 +84,7 @@ def test_random_pipelines_on_lowered_programs_match_eager(program, pipeline):
 
 
 @pytest.mark.parametrize("name", BUILTIN)
-@settings(max_examples=2000 if FUZZ else 20)
+@settings(max_examples=2000 if FUZZ else 25)
 @given(program=programs(), data=st.data())
 def test_every_pass_keeps_verify_and_results(name, program, data):
     graph = lowered(program)
