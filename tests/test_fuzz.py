@@ -1,5 +1,7 @@
-"""Property tests: random programs x random pipelines match eager; every pass keeps verify() and the
-graph's results; idempotent passes are idempotent. `make fuzz` runs them long and randomized."""
+"""Property tests: random programs x random pipelines match eager, forward and a training step
+(loss.backward(), every input's .grad), values and strides, on inputs of every layout; every pass keeps
+verify() and the graph's results; idempotent passes are idempotent. `make fuzz` runs them long and
+randomized; PASSLINE_FUZZ_LAYOUTS=contiguous,transposed restricts the input layouts drawn."""
 import os
 import pathlib
 
@@ -10,10 +12,13 @@ from hypothesis import strategies as st
 
 import passline
 from passline.backends.reference import ReferenceRunner
-from passline.testing import assert_matches_eager, pipelines, programs, tolerance
+from passline.testing import LAYOUTS, assert_matches_eager, assert_same_strides, pipelines, programs, tolerance
 
 FUZZ = os.environ.get("HYPOTHESIS_PROFILE") == "fuzz"
 FAILURES = pathlib.Path(os.environ.get("PASSLINE_FUZZ_DIR", "fuzz_failures"))
+# to tell a layout bug from the rest: PASSLINE_FUZZ_LAYOUTS=contiguous runs the properties on
+# contiguous inputs only
+LAYOUTS_DRAWN = tuple(os.environ.get("PASSLINE_FUZZ_LAYOUTS", ",".join(LAYOUTS)).split(","))
 
 
 def save_reproducer(program, pipeline, error) -> None:
@@ -34,14 +39,15 @@ def check(program, pipeline, codegen):
         raise
 
 
-@settings(max_examples=10_000 if FUZZ else 200)
-@given(programs(), pipelines())
+# floating-point inputs are requires_grad leaves: assert_matches_eager checks a training step too
+@settings(max_examples=10_000 if FUZZ else 160)
+@given(programs(layouts=LAYOUTS_DRAWN, requires_grad=True), pipelines())
 def test_random_programs_and_pipelines_match_eager_reference(program, pipeline):
     check(program, pipeline, "reference")
 
 
-@settings(max_examples=10_000 if FUZZ else 40)
-@given(programs(), pipelines())
+@settings(max_examples=10_000 if FUZZ else 35)
+@given(programs(layouts=LAYOUTS_DRAWN, requires_grad=True), pipelines())
 def test_random_programs_and_pipelines_match_eager_triton(program, pipeline):
     check(program, pipeline, "triton")
 
@@ -60,7 +66,7 @@ BUILTIN = sorted(n for n in passline.passes() if not n.startswith("t_"))
 
 
 @settings(max_examples=10_000 if FUZZ else 100)
-@given(programs(), pipelines())
+@given(programs(layouts=LAYOUTS_DRAWN), pipelines())
 def test_random_pipelines_on_lowered_programs_match_eager(program, pipeline):
     """The same property without dynamo: lower once with make_fx, run the pipeline, compare the
     reference backend's results with eager PyTorch's (fast enough for long campaigns)."""
@@ -68,8 +74,9 @@ def test_random_pipelines_on_lowered_programs_match_eager(program, pipeline):
         graph = lowered(program)
         out, _ = passline.PassManager(pipeline).run(graph)
         got = ReferenceRunner(out)(*program.inputs)
-        for a, b in zip(got, program(*program.inputs)):
+        for k, (a, b) in enumerate(zip(got, program(*program.inputs))):
             torch.testing.assert_close(a, b, **tolerance(b.dtype), equal_nan=True)
+            assert_same_strides(a, b, f"output {k}")  # lowering gives outputs eager's strides
     except Exception as e:
         if FUZZ:
             save_reproducer(program, pipeline, e)
@@ -96,3 +103,109 @@ def test_idempotent_passes_are_idempotent(name, program):
     graph, _ = passline.PassManager(name).run(lowered(program))
     _, (again,) = passline.PassManager(name).run(graph)
     assert not again.changed
+
+
+# The strategies and the checks themselves: inputs have the layout their spec names, programs print as
+# code that rebuilds them, the training check never fires on a backend known to be right and does
+# fire on one that stores outputs row-major.
+
+@settings(max_examples=10_000 if FUZZ else 200)
+@given(programs(requires_grad=True))
+def test_inputs_have_their_layout_and_programs_print_as_code(program):
+    from passline.testing import Input, TensorProgram  # noqa: F401  (names the repr uses)
+
+    for spec, x in zip(program.specs, program.inputs):
+        shape, stride = x.shape, x.stride()
+        assert tuple(shape) == spec.shape and x.is_leaf
+        assert x.requires_grad == (x.is_floating_point() and spec.layout != "expanded")
+        big = [d for d, n in enumerate(shape) if n > 1]
+        if spec.layout == "sliced":
+            assert x.storage_offset() > 0
+            assert not x.is_contiguous() or len(big) == 0
+        elif spec.layout == "expanded":
+            assert all(stride[d] == 0 for d in spec.dims)
+        elif spec.layout in ("transposed", "permuted") and len(big) >= 2:
+            order = spec.order or tuple(reversed(range(len(shape))))
+            inner = [d for d in reversed(order) if shape[d] > 1]  # innermost first
+            assert [stride[d] for d in inner] == sorted(stride[d] for d in inner) and not x.is_contiguous()
+        elif spec.layout == "channels_last":
+            assert x.is_contiguous(memory_format=torch.channels_last)
+        elif spec.layout == "channels_last_3d":
+            assert x.is_contiguous(memory_format=torch.channels_last_3d)
+        else:
+            assert x.is_contiguous()
+    again = eval(repr(program))
+    assert again.steps == program.steps and again.outputs == program.outputs
+    for a, b in zip(again.inputs, program.inputs):
+        assert (a.stride(), a.storage_offset(), a.requires_grad) == (b.stride(), b.storage_offset(), b.requires_grad)
+        assert torch.equal(a, b)
+
+
+def test_every_layout_is_drawn():
+    seen = set()
+
+    @settings(max_examples=300)
+    @given(programs())
+    def collect(program):
+        seen.update(spec.layout for spec in program.specs)
+
+    collect()
+    assert seen == set(LAYOUTS)
+
+
+@settings(max_examples=2000 if FUZZ else 30)
+@given(programs(requires_grad=True))
+def test_training_check_passes_on_a_correct_backend(program):
+    """aot_eager (AOTAutograd, eager kernels) is right by construction: any failure here is the
+    check's or the strategy's (say, a layout whose eager strides AOTAutograd cannot reproduce)."""
+    import unittest.mock
+
+    with unittest.mock.patch.object(passline, "backend", lambda **kw: "aot_eager"):
+        assert_matches_eager(program, list(program.inputs))
+
+
+def test_training_check_catches_row_major_outputs():
+    """A backend whose forward stores every output row-major (the bug layouts invite) fails the check
+    on a transposed input, and passes it on a contiguous one."""
+    import unittest.mock
+
+    from torch._dynamo.backends.common import aot_autograd
+
+    def row_major(gm, example_inputs):
+        def run(args):
+            return [o.contiguous() if isinstance(o, torch.Tensor) else o for o in gm(*args)]
+        run._boxed_call = True
+        return run
+
+    def fn(x):
+        return (x * x).exp()
+
+    with unittest.mock.patch.object(passline, "backend", lambda **kw: aot_autograd(fw_compiler=row_major)):
+        assert_matches_eager(fn, [torch.randn(7, 3, requires_grad=True)])
+        with pytest.raises(AssertionError, match=r"output 0: strides \(3, 1\), eager has \(1, 7\)"):
+            assert_matches_eager(fn, [torch.randn(3, 7).t().requires_grad_()])
+
+
+def test_training_check_catches_a_wrong_backward():
+    """A backend whose backward doubles every gradient passes the forward checks and fails on .grad."""
+    import unittest.mock
+
+    from torch._dynamo.backends.common import aot_autograd
+
+    def doubled(gm, example_inputs):
+        def run(args):
+            return [2 * o if isinstance(o, torch.Tensor) else o for o in gm(*args)]
+        run._boxed_call = True
+        return run
+
+    def forward(gm, example_inputs):
+        return gm.forward
+
+    def fn(x):
+        return (x * x).exp()
+
+    backend = aot_autograd(fw_compiler=forward, bw_compiler=doubled)
+    with unittest.mock.patch.object(passline, "backend", lambda **kw: backend):
+        assert_matches_eager(fn, [torch.randn(7, 3)])  # no input requires grad: forward only
+        with pytest.raises(AssertionError, match="grad of input 0"):
+            assert_matches_eager(fn, [torch.randn(3, 7).t().requires_grad_()])

@@ -2,6 +2,7 @@
 
     from passline.testing import assert_matches_eager
     assert_matches_eager(torch.nn.LayerNorm(64), [torch.randn(8, 64, requires_grad=True)])
+    assert_matches_eager(lambda x: (x * x).exp(), [torch.randn(3, 7).t().requires_grad_()])  # and strides
 
 and hypothesis strategies, `programs()` and `pipelines()`, to fuzz passes and pipelines (see
 docs/testing.md).
@@ -12,7 +13,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from .strategies import TensorProgram, pipelines, programs  # noqa: F401  (public: fuzz your passes)
+from .strategies import LAYOUTS, Input, TensorProgram, pipelines, programs  # noqa: F401  (public: fuzz your passes)
 
 TOLERANCES = {
     torch.float32: dict(atol=1e-4, rtol=1e-4),
@@ -26,8 +27,18 @@ def tolerance(dtype: torch.dtype) -> dict:
     return TOLERANCES.get(dtype, dict(atol=0, rtol=0))
 
 
+def _same_layout(x: torch.Tensor, device=None) -> torch.Tensor:
+    """A copy of `x` (on `device`) with x's strides and storage offset, a leaf that requires grad iff x
+    does. Tensor.clone() and .to() make non-dense tensors (a slice, an expanded view) contiguous, which
+    would quietly test the contiguous layout instead of the one asked for: copy the whole storage."""
+    grad, x = x.requires_grad, x.detach()  # (detach() drops requires_grad: read it first)
+    n = x.untyped_storage().nbytes() // x.element_size()
+    storage = x.as_strided((n,), (1,), 0).clone().to(device or x.device)
+    return storage.as_strided(x.shape, x.stride(), x.storage_offset()).detach().requires_grad_(grad)
+
+
 def _clone(xs):
-    return [x.detach().clone().requires_grad_(x.requires_grad) if isinstance(x, torch.Tensor) else x for x in xs]
+    return [_same_layout(x) if isinstance(x, torch.Tensor) else x for x in xs]
 
 
 def _flat(out):
@@ -39,15 +50,49 @@ def _flat(out):
 
 
 def _to(x, device):
-    if isinstance(x, torch.Tensor):
-        return x.detach().to(device).requires_grad_(x.requires_grad)
-    return x
+    return _same_layout(x, device) if isinstance(x, torch.Tensor) else x
+
+
+def assert_same_strides(actual: torch.Tensor, expected: torch.Tensor, what: str = "tensor") -> None:
+    """Strides must match on every dim of size > 1 (a size-1 dim's stride is never used to address an
+    element, and PyTorch itself is free with it)."""
+    got = [s for s, n in zip(actual.stride(), actual.shape) if n > 1]
+    want = [s for s, n in zip(expected.stride(), expected.shape) if n > 1]
+    assert got == want, (f"{what}: strides {tuple(actual.stride())}, eager has {tuple(expected.stride())} "
+                         f"(shape {tuple(expected.shape)}; compared on dims of size > 1)")
+
+
+def loss_weights(outputs: Sequence[torch.Tensor], seed: int = 0) -> list:
+    """One fixed random float32 weight tensor per output that requires grad (None for the others)."""
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randn(o.shape, generator=gen).to(o.device) if o.requires_grad else None for o in outputs]
+
+
+def train_step(fn: Callable, inputs: Sequence, weights=None):
+    """What a user's training step does: run `fn`, reduce its outputs to a scalar loss and call
+    loss.backward(), which accumulates `.grad` on the requires_grad leaves among `inputs`. The loss is
+    sum((output * weight).sum()) over the outputs that require grad, in float32, with a fixed random
+    weight per output (`weights`, default loss_weights(outputs)): every element of every output gets
+    its own cotangent, so no element's gradient can hide behind a sum of ones. Returns
+    (flat outputs, loss or None when no output requires grad)."""
+    outs = _flat(fn(*inputs))
+    weights = loss_weights(outs) if weights is None else weights
+    terms = [(o.float() * w).sum() for o, w in zip(outs, weights) if w is not None]
+    if not terms:
+        return outs, None
+    loss = torch.stack(terms).sum()
+    loss.backward()
+    return outs, loss
 
 
 def assert_matches_eager(fn: Callable, inputs: Sequence, pipeline=None, codegen: str = "auto",
-                         backward: bool | None = None, device: str | None = None, **backend_options):
-    """Compile `fn` with passline, run it and eager on copies of `inputs`, and compare outputs and
-    (when any input requires grad) input gradients, with dtype-appropriate tolerances.
+                         backward: bool | None = None, device: str | None = None, check_strides: bool = True,
+                         **backend_options):
+    """Compile `fn` with passline, run it and eager on copies of `inputs` (same strides and storage
+    offsets), and compare outputs and, when any input requires grad, a training step: train_step()'s
+    loss.backward() and the `.grad` it accumulates on each requires_grad input, with dtype-appropriate
+    tolerances. `check_strides` (default) also requires each output's and each `.grad`'s strides to be
+    eager's on dims of size > 1.
     `pipeline=None` runs passline.DEFAULT_PIPELINE; "" runs no pass. `device` (default
     $PASSLINE_TEST_DEVICE, else where the inputs are) moves the inputs and an nn.Module there first.
     Returns the passline backend, whose `reports` describe what was compiled."""
@@ -63,21 +108,35 @@ def assert_matches_eager(fn: Callable, inputs: Sequence, pipeline=None, codegen:
     torch._dynamo.reset()
     backend_options.setdefault("fallback", "raise")  # a test must see passline's errors
     be = passline.backend(pipeline=pipeline, codegen=codegen, **backend_options)
+    wants_grad = any(isinstance(x, torch.Tensor) and x.requires_grad for x in inputs)
+    train = backward if backward is not None else wants_grad
     ours_in, eager_in = _clone(inputs), _clone(inputs)
-    ours = _flat(torch.compile(fn, backend=be, fullgraph=False)(*ours_in))
-    eager = _flat(fn(*eager_in))
+    compiled = torch.compile(fn, backend=be, fullgraph=False)
+    if train:
+        eager, eager_loss = train_step(fn, eager_in)
+        ours, ours_loss = train_step(compiled, ours_in, loss_weights(eager))
+        # a training check that silently trains nothing would pass whatever the backward does
+        assert (ours_loss is None) == (eager_loss is None), \
+            f"loss requires grad: {ours_loss is not None}, eager's: {eager_loss is not None}"
+    else:
+        ours, eager = _flat(compiled(*ours_in)), _flat(fn(*eager_in))
     assert len(ours) == len(eager), f"{len(ours)} outputs, eager has {len(eager)}"
     for k, (a, b) in enumerate(zip(ours, eager)):
         torch.testing.assert_close(a, b, **tolerance(b.dtype), equal_nan=True, msg=lambda m: f"output {k}: {m}")
-    wants_grad = any(isinstance(x, torch.Tensor) and x.requires_grad for x in inputs)
-    if backward if backward is not None else wants_grad:
-        # a fixed random cotangent per output, so every output's gradient path is exercised
-        gen = torch.Generator().manual_seed(0)
-        grads = [torch.randn(b.shape, generator=gen).to(b.dtype).to(b.device) for b in eager if b.requires_grad]
-        torch.autograd.backward([a for a in ours if a.requires_grad], grads)
-        torch.autograd.backward([b for b in eager if b.requires_grad], grads)
+        if check_strides:
+            assert_same_strides(a, b, f"output {k}")
+    if train:
         for k, (a, b) in enumerate(zip(ours_in, eager_in)):
             if isinstance(a, torch.Tensor) and a.requires_grad:
+                assert (a.grad is None) == (b.grad is None), \
+                    f"grad of input {k}: {'None' if a.grad is None else 'a tensor'}, eager's is {b.grad}"
+                if b.grad is None:  # no output depends on this input, in either
+                    continue
                 torch.testing.assert_close(a.grad, b.grad, **tolerance(b.dtype),
                                            msg=lambda m: f"grad of input {k}: {m}")
+                if check_strides:
+                    # AccumulateGrad gives .grad the input's strides (or contiguous ones) whatever the
+                    # backward returned, so this checks the layout a user's optimizer sees, not the
+                    # backward's own output; that shows in the values above when its strides are wrong
+                    assert_same_strides(a.grad, b.grad, f"grad of input {k}")
     return be

@@ -9,10 +9,14 @@
 
 A program is a small DAG of pointwise math, broadcasts, views (permute, slice, reshape, unsqueeze) and
 reductions over random dims, on inputs of random shapes (size-1 dims included), random dtypes and
-random layouts (transposed and sliced). It is written as a list of steps, so a failing example prints
-as readable code.
+random memory layouts (LAYOUTS: contiguous, transposed, permuted, sliced, expanded, channels_last,
+channels_last_3d). It is written as Input specs and a list of steps, so a failing example prints as
+code that rebuilds it: `eval(repr(program))` with `from passline.testing import TensorProgram, Input`.
 """
 from __future__ import annotations
+
+import ast
+import re
 
 import attrs
 import torch
@@ -40,14 +44,131 @@ class Step:
     def __str__(self):
         return f"{self.op}({', '.join(f'v{a}' for a in self.args)}{''.join(', ' + repr(p) for p in self.params)})"
 
+    @staticmethod
+    def parse(text: str) -> "Step":
+        """The inverse of str(): 'sum(v2, (0,), True)' (or 'v3 = sum(v2, (0,), True)') -> a Step.
+        Arguments named v<k> are value indices, every other argument is a literal parameter."""
+        rhs = text.split("=", 1)[1] if re.match(r"\s*v\d+\s*=[^=]", text) else text
+        call = ast.parse(rhs.strip(), mode="eval").body
+        if not isinstance(call, ast.Call) or not isinstance(call.func, ast.Name):
+            raise ValueError(f"not a step: {text!r}")
+        is_value = [isinstance(a, ast.Name) and re.fullmatch(r"v\d+", a.id) is not None for a in call.args]
+        args = tuple(int(a.id[1:]) for a, v in zip(call.args, is_value) if v)
+        params = tuple(ast.literal_eval(a) for a, v in zip(call.args, is_value) if not v)
+        return Step(call.func.id, args, params)
 
-@attrs.frozen(eq=False)
+
+# Input layouts, and the ranks each applies to (None: any rank >= 1). "contiguous" applies to every
+# rank, including 0-D, so a restricted `layouts=` set always has something to fall back on.
+LAYOUTS = {
+    "contiguous": None,
+    "transposed": lambda r: r >= 2,  # every dim reversed in memory (x.t() for 2-D)
+    "permuted": lambda r: r >= 3,  # a random memory order of the dims
+    "sliced": lambda r: r >= 1,  # a start/step slice of a larger tensor: storage_offset != 0
+    "expanded": lambda r: r >= 1,  # stride-0 broadcast dims
+    "channels_last": lambda r: r == 4,
+    "channels_last_3d": lambda r: r == 5,
+}
+_DTYPES = {str(d).replace("torch.", ""): d for d in (torch.float32, torch.float64, torch.bfloat16, torch.float16,
+                                                      torch.int64, torch.int32, torch.bool)}
+
+
+def _layout_fits(layout: str, rank: int) -> bool:
+    fits = LAYOUTS[layout]
+    return fits is None or fits(rank)
+
+
+@attrs.frozen(repr=False)
+class Input:
+    """How to build one program input: shape, dtype, memory layout, values (a seed) and whether it is a
+    requires_grad leaf. `make()` builds it; repr() is the constructor call, so programs print as code.
+
+    Layout parameters: `order` (permuted: the dims from outermost to innermost in memory), `dim`,
+    `start`, `step` (sliced: the slice of a larger tensor along `dim`; its last dim is also one wider
+    than the input's, so rows are never packed), `dims` (expanded: the dims broadcast with stride 0).
+    An expanded input never requires grad: its elements alias one another in memory, so a gradient
+    "per element" is not something a user trains; programs broadcast grad-requiring values instead."""
+
+    shape: tuple
+    dtype: str
+    layout: str = "contiguous"
+    seed: int = 0
+    requires_grad: bool = False
+    order: tuple | None = None
+    dim: int | None = None
+    start: int | None = None
+    step: int | None = None
+    dims: tuple | None = None
+
+    def __attrs_post_init__(self):
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"unknown layout {self.layout!r}; known: {sorted(LAYOUTS)}")
+        if not _layout_fits(self.layout, len(self.shape)):
+            raise ValueError(f"layout {self.layout!r} does not apply to a {len(self.shape)}-D input")
+        if self.requires_grad and (self.layout == "expanded" or not _DTYPES[self.dtype].is_floating_point):
+            raise ValueError(f"a {self.layout} {self.dtype} input cannot require grad")
+
+    def __repr__(self):
+        extra = "".join(f", {f}={getattr(self, f)!r}" for f in ("order", "dim", "start", "step", "dims")
+                        if getattr(self, f) is not None)
+        grad = ", requires_grad=True" if self.requires_grad else ""
+        return f"Input({tuple(self.shape)!r}, {self.dtype!r}, {self.layout!r}, seed={self.seed}{extra}{grad})"
+
+    def _repr_pretty_(self, p, cycle):
+        p.text(repr(self))
+
+    def make(self) -> torch.Tensor:
+        dtype, shape = _DTYPES[self.dtype], tuple(self.shape)
+        gen = torch.Generator().manual_seed(self.seed)
+
+        def values(s):
+            if dtype.is_floating_point:
+                return torch.randn(s, generator=gen).to(dtype)
+            return torch.randint(-4, 5, s, generator=gen).to(dtype)
+
+        lay = self.layout
+        if lay == "transposed":
+            x = values(shape[::-1]).permute(*reversed(range(len(shape))))
+        elif lay == "permuted":
+            # storage holds the dims in `order`; permuting by the inverse order gives back `shape`
+            inverse = sorted(range(len(shape)), key=lambda d: self.order[d])
+            x = values(tuple(shape[d] for d in self.order)).permute(*inverse)
+        elif lay == "sliced":
+            d, start, step = self.dim, self.start, self.step
+            big = list(shape)
+            big[d] = start + step * (shape[d] - 1) + 1 + 1  # one spare element past the slice's end
+            big[-1] += 1 if d != len(shape) - 1 else 0  # rows never packed, whatever dim is sliced
+            x = values(tuple(big))
+            x = x[(slice(None),) * d + (slice(start, start + step * shape[d], step),)][..., :shape[-1]]
+        elif lay == "expanded":
+            x = values(tuple(1 if d in self.dims else n for d, n in enumerate(shape))).expand(*shape)
+        elif lay == "channels_last":
+            x = values(shape).contiguous(memory_format=torch.channels_last)
+        elif lay == "channels_last_3d":
+            x = values(shape).contiguous(memory_format=torch.channels_last_3d)
+        else:
+            x = values(shape)
+        assert tuple(x.shape) == shape, (self, x.shape)
+        # detach: a leaf whose strides and storage offset are the layout's, not a view with a grad_fn
+        return x.detach().requires_grad_(self.requires_grad)
+
+
+@attrs.frozen(eq=False, repr=False)
 class TensorProgram:
-    """A random program: `program(*program.inputs)` runs it; `str(program)` shows it."""
+    """A random program: `program(*program.inputs)` runs it. repr() prints it as a
+    `TensorProgram.build(...)` call that rebuilds it (inputs with their layouts and values)."""
 
     steps: tuple
     inputs: tuple
     outputs: tuple  # value indices returned
+    specs: tuple | None = None  # the Input each of `inputs` was made from (None: tensors given directly)
+
+    @staticmethod
+    def build(inputs, steps, outputs) -> "TensorProgram":
+        """inputs: Input specs; steps: Steps or their text ('v2 = tanh(v0)'); outputs: value indices."""
+        steps = tuple(Step.parse(s) if isinstance(s, str) else s for s in steps)
+        specs = tuple(inputs)
+        return TensorProgram(steps, tuple(s.make() for s in specs), tuple(outputs), specs)
 
     def __call__(self, *xs):
         vals = list(xs)
@@ -56,10 +177,22 @@ class TensorProgram:
         return tuple(vals[i] for i in self.outputs)
 
     def __repr__(self):
-        ins = ", ".join(f"v{k}: {str(x.dtype).replace('torch.', '')}{list(x.shape)}"
-                        f"{'' if x.is_contiguous() else ' (strided)'}" for k, x in enumerate(self.inputs))
-        body = "; ".join(f"v{len(self.inputs) + k} = {s}" for k, s in enumerate(self.steps))
-        return f"TensorProgram({ins} -> {body} -> return {', '.join(f'v{o}' for o in self.outputs)})"
+        n = len(self.inputs)
+        steps = "".join(f"\n        'v{n + k} = {s}'," for k, s in enumerate(self.steps))
+        if self.specs is None:  # tensors given directly: describe them (not re-runnable)
+            ins = "".join(f"\n        {_describe(x)}," for x in self.inputs)
+        else:
+            ins = "".join(f"\n        {spec!r},  # {_describe(x)}" for spec, x in zip(self.specs, self.inputs))
+        return (f"TensorProgram.build(\n    inputs=[{ins}\n    ],\n    steps=[{steps}\n    ],\n"
+                f"    outputs={tuple(self.outputs)!r})")
+
+    def _repr_pretty_(self, p, cycle):  # hypothesis' printer: the code above, not the attrs fields
+        p.text(repr(self))
+
+
+def _describe(x: torch.Tensor) -> str:
+    return (f"{str(x.dtype).replace('torch.', '')}{list(x.shape)} stride={tuple(x.stride())}"
+            f"{f' offset={x.storage_offset()}' if x.storage_offset() else ''}")
 
 
 def _apply(step: Step, xs):
@@ -85,34 +218,65 @@ def _apply(step: Step, xs):
     raise ValueError(op)
 
 
-@st.composite
-def _tensor(draw, shape, dtype):
-    layout = draw(st.sampled_from(["contiguous", "transposed", "sliced"]))
-    gen = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
-
-    def make(s):
-        if dtype.is_floating_point:
-            return torch.randn(s, generator=gen).to(dtype)
-        return torch.randint(-4, 5, s, generator=gen).to(dtype)
-
-    if layout == "transposed" and len(shape) >= 2:
-        return make(tuple(reversed(shape))).permute(*reversed(range(len(shape))))
-    if layout == "sliced" and shape:
-        big = make(tuple(shape[:-1]) + (2 * shape[-1] + 1,))
-        return big[..., 1::2]
-    return make(tuple(shape))
+def _genuine(layout: str, shape: tuple) -> bool:
+    """Whether `layout` gives a `shape` tensor strides that differ from contiguous ones on dims of size
+    > 1 (the only strides that address anything): a transposed (1, 5) tensor is a contiguous one."""
+    big = sum(n > 1 for n in shape)
+    if layout in ("transposed", "permuted"):
+        return _layout_fits(layout, len(shape)) and big >= 2
+    if layout == "expanded":
+        return big >= 1
+    return _layout_fits(layout, len(shape))
 
 
 @st.composite
-def programs(draw, max_steps: int = 6, max_rank: int = 3, max_size: int = 6,
-             dtypes=(torch.float32, torch.float32, torch.bfloat16, torch.int64)):
-    """A TensorProgram with 1-2 inputs of one dtype and up to `max_steps` steps."""
+def _input(draw, shape, dtype, layouts, requires_grad: bool) -> Input:
+    shape = tuple(shape)
+    fitting = [lay for lay in layouts if _genuine(lay, shape)] or ["contiguous"]
+    # the channels_last layouts are the ones users meet on 4-D/5-D tensors: drawn as often as the rest
+    # together (else 1 in 6), still after contiguous, which hypothesis shrinks toward
+    fitting += [lay for lay in fitting if lay.startswith("channels_last")] * (len(fitting) - 2)
+    layout = draw(st.sampled_from(fitting))
+    big = [d for d, n in enumerate(shape) if n > 1]
+    extra = {}
+    if layout == "permuted":  # dims of size > 1 out of their contiguous order
+        extra["order"] = tuple(draw(st.permutations(range(len(shape))).filter(
+            lambda o: [d for d in o if d in big] != big)))
+    elif layout == "sliced":
+        extra["dim"] = draw(st.sampled_from(big or list(range(len(shape)))))
+        extra["start"] = draw(st.integers(1, 2))  # >= 1: a nonzero storage offset
+        # with two dims of size > 1 the wider last dim already unpacks the rows; with one, only a step does
+        extra["step"] = draw(st.integers(1 if len(big) >= 2 else 2, 3))
+    elif layout == "expanded":
+        extra["dims"] = tuple(sorted(set(draw(st.lists(st.sampled_from(big), min_size=1)))))
+    name = str(dtype).replace("torch.", "")
+    grad = requires_grad and dtype.is_floating_point and layout != "expanded"
+    return Input(shape, name, layout, seed=draw(st.integers(0, 2**31 - 1)), requires_grad=grad, **extra)
+
+
+@st.composite
+def programs(draw, max_steps: int = 6, max_rank: int = 5, max_size: int = 6,
+             dtypes=(torch.float32, torch.float32, torch.bfloat16, torch.int64),
+             layouts=tuple(LAYOUTS), requires_grad: bool = False, max_numel: int = 256):
+    """A TensorProgram with 1-2 inputs of one dtype and up to `max_steps` steps.
+
+    Inputs have rank 1..`max_rank` (higher ranks get smaller dims: at most `max_numel` elements) and a
+    layout drawn from `layouts` (default: all of LAYOUTS; a layout is drawn only for ranks it applies
+    to, so channels_last needs rank 4). `requires_grad=True` makes every floating-point input that is
+    not expanded a requires_grad leaf, for training checks."""
+    unknown = set(layouts) - set(LAYOUTS)
+    if unknown:
+        raise ValueError(f"unknown layouts {sorted(unknown)}; known: {sorted(LAYOUTS)}")
     dtype = draw(st.sampled_from(dtypes))
-    rank = draw(st.integers(1, max_rank))
-    shape = [draw(st.integers(1, max_size)) for _ in range(rank)]
+    # only ranks that some allowed layout applies to: layouts=["channels_last"] draws 4-D programs only
+    ranks = [r for r in range(1, max_rank + 1) if any(_layout_fits(lay, r) for lay in layouts)] or [1]
+    rank = draw(st.sampled_from(ranks))
+    cap = max(2, min(max_size, int(round(max_numel ** (1 / rank)))))
+    shape = [draw(st.integers(1, cap)) for _ in range(rank)]
     n_in = draw(st.integers(1, 2))
-    inputs = [draw(_tensor([1 if (k == 1 and draw(st.booleans())) else s for s in shape], dtype))
-              for k in range(n_in)]
+    specs = [draw(_input([1 if (k == 1 and draw(st.booleans())) else s for s in shape], dtype, layouts,
+                         requires_grad)) for k in range(n_in)]
+    inputs = [spec.make() for spec in specs]
     shapes = [tuple(x.shape) for x in inputs]
     steps = []
     for _ in range(draw(st.integers(1, max_steps))):
@@ -160,7 +324,7 @@ def programs(draw, max_steps: int = 6, max_rank: int = 3, max_size: int = 6,
         shapes.append(out)
     outputs = (len(shapes) - 1,) + tuple(sorted(set(draw(st.lists(
         st.integers(len(inputs), len(shapes) - 1), max_size=1)))))
-    return TensorProgram(tuple(steps), tuple(inputs), tuple(dict.fromkeys(outputs)))
+    return TensorProgram(tuple(steps), tuple(inputs), tuple(dict.fromkeys(outputs)), tuple(specs))
 
 
 def _broadcastable(a, b) -> bool:
