@@ -72,6 +72,9 @@ ZERO_DIM = {
                                                                               torch.tensor(7.0)]),
     "add_0dim_grad": (lambda x, s: x * s + s, lambda: [torch.randn(4, 3, requires_grad=True),
                                                         torch.tensor(0.5, requires_grad=True)]),
+    # reductions of a 0-dim tensor: a reduction over no dims is still a reduction kernel
+    "reductions_of_0dim": (lambda x: (x.sum(), x.sum(0), x.argmax(), x.amax(), (x > 0).any(), x.mean()),
+                           lambda: [torch.tensor(3.0, requires_grad=True)]),
     "reduction_with_0dim": (lambda x, s: ((x > s) | (s < 0)).sum(1), lambda: [torch.randn(6, 9), torch.tensor(0.2)]),
 }
 

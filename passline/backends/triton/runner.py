@@ -390,7 +390,9 @@ class TritonRunner:
         return ("kernel", node, (k, variants))
 
     def _variants(self, node, stored) -> dict:
-        red = getattr(node, "reduction_ranges", ())
+        # the generator's own loop nest: a reduction over no dims (a 0-dim tensor's sum) still has one
+        # reduction loop of size 1, so it is a reduction kernel with RBLOCK, not a pointwise one
+        red = kgen._group(node)[2]
         if not red:
             return {"pointwise": kgen.generate(node, self.graph, self.interpret, "pointwise", {}, stored)}
         return {v: kgen.generate(node, self.graph, self.interpret, v, {}, stored) for v in ("persistent", "looped")}
