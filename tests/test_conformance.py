@@ -98,7 +98,12 @@ def _clone(x):
     return x
 
 
-def _compare(ours, eager, what: str) -> None:
+def _compare(ours, eager, what: str, precise=None) -> None:
+    """Outputs (or gradients) equal to eager's within the dtype's tolerance. A bfloat16 value outside it is
+    still right when it is about as close as eager's to `precise()` (the same computed in float64): eager
+    rounds every op's result to bfloat16 where passline keeps float32 between fused ops, and a
+    cancellation (a*b - c*d in `cross`) turns that into a difference of many bfloat16 steps. The rule
+    is torch._dynamo.utils.same's fp64 check: RMSE(ours) <= 2 * RMSE(eager) + 1e-3 against float64."""
     flat_o, spec_o = pytree.tree_flatten(ours)
     flat_e, spec_e = pytree.tree_flatten(eager)
     assert spec_o == spec_e, f"{what}: structure {spec_o} != eager's {spec_e}"
@@ -106,12 +111,33 @@ def _compare(ours, eager, what: str) -> None:
         if isinstance(b, torch.Tensor):
             assert isinstance(a, torch.Tensor), f"{what} {k}: {type(a)} where eager gives a tensor"
             assert a.dtype == b.dtype and a.shape == b.shape, f"{what} {k}: {a.dtype}{list(a.shape)} != eager's {b.dtype}{list(b.shape)}"
-            torch.testing.assert_close(a, b, **tolerance(b.dtype), equal_nan=True, check_stride=False,
-                                       msg=lambda m: f"{what} {k}: {m}")
+            try:
+                torch.testing.assert_close(a, b, **tolerance(b.dtype), equal_nan=True, check_stride=False,
+                                           msg=lambda m: f"{what} {k}: {m}")
+            except AssertionError:
+                if b.dtype not in (torch.bfloat16, torch.float16) or precise is None:
+                    raise
+                try:
+                    ref = precise()[k].to(torch.float64)
+                except Exception:  # no float64 kernel: eager's value is the only reference
+                    raise AssertionError(f"{what} {k}: differs from eager (no float64 reference)")
+                finite = ref.isfinite() & a.isfinite() & b.isfinite()
+                same_nonfinite = torch.equal(a.double()[~finite].nan_to_num(), b.double()[~finite].nan_to_num())
+
+                def rmse(x):
+                    return (x.double()[finite] - ref[finite]).pow(2).mean().sqrt().item() if finite.any() else 0.0
+                if not (same_nonfinite and rmse(a) <= 2 * rmse(b) + 1e-3):
+                    raise
         elif isinstance(b, float) and b != b:
             assert a != a, f"{what} {k}: {a} != eager's nan"
         else:
             assert a == b, f"{what} {k}: {a!r} != eager's {b!r}"
+
+
+def _upcast(x):
+    if isinstance(x, torch.Tensor) and x.dtype in (torch.bfloat16, torch.float16):
+        return x.detach().double().requires_grad_(x.requires_grad)
+    return x
 
 
 def run_sample(op, sample, backward: bool):
@@ -139,8 +165,14 @@ def run_sample(op, sample, backward: bool):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the fallback's warning: be.failures holds the same reason
         ours = torch.compile(fn, backend=be)(*ours_in)
-        _compare(ours, eager, "output")
+        def precise_out():  # the sample in float64, flattened as the outputs are
+            return pytree.tree_leaves(fn(*precise_in))
+
+        precise_in = [_upcast(t) for t in tensors]
+        _compare(ours, eager, "output", precise_out)
         grads_in = [k for k, t in enumerate(eager_in) if t.requires_grad]
+        outs_all = [(a, isinstance(b, torch.Tensor) and b.requires_grad)
+                    for a, b in zip(pytree.tree_leaves(ours), pytree.tree_leaves(eager))]
         outs = [(a, b) for a, b in zip(pytree.tree_leaves(ours), pytree.tree_leaves(eager))
                 if isinstance(b, torch.Tensor) and b.requires_grad]
         if backward and grads_in and outs:
@@ -155,7 +187,12 @@ def run_sample(op, sample, backward: bool):
             if not isinstance(g_eager, Exception):
                 g_ours = torch.autograd.grad([a for a, _ in outs], [ours_in[k] for k in grads_in], cot,
                                              allow_unused=True)
-                _compare(list(g_ours), list(g_eager), "grad")
+                def precise_grad():
+                    outs64 = [o for o, (_, b) in zip(pytree.tree_leaves(fn(*precise_in)), outs_all) if b]
+                    return list(torch.autograd.grad(outs64, [precise_in[k] for k in grads_in],
+                                                    [c.double() for c in cot], allow_unused=True))
+
+                _compare(list(g_ours), list(g_eager), "grad", precise_grad)
     if be.failures:
         kind, e = be.failures[0]
         return "refused", f"{kind}: {type(e).__name__}: {str(e).splitlines()[0][:160]}"

@@ -106,3 +106,15 @@ def test_nan_and_inf_through_pow_logical_and_0dim():
     fn = lambda x, e: (torch.pow(x, 2.0), torch.pow(x, e), torch.logical_or(x, e), torch.logical_and(x, x),
                        torch.nan_to_num(x), torch.isinf(x) | torch.isnan(e))
     _triton(fn, [x, e])
+
+
+def test_extern_result_dtype_follows_the_ir():
+    # the CPU kernel returns bfloat16 statistics where the meta function (and so the IR) says float32: a
+    # kernel loading them must read float32 (the interpreter raised "Cannot bitcast ... size 16 to 32")
+    fn = lambda x, w, b, m, v: torch.ops.aten._batch_norm_with_update(x, w, b, m, v, 0.5, 1e-5)[:3]
+    x, w, b = torch.randn(5, 4, 3, dtype=torch.bfloat16), torch.rand(4, dtype=torch.bfloat16), torch.randn(4, dtype=torch.bfloat16)
+    m, v = torch.zeros(4, dtype=torch.bfloat16), torch.ones(4, dtype=torch.bfloat16)
+    torch._dynamo.reset()
+    ours = torch.compile(fn, backend=passline.backend(codegen="triton", fallback="raise"))(x, w, b, m.clone(), v.clone())
+    for a, e in zip(ours, fn(x, w, b, m.clone(), v.clone())):
+        torch.testing.assert_close(a.float(), e.float(), atol=2e-2, rtol=2e-2)

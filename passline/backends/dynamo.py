@@ -83,7 +83,17 @@ class Backend:
             # save few activations; recompute cheap pointwise work in the backward (as Inductor does)
             partition_fn=min_cut_rematerialization_partition,
         )
-        return compiler(gm, example_inputs)
+        try:
+            return compiler(gm, example_inputs)
+        except Exception as e:
+            # aot_autograd traces the forward and backward (with passline's decompositions) before any
+            # graph reaches passline's compiler: a failure there is a compile-time refusal too
+            if self.fallback == "raise":
+                raise
+            warnings.warn(f"passline could not trace a graph with aot_autograd and runs it eagerly: "
+                          f"{type(e).__name__}: {e}", stacklevel=2)
+            self.failures.append(("aot_autograd", e))
+            return gm.forward
 
     def _compiler(self, kind: str):
         def compile_graph(gm: torch.fx.GraphModule, example_inputs):
