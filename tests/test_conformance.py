@@ -16,9 +16,9 @@ per entry × dtype (docs/testing.md: "Conformance").
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import re
+import time
 import warnings
 
 import pytest
@@ -49,22 +49,24 @@ NONDETERMINISTIC = re.compile(
 SLICE = (
     # once crashed at run time: zero-size tensors
     "rsqrt", "new_zeros", "roll", "nn.functional.celu", "nn.functional.prelu", "nn.functional.bilinear",
-    "_native_batch_norm_legit", "logspace", "signal.windows.hann", "signal.windows.kaiser",
-    # once crashed at run time: 0-dim operands, bool results
-    "logical_or", "logical_xor", "logical_not", "logical_and", "pow", "float_power",
+    "_native_batch_norm_legit", "logspace", "signal.windows.hann",
+    # once crashed at run time: 0-dim operands, bool results, reductions of a 0-dim tensor, an extern whose
+    # CPU kernel disagrees with its meta function (dtype; shapes: refused)
+    "logical_or", "logical_xor", "logical_not", "pow", "float_power", "sum", "argmax", "any",
+    "_batch_norm_with_update", "nn.functional.embedding_bag",
     # pointwise math, NaN/inf, integer and bool results
-    "add", "mul", "div.floor_rounding", "remainder", "fmod", "where", "clamp", "sigmoid", "nn.functional.gelu",
-    "nn.functional.silu", "erf", "expm1", "log1p", "nan_to_num", "isnan", "isinf", "sign", "round",
-    "maximum", "minimum", "lerp", "xlogy", "hypot", "bitwise_and", "eq", "ne", "masked_fill",
+    "add", "div.floor_rounding", "remainder", "where", "clamp", "sigmoid", "nn.functional.gelu", "erf",
+    "log1p", "nan_to_num", "isnan", "sign", "round", "maximum", "lerp", "eq", "masked_fill", "cross",
     # reductions and norms
-    "sum", "mean", "amax", "argmax", "argmin", "any", "all", "prod", "var", "std_mean", "logsumexp",
-    "softmax", "log_softmax", "nn.functional.layer_norm", "nn.functional.group_norm", "nn.functional.rms_norm",
-    "nn.functional.cross_entropy", "nn.functional.mse_loss",
+    "mean", "amax", "argmin", "all", "prod", "var", "logsumexp", "softmax", "nn.functional.layer_norm",
+    "nn.functional.group_norm", "nn.functional.cross_entropy", "nn.functional.mse_loss",
     # views, copies and factories
-    "permute", "transpose", "expand", "narrow", "select_scatter", "slice_scatter", "cat", "stack", "flip",
-    "repeat", "tril", "constant_pad_nd", "full_like", "zeros_like", "arange", "linspace", "eye",
+    "permute", "transpose", "select_scatter", "slice_scatter", "cat", "flip", "tril", "constant_pad_nd",
+    "zeros_like", "arange", "eye",
     # gathers, scatters and externs
-    "gather", "index_select", "scatter_add", "cumsum", "mm", "nn.functional.embedding",
+    "gather", "scatter_add", "cumsum", "mm", "nn.functional.embedding",
+    # tensor constants in the graph (get_attr)
+    "__getitem__", "masked.sum",
 )
 assert not set(SLICE) - {f"{op.name}.{op.variant_test_name}".rstrip(".") for op in op_db}, "SLICE names an unknown op"
 
@@ -233,7 +235,9 @@ def run_entry(op, dtype):
 
 @pytest.mark.parametrize("op, dtype", list(_selected()))
 def test_opinfo(op, dtype, conformance_results):
+    t0 = time.perf_counter()
     outcome, detail = run_entry(op, dtype)
-    conformance_results.append({"op": _op_id(op), "dtype": str(dtype)[6:], "outcome": outcome, "detail": detail})
+    conformance_results.append({"op": _op_id(op), "dtype": str(dtype)[6:], "outcome": outcome, "detail": detail,
+                                "seconds": round(time.perf_counter() - t0, 2)})
     if outcome == "skipped":
         pytest.skip(detail)
