@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 TRITON ?= triton==3.9.0
 
-.PHONY: demo test fuzz venv clean
+.PHONY: demo test fuzz conformance venv clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,13 @@ test: venv
 FUZZ_ARGS ?= -k "lowered or every_pass or idempotent"
 fuzz: venv
 	HYPOTHESIS_PROFILE=fuzz TRITON_INTERPRET=1 $(PY) -m pytest -q tests/test_fuzz.py $(FUZZ_ARGS) --hypothesis-show-statistics
+
+# Every entry of PyTorch's op database (OpInfo) through the Triton path on the interpreter, float32 and
+# bfloat16, forward and backward; prints the counts by outcome (make test runs a fixed slice).
+CONFORMANCE_LOG ?= conformance.jsonl
+conformance: venv
+	rm -f $(CONFORMANCE_LOG)
+	PASSLINE_CONFORMANCE=full PASSLINE_CONFORMANCE_LOG=$(CONFORMANCE_LOG) TRITON_INTERPRET=1 $(PY) -m pytest -q tests/test_conformance.py $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

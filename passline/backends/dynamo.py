@@ -93,7 +93,19 @@ class Backend:
             # save few activations; recompute cheap pointwise work in the backward (as Inductor does)
             partition_fn=min_cut_rematerialization_partition,
         )
-        return compiler(gm, example_inputs)
+        try:
+            return compiler(gm, example_inputs)
+        except Exception as e:
+            # aot_autograd traces the forward and backward (with passline's decompositions) before any
+            # graph reaches passline's compiler: a failure there is a compile-time refusal too. Except
+            # what dynamo answers itself, with a graph break or a restart (a data-dependent output shape:
+            # the rest of the function still compiles) or as the user's error (IndexError)
+            if self.fallback == "raise" or _dynamo_handles(e):
+                raise
+            warnings.warn(f"passline could not trace a graph with aot_autograd and runs it eagerly: "
+                          f"{type(e).__name__}: {e}", stacklevel=2)
+            self.failures.append(("aot_autograd", e))
+            return gm.forward
 
     def _compiler(self, kind: str):
         def compile_graph(gm: torch.fx.GraphModule, example_inputs):
@@ -149,6 +161,13 @@ class Backend:
         if self.capture:
             return _capturing(runner, report)
         return runner
+
+
+def _dynamo_handles(e: Exception) -> bool:
+    from torch._dynamo import exc
+
+    handled = getattr(exc, "exceptions_allowed_to_be_fallback", ())
+    return isinstance(e, (*handled, IndexError)) or type(e).__module__.startswith("torch._dynamo")
 
 
 def backend(pipeline=None, codegen: str = "auto", **options) -> Backend:

@@ -169,9 +169,14 @@ class ReferenceRunner:
             size, stride = bind.ints(buf.layout.size), bind.ints(buf.layout.stride)
             if list(r.shape) != size:
                 raise RuntimeError(f"{node.name}: {node.op} returned shape {list(r.shape)}, expected {size}")
-            if r.numel() > 1 and any(st != want for s, st, want in zip(size, r.stride(), stride) if s > 1):
-                # the IR indexes this buffer with the recorded strides: make the storage match them
-                r = torch.empty_strided(size, stride, dtype=r.dtype, device=r.device).copy_(r)
+            dtype = buf.layout.dtype
+            if r.dtype != dtype or (r.numel() > 1 and any(st != want for s, st, want in zip(size, r.stride(), stride)
+                                                          if s > 1)):
+                # the IR indexes this buffer with the recorded strides and reads it with the recorded dtype
+                # (a generated kernel's loads take the tensor's dtype): make the storage match both. The
+                # dtypes differ where an op's CPU kernel disagrees with its meta function (bfloat16
+                # _batch_norm_with_update returns bfloat16 statistics; its meta says float32).
+                r = torch.empty_strided(size, stride, dtype=dtype, device=r.device).copy_(r)
             env[buf.name] = r
 
     def _loop(self, node: Pointwise | Reduction, env, bind: _Bindings) -> torch.Tensor:

@@ -54,9 +54,31 @@ def lower_graph(gm: torch.fx.GraphModule, example_inputs=None) -> Program:
             outs = n.args[0]
             outputs = tuple(_output(ctx, env[o], o.meta.get("val")) if isinstance(o, torch.fx.Node) else o
                             for o in (outs if isinstance(outs, (tuple, list)) else (outs,)))
+        elif n.op == "get_attr" and isinstance(getattr(gm, n.target, None), torch.Tensor):
+            # a tensor constant aot_autograd lifted out of the program (an index list, a mask): an extern
+            # that hands out a copy of it, so no node's result ever aliases the module's attribute
+            ctx.fx_node = n
+            value = getattr(gm, n.target)
+            env[n] = ctx.extern(TensorConstant(n.target, value), (), {}, value)
         elif n.op != "placeholder":
             raise LoweringError(f"unsupported FX node kind {n.op!r}: {n.format_node()}")
     return Program(tuple(inputs), tuple(ctx.nodes), outputs)
+
+
+class TensorConstant:
+    """The op of an Extern producing a graph's tensor constant: called with no arguments, it returns a copy.
+    Compared by identity (a tensor's == is elementwise) and printed by name."""
+
+    def __init__(self, name: str, value: torch.Tensor):
+        self.name, self.value = name, value  # no tensor op here: lowering runs under FakeTensorMode
+
+    def __call__(self) -> torch.Tensor:
+        return self.value.clone()
+
+    def __repr__(self) -> str:
+        return f"constant {self.name}{list(self.value.shape)}"
+
+    __name__ = property(lambda self: f"constant {self.name}")
 
 
 def _input(name: str, val) -> GraphInput:

@@ -26,7 +26,19 @@ def mutated_args(op) -> list[int]:
     return [k for k, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
 
 
+# Ops whose CPU kernels return other shapes than their meta functions (which the IR's layouts come from):
+# `_embedding_bag` returns an empty offset2bag / bag_size where the meta says one per index or bag. The
+# buffers the IR allocates and indexes would not fit what the op returns (nor, in the backward graph, what
+# its backward ops are given), so the graph is refused when it is compiled (the backend's fallback runs
+# it eagerly) rather than found out while running.
+META_DISAGREES = {"_embedding_bag", "_embedding_bag_forward_only", "_embedding_bag_backward",
+                  "_embedding_bag_dense_backward", "_embedding_bag_per_sample_weights_backward"}
+
+
 def lower_extern(ctx: LoweringContext, node: torch.fx.Node, args, kwargs):
+    name = getattr(getattr(node.target, "_schema", None), "name", "").removeprefix("aten::")
+    if name in META_DISAGREES:
+        raise NotImplementedError(f"aten.{name}: its CPU kernel's output shapes differ from its meta function's")
     targs = _to_arg(ctx, tuple(args))
     tkwargs = {k: _to_arg(ctx, v) for k, v in kwargs.items()}
     mutates = [targs[k].buffer for k in mutated_args(node.target)

@@ -203,6 +203,12 @@ class KernelWriter:
         if var is None:
             var = self.tmp()
             index, mask = key[1:]
+            if not any(re.fullmatch(r"[oq]\d+", s.name) for s in expr.free_symbols):
+                # one address for every lane (a 0-dim tensor, a scalar operand): load it as a [1] block, not
+                # a 0-d value. The interpreter gives a 0-d comparison the operand's dtype instead of int1,
+                # and splatting it to a block then converts the bools (`x | (s != 0)` raised "ufunc
+                # 'bitwise_or' not supported"); a [1] block broadcasts without conversion, on GPUs too.
+                index += " + tl.full([1], 0, tl.int32)"
             self.emit(f"{var} = tl.load({self.ptr(buffer)} + {index}" + (f", {mask}, other=0)" if mask else ")"))
             scope.loads[key] = var
         return var

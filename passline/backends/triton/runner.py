@@ -406,7 +406,9 @@ class TritonRunner:
         return ("kernel", node, (k, variants))
 
     def _variants(self, node, stored) -> dict:
-        red = getattr(node, "reduction_ranges", ())
+        # the generator's own loop nest: a reduction over no dims (a 0-dim tensor's sum) still has one
+        # reduction loop of size 1, so it is a reduction kernel with RBLOCK, not a pointwise one
+        red = kgen._group(node)[2]
         if not red:
             return {"pointwise": kgen.generate(node, self.graph, self.interpret, "pointwise", {}, stored)}
         return {v: kgen.generate(node, self.graph, self.interpret, v, {}, stored) for v in ("persistent", "looped")}
@@ -475,6 +477,10 @@ class TritonRunner:
             elif kind == "kernel":
                 k_obj, _ = data
                 self._launch(k_obj, node, env, bind, pool, owned)
+            elif bind.int(data[1].xnumel) == 0 or bind.int(data[1].rnumel) == 0:
+                # a mix-order node with no rows or no columns: nothing to launch (and a finish kernel
+                # would sum a workspace nobody wrote); the column sums over no rows are 0
+                self._empty(node, env, bind)
             else:
                 k_main, main, k_fin, finish, workspaces = data
                 rows = bind.int(main.xnumel)
@@ -529,11 +535,17 @@ class TritonRunner:
         if rnumel is None:
             rnumel = bind.int(src.rnumel) if src.rnumel is not None else None
         if xnumel == 0 or rnumel == 0:
-            if rnumel == 0:  # an empty reduction: the reference backend knows each identity
-                for m in node.members() if hasattr(node, "members") else (node,):
-                    env[m.output.name] = self.reference._loop(m, env, bind)
+            self._empty(node, env, bind)
             return
         k.run(self._args(k, env, bind, pool, owned), xnumel, rnumel, after)
+
+    def _empty(self, node, env, bind: _Bindings) -> None:
+        """A node with no points to compute (zero-size output) or reducing over none: no kernel is
+        launched (a grid of zero programs is an error on a GPU); the reference backend allocates each
+        member's output with its layout (shape, strides, dtype) and writes a reduction's identity where
+        rows exist but are empty."""
+        for m in node.members() if hasattr(node, "members") else (node,):
+            env[m.output.name] = self.reference._loop(m, env, bind)
 
 
 def _source_hash() -> str:

@@ -1,0 +1,120 @@
+"""The Triton path on the edges that once compiled and then crashed while running (issue 13): zero-size
+tensors, 0-dim operands, bool and integer values, NaN and inf. Each is compared with eager, forward and
+backward where differentiable (`assert_matches_eager` with codegen="triton", fallback="raise": nothing may
+fall back to eager here)."""
+import pytest
+import torch
+
+import passline
+from passline.testing import assert_matches_eager
+
+
+def _triton(fn, inputs, **kw):
+    be = assert_matches_eager(fn, inputs, codegen="triton", **kw)
+    assert be.reports and all(r.codegen == "triton" for r in be.reports)
+    return be
+
+
+# -- zero-size tensors: a kernel with no points launches nothing, its outputs are still allocated --------
+ZERO_SIZE = {
+    "rsqrt": (lambda x: torch.rsqrt(x), lambda: [torch.rand(1, 0, 3, requires_grad=True)]),
+    "celu": (lambda x: torch.nn.functional.celu(x), lambda: [torch.randn(1, 0, 3, requires_grad=True)]),
+    "new_zeros": (lambda x: x.new_zeros((2, 0)) + 1, lambda: [torch.randn(3, 4)]),
+    "roll": (lambda x: torch.roll(x * 2, 1, 0), lambda: [torch.randn(0, 0, 0, requires_grad=True)]),
+    "prelu": (lambda x, w: torch.nn.functional.prelu(x, w),
+              lambda: [torch.randn(0, 3, 4, requires_grad=True), torch.rand(3, requires_grad=True)]),
+    # reductions: no rows (no kernel), and rows reducing over nothing (each identity)
+    "sum_no_rows": (lambda x: (x.sum(1), x.amax(1)), lambda: [torch.randn(0, 5, requires_grad=True)]),
+    "sum_over_nothing": (lambda x: (x.sum(1), x.prod(1), (x > 0).any(1)), lambda: [torch.randn(4, 0, requires_grad=True)]),
+    # a mix-order backward (LayerNorm) over zero rows: no kernel, and the weight's gradient sums no rows
+    "layer_norm_no_rows": (torch.nn.LayerNorm(8), lambda: [torch.randn(0, 8, requires_grad=True)]),
+    "batch_norm_empty_spatial": (lambda x, m, v: torch.ops.aten._native_batch_norm_legit(x, None, None, m, v, False, 0.1, 1e-5)[0],
+                                 lambda: [torch.randn(3, 2, 0), torch.zeros(2), torch.ones(2)]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ZERO_SIZE))
+def test_zero_size(name):
+    fn, inputs = ZERO_SIZE[name]
+    _triton(fn, inputs())
+
+
+def test_zero_size_outputs_have_eager_shape_strides_and_dtype():
+    fn = lambda x: (x * 2, (x > 0), x.sum(0), x.new_zeros((2, 0), dtype=torch.int64))
+    x = torch.randn(0, 3)
+    torch._dynamo.reset()
+    ours = torch.compile(fn, backend=passline.backend(codegen="triton", fallback="raise"))(x)
+    for a, b in zip(ours, fn(x)):
+        # strides: torch's contiguous strides treat a 0 dim as 1 ((1, 1) for (2, 0)), passline's
+        # layouts (0, 1); with no element either addresses nothing and both are contiguous
+        assert (a.shape, a.dtype, a.is_contiguous()) == (b.shape, b.dtype, b.is_contiguous())
+        if a.numel() == 0 and 0 not in a.shape[1:]:
+            assert a.stride() == b.stride()
+    assert torch.equal(ours[2], torch.zeros(3))
+
+
+# -- 0-dim operands and bool results: loads of one address are [1] blocks, never 0-d values ---------------
+ZERO_DIM = {
+    "logical_or": (lambda x, y: torch.logical_or(x, y), lambda: [torch.randn(5), torch.tensor(0.0)]),
+    "logical_xor": (lambda x, y: torch.logical_xor(x, y), lambda: [torch.randn(5), torch.tensor(1.5)]),
+    "logical_and_bool": (lambda x, y: torch.logical_and(x > 0, y), lambda: [torch.randn(5), torch.tensor(True)]),
+    "logical_not": (lambda x: torch.logical_not(x), lambda: [torch.tensor(0.0)]),
+    "pow_0dim_exponent": (lambda x, e: torch.pow(x, e), lambda: [torch.rand(5, requires_grad=True) + 0.5,
+                                                                    torch.tensor(2.5, requires_grad=True)]),
+    "pow_0dim_base": (lambda b, x: torch.pow(b, x), lambda: [torch.tensor(1.7, requires_grad=True),
+                                                                torch.randn(2, 3, requires_grad=True)]),
+    "pow_negative_base_integral_exponent": (lambda x, e: torch.pow(x, e), lambda: [torch.randn(6), torch.tensor(3.0)]),
+    "float_power": (lambda x, e: torch.float_power(x, e), lambda: [torch.rand(4, dtype=torch.float64) + 0.1,
+                                                                     torch.tensor(2.0, dtype=torch.float64)]),
+    "all_0dim": (lambda x, y: (x * y + 1, torch.where(x > y, x, y), x == y), lambda: [
+        torch.tensor(0.3, requires_grad=True), torch.tensor(-1.2, requires_grad=True)]),
+    "where_0dim_condition": (lambda c, x, y: torch.where(c, x, y), lambda: [torch.tensor(False), torch.randn(3, 4),
+                                                                              torch.tensor(7.0)]),
+    "add_0dim_grad": (lambda x, s: x * s + s, lambda: [torch.randn(4, 3, requires_grad=True),
+                                                        torch.tensor(0.5, requires_grad=True)]),
+    # reductions of a 0-dim tensor: a reduction over no dims is still a reduction kernel
+    "reductions_of_0dim": (lambda x: (x.sum(), x.sum(0), x.argmax(), x.amax(), (x > 0).any(), x.mean()),
+                           lambda: [torch.tensor(3.0, requires_grad=True)]),
+    "reduction_with_0dim": (lambda x, s: ((x > s) | (s < 0)).sum(1), lambda: [torch.randn(6, 9), torch.tensor(0.2)]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ZERO_DIM))
+def test_zero_dim_operands_and_bool_results(name):
+    fn, inputs = ZERO_DIM[name]
+    _triton(fn, inputs())
+
+
+# -- bool and integer tensors, scalars, NaN and inf ---------------------------------------------------------
+def test_bool_and_integer_tensors():
+    a = torch.rand(4, 5) > 0.5
+    b = torch.rand(4, 5) > 0.5
+    i = torch.randint(-9, 9, (4, 5))
+    fn = lambda a, b, i: (a & b, a | ~b, a ^ b, torch.logical_not(a), a.sum(1), a.any(0), (i * 3 - 1) // 2,
+                          i % 4, torch.where(a, i, -i), i.abs(), (i > 0) == a, a.to(torch.float32) * 2)
+    _triton(fn, [a, b, i])
+
+
+def test_python_scalars_and_bfloat16():
+    x = torch.randn(8, 8, dtype=torch.bfloat16, requires_grad=True)
+    _triton(lambda x: (torch.pow(x, 2.0) * 0.5 + 3, torch.logical_or(x, x > 1), torch.logical_not(x), torch.clamp(x, min=-0.5)), [x])
+
+
+def test_nan_and_inf_through_pow_logical_and_0dim():
+    x = torch.tensor([0.0, -1.0, 2.0, float("nan"), float("inf"), float("-inf")])
+    e = torch.tensor(float("nan"))
+    fn = lambda x, e: (torch.pow(x, 2.0), torch.pow(x, e), torch.logical_or(x, e), torch.logical_and(x, x),
+                       torch.nan_to_num(x), torch.isinf(x) | torch.isnan(e))
+    _triton(fn, [x, e])
+
+
+def test_extern_result_dtype_follows_the_ir():
+    # the CPU kernel returns bfloat16 statistics where the meta function (and so the IR) says float32: a
+    # kernel loading them must read float32 (the interpreter raised "Cannot bitcast ... size 16 to 32")
+    fn = lambda x, w, b, m, v: torch.ops.aten._batch_norm_with_update(x, w, b, m, v, 0.5, 1e-5)[:3]
+    x, w, b = torch.randn(5, 4, 3, dtype=torch.bfloat16), torch.rand(4, dtype=torch.bfloat16), torch.randn(4, dtype=torch.bfloat16)
+    m, v = torch.zeros(4, dtype=torch.bfloat16), torch.ones(4, dtype=torch.bfloat16)
+    torch._dynamo.reset()
+    ours = torch.compile(fn, backend=passline.backend(codegen="triton", fallback="raise"))(x, w, b, m.clone(), v.clone())
+    for a, e in zip(ours, fn(x, w, b, m.clone(), v.clone())):
+        torch.testing.assert_close(a.float(), e.float(), atol=2e-2, rtol=2e-2)
