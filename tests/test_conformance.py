@@ -34,6 +34,8 @@ from torch.testing._internal.common_methods_invocations import op_db  # noqa: E4
 SAMPLES = 2  # the first samples of each entry × dtype: the interpreter's cost grows with programs × ops
 DTYPES = (torch.float32, torch.bfloat16)
 FULL = os.environ.get("PASSLINE_CONFORMANCE") == "full"
+# benchmarks/gpu_check.sh sets cuda: the same entries through generated kernels on the GPU
+DEVICE = os.environ.get("PASSLINE_TEST_DEVICE") or "cpu"
 
 # Outputs that do not depend only on the inputs: random ops and uninitialized memory. Comparing them
 # with eager says nothing, so they are skipped with this reason rather than counted as passes.
@@ -227,11 +229,11 @@ def run_entry(op, dtype):
     else extern if any sample has one, else native; skipped when no sample applies."""
     if NONDETERMINISTIC.match(_op_id(op)):
         return "skipped", "random or uninitialized output"
-    if dtype not in op.supported_dtypes("cpu"):
+    if dtype not in op.supported_dtypes(DEVICE):
         return "skipped", f"{dtype} not supported by the op"
-    backward = op.supports_autograd and dtype in op.supported_backward_dtypes("cpu")
+    backward = op.supports_autograd and dtype in op.supported_backward_dtypes(DEVICE)
     try:
-        samples = list(itertools.islice(op.sample_inputs("cpu", dtype, requires_grad=backward), SAMPLES))
+        samples = list(itertools.islice(op.sample_inputs(DEVICE, dtype, requires_grad=backward), SAMPLES))
     except Exception as e:
         return "skipped", f"no samples: {type(e).__name__}"
     outcomes, skips = [], []
