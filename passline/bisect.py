@@ -11,59 +11,17 @@ with eager PyTorch. The smallest failing N, then the smallest failing D, name th
 from __future__ import annotations
 
 import os
-import tempfile
-from pathlib import Path
 from typing import Callable, Sequence
 
 import attrs
 import torch
 
+from .backends.check import BisectReport, culprit_report, locate, matches, save_reproducer  # noqa: F401
 from .backends.dynamo import Backend
-from .testing import _clone, _flat, tolerance
+from .testing import _clone, _flat
 
-
-@attrs.define
-class BisectReport:
-    matches: bool  # True when the full pipeline already matches eager: nothing to find
-    pipeline: str
-    pass_index: int | None = None  # 1-based execution number of the culprit pass run
-    pass_name: str | None = None
-    pass_call: str | None = None
-    decision: object = None  # passline.pipeline.manager.Decision, or None if the pass breaks with no decision
-    graph: str | None = None  # which compiled graph (forward0, backward1, ...) breaks
-    minimal_pipeline: str | None = None
-    reproducer: str | None = None
-    probes: int = 0
-    message: str = ""
-
-    def __str__(self):
-        if self.matches:
-            return f"bisect: pipeline {self.pipeline!r} matches eager; nothing to bisect"
-        if self.pass_index is None:
-            return f"bisect: {self.message}"
-        lines = [f"bisect: first bad pass run #{self.pass_index}: {self.pass_call} (in {self.graph})"]
-        if self.decision is not None:
-            lines.append(f"  first bad decision: {self.decision}")
-        else:
-            lines.append("  the pass breaks the result without any counted decision")
-        if self.message:
-            lines.append(f"  the compile failed: {self.message.splitlines()[0]}")
-        lines.append(f"  minimal pipeline: {self.minimal_pipeline}")
-        if self.reproducer:
-            lines.append(f"  reproducer: {self.reproducer}  (passline.replay(path) re-runs it)")
-        lines.append(f"  {self.probes} compiles")
-        return "\n".join(lines)
-
-
-def _matches(outputs, expected) -> bool:
-    if len(outputs) != len(expected):
-        return False
-    for a, b in zip(outputs, expected):
-        try:
-            torch.testing.assert_close(a, b, **tolerance(b.dtype), equal_nan=True)
-        except AssertionError:
-            return False
-    return True
+# The search (`locate`), the comparison (`matches`), the report and the reproducer format are shared
+# with the accuracy guard (passline/backends/check.py), which bisects one aten graph instead of a function.
 
 
 class _Prober:
@@ -89,26 +47,16 @@ class _Prober:
         leaves its exception on `backend.error`."""
         self.count += 1
         torch._dynamo.reset()
+        # check=False: a guard would run wrong graphs eagerly and hide what bisect is looking for
         be = Backend(self.pipeline, self.codegen, pass_limit=pass_limit, decision_limits=decision_limits,
-                     capture=capture, fallback="raise")
+                     capture=capture, fallback="raise", check=False)
         be.error = None
         try:
             got = self._run(torch.compile(self.fn, backend=be))
         except Exception as e:  # a crash is as bad as a wrong result
             be.error = e
             return False, be
-        return _matches(got, self.expected), be
-
-
-def _first_bad(lo: int, hi: int, bad: Callable[[int], bool]) -> int:
-    """Smallest k in [lo, hi] with bad(k), given bad(hi) and not bad(lo - 1)."""
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if bad(mid):
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo
+        return matches(got, self.expected), be
 
 
 def bisect(fn: Callable, example_inputs: Sequence, pipeline=None, codegen: str = "reference",
@@ -122,30 +70,24 @@ def bisect(fn: Callable, example_inputs: Sequence, pipeline=None, codegen: str =
     text = str(full.pipeline)
     if ok:
         return BisectReport(True, text, probes=prober.count)
-    ok0, _ = prober.probe(pass_limit=0)
-    if not ok0:
+    found = locate(lambda n, limits: not prober.probe(n, limits)[0], full.pipeline.max_runs(),
+                   lambda k: max((len(recs[k - 1].decisions) for _, recs in _runs(prober.probe(k)[1])
+                                  if len(recs) >= k), default=0))
+    if found is None:
         return BisectReport(False, text, probes=prober.count,
                             message="the result is wrong with no pass at all: the bug is in lowering or the "
                                     "backend, not in a pass")
-    k = _first_bad(1, full.pipeline.max_runs(), lambda n: not prober.probe(pass_limit=n)[0])
-    _, at_k = prober.probe(pass_limit=k)
-    decisions = max((len(recs[k - 1].decisions) for _, recs in _runs(at_k) if len(recs) >= k), default=0)
-    d = _first_bad(0, decisions, lambda m: not prober.probe(pass_limit=k, decision_limits={k: m})[0]) \
-        if decisions else 0
-    limits = {k: d} if decisions else {}
+    k, limits = found
     _, be = prober.probe(pass_limit=k, decision_limits=limits, capture=True)
     bad = None if be.error is not None else _failing_graph(be, limits, k)
     if bad is not None:
         name, records = bad.name, bad.passes
     else:  # the compile crashed (e.g. the verifier caught the pass): the manager's latest run is the culprit
         name, records = be.manager.graph_name, be.manager.records
-    record = records[k - 1]
-    report = BisectReport(False, text, pass_index=k, pass_name=record.name, pass_call=record.call,
-                          decision=record.decisions[d - 1] if d >= 1 and len(record.decisions) >= d else None,
-                          graph=name, minimal_pipeline=", ".join(r.call for r in records[:k]),
-                          probes=prober.count, message=f"{type(be.error).__name__}: {be.error}" if be.error else "")
+    report = culprit_report(text, k, limits, records, name, prober.count, be.error)
     if bad is not None and bad.inputs is not None:
-        report.reproducer = str(save_reproducer(bad, report.minimal_pipeline, k, limits, codegen, save_dir))
+        report.reproducer = str(save_reproducer(bad.name, bad.gm, bad.inputs, report.minimal_pipeline, k, limits,
+                                                codegen, save_dir))
     return report
 
 
@@ -179,13 +121,14 @@ class ReplayResult:
 
 
 def replay_graph(gm, inputs, pipeline, pass_limit=None, decision_limits=None, codegen="reference") -> ReplayResult:
-    be = Backend(pipeline, codegen, pass_limit=pass_limit, decision_limits=decision_limits, fallback="raise")
+    be = Backend(pipeline, codegen, pass_limit=pass_limit, decision_limits=decision_limits, fallback="raise",
+                 check=False)
     if any("val" not in n.meta for n in gm.graph.nodes if n.op != "output"):
         _propagate_meta(gm, inputs)  # a reloaded GraphModule has lost its FakeTensor metadata
     runner = be.compile_aten(gm, list(inputs), "replay")
     got = _flat(list(runner(*_clone(inputs))))
     expected = _flat(list(gm(*_clone(inputs))))
-    return ReplayResult(_matches(got, expected), got, expected)
+    return ReplayResult(matches(got, expected), got, expected)
 
 
 def _propagate_meta(gm, inputs) -> None:
@@ -195,16 +138,6 @@ def _propagate_meta(gm, inputs) -> None:
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     FakeTensorProp(gm, mode).propagate(*[mode.from_tensor(x) if isinstance(x, torch.Tensor) else x
                                          for x in inputs])
-
-
-def save_reproducer(report, pipeline: str, pass_limit: int, decision_limits: dict, codegen: str,
-                    save_dir=None) -> Path:
-    out = Path(save_dir) if save_dir else Path(tempfile.mkdtemp(prefix="passline-bisect-"))
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"repro-{report.name}.pt"
-    torch.save({"code": report.gm.code, "graph_module": report.gm, "inputs": report.inputs, "pipeline": pipeline,
-                "pass_limit": pass_limit, "decision_limits": decision_limits, "codegen": codegen}, path)
-    return path
 
 
 def replay(path: str | os.PathLike) -> ReplayResult:

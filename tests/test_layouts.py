@@ -218,3 +218,15 @@ def test_channels_last_resnet_block_at_gpu_sizes(shape, codegen):
         assert significant(a) == significant(b), f"tensor {k}: strides {a.stride()}, eager {b.stride()}"
         ours_err, eager_err = (a.double() - t).abs().max(), (b.double() - t).abs().max()
         assert ours_err <= 8 * eager_err + 1e-6 * t.abs().max(), f"tensor {k}: error {ours_err}, eager's {eager_err}"
+
+
+@pytest.mark.parametrize("codegen", CODEGENS)
+@pytest.mark.parametrize("causal", [True, False])
+def test_attention_trains_like_eager(causal, codegen):
+    # the fused attention forward stays whole: its backward kernel reads the forward's saved output and
+    # logsumexp (a math decomposition of the forward left every gradient wrong)
+    def attend(q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(q, k.transpose(1, 2), v * 2, is_causal=causal)
+
+    q, v = torch.randn(2, 3, 7, 8), torch.randn(2, 3, 7, 8)
+    train_and_compare(attend, [q, torch.randn(2, 7, 3, 8), v], codegen)

@@ -20,6 +20,7 @@ from ..pipeline.manager import PassManager
 from ..pipeline.metrics import Metrics, enabled_tables
 from ..pipeline.report import CompileReport, set_last_report
 from ..pipeline.text import Pipeline
+from .check import checked
 from .layouts import conform_inputs
 from .reference import ReferenceRunner
 from .triton.kernel import MIX_FORMS  # codegen only: imports no triton
@@ -44,12 +45,17 @@ class Backend:
     kernel_variant: "auto" (multi-kernel choice), or force "persistent" / "looped" reductions or a mix-order
     form ("mix_order", "mix_order_acc2d") wherever a kernel has it; cache_dir: kernel cache;
     fallback: when passline fails on a graph, "eager" (default for users; $PASSLINE_FALLBACK) warns and
-    runs that graph's aten code as it is, "raise" (what passline.testing uses) raises the error.
+    runs that graph's aten code as it is, "raise" (what passline.testing uses) raises the error;
+    check: the accuracy guard (default $PASSLINE_CHECK=1, else off): the first call of each graph is also run
+    on the reference backend before any pass and compared output by output; a mismatch warns (or raises
+    AccuracyError under fallback="raise"), runs that graph eagerly from then on, saves a reproducer and
+    bisects to the culprit pass and decision (report.check; docs/debugging.md).
     """
 
     def __init__(self, pipeline=None, codegen: str = "auto", verify: bool = True, dump_dir=None,
                  metric_tables=None, metric_dir=None, instruments=(), pass_limit=None, decision_limits=None,
-                 capture: bool = False, kernel_variant: str = "auto", cache_dir=None, fallback=None):
+                 capture: bool = False, kernel_variant: str = "auto", cache_dir=None, fallback=None,
+                 check: bool | None = None):
         if codegen not in CODEGENS:
             raise ValueError(f"unknown codegen {codegen!r}; choose one of {', '.join(CODEGENS)}")
         self.pipeline = Pipeline.parse(DEFAULT_PIPELINE if pipeline is None else pipeline) \
@@ -71,6 +77,9 @@ class Backend:
         if fallback not in ("eager", "raise"):
             raise ValueError(f"fallback must be 'eager' or 'raise', not {fallback!r}")
         self.fallback = fallback
+        if check is None:
+            check = os.environ.get("PASSLINE_CHECK", "0").strip().lower() in ("1", "true", "yes", "on")
+        self.check = check
         self.reports: list[CompileReport] = []
         self.failures: list = []  # (graph kind, exception) for graphs run eagerly by the fallback
         self._ids = itertools.count()
@@ -135,6 +144,8 @@ class Backend:
         self.reports.append(report)
         set_last_report(report)
         runner = conform_inputs(graph, runner)  # read every input with the strides it was lowered for
+        if self.check:  # the accuracy guard checks the first call against the oracle (backends/check.py)
+            runner = checked(runner, report, self, gm, example_inputs)
         if self.capture:
             return _capturing(runner, report)
         return runner

@@ -15,6 +15,7 @@ import torch
 from ..ir import (Cast, Constant, Extern, FusedNode, IndexValue, Load, MixOrderNode, Op, Pointwise, Reduction,
                   TensorArg, walk)
 from ..ir.index import FloorDiv, ModularIndexing
+from ..lowering.sizes import runtime_value
 from ..pipeline.graph import SchedulerGraph
 
 _TORCH_OPS: dict[str, Callable] = {
@@ -31,6 +32,7 @@ class _Bindings:
 
     def __init__(self, graph: SchedulerGraph, args):
         self._memo: dict = {}
+        self.plans: dict = {}  # what a runner derives from these sizes (allocations), kept with them
         self.values: dict[sympy.Symbol, int] = {}
         for inp, arg in zip(graph.inputs, args):
             if inp.symbol is not None and isinstance(inp.symbol, sympy.Symbol):
@@ -140,8 +142,8 @@ class ReferenceRunner:
         if isinstance(o, TensorArg):
             t = env[o.buffer]
             return t.as_strided(bind.ints(o.size), bind.ints(o.stride), t.storage_offset() + bind.int(o.offset))
-        if isinstance(o, sympy.Expr):
-            return bind.int(o)
+        if isinstance(o, sympy.Basic):
+            return runtime_value(o, bind.values)
         return o
 
     def _arg(self, x, env, bind: _Bindings):

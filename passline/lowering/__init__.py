@@ -17,6 +17,7 @@ from .context import GraphInput, LoweringContext, Program, dense_order, hint, st
 from .decompositions import decomposition_table
 from .extern import lower_extern, touches_complex
 from .registry import LOWERINGS, lowering
+from .sizes import is_size_node, size_value
 from .tensor import TensorRef
 
 __all__ = ["lower_graph", "Program", "GraphInput", "LOWERINGS", "lowering", "decomposition_table",
@@ -71,6 +72,8 @@ def _lower_call(ctx: LoweringContext, n: torch.fx.Node, env):
     if n.target is operator.getitem:
         seq, idx = n.args
         return env[seq][idx]
+    if is_size_node(n):  # size arithmetic (dynamic shapes): the traced value's sympy expression
+        return size_value(n)
     args = torch.fx.node.map_arg(n.args, lambda a: env[a])
     kwargs = torch.fx.node.map_arg(n.kwargs, lambda a: env[a])
     fn = LOWERINGS.get(n.target)
@@ -86,8 +89,8 @@ def _lower_call(ctx: LoweringContext, n: torch.fx.Node, env):
 def _output(ctx: LoweringContext, value, val):
     if isinstance(value, TensorRef):
         return _eager_strided(ctx, value, val)
-    if isinstance(value, (sympy.Expr, int, float, bool)) or value is None:
-        return value
+    if isinstance(value, (sympy.Basic, int, float, bool)) or value is None:
+        return value  # a size (dynamic shapes): the runner returns its value as eager does
     raise LoweringError(f"unsupported graph output {value!r}")
 
 

@@ -22,7 +22,13 @@ _fused_rms_norm_backward""".split()
 
 # Kept whole: these run as Extern aten calls, faster than any loop-level lowering of ours.
 # _to_copy with only a dtype is a cast we lower; kept whole so a device move stays one call.
-KEEP = "mm bmm addmm baddbmm convolution convolution_backward _to_copy".split()
+# The fused attention kernels must stay whole: their backward is an aten kernel that reads the forward's
+# saved output and logsumexp, and core ATen's math decomposition of the CPU flash forward saves values
+# that kernel misreads (every gradient of scaled_dot_product_attention was wrong; Inductor's table also
+# leaves it out).
+KEEP = """mm bmm addmm baddbmm convolution convolution_backward _to_copy _scaled_dot_product_flash_attention_for_cpu
+_scaled_dot_product_flash_attention _scaled_dot_product_efficient_attention
+_scaled_dot_product_cudnn_attention""".split()
 
 
 def _packets(names):

@@ -17,6 +17,7 @@ from ..ir import Constant, IndexValue, Op
 from ..ir.body import COMPARISONS, LOGICAL_OPS
 from .context import LoweringContext, cast, upcast
 from .registry import lowering
+from .sizes import scalar_body
 from .tensor import TensorRef
 
 aten = torch.ops.aten
@@ -45,7 +46,7 @@ def value(x, idx, ndim: int, dtype: torch.dtype):
     if isinstance(x, TensorRef):
         return cast(broadcast_load(x, idx, ndim), dtype)
     if isinstance(x, sympy.Expr):
-        return cast(IndexValue(x, torch.int64), dtype)
+        return cast(IndexValue(x, torch.int64), dtype) if x.is_integer else scalar_body(x, dtype)
     if isinstance(x, (bool, numbers.Number)):
         if dtype.is_floating_point:
             return Constant(float(x), dtype)
@@ -55,9 +56,10 @@ def value(x, idx, ndim: int, dtype: torch.dtype):
 
 def promote(node: torch.fx.Node, operands, kind):
     """(computation dtype, result dtype) by torch's rules for this node's operands."""
-    metas = [meta(a) for a in operands]
-    metas = [int(m) if isinstance(m, torch.SymInt) else m for m in metas] if any(
-        isinstance(m, torch.SymInt) for m in metas) else metas
+    # a size takes part in promotion by its type alone: a stand-in of that type, never int(SymInt),
+    # which would guard on (specialize to) this call's value and recompile at the next size
+    stand_in = {torch.SymInt: 1, torch.SymFloat: 1.0, torch.SymBool: True}
+    metas = [stand_in.get(type(m), m) for m in map(meta, operands)]
     compute, _ = elementwise_dtypes(*metas, type_promotion_kind=kind)
     return upcast(compute)
 

@@ -26,6 +26,7 @@ class CompileReport:
     gm: object = None  # the aten FX graph this report compiled (for reproducers)
     inputs: list | None = None  # its first real inputs, when the backend captures them
     runner: object = None  # what runs the graph (TritonRunner has .kernels: source, variant, bytes)
+    check: object = None  # with backend(check=True): the accuracy guard's CheckReport, after the first call
 
     @property
     def kernel_info(self) -> list:

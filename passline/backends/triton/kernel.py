@@ -57,10 +57,12 @@ def _sanitize(name: str) -> str:
     return re.sub(r"\W", "_", name)
 
 
-def _decompose(prefix: str, sizes, flat: str) -> list[tuple[str, str]]:
-    """Canonical variables from a flat index: [(name, source)]."""
+def _decompose(prefix: str, sizes, flat: str, used: set) -> list[tuple[str, str]]:
+    """Canonical variables from a flat index: [(name, source)]. Size symbols the sources use (dynamic
+    shapes) are added to `used`, which makes them kernel arguments."""
     out = []
     strides = contiguous_strides(sizes)
+    used.update(sym for e in (*sizes[1:], *strides[:-1]) for sym in sympy.sympify(e).free_symbols)
     for k, (s, st) in enumerate(zip(sizes, strides)):
         name = f"{prefix}{k}"
         if len(sizes) == 1:
@@ -249,7 +251,7 @@ class KernelWriter:
         pid = "tl.program_id(0).to(tl.int64)" if int64 else "tl.program_id(0)"
         self.emit(f"xindex = {pid} * XBLOCK + tl.arange(0, XBLOCK)")
         self.emit("xmask = xindex < xnumel")
-        for name, src in _decompose("o", self.outer, "xindex"):
+        for name, src in _decompose("o", self.outer, "xindex", self.sizes):
             self.emit(f"{name} = {src}")
         scope = _Scope()
         for m in self.nodes:
@@ -261,13 +263,13 @@ class KernelWriter:
         pid = "tl.program_id(0).to(tl.int64)" if int64 else "tl.program_id(0)"
         self.emit(f"xindex = {pid} * XBLOCK + tl.arange(0, XBLOCK)[:, None]")
         self.emit("xmask = xindex < xnumel")
-        for name, src in _decompose("o", self.outer, "xindex"):
+        for name, src in _decompose("o", self.outer, "xindex", self.sizes):
             self.emit(f"{name} = {src}")
 
     def _rindex(self, base: str) -> None:
         self.emit(f"rindex = {base}tl.arange(0, RBLOCK)[None, :]")
         self.emit("rmask = rindex < rnumel")
-        for name, src in _decompose("q", self.red, "rindex"):
+        for name, src in _decompose("q", self.red, "rindex", self.sizes):
             self.emit(f"{name} = {src}")
 
     def _reduce_block(self, m, val: str, acc: str | None) -> str:
@@ -582,7 +584,7 @@ def generate_mix(mix: MixOrderNode, graph, interpret: bool, blocks: dict,
     w.indent += 1
     w.emit("xindex = row_start + xoffset + tl.arange(0, XBLOCK)[:, None]")
     w.emit("xmask = (xindex < xnumel) & (xoffset + tl.arange(0, XBLOCK)[:, None] < SPLIT)")
-    for vname, src in _decompose("o", rows, "xindex"):
+    for vname, src in _decompose("o", rows, "xindex", w.sizes):
         w.emit(f"{vname} = {src}")
     w.prefetch(scope)
     w.emit_members(scope, column)

@@ -104,7 +104,8 @@ class _Kernel:
         self.info, self.cache, self.interpret, self.gpu_tune, self.key = info, cache, interpret, gpu_tune, key
         self.only = only  # force one variant (persistent, looped, or a mix-order form) where it exists
         self.fns: dict = {}
-        self.choice = None
+        self.choices: dict = {}  # size bucket -> (variant, blocks, num_warps)
+        self.choice = None  # the configuration of the latest launch
 
     def fn(self, variant: str):
         if variant not in self.fns:
@@ -165,13 +166,28 @@ class _Kernel:
         with interpreting(self.interpret):
             return self.fn(variant)[grid](*args(variant), *extra, **blocks, num_warps=warps)
 
+    @staticmethod
+    def bucket(xnumel: int, rnumel: int | None) -> tuple:
+        """Sizes that share one configuration: the same powers of two. A persistent or mix-order kernel's
+        RBLOCK holds a whole row, so under dynamic shapes a longer row must get a choice of its own
+        (reusing the first call's read past RBLOCK's end: wrong values at the second sequence length)."""
+        return _pow2(xnumel), (_pow2(rnumel) if rnumel is not None else None)
+
+    def chosen(self, xnumel: int, rnumel: int | None):
+        """The configuration already chosen for these sizes, or None."""
+        return self.choices.get(self.bucket(xnumel, rnumel))
+
     def run(self, args, xnumel: int, rnumel: int | None, after=None):
-        """Launch the chosen configuration (chosen now at the first call); `after(cand)`, where given,
-        runs right after each timed candidate (a mix-order kernel's finishing kernel)."""
-        if self.choice is None:
-            self.choice = self._choose(args, xnumel, rnumel, after)
-            self.info.chosen, self.info.blocks = self.choice[0], dict(self.choice[1], num_warps=self.choice[2])
-        self.launch(self.choice, args, xnumel, rnumel)
+        """Launch the configuration chosen for these sizes (chosen now at their first call); `after(cand)`,
+        where given, runs right after each timed candidate (a mix-order kernel's finishing kernel)."""
+        key = self.bucket(xnumel, rnumel)
+        choice = self.choices.get(key)
+        if choice is None:
+            choice = self.choices[key] = self._choose(args, xnumel, rnumel, after)
+        if choice is not self.choice:
+            self.choice = choice
+            self.info.chosen, self.info.blocks = choice[0], dict(choice[1], num_warps=choice[2])
+        self.launch(choice, args, xnumel, rnumel)
 
     def _choose(self, args, xnumel, rnumel, after=None):
         cands = self.candidates(xnumel, rnumel)
@@ -348,7 +364,7 @@ class TritonRunner:
                 self.steps.append(("reference", node, None))
         self._plan_memory()
         self._bind = None  # static shapes: the first call's binding, reused by every call
-        self._plans: dict = {}  # static shapes: buffer name -> (sizes, strides, bytes)
+        self._binds: dict = {}  # dynamic shapes: recent bindings by their sizes (a training loop repeats them)
         self._ws_layouts: dict = {}  # (mix kernel, rows) -> its workspaces' layouts
 
     # -- compile ------------------------------------------------------------------------------------
@@ -408,13 +424,11 @@ class TritonRunner:
                 self.free_after.setdefault(k, []).append(b)
 
     def _alloc(self, layout, bind: _Bindings, pool: dict, owned: dict, name: str):
-        plan = self._plans.get(name) if bind is self._bind else None
+        plan = bind.plans.get(name)  # a binding is reused for the same sizes: so is its plan
         if plan is None:
             size, stride = bind.ints(layout.size), bind.ints(layout.stride)
             span = 1 + sum((s - 1) * st for s, st in zip(size, stride)) if all(size) else 0
-            plan = size, stride, span * layout.dtype.itemsize
-            if bind is self._bind:  # static shapes: the same sizes every call
-                self._plans[name] = plan
+            plan = bind.plans[name] = size, stride, span * layout.dtype.itemsize
         size, stride, nbytes = plan
         if not nbytes:
             return torch.empty_strided(size, stride, dtype=layout.dtype, device=layout.device)
@@ -430,12 +444,22 @@ class TritonRunner:
             pool.setdefault(key, []).append(flat)
 
     # -- run ----------------------------------------------------------------------------------------
+    def _binding(self, args) -> _Bindings:
+        """The sizes of this call. A binding memoizes its sympy -> int conversions, so calls with sizes
+        seen before reuse theirs instead of evaluating every size expression again."""
+        bind = _Bindings(self.graph, args)
+        if not bind.values:
+            self._bind = bind
+            return bind
+        key = tuple(bind.values.items())
+        if key not in self._binds and len(self._binds) >= 16:
+            self._binds.clear()
+        return self._binds.setdefault(key, bind)
+
     def __call__(self, *args):
         # static shapes (nothing to bind): one binding for every call, its sympy -> int conversions
         # memoized (the wrapper's Python time runs before the first kernel and between kernels)
-        bind = self._bind or _Bindings(self.graph, args)
-        if self._bind is None and not bind.values:
-            self._bind = bind
+        bind = self._bind or self._binding(args)
         env: dict = {}
         pool: dict = {}
         owned: dict = {}
@@ -457,7 +481,8 @@ class TritonRunner:
                 for name, layout in self._workspaces(k_main, workspaces, rows).items():
                     env[name] = self._alloc(layout, bind, pool, owned, name)
                 after = None
-                if k_main.choice is None:  # being tuned: each candidate is timed with the finish after it
+                if k_main.chosen(rows, bind.int(main.rnumel)) is None:
+                    # being tuned: each candidate is timed with the finish after it
                     fin_args, ncols = self._args(k_fin, env, bind, pool, owned), bind.int(finish.numel)
 
                     def after(cand):  # the finish's first candidate, for the candidate's program count

@@ -1,0 +1,112 @@
+"""Dynamic against static shapes, at the same size, with eager and Inductor in the same process.
+
+    python benchmarks/dynamic.py [--cases layer_norm,softmax,gpt_block] [--dtype bfloat16] [--quick]
+
+Each case is compiled by passline twice, with `dynamic=False` (sizes burned in) and `dynamic=True` (sizes
+are kernel arguments, one graph for every size), and both are first checked against eager (a training
+step: forward and `loss.backward()`, relative error of the output and the input gradient against
+eager). Then eager, Inductor (static), passline static and passline dynamic are timed (median of
+triton's do_bench, ms per training step) and the table prints passline dynamic / static: the issue's
+target is within 10% (<= 1.10).
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import passline  # noqa: E402
+
+
+class Block(torch.nn.Module):
+    """A GPT-style block: LayerNorm, attention (SDPA, causal), LayerNorm, GELU MLP."""
+
+    def __init__(self, d, heads):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = torch.nn.LayerNorm(d), torch.nn.LayerNorm(d)
+        self.qkv, self.out = torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d)
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(d, 4 * d), torch.nn.GELU(), torch.nn.Linear(4 * d, d))
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        att = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.out(att.transpose(1, 2).reshape(b, t, d))
+        return x + self.mlp(self.ln2(x))
+
+
+def cases(dtype, quick: bool):
+    """name -> [(label, make model, input shape)]."""
+    big = not quick
+    return {
+        "layer_norm": [(f"{m}x{n}", lambda n=n: torch.nn.LayerNorm(n), (m, n))
+                       for m, n in ([(32768, 1024), (8191, 4000), (65536, 384)] if big else [(64, 96)])],
+        "softmax": [(f"{m}x{n}", lambda: torch.nn.Softmax(-1), (m, n))
+                    for m, n in ([(16384, 2048), (4000, 30000)] if big else [(64, 96)])],
+        "gpt_block": [(f"{b}x{t}x{d}", lambda d=d: Block(d, d // 64), (b, t, d))
+                      for b, t, d in ([(8, 1024, 768), (4, 1000, 1024)] if big else [(2, 16, 64)])],
+    }
+
+
+def step_fn(model, x):
+    def step():
+        model(x).float().square().mean().backward()
+    return step
+
+
+def check(model, compiled, x) -> float:
+    """Worst relative error (output and input gradient) of `compiled` against eager."""
+    xa, xb = x.detach().clone().requires_grad_(), x.detach().clone().requires_grad_()
+    out_a, out_b = compiled(xa), model(xb)
+    out_a.float().square().mean().backward()
+    out_b.float().square().mean().backward()
+    return max(float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-12))
+               for a, b in ((out_a, out_b), (xa.grad, xb.grad)))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cases", default="layer_norm,softmax,gpt_block")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--quick", action="store_true", help="tiny sizes (a smoke run)")
+    args = ap.parse_args()
+    from triton.testing import do_bench
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = getattr(torch, args.dtype)
+    print(f"torch {torch.__version__}, device {torch.cuda.get_device_name() if device == 'cuda' else 'cpu'}, "
+          f"dtype {args.dtype}")
+    print("| case | shape | eager ms | Inductor ms | passline static ms | passline dynamic ms | dynamic / static "
+          "| rel. error static / dynamic |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, rows in cases(dtype, args.quick).items():
+        if name not in args.cases.split(","):
+            continue
+        for label, make, shape in rows:
+            torch.manual_seed(0)
+            model = make().to(device=device, dtype=dtype)
+            x = torch.randn(*shape, device=device, dtype=dtype, requires_grad=True)
+            times, errors = {}, {}
+            runs = {"eager": (model, None), "inductor": (copy.deepcopy(model), dict(backend="inductor")),
+                    "static": (copy.deepcopy(model), dict(backend=passline.backend(fallback="raise"), dynamic=False)),
+                    "dynamic": (copy.deepcopy(model), dict(backend=passline.backend(fallback="raise"), dynamic=True))}
+            for run, (m, options) in runs.items():
+                torch._dynamo.reset()
+                fn = torch.compile(m, **options) if options else m
+                if run in ("static", "dynamic"):
+                    errors[run] = check(model, fn, x)
+                fn(x)  # compile (and autotune) before timing
+                times[run] = do_bench(step_fn(fn, x), warmup=10, rep=100, return_mode="median") \
+                    if device == "cuda" else float("nan")
+            print(f"| {name} | {label} | {times['eager']:.3f} | {times['inductor']:.3f} | {times['static']:.3f} "
+                  f"| {times['dynamic']:.3f} | {times['dynamic'] / times['static']:.2f} "
+                  f"| {errors['static']:.1e} / {errors['dynamic']:.1e} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,124 @@
+"""Size arithmetic: the SymInt / SymFloat / SymBool values of an aten graph as sympy expressions.
+
+Under dynamic shapes an aten graph computes with sizes: `operator.mul(s0, s1)`, `sym_size`, `sym_numel`,
+`operator.truediv(numel, 4)` (BatchNorm's mean), comparisons, `sym_max`... Each such FX node carries its
+value, as dynamo traced it, in `meta["val"]`: a symbolic value whose expression is over the same size
+symbols as the graph's input layouts. Lowering takes that expression instead of re-deriving it from the
+arguments, so every operator torch can trace is covered by one rule, and translates torch's own sympy
+functions into the plain sympy and passline index functions the backends evaluate (`FloorDiv`,
+`ModularIndexing`, `Max`, `Min`, rational arithmetic). An expression with a function passline does not
+know is refused here, at compile time (the backend's eager fallback then names it).
+"""
+from __future__ import annotations
+
+import math
+import operator
+
+import sympy
+import torch
+from torch.utils._sympy import functions as F
+
+from ..ir.index import FloorDiv, ModularIndexing
+
+SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
+# Python-level size arithmetic that dynamo records with plain values when a result is known exactly.
+SIZE_OPS = {operator.add, operator.sub, operator.mul, operator.floordiv, operator.truediv, operator.mod,
+            operator.neg, operator.pow, operator.lt, operator.le, operator.gt, operator.ge, operator.eq,
+            operator.ne, operator.not_, operator.and_, operator.or_, operator.abs, math.ceil, math.floor,
+            math.sqrt, torch.sym_float, torch.sym_int, torch.sym_max, torch.sym_min, torch.sym_not,
+            torch.sym_ite, torch.sym_sum}
+
+
+def is_size_node(n: torch.fx.Node) -> bool:
+    """Whether FX node `n` computes a size value (a Sym* value, or size arithmetic on plain numbers)."""
+    val = n.meta.get("val")
+    if isinstance(val, SYMBOLIC):
+        return True
+    return n.target in SIZE_OPS and isinstance(val, (int, float, bool))
+
+
+def size_value(n: torch.fx.Node):
+    """The value of size node `n`: a sympy expression (integer, rational or boolean), or a plain number."""
+    val = n.meta["val"]
+    if not isinstance(val, SYMBOLIC):
+        return val
+    expr = val.node.expr
+    try:
+        return translate(expr)
+    except NotImplementedError as e:
+        raise NotImplementedError(f"size expression {expr} of {n.format_node()}: {e}") from None
+
+
+_TRANSLATE = {
+    F.FloorDiv: lambda a, b: FloorDiv(a, b),
+    F.CleanDiv: lambda a, b: FloorDiv(a, b),
+    F.CeilDiv: lambda a, b: FloorDiv(a + b - 1, b),
+    F.ModularIndexing: lambda a, b, c: ModularIndexing(a, b, c),
+    # sizes are non-negative, so Python's and C's remainders agree with the index function
+    F.PythonMod: lambda a, b: ModularIndexing(a, sympy.S.One, b),
+    F.Mod: lambda a, b: ModularIndexing(a, sympy.S.One, b),
+    F.Max: lambda *a: sympy.Max(*a),
+    F.Min: lambda *a: sympy.Min(*a),
+    F.IntTrueDiv: lambda a, b: a / b,
+    F.FloatTrueDiv: lambda a, b: a / b,
+    F.ToFloat: lambda a: a,
+    F.Identity: lambda a: a,
+    F.PowByNatural: lambda a, b: a ** b,
+    F.FloatPow: lambda a, b: a ** b,
+    F.TruncToFloat: lambda a: sympy.floor(a),  # non-negative sizes: truncation is the floor
+    F.TruncToInt: lambda a: sympy.floor(a),
+    F.FloorToInt: lambda a: sympy.floor(a),
+    F.CeilToInt: lambda a: sympy.ceiling(a),
+}
+
+
+def translate(expr):
+    """torch's size expression → plain sympy with passline's index functions."""
+    if isinstance(expr, (sympy.Symbol, sympy.Number)) or expr in (sympy.true, sympy.false):
+        return expr
+    args = [translate(a) for a in expr.args]
+    fn = _TRANSLATE.get(type(expr))
+    if fn is not None:
+        out = fn(*args)
+        return sympy.floor(out) if type(expr) in (F.TruncToInt, F.FloorToInt) and out.is_integer is False else out
+    if isinstance(expr, (sympy.Add, sympy.Mul, sympy.Pow, sympy.Max, sympy.Min, sympy.Rel, sympy.And, sympy.Or,
+                         sympy.Not, sympy.floor, sympy.ceiling, sympy.Piecewise, sympy.Abs)):
+        return expr.func(*args)
+    raise NotImplementedError(f"{type(expr).__name__} is not a size function passline evaluates")
+
+
+def runtime_value(expr, values: dict):
+    """A size expression's value for one call: int, float or bool, as eager returns it."""
+    v = sympy.sympify(expr.xreplace(values) if values else expr)  # a bare symbol xreplaces to an int
+    if v.is_Boolean:
+        return bool(v)
+    return int(v) if v.is_integer else float(v)
+
+
+def scalar_body(expr, dtype: torch.dtype):
+    """A loop-body value computing size expression `expr` as `dtype`.
+
+    Integer sizes are index values (the printers handle index functions); a rational or float size
+    (`numel / 4`) is built from integer index values with `truediv` and `mul` in `dtype`, so no
+    division ever reaches an index printer and the value rounds as eager's scalar would."""
+    from ..ir import Cast, Constant, IndexValue, Op
+
+    def build(e):
+        if e.is_integer:
+            return Cast(IndexValue(e, torch.int64), dtype)
+        if e.is_Number:
+            return Constant(float(e), dtype)
+        if e.is_Add or e.is_Mul:
+            out = build(e.args[0])
+            for a in e.args[1:]:
+                out = Op("add" if e.is_Add else "mul", (out, build(a)), dtype)
+            return out
+        if e.is_Pow and e.exp.is_Integer:
+            base, n = build(e.base), int(e.exp)
+            out = base
+            for _ in range(abs(n) - 1):
+                out = Op("mul", (out, base), dtype)
+            return Op("truediv", (Constant(1.0, dtype), out), dtype) if n < 0 else out
+        raise NotImplementedError(f"size value {e} in a loop body")
+
+    return build(sympy.sympify(expr))
