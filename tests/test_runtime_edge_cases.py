@@ -2,6 +2,8 @@
 tensors, 0-dim operands, bool and integer values, NaN and inf. Each is compared with eager, forward and
 backward where differentiable (`assert_matches_eager` with codegen="triton", fallback="raise": nothing may
 fall back to eager here)."""
+import os
+
 import pytest
 import torch
 
@@ -36,6 +38,12 @@ ZERO_SIZE = {
 @pytest.mark.parametrize("name", sorted(ZERO_SIZE))
 def test_zero_size(name):
     fn, inputs = ZERO_SIZE[name]
+    device = os.environ.get("PASSLINE_TEST_DEVICE")
+    if device:  # eager must run the case there (CUDA's batch norm raises on an empty spatial dim)
+        try:
+            fn(*[x.detach().to(device) for x in inputs()])
+        except RuntimeError as e:
+            pytest.skip(f"eager raises on {device}: {type(e).__name__}")
     _triton(fn, inputs())
 
 
