@@ -230,3 +230,10 @@ def test_attention_trains_like_eager(causal, codegen):
 
     q, v = torch.randn(2, 3, 7, 8), torch.randn(2, 3, 7, 8)
     train_and_compare(attend, [q, torch.randn(2, 7, 3, 8), v], codegen)
+
+
+@pytest.mark.parametrize("codegen", CODEGENS)
+def test_expanded_and_strided_outputs_keep_eager_strides(codegen):
+    # outputs that are views eager hands out: a broadcast (stride 0) and a strided slice of a computed value
+    train_and_compare(lambda x: ((x * 2).expand(4, 3), (x.exp() + 1).t()[::2]), [torch.randn(1, 3)], codegen)
+    train_and_compare(lambda x: (x.sin() * 3)[:, ::2], [torch.randn(5, 6).t()], codegen)

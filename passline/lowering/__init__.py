@@ -133,7 +133,7 @@ def _eager_strided(ctx: LoweringContext, ref: TensorRef, val) -> TensorArg:
         return arg
     if 0 in sizes:  # no element to place: any layout is eager's layout
         return arg if arg is not None else ctx.as_arg(ref)
-    if 0 in (hint(st) for st, n in zip(val.stride(), sizes) if n > 1):
+    if 0 in (hint(st) for st, n in zip(val.stride(), sizes) if n is not None and n > 1):
         # expanded: store the distinct values once and hand out the broadcast view eager has
         keep = tuple(sympy.S.One if st == 0 else s for s, st in zip(ref.size, want))
         base = ctx.pointwise(keep, ref.dtype, lambda idx: ref.load(idx), ref.buffer.layout.device,
