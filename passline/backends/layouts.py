@@ -16,7 +16,7 @@ from ..pipeline.graph import SchedulerGraph
 class _Expect:
     """What one tensor input must look like: its position, sizes and strides (ints when static)."""
 
-    __slots__ = ("pos", "stride", "layout", "mutated")
+    __slots__ = ("pos", "stride", "layout", "mutated", "seen")
 
     def __init__(self, pos: int, layout, mutated: bool):
         self.pos = pos
@@ -24,13 +24,26 @@ class _Expect:
         self.mutated = mutated  # the graph writes this input in place: copy the result back
         static = all(isinstance(e, sympy.Integer) for e in (*layout.size, *layout.stride))
         self.stride = tuple(int(s) for s in layout.stride) if static else None
+        self.seen: dict = {}  # (sizes, strides) -> strides to give such a tensor, or None
 
     def wanted(self, t: torch.Tensor) -> tuple | None:
         """The strides to give `t`, or None when its own are fine (equal on dims of size > 1)."""
-        if t.stride() == self.stride or t.numel() <= 1:
+        have = t.stride()
+        if have == self.stride:
             return None
-        stride = self.stride if self.stride is not None else _evaluate(self.layout, t)
-        if stride is None or all(a == b for a, b, n in zip(t.stride(), stride, t.shape) if n > 1):
+        if self.stride is not None:
+            return self._differs(t, have, self.stride)
+        # symbolic strides: evaluated once per (sizes, strides) seen, not per call (sympy is slow)
+        key = (t.shape, have)
+        if key not in self.seen:
+            if len(self.seen) >= 64:
+                self.seen.clear()
+            self.seen[key] = self._differs(t, have, _evaluate(self.layout, t))
+        return self.seen[key]
+
+    @staticmethod
+    def _differs(t: torch.Tensor, have: tuple, stride: tuple | None) -> tuple | None:
+        if stride is None or t.numel() <= 1 or all(a == b for a, b, n in zip(have, stride, t.shape) if n > 1):
             return None
         return stride
 
