@@ -136,13 +136,11 @@ def _eager_strided(ctx: LoweringContext, ref: TensorRef, val) -> TensorArg:
     if 0 in (hint(st) for st, n in zip(val.stride(), sizes) if n is not None and n > 1):
         # expanded: store the distinct values once and hand out the broadcast view eager has
         keep = tuple(sympy.S.One if st == 0 else s for s, st in zip(ref.size, want))
-        base = ctx.pointwise(keep, ref.dtype, lambda idx: ref.load(idx), ref.buffer.layout.device,
-                             stride=tuple(st if st != 0 else sympy.S.One for st in want)).as_arg()
+        base = ctx.copy(ref, keep, tuple(st if st != 0 else sympy.S.One for st in want)).as_arg()
         return TensorArg(base.buffer, ref.size, want, base.offset)
     order = dense_order(val)
     stride = strides_in_order(ref.size, order) if order is not None else want
-    copy = ctx.pointwise(ref.size, ref.dtype, lambda idx: ref.load(idx), ref.buffer.layout.device, stride=stride)
-    return copy.as_arg()
+    return ctx.copy(ref, stride=stride).as_arg()
 
 
 def _same_strides(have, want, sizes) -> bool:

@@ -114,13 +114,16 @@ class LoweringContext:
                 return v
         return None
 
+    def copy(self, ref: TensorRef, size=None, stride=None) -> TensorRef:
+        """`ref`'s values (its first `size` points along each dim) in a new buffer laid out with `stride`
+        (default: eager's layout of the FX node being lowered)."""
+        return self.pointwise(ref.size if size is None else size, ref.dtype, ref.load, ref.buffer.layout.device,
+                              stride=stride)
+
     def as_arg(self, ref: TensorRef) -> TensorArg:
         """A strided view of `ref` for an extern call; a copy when the view is not strided."""
         arg = ref.as_arg()
-        if arg is None:
-            ref = self.pointwise(ref.size, ref.dtype, lambda idx: ref.load(idx), ref.buffer.layout.device)
-            arg = ref.as_arg()
-        return arg
+        return arg if arg is not None else self.copy(ref).as_arg()
 
     @property
     def device(self):

@@ -46,7 +46,7 @@ def value(x, idx, ndim: int, dtype: torch.dtype):
     if isinstance(x, TensorRef):
         return cast(broadcast_load(x, idx, ndim), dtype)
     if isinstance(x, sympy.Expr):
-        return cast(IndexValue(x, torch.int64), dtype) if x.is_integer else scalar_body(x, dtype)
+        return scalar_body(x, dtype)
     if isinstance(x, (bool, numbers.Number)):
         if dtype.is_floating_point:
             return Constant(float(x), dtype)

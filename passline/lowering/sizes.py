@@ -18,7 +18,9 @@ import sympy
 import torch
 from torch.utils._sympy import functions as F
 
+from ..ir import Constant, IndexValue, Op
 from ..ir.index import FloorDiv, ModularIndexing
+from .context import cast
 
 SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
 # Python-level size arithmetic that dynamo records with plain values when a result is known exactly.
@@ -79,8 +81,7 @@ def translate(expr):
     args = [translate(a) for a in expr.args]
     fn = _TRANSLATE.get(type(expr))
     if fn is not None:
-        out = fn(*args)
-        return sympy.floor(out) if type(expr) in (F.TruncToInt, F.FloorToInt) and out.is_integer is False else out
+        return fn(*args)
     if isinstance(expr, (sympy.Add, sympy.Mul, sympy.Pow, sympy.Max, sympy.Min, sympy.Rel, sympy.And, sympy.Or,
                          sympy.Not, sympy.floor, sympy.ceiling, sympy.Piecewise, sympy.Abs)):
         return expr.func(*args)
@@ -96,16 +97,14 @@ def runtime_value(expr, values: dict):
 
 
 def scalar_body(expr, dtype: torch.dtype):
-    """A loop-body value computing size expression `expr` as `dtype`.
+    """A loop-body value computing size expression `expr` (an integer or rational size) as `dtype`.
 
     Integer sizes are index values (the printers handle index functions); a rational or float size
     (`numel / 4`) is built from integer index values with `truediv` and `mul` in `dtype`, so no
     division ever reaches an index printer and the value rounds as eager's scalar would."""
-    from ..ir import Cast, Constant, IndexValue, Op
-
     def build(e):
         if e.is_integer:
-            return Cast(IndexValue(e, torch.int64), dtype)
+            return cast(IndexValue(e, torch.int64), dtype)
         if e.is_Number:
             return Constant(float(e), dtype)
         if e.is_Add or e.is_Mul:
