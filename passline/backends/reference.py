@@ -95,6 +95,32 @@ def _fold(tfn, pyfn, args):
     return out
 
 
+class IndexOutOfBounds(IndexError):
+    """An index tensor holds a value outside the dimension it indexes (eager raises IndexError or
+    RuntimeError for the same; the message says which index, its value and the bound)."""
+
+
+def bind_indirect(holder, vals: dict, grid: dict, bind: "_Bindings") -> dict:
+    """`grid` with each index symbol of `holder` (a Load or IndexValue) bound to its evaluated value:
+    negative values wrapped where the binding allows it, then checked against the bound unless proven,
+    so that no gather below ever addresses memory outside its buffer."""
+    grid = dict(grid)
+    for b in holder.indirect:
+        v = vals[id(b.value)]
+        v = v.to(torch.int64) if isinstance(v, torch.Tensor) else torch.tensor(int(v))
+        bound = bind.int(b.bound)
+        raw = v
+        if b.wrap:
+            v = torch.where(v < 0, v + bound, v)
+        if not b.proven:
+            bad = (v < 0) | (v >= bound)
+            if bool(bad.any()):
+                first = int(raw.broadcast_to(bad.shape)[bad].flatten()[0])
+                raise IndexOutOfBounds(f"index {first} is out of bounds for {b.what} with size {bound}")
+        grid[b.symbol] = v
+    return grid
+
+
 def flat_storage(t: torch.Tensor, span: int) -> torch.Tensor:
     """A 1-D view of the `span` elements starting at t's first element."""
     return t.as_strided((span,), (1,))
@@ -207,12 +233,13 @@ class ReferenceRunner:
             if isinstance(v, Load):
                 t = env[v.buffer]
                 span = bind.int(self.buffers[v.buffer].layout.storage_span)
-                idx = eval_index(v.index, grid)
+                idx = eval_index(v.index, bind_indirect(v, vals, grid, bind) if v.indirect else grid)
                 vals[id(v)] = flat_storage(t, span)[idx]
             elif isinstance(v, Constant):
                 vals[id(v)] = torch.tensor(v.value, dtype=v.dtype, device=device)
             elif isinstance(v, IndexValue):
-                vals[id(v)] = torch.as_tensor(eval_index(v.expr, grid), device=device).to(v.dtype)
+                at = bind_indirect(v, vals, grid, bind) if v.indirect else grid
+                vals[id(v)] = torch.as_tensor(eval_index(v.expr, at), device=device).to(v.dtype)
             elif isinstance(v, Cast):
                 vals[id(v)] = vals[id(v.value)].to(v.dtype)
             elif isinstance(v, Op):

@@ -6,7 +6,7 @@ carries its dtype, so backends need no type inference of their own.
 """
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Any, Iterator
 
 import attrs
 import sympy
@@ -28,15 +28,46 @@ TERNARY_OPS = frozenset(["where"])
 
 
 @attrs.frozen(cache_hash=True)
+class Indirect:
+    """An index symbol bound to a value computed at run time (indirect indexing: gather, embedding...).
+
+    In the index of the Load or IndexValue that holds it, `symbol` (an `ir.index.IndirectSymbol`) stands
+    for `value` — an integer loop-body value, usually the load of an index tensor — used as a position
+    along a dimension of `bound` elements. The rest of the index stays sympy over loop variables, so the
+    direct part is analysed as before and the indirect part is visibly opaque. `wrap`: a negative value
+    counts from the end (value + bound), where eager allows it (advanced indexing, index_put). `proven`:
+    the value is in [0, bound) by construction (an argmax over that dimension, an arange), so no check is
+    generated; otherwise every backend checks it and an index out of range is an error naming `what` (which
+    index of which op) and the bound, never a read or write out of bounds."""
+
+    symbol: sympy.Symbol
+    value: Any
+    bound: sympy.Expr = attrs.field(converter=sympy.sympify)
+    wrap: bool = False
+    proven: bool = False
+    what: str = "an indexed dimension"
+
+    def __repr__(self):
+        flags = "".join([", wraps" if self.wrap else "", ", proven" if self.proven else ""])
+        return f"{self.symbol} = {self.value!r} in [0, {self.bound}){flags}"
+
+
+def _bindings(indirect) -> str:
+    return f"; {'; '.join(map(repr, indirect))}" if indirect else ""
+
+
+@attrs.frozen(cache_hash=True)
 class Load:
-    """The element of `buffer` at storage offset `index` (in elements)."""
+    """The element of `buffer` at storage offset `index` (in elements). `indirect` binds the index
+    symbols `index` uses, if any (see Indirect)."""
 
     buffer: str
     index: sympy.Expr
     dtype: torch.dtype
+    indirect: tuple = ()
 
     def __repr__(self):
-        return f"load({self.buffer}[{self.index}])"
+        return f"load({self.buffer}[{self.index}]{_bindings(self.indirect)})"
 
 
 @attrs.frozen(cache_hash=True)
@@ -50,13 +81,15 @@ class Constant:
 
 @attrs.frozen(cache_hash=True)
 class IndexValue:
-    """An index expression used as a value (iota, masks built from positions)."""
+    """An index expression used as a value (iota, masks built from positions); `indirect` binds the
+    index symbols it uses (a one-hot: `i1 == t0`, t0 the target of row i0)."""
 
     expr: sympy.Expr
     dtype: torch.dtype
+    indirect: tuple = ()
 
     def __repr__(self):
-        return f"index({self.expr})"
+        return f"index({self.expr}{_bindings(self.indirect)})"
 
 
 @attrs.frozen(cache_hash=True)
@@ -93,6 +126,10 @@ def children(v: Value) -> tuple:
         return v.args
     if isinstance(v, Cast):
         return (v.value,)
+    if isinstance(v, (Load, IndexValue)) and v.indirect:
+        # the index values come first: loads() then lists the index tensors' loads too, so a node that
+        # indexes indirectly depends on (and its reads name) the index buffer as well as the indexed one
+        return tuple(b.value for b in v.indirect)
     return ()
 
 
@@ -120,13 +157,16 @@ def loads(root: Value) -> list[Load]:
 
 def rebuild(root: Value, leaf) -> Value:
     """Rebuild the DAG with each leaf (Load, Constant, IndexValue) replaced by leaf(v); shared
-    subtrees stay shared."""
+    subtrees stay shared. An indirect Load or IndexValue is a leaf whose index values are rebuilt first."""
     memo: dict[int, Value] = {}
     for v in walk(root):
         if isinstance(v, Op):
             memo[id(v)] = attrs.evolve(v, args=tuple(memo[id(a)] for a in v.args))
         elif isinstance(v, Cast):
             memo[id(v)] = attrs.evolve(v, value=memo[id(v.value)])
+        elif isinstance(v, (Load, IndexValue)) and v.indirect:
+            bound = tuple(attrs.evolve(b, value=memo[id(b.value)]) for b in v.indirect)
+            memo[id(v)] = leaf(attrs.evolve(v, indirect=bound))
         else:
             memo[id(v)] = leaf(v)
     return memo[id(root)]

@@ -24,6 +24,24 @@ def loop_vars(prefix: str, n: int) -> tuple[sympy.Symbol, ...]:
     return tuple(loop_var(prefix, i) for i in range(n))
 
 
+class IndirectSymbol(sympy.Symbol):
+    """An index symbol standing for a value loaded at run time (see `ir.body.Indirect`): a position in
+    [0, bound), so a non-negative integer. Its own class, so no pass can mistake it for a loop variable
+    or a size."""
+
+
+@functools.lru_cache(maxsize=None)
+def indirect_var(k: int) -> IndirectSymbol:
+    """The k-th index symbol of a Load or IndexValue (`t0, t1, ...`; each one is bound by its holder,
+    so the names repeat across holders)."""
+    return IndirectSymbol(f"t{k}", integer=True, nonnegative=True)
+
+
+def is_indirect(expr) -> bool:
+    """Whether an index expression uses an index symbol (reads at positions known only at run time)."""
+    return any(isinstance(s, IndirectSymbol) for s in getattr(expr, "free_symbols", ()))
+
+
 @functools.lru_cache(maxsize=None)
 def size_var(name: str) -> sympy.Symbol:
     """A symbolic size (dynamic shapes): a positive integer."""

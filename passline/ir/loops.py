@@ -13,7 +13,7 @@ import attrs
 import sympy
 
 from .body import substitute_index
-from .index import as_strided_form, loop_vars
+from .index import as_strided_form, is_indirect, loop_vars
 from .nodes import FusedNode, MixOrderNode, Pointwise, Reduction, _group_shape
 
 
@@ -101,6 +101,8 @@ def read_accesses(member, buffer: str, n_outer: int) -> tuple:
 def compare(store: Access, read: Access):
     """"same" when the read meets the store point for point; ("permuted", {read var: store var}) when it
     does with the loops in another order; "different" otherwise."""
+    if is_indirect(read.index) or is_indirect(store.index):
+        return "different"  # a position known only at run time meets no loop point
     if store.index == read.index or sympy.expand(store.index - read.index) == 0:
         return "same"
     s_form = as_strided_form(store.index, list(store.sizes))

@@ -27,7 +27,7 @@ import sympy
 
 from ..ir import Pointwise, Reduction
 from ..ir.body import Cast, Load, Op, rebuild, substitute_index, walk
-from ..ir.index import as_strided_form
+from ..ir.index import as_strided_form, is_indirect
 from ..pipeline.registry import register_pass
 from .legality import can_fuse
 
@@ -44,6 +44,8 @@ def _cheap(node: Pointwise, max_loads: int, max_ops: int) -> bool:
 def _point(node: Pointwise, index, var_ranges) -> dict | None:
     """{node's loop variable: expression in the consumer's variables} so that the node stores at
     `index`, or None when that is not provable."""
+    if is_indirect(index):
+        return None  # read at positions known only at run time: not one point of the node's loops
     layout = node.output.layout
     vs = [v for v, _ in var_ranges]
     form = as_strided_form(index, vs)

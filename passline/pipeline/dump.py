@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from ..ir import Extern, Reduction
+from ..ir import Extern, Reduction, loads
 
 
 def _safe(name: str) -> str:
@@ -26,6 +26,16 @@ def _label(node) -> str:
     return f"{node.name}\\n{kind} [{ranges}]{extra}"
 
 
+def _indirect_reads(node) -> set:
+    """Buffers `node` (or a member of it) reads at indirect positions."""
+    out = set()
+    for m in (node.members() if hasattr(node, "members") else (node,)):
+        for ld in loads(m.body) if hasattr(m, "body") else ():
+            if ld.indirect:
+                out.add(ld.buffer)
+    return out
+
+
 def to_dot(graph, highlight=(), colors: dict | None = None, title: str = "") -> str:
     """DOT text of the graph; `highlight` nodes are filled orange, `colors` maps node -> fill colour."""
     lines = ["digraph passline {", "  rankdir=TB;", '  node [shape=box, fontname="monospace", fontsize=10];']
@@ -41,9 +51,12 @@ def to_dot(graph, highlight=(), colors: dict | None = None, title: str = "") -> 
         elif colors and node.name in colors:
             style = f', style=filled, fillcolor="{colors[node.name]}"'
         lines.append(f'  "{node.name}" [label="{_label(node)}"{style}];')
+        indirect = _indirect_reads(node)
         for b in node.read_names():
             src = graph.producer(b) or b
-            lines.append(f'  "{src}" -> "{node.name}" [label="{b}", fontsize=8];')
+            # a read at positions an index tensor holds (gather, embedding): dashed, labelled
+            how = f'label="{b} [indirect]", style=dashed' if b in indirect else f'label="{b}"'
+            lines.append(f'  "{src}" -> "{node.name}" [{how}, fontsize=8];')
     for k, o in enumerate(graph.outputs):
         buf = getattr(o, "buffer", None)
         if buf is not None:

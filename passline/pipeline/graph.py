@@ -14,7 +14,8 @@ import networkx as nx
 import sympy
 import torch
 
-from ..ir import Buffer, Extern, FusedNode, Load, MixOrderNode, Pointwise, Reduction, TensorArg, loads
+from ..ir import (Buffer, Extern, FusedNode, IndexValue, IndirectSymbol, Load, MixOrderNode, Pointwise, Reduction,
+                  TensorArg, loads, walk)
 from ..ir.index import as_strided_form
 from ..ir.loops import group_problem, shape
 from ..lowering import GraphInput, Program
@@ -338,6 +339,9 @@ def _check_node(node, buffers: dict) -> None:
         var_ranges = dict(node.var_ranges)
         for ld in loads(node.body):
             _check_load(ld, buffers, var_ranges, node.name)
+        for v in walk(node.body):
+            if isinstance(v, IndexValue):
+                _check_indirect(v, v.expr, var_ranges, node.name)
     elif isinstance(node, Extern):
         for t in node.tensor_args():
             if t.buffer not in buffers:
@@ -354,10 +358,29 @@ def _check_load(ld: Load, buffers: dict, var_ranges: dict, node: str) -> None:
     unknown = ld.index.free_symbols - set(var_ranges)
     if any(s.name.startswith(("i", "r", "v")) for s in unknown):
         raise VerificationError(f"index {ld.index} of {ld.buffer} uses variables outside the loop nest", node)
-    vars_ = [v for v in var_ranges if v in ld.index.free_symbols]
+    _check_indirect(ld, ld.index, var_ranges, node)
+    # an index symbol ranges over [0, bound): with the loop variables, the whole of what the load may reach
+    ranges = {**var_ranges, **{b.symbol: b.bound for b in ld.indirect}}
+    vars_ = [v for v in ranges if v in ld.index.free_symbols]
     form = as_strided_form(ld.index, vars_)
     if form is not None:
-        _check_bounds([var_ranges[v] for v in vars_], form[0], form[1], buf, f"load of {ld.buffer}", node)
+        _check_bounds([ranges[v] for v in vars_], form[0], form[1], buf, f"load of {ld.buffer}", node)
+
+
+def _check_indirect(holder, expr, var_ranges: dict, node: str) -> None:
+    """Each index symbol `expr` uses is bound by `holder` once, to an integer value over the node's loops."""
+    syms = [b.symbol for b in holder.indirect]
+    if len(set(syms)) != len(syms):
+        raise VerificationError(f"{holder!r} binds an index symbol twice", node)
+    free = {s for s in expr.free_symbols if isinstance(s, IndirectSymbol)}
+    if free - set(syms):
+        raise VerificationError(f"index {expr} uses {sorted(map(str, free - set(syms)))}, which "
+                                f"{holder!r} does not bind", node)
+    for b in holder.indirect:
+        if b.value.dtype.is_floating_point or b.value.dtype.is_complex or b.value.dtype == torch.bool:
+            raise VerificationError(f"index symbol {b.symbol} is bound to a {b.value.dtype} value", node)
+        if b.bound.free_symbols & set(var_ranges) or b.bound.has(IndirectSymbol):
+            raise VerificationError(f"the bound {b.bound} of {b.symbol} depends on the loop", node)
 
 
 def _check_bounds(size, stride, offset, buf: Buffer, what: str, node) -> None:

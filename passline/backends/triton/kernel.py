@@ -118,6 +118,8 @@ class KernelWriter:
         self._tmp = 0
         self.by_output = {m.output.name: m for m in self.nodes}
         self.two_d = bool(self.red)
+        self.locals: set = set()  # symbols naming kernel variables (indirect indices), never arguments
+        self.debug = False  # a device_assert was emitted: the kernel is compiled with debug=True
 
     # -- plumbing ----------------------------------------------------------------------------------
     def emit(self, line: str) -> None:
@@ -134,7 +136,7 @@ class KernelWriter:
 
     def idx(self, expr) -> str:
         for s in expr.free_symbols:
-            if not re.fullmatch(r"[oq]\d+", s.name):
+            if not re.fullmatch(r"[oq]\d+", s.name) and s not in self.locals:
                 self.sizes.add(s)
         return printer.index(expr)
 
@@ -149,8 +151,9 @@ class KernelWriter:
             cmap = {k: v.xreplace(flip) for k, v in cmap.items()}
         return cmap
 
-    def mask_for(self, expr) -> str | None:
-        names = {s.name[0] for s in expr.free_symbols if re.fullmatch(r"[oq]\d+", s.name)}
+    def mask_for(self, expr, also=()) -> str | None:
+        """The mask of an access at `expr`; `also`: loop variables an indirect index in it depends on."""
+        names = {s.name[0] for s in (*expr.free_symbols, *also) if re.fullmatch(r"[oq]\d+", s.name)}
         if not self.two_d:
             return "xmask" if "o" in names else None
         parts = (["xmask"] if "o" in names else []) + (["rmask"] if "q" in names else [])
@@ -175,14 +178,23 @@ class KernelWriter:
                     var = scope.member(node.buffer)
                     if var is None:
                         raise Unsupported(f"{member.name} reads {node.buffer} before it is computed")
+                    if node.indirect:  # legality keeps indirect reads of a group's own values out
+                        raise Unsupported(f"{member.name} reads {node.buffer} of its own kernel indirectly")
                     scope.values[id(node)] = var
                     continue
-                scope.values[id(node)] = self.load(node.buffer, sympy.expand(node.index.xreplace(cmap)), scope)
+                expr = sympy.expand(node.index.xreplace(cmap))
+                deps: set = set()
+                if node.indirect:
+                    at, deps = self.indirect(node, scope, cmap)
+                    expr = expr.xreplace(at)
+                scope.values[id(node)] = self.load(node.buffer, expr, scope, deps)
                 continue
             elif isinstance(node, Constant):
                 src = printer.constant(node.value, node.dtype)
             elif isinstance(node, IndexValue):
                 expr = node.expr.xreplace(cmap)
+                if node.indirect:
+                    expr = expr.xreplace(self.indirect(node, scope, cmap)[0])
                 src = f"({self.idx(expr)} + tl.full([1], 0, tl.int64)).to({tl_dtype(node.dtype)})"
             elif isinstance(node, Cast):
                 src = printer.cast(scope.values[id(node.value)], node.value.dtype, node.dtype)
@@ -195,15 +207,55 @@ class KernelWriter:
             scope.values[id(node)] = var
         return scope.values[id(v)]
 
-    def load(self, buffer: str, expr, scope: _Scope) -> str:
+    def indirect(self, holder, scope: _Scope, cmap) -> tuple[dict, set]:
+        """Kernel variables for the index symbols of `holder` (an indirect Load or IndexValue), and the loop
+        variables their values depend on (the loads at those positions take their masks).
+
+        Each index value (computed before, as a child of `holder`) is made int64, wrapped when negative
+        values count from the end, and, unless proven in range, checked: on a GPU by `tl.device_assert`
+        (the kernel is then compiled with debug=True, without which Triton drops device asserts), under
+        the interpreter — which ignores device asserts whatever its options — by `_check_index`, plain
+        Python in the interpreter's prelude that raises IndexError before the load. Lanes outside the
+        masks are exempt (they hold the masked load's 0, or math on it). One check per distinct value."""
+        at, deps = {}, set()
+        for b in holder.indirect:
+            raw = scope.values[id(b.value)]
+            dep = {s for v in walk(b.value) if isinstance(v, (Load, IndexValue))
+                   for s in (v.index if isinstance(v, Load) else v.expr).xreplace(cmap).free_symbols
+                   if re.fullmatch(r"[oq]\d+", s.name)}
+            deps |= dep
+            bound = self.idx(sympy.expand(b.bound))
+            key = ("indirect", raw, bound, b.wrap, b.proven)
+            var = scope.load(key)
+            if var is None:
+                var = self.tmp()
+                self.emit(f"{var} = {raw}.to(tl.int64)")
+                if b.wrap:
+                    self.emit(f"{var} = tl.where({var} < 0, {var} + {bound}, {var})")
+                if not b.proven:
+                    ok = f"(({var} >= 0) & ({var} < {bound}))"
+                    mask = self.mask_for(sympy.S.Zero, dep)
+                    if self.interpret:
+                        self.emit(f"_check_index({raw}, {ok}, {mask or 'None'}, {b.what!r}, {bound})")
+                    else:
+                        self.debug = True
+                        cond = f"{ok} | ~({mask})" if mask else ok
+                        self.emit(f"tl.device_assert({cond}, {f'index out of bounds for {b.what} with size {b.bound}'!r})")
+                scope.loads[key] = var
+            sym = sympy.Symbol(var, integer=True, nonnegative=True)
+            self.locals.add(sym)
+            at[b.symbol] = sym
+        return at, deps
+
+    def load(self, buffer: str, expr, scope: _Scope, also=()) -> str:
         """The variable holding `buffer[expr]`: loaded once per distinct address in a scope and the scopes
-        it is nested in."""
-        key = buffer, self.idx(expr), self.mask_for(expr)
+        it is nested in. `also`: loop variables an indirect index in `expr` depends on (for the mask)."""
+        key = buffer, self.idx(expr), self.mask_for(expr, also)
         var = scope.load(key)
         if var is None:
             var = self.tmp()
             index, mask = key[1:]
-            if not any(re.fullmatch(r"[oq]\d+", s.name) for s in expr.free_symbols):
+            if not any(re.fullmatch(r"[oq]\d+", s.name) or s in self.locals for s in expr.free_symbols):
                 # one address for every lane (a 0-dim tensor, a scalar operand): load it as a [1] block, not
                 # a 0-d value. The interpreter gives a 0-d comparison the operand's dtype instead of int1,
                 # and splatting it to a block then converts the bools (`x | (s != 0)` raised "ufunc
@@ -221,7 +273,8 @@ class KernelWriter:
         for m in self.nodes:
             cmap = None
             for node in walk(m.body):
-                if isinstance(node, Load) and node.buffer not in self.by_output:
+                # an indirect load waits for its index (its index loads are prefetched)
+                if isinstance(node, Load) and node.buffer not in self.by_output and not node.indirect:
                     cmap = self.canon(m) if cmap is None else cmap
                     expr = sympy.expand(node.index.xreplace(cmap))
                     if keep is None or keep(expr):
@@ -251,7 +304,7 @@ class KernelWriter:
             sig.append("rnumel")
         sig += list(extra)
         sig += [f"{c}: tl.constexpr" for c in constexprs]
-        return [f"@triton.jit", f"def {self.name}({', '.join(sig)}):"]
+        return ["@triton.jit(debug=True)" if self.debug else "@triton.jit", f"def {self.name}({', '.join(sig)}):"]
 
     def pointwise(self, int64: bool) -> list[str]:
         pid = "tl.program_id(0).to(tl.int64)" if int64 else "tl.program_id(0)"

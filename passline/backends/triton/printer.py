@@ -272,8 +272,23 @@ def _pow(a, b):
 '''
 
 # The CPU interpreter has no libdevice: the same functions from tl.math, written for accuracy.
+# It also ignores tl.device_assert (its options never enable debug), so indirect indices are checked by
+# `_check_index`: plain Python, which the interpreter calls as it is, raising before the load it guards.
 PRELUDE_INTERPRETER = '''import triton
 import triton.language as tl
+
+
+def _check_index(value, ok, mask, what, bound):
+    # not @triton.jit: interpreter only (a GPU kernel checks with tl.device_assert)
+    import numpy as np
+
+    ok = ok.handle.data
+    if mask is not None:
+        ok = ok | ~mask.handle.data
+    if not ok.all():
+        bad = np.broadcast_to(value.handle.data, ok.shape)[~ok].flat[0]
+        size = getattr(getattr(bound, "handle", None), "data", bound)
+        raise IndexError(f"index {int(bad)} is out of bounds for {what} with size {int(size)}")
 ''' + _COMMON + '''
 
 @triton.jit

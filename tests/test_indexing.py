@@ -1,0 +1,188 @@
+"""Indirect indexing (issue 16): gather, advanced indexing, index_select, embedding, take_along_dim, and
+the writes (scatter, scatter_add, index_put, embedding backward), forward and backward against eager on
+the reference backend and in generated Triton code; bounds errors; the verifier; what passes do with it.
+
+Runs on CUDA with PASSLINE_TEST_DEVICE=cuda (the bounds-error test then runs its GPU case in a
+subprocess: a device-side assert ends the CUDA context)."""
+import os
+import subprocess
+import sys
+
+import pytest
+import sympy
+import torch
+import torch.nn.functional as F
+
+import passline
+from passline.ir import Buffer, Indirect, Layout, Load, Pointwise, indirect_var, loads, loop_vars
+from passline.lowering import GraphInput
+from passline.pipeline.graph import SchedulerGraph, VerificationError
+from passline.testing import assert_matches_eager
+
+DEVICE = os.environ.get("PASSLINE_TEST_DEVICE", "cpu")
+CODEGENS = ["reference", "triton"]
+
+
+def _g(*shape, dtype=torch.float32):
+    return torch.randn(*shape, dtype=dtype, requires_grad=True)
+
+
+def _ints(lo, hi, *shape, dtype=torch.int64):
+    return torch.randint(lo, hi, shape, dtype=dtype)
+
+
+# name -> (fn, inputs); indices include duplicates (their gradients are summed) and, where eager allows
+# them, negative values
+READS = {
+    "gather": (lambda x, i: torch.gather(x, 1, i), lambda: [_g(5, 7), _ints(0, 7, 5, 9)]),
+    "gather_dim0_int32": (lambda x, i: torch.gather(x.t(), 0, i),
+                          lambda: [_g(5, 7), _ints(0, 7, 3, 5, dtype=torch.int32)]),
+    "index_slice": (lambda x, i: x[i, 2:5], lambda: [_g(5, 7), _ints(-5, 5, 8)]),
+    "index_broadcast": (lambda x, a, b: x[a, b], lambda: [_g(5, 7), _ints(-5, 5, 4, 1), _ints(-7, 7, 3)]),
+    "index_nonadjacent": (lambda x, a, b: x[a, :, b], lambda: [_g(4, 5, 6), _ints(0, 4, 2, 1), _ints(0, 6, 3)]),
+    "index_select": (lambda x, i: torch.index_select(x, 1, i), lambda: [_g(5, 7), _ints(0, 7, 9, dtype=torch.int32)]),
+    "embedding": (lambda i, w: F.embedding(i, w), lambda: [_ints(0, 10, 3, 8), _g(10, 6)]),
+    "take_along_dim": (lambda x, i: torch.take_along_dim(x, i, 1), lambda: [_g(5, 7), _ints(-7, 7, 5, 4)]),
+    "argmax_gather": (lambda x: torch.gather(x * 2, 1, x.argmax(1, keepdim=True)), lambda: [_g(5, 7)]),
+}
+
+
+def _externs(be, which=0):
+    return [str(n.op) for n in be.reports[which].graph.leaf_nodes() if n.kind == "extern"]
+
+
+@pytest.mark.parametrize("codegen", CODEGENS)
+@pytest.mark.parametrize("name", sorted(READS))
+def test_reads_match_eager(name, codegen):
+    fn, make = READS[name]
+    be = assert_matches_eager(fn, make(), codegen=codegen)
+    assert _externs(be) == [], be.reports[0].graph.format()  # the forward: no aten call
+    assert not be.reports[0].codegen_reason.count("reference backend:"), be.reports[0].codegen_reason
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_reads(dtype):
+    assert_matches_eager(lambda i, w, x, j: (F.embedding(i, w) * 2, torch.gather(x, 1, j)),
+                         [_ints(0, 10, 3, 8), _g(10, 6, dtype=dtype), _g(4, 9, dtype=dtype), _ints(0, 9, 4, 5)],
+                         codegen="triton")
+
+
+def test_argmax_index_is_proven_and_other_indices_are_checked():
+    be = assert_matches_eager(READS["argmax_gather"][0], READS["argmax_gather"][1](), codegen="reference")
+    text = be.reports[0].graph.format()
+    assert "in [0, 7), proven" in text, text
+    be = assert_matches_eager(READS["gather"][0], READS["gather"][1](), codegen="reference")
+    assert "in [0, 7))" in be.reports[0].graph.format()
+
+
+OUT_OF_RANGE = [
+    ("gather", lambda x, i: torch.gather(x, 1, i), [torch.randn(5, 7), torch.tensor([[0], [7], [1], [2], [3]])],
+     "index 7 is out of bounds for dimension 1 (gather) with size 7"),
+    ("gather_negative", lambda x, i: torch.gather(x, 1, i), [torch.randn(5, 7), torch.full((5, 1), -1)],
+     "index -1 is out of bounds for dimension 1 (gather) with size 7"),
+    ("index", lambda x, i: x[i] + 1, [torch.randn(5, 7), torch.tensor([0, -6])],
+     "index -6 is out of bounds for dimension 0 (index) with size 5"),
+    ("embedding", lambda i, w: F.embedding(i, w), [torch.tensor([1, 10]), torch.randn(10, 3)],
+     "index 10 is out of bounds for dimension 0 (embedding) with size 10"),
+]
+
+
+@pytest.mark.parametrize("codegen", CODEGENS)
+@pytest.mark.parametrize("case", OUT_OF_RANGE, ids=[c[0] for c in OUT_OF_RANGE])
+def test_out_of_range_index_is_an_error(case, codegen):
+    name, fn, inputs, message = case
+    if DEVICE == "cuda" and codegen == "triton":
+        pytest.skip("covered by test_out_of_range_device_assert (a device assert ends the CUDA context)")
+    inputs = [x.to(DEVICE) for x in inputs]
+    with pytest.raises(Exception, match=message.replace("(", r"\(").replace(")", r"\)")):
+        torch._dynamo.reset()
+        torch.compile(fn, backend=passline.backend(codegen=codegen, fallback="raise"))(*inputs)
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="the GPU's device-side assert")
+def test_out_of_range_device_assert():
+    script = """
+import torch, passline
+f = torch.compile(lambda x, i: torch.gather(x, 1, i), backend=passline.backend(codegen="triton", fallback="raise"))
+x = torch.randn(5, 7, device="cuda")
+f(x, torch.tensor([[0], [1], [2], [3], [4]], device="cuda"))
+torch.cuda.synchronize()
+print("in range ok", flush=True)
+f(x, torch.tensor([[0], [7], [2], [3], [4]], device="cuda"))
+torch.cuda.synchronize()
+print("no error")
+"""
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, PASSLINE_AUTOTUNE="0"))
+    out = r.stdout + r.stderr
+    assert "in range ok" in out and "no error" not in out and r.returncode != 0, out[-3000:]
+    assert "index out of bounds for dimension 1 (gather) with size 7" in out or "device-side assert" in out, out[-3000:]
+
+
+def test_gpu_kernel_source_asserts_unproven_indices():
+    """The GPU form of a kernel (generated on any machine): tl.device_assert on each unproven index, in a
+    kernel compiled with debug=True (without which Triton drops device asserts); none for a proven one."""
+    from passline.backends.triton import kernel as kgen
+
+    for name, want in (("gather", True), ("argmax_gather", False)):
+        fn, make = READS[name]
+        be = assert_matches_eager(fn, make(), codegen="reference")
+        graph = be.reports[0].graph
+        (node,) = [n for n in graph.nodes() if any(ld.indirect for m in getattr(n, "members", lambda: (n,))()
+                                                   for ld in loads(m.body))]
+        src = kgen.generate(node, graph, interpret=False, variant="persistent", blocks={}).source
+        assert ("tl.device_assert(" in src) == want and ("@triton.jit(debug=True)" in src) == want, src
+        assert "_check_index(" not in src.split("def _check_index")[0]
+        isrc = kgen.generate(node, graph, interpret=True, variant="persistent", blocks={}).source
+        assert ("_check_index(t" in isrc) == want and "tl.device_assert(" not in isrc
+
+
+def _graph_with(body, ranges=(5,), idx_size=(5,), x_size=(7,)):
+    i = Buffer("idx", Layout.contiguous(idx_size, torch.int64))
+    x = Buffer("x", Layout.contiguous(x_size, torch.float32))
+    node = Pointwise("buf0", ranges, body, Buffer("buf0", Layout.contiguous(ranges, torch.float32)))
+    g = SchedulerGraph([GraphInput("idx", buffer=i), GraphInput("x", buffer=x)])
+    g.add_node(node)
+    return g
+
+
+def test_verify_checks_indirect_indices():
+    (i0,) = loop_vars("i", 1)
+    t0, t1 = indirect_var(0), indirect_var(1)
+    idx = Load("idx", i0, torch.int64)
+    _graph_with(Load("x", t0, torch.float32, (Indirect(t0, idx, 7),))).verify()
+    with pytest.raises(VerificationError, match="does not bind"):
+        _graph_with(Load("x", t1, torch.float32, (Indirect(t0, idx, 7),))).verify()
+    with pytest.raises(VerificationError, match="outside x"):  # positions [0, 8) of a 7-element buffer
+        _graph_with(Load("x", t0, torch.float32, (Indirect(t0, idx, 8),))).verify()
+    with pytest.raises(VerificationError, match="bound to a torch.float32 value"):
+        _graph_with(Load("x", t0, torch.float32, (Indirect(t0, Load("x", i0, torch.float32), 7),))).verify()
+
+
+def test_index_producer_fuses_and_indirect_read_of_a_producer_does_not():
+    """The index computation (a where on the target) fuses into the gather; the tensor read through the
+    index is needed whole, so its producer is not fused with the gather (an indexing mismatch)."""
+    def fn(x, t):
+        return torch.gather(x.exp(), 1, torch.where(t >= 0, t, 0).unsqueeze(1)) * 3
+
+    be = assert_matches_eager(fn, [_g(6, 9), _ints(-1, 9, 6)], codegen="triton")
+    report = be.reports[0]
+    (fused,) = [n for n in report.graph.nodes() if n.kind == "fused"]
+    origins = {o for m in fused.members() for o in m.origins}
+    assert {"where", "gather", "mul"} <= origins and "exp" not in origins, report.graph.format()
+    assert report.metrics.fusion_failures["indexing mismatch"] >= 1
+
+
+def test_dot_dump_marks_indirect_reads():
+    from passline.pipeline.dump import to_dot
+
+    fn, make = READS["embedding"]
+    be = assert_matches_eager(fn, make(), codegen="reference")
+    dot = to_dot(be.reports[0].graph)
+    assert "[indirect]\", style=dashed" in dot, dot
+
+
+def test_cross_entropy_forward_has_no_extern():
+    be = assert_matches_eager(lambda x, t: F.cross_entropy(x, t, ignore_index=1, label_smoothing=0.1),
+                              [_g(6, 11), _ints(0, 11, 6)], codegen="triton")
+    assert _externs(be, 0) == [], be.reports[0].graph.format()
