@@ -186,3 +186,102 @@ def test_cross_entropy_forward_has_no_extern():
     be = assert_matches_eager(lambda x, t: F.cross_entropy(x, t, ignore_index=1, label_smoothing=0.1),
                               [_g(6, 11), _ints(0, 11, 6)], codegen="triton")
     assert _externs(be, 0) == [], be.reports[0].graph.format()
+
+
+# -- writes ---------------------------------------------------------------------------------------------
+def _rows_of_distinct(n_rows, width, k, dim=1):
+    """Distinct positions per row (a plain scatter's duplicates are undefined in eager)."""
+    rows = torch.stack([torch.randperm(width)[:k] for _ in range(n_rows)])
+    return rows if dim == 1 else rows.t().contiguous()
+
+
+WRITES = {  # the backward of the reads above is a write too (scatter_add, index_put accumulate)
+    "scatter": (lambda x, i, s: x.scatter(1, i, s), lambda: [_g(5, 7), _rows_of_distinct(5, 7, 3), _g(5, 3)]),
+    "scatter_value_dim0": (lambda x, i: x.scatter(0, i, 2.5), lambda: [_g(5, 7), _rows_of_distinct(7, 5, 2, dim=0)]),
+    "scatter_add": (lambda x, i, s: x.scatter_add(1, i, s), lambda: [_g(5, 7), _ints(0, 7, 5, 9), _g(5, 9)]),
+    "index_put": (lambda x, i, v: torch.index_put(x, (i,), v), lambda: [_g(6, 4), torch.randperm(6)[:3], _g(3, 4)]),
+    "index_put_accumulate": (lambda x, i, v: torch.index_put(x, (i,), v, accumulate=True),
+                             lambda: [_g(6, 4), _ints(-6, 6, 9), _g(4)]),
+    "index_put_two_indices": (lambda x, a, b, v: torch.index_put(x, (a, b), v, accumulate=True),
+                              lambda: [_g(5, 6), _ints(0, 5, 4, 1), _ints(-6, 6, 3), _g(1, 3)]),
+    "embedding_padding_idx": (lambda i, w: F.embedding(i, w, padding_idx=2) * 3,
+                              lambda: [_ints(0, 6, 4, 9), _g(6, 5)]),
+}
+
+
+@pytest.mark.parametrize("codegen", CODEGENS)
+@pytest.mark.parametrize("name", sorted(WRITES))
+def test_writes_match_eager(name, codegen):
+    fn, make = WRITES[name]
+    be = assert_matches_eager(fn, make(), codegen=codegen)
+    for r in be.reports:  # forward and backward
+        assert _externs(be, be.reports.index(r)) == [], r.graph.format()
+        assert "reference backend:" not in r.codegen_reason, r.codegen_reason
+
+
+def test_duplicate_indices_are_summed_in_embedding_backward():
+    """Every row hit many times: the atomic adds (or index_put_ with accumulate on the reference) sum them."""
+    for codegen in CODEGENS:
+        be = assert_matches_eager(lambda i, w: F.embedding(i, w), [torch.tensor([[1, 1, 1, 3], [3, 1, 0, 1]]), _g(4, 3)],
+                                  codegen=codegen)
+        (scatter,) = [n for n in be.reports[1].graph.nodes() if n.kind == "scatter"]
+        assert scatter.mode == "add" and "[0, 4), wraps" in be.reports[1].graph.format()
+
+
+def test_one_hot_scatter_is_a_pointwise_pull():
+    """scatter(zeros, 1, target[:, None], -1.0) (cross-entropy's backward) has one position per row: it
+    lowers to a where over the logits' shape, no Scatter node, and fuses with the gradient's math."""
+    be = assert_matches_eager(lambda x, t: F.cross_entropy(x, t), [_g(6, 11), _ints(0, 11, 6)], codegen="triton")
+    backward = be.reports[1].graph
+    assert not [n for n in backward.leaf_nodes() if n.kind in ("scatter", "extern")], backward.format()
+    assert "in [0, 11))" in backward.format()  # the target is still checked
+
+
+def _scatter_graph(read_after: bool):
+    from passline.ir import Scatter
+
+    (i0,) = loop_vars("i", 1)
+    t0 = indirect_var(0)
+    idx, src = Buffer("idx", Layout.contiguous((3,), torch.int64)), Buffer("src", Layout.contiguous((3,), torch.float32))
+    acc = Buffer("acc", Layout.contiguous((5,), torch.float32))
+    init = Pointwise("acc", (5,), Load("src", sympy.S.Zero, torch.float32), acc)
+    b = Indirect(t0, Load("idx", i0, torch.int64), 5)
+    sc = Scatter("sc", (3,), Load("src", i0, torch.float32), acc, t0, (b,), "add")
+    nodes = [init, sc]
+    outputs = []
+    if read_after:
+        out = Buffer("out", Layout.contiguous((5,), torch.float32))
+        nodes.append(Pointwise("out", (5,), Load("acc", i0, torch.float32), out))
+        from passline.ir import TensorArg
+        outputs = [TensorArg("out", (5,), (1,))]
+    g = SchedulerGraph([GraphInput("idx", buffer=idx), GraphInput("src", buffer=src)], outputs)
+    for n in nodes:
+        g.add_node(n)
+    return g
+
+
+def test_scatter_is_ordered_before_later_readers_and_verify_checks_it():
+    g = _scatter_graph(read_after=True)
+    g.verify()
+    assert g.has_path("acc", "sc") and g.has_path("sc", "out")  # init, then the scatter, then the read
+    g.nx.remove_edge("sc", "out")  # what a careless pass could do: the read no longer waits for the write
+    with pytest.raises(VerificationError, match="not ordered with out"):
+        g.verify()
+
+
+def test_dce_keeps_a_read_scatter_and_removes_an_unread_one():
+    out, _ = passline.PassManager("dce").run(_scatter_graph(read_after=True))
+    assert sorted(out.names()) == ["acc", "out", "sc"]
+    out, _ = passline.PassManager("dce").run(_scatter_graph(read_after=False))
+    assert out.names() == []
+
+
+def test_scatter_nodes_do_not_fuse():
+    """A scatter's write positions meet no loop point of another node: it stays its own kernel (refused
+    with a reason), and the nodes before and after it fuse only among themselves."""
+    be = assert_matches_eager(lambda x, i, s: (x * 2).scatter_add(1, i, s * 3).exp(),
+                              [_g(5, 7), _ints(0, 7, 5, 9), _g(5, 9)], codegen="reference")
+    report = be.reports[0]
+    assert report.metrics.fusion_failures["scatter"] >= 1
+    scatter = [n for n in report.graph.nodes() if n.kind == "scatter"]
+    assert len(scatter) == 1, report.graph.format()

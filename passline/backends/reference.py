@@ -13,7 +13,7 @@ import sympy
 import torch
 
 from ..ir import (Cast, Constant, Extern, FusedNode, IndexValue, Load, MixOrderNode, Op, Pointwise, Reduction,
-                  TensorArg, walk)
+                  Scatter, TensorArg, walk)
 from ..ir.index import FloorDiv, ModularIndexing
 from ..lowering.sizes import runtime_value
 from ..pipeline.graph import SchedulerGraph
@@ -205,7 +205,9 @@ class ReferenceRunner:
                 r = torch.empty_strided(size, stride, dtype=dtype, device=r.device).copy_(r)
             env[buf.name] = r
 
-    def _loop(self, node: Pointwise | Reduction, env, bind: _Bindings) -> torch.Tensor:
+    def _loop(self, node: Pointwise | Reduction | Scatter, env, bind: _Bindings) -> torch.Tensor:
+        if isinstance(node, Scatter):
+            return self._scatter(node, env, bind)
         lay = node.output.layout
         out = torch.empty_strided(bind.ints(lay.size), bind.ints(lay.stride), dtype=lay.dtype, device=lay.device)
         ranges = bind.ints(node.ranges)
@@ -226,6 +228,26 @@ class ReferenceRunner:
             value = _reduce(node.reduction_type, value.reshape(ranges + [-1]))
         out.copy_(value.permute(node.permutation) if node.permutation else value)
         return out
+
+    def _scatter(self, node: Scatter, env, bind: _Bindings) -> torch.Tensor:
+        """Write (or add) the body's values into the target buffer in place, at the positions the index
+        gives: index_put_ on the flat storage, accumulating for "add" so duplicates are summed."""
+        target = env[node.output.name]
+        lay = node.output.layout
+        shape = bind.ints(node.ranges)
+        if math.prod(shape) == 0:
+            return target
+        grid = {var: torch.arange(n, device=lay.device).view([n if j == k else 1 for j in range(len(shape))])
+                for k, ((var, _), n) in enumerate(zip(node.var_ranges, shape))}
+        grid.update(bind.values)
+        # the positions: an IndexValue holding the node's index and bindings (checked like any indirect index)
+        where = self._eval(IndexValue(node.index, torch.int64, node.indirect), env, grid, bind, lay.device)
+        value = self._eval(node.body, env, grid, bind, lay.device)
+        pos = torch.as_tensor(where, device=lay.device).broadcast_to(shape).reshape(-1)
+        value = value.broadcast_to(shape).reshape(-1).to(lay.dtype)
+        flat = flat_storage(target, bind.int(lay.storage_span))
+        flat.index_put_((pos,), value, accumulate=node.mode == "add")
+        return target
 
     def _eval(self, root, env, grid, bind: _Bindings, device):
         vals: dict[int, torch.Tensor] = {}

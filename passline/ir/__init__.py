@@ -3,8 +3,8 @@ from .body import (BINARY_OPS, TERNARY_OPS, UNARY_OPS, Cast, Constant, IndexValu
                    Value, loads, rebuild, substitute_index, walk)
 from .index import (FloorDiv, IndirectSymbol, ModularIndexing, indirect_var, is_indirect, loop_var, loop_vars,
                     size_var, sympify)
-from .nodes import (REDUCTION_TYPES, Buffer, Extern, FusedNode, Layout, MemoryDep, MixOrderNode, Node,
-                    Pointwise, Reduction, TensorArg)
+from .nodes import (REDUCTION_TYPES, SCATTER_MODES, Buffer, Extern, FusedNode, Layout, MemoryDep, MixOrderNode,
+                    Node, Pointwise, Reduction, Scatter, TensorArg)
 
 __all__ = [
     "BINARY_OPS", "TERNARY_OPS", "UNARY_OPS", "Cast", "Constant", "IndexValue", "Indirect", "Load", "Op",
@@ -12,4 +12,5 @@ __all__ = [
     "IndirectSymbol", "indirect_var", "is_indirect",
     "loop_var", "loop_vars", "size_var", "sympify", "REDUCTION_TYPES", "Buffer", "Extern",
     "Layout", "MemoryDep", "Node", "Pointwise", "Reduction", "TensorArg", "FusedNode", "MixOrderNode",
+    "Scatter", "SCATTER_MODES",
 ]

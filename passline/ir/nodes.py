@@ -94,11 +94,11 @@ def _nbytes(layout: Layout) -> Expr:
     return int(n) if n.is_number else n
 
 
-def _body_loads(body) -> dict:
+def _body_loads(*bodies) -> dict:
     """Buffer name -> the indices the body loads it at, buffers in first-use order (kept on each node:
     scheduling asks often)."""
     out: dict = {}
-    for ld in loads(body):
+    for ld in (ld for body in bodies for ld in loads(body)):
         out.setdefault(ld.buffer, []).append(ld.index)
     return {b: tuple(ix) for b, ix in out.items()}
 
@@ -250,6 +250,68 @@ class Reduction(_LoopNode):
                 f"ranges=[{', '.join(map(str, self.ranges))}], "
                 f"reduction_ranges=[{', '.join(map(str, self.reduction_ranges))}]) "
                 f"-> {self.output!r}: {self.body!r}")
+
+
+SCATTER_MODES = ("store", "add")
+
+
+@attrs.frozen(cache_hash=True, repr=False)
+class Scatter(_LoopNode):
+    """Writes into an existing buffer at positions known only at run time (scatter, index_put, the
+    backward of gather and embedding): for each point of `ranges`, `output[index] = body` (mode "store")
+    or `output[index] += body` ("add": atomic adds in generated code, so duplicate positions are summed).
+
+    `index` is a storage offset in `output`, sympy over the loop variables and the index symbols that
+    `indirect` binds (see `ir.Indirect`; checked against their bounds like an indirect load's). `output`
+    is not produced here: an earlier node writes its initial value (zeros, or a copy of the tensor
+    scattered into) and this node mutates it in place (`mutates`), so the graph orders it after that node
+    and before every later reader of the buffer, and the verifier checks that order."""
+
+    name: str
+    ranges: tuple = attrs.field(converter=_exprs)
+    body: Any
+    output: Buffer
+    index: Expr
+    indirect: tuple
+    mode: str = attrs.field(validator=attrs.validators.in_(SCATTER_MODES))
+    origins: tuple = ()
+    permutation: tuple = attrs.field(default=attrs.Factory(_identity_perm, takes_self=True))
+    _loads: dict = attrs.field(init=False, eq=False, hash=False, repr=False, default=attrs.Factory(
+        lambda self: _body_loads(*self.values()), takes_self=True))
+    _memo: dict = attrs.field(init=False, eq=False, hash=False, repr=False, factory=dict)
+
+    kind = "scatter"
+
+    @property
+    def mutates(self) -> tuple:
+        return (self.output.name,)
+
+    def store_index(self) -> Expr:
+        return self.index
+
+    def output_buffers(self) -> tuple:
+        return ()  # the buffer is its initializer's; this node mutates it
+
+    def output_names(self) -> tuple:
+        return ()
+
+    def read_names(self) -> tuple:
+        # the target too: the write comes after its initial value (and, for "add", reads it)
+        return tuple(dict.fromkeys((*self._loads, self.output.name)))
+
+    def values(self) -> tuple:
+        """What it computes at each point: the value written, then the index values."""
+        return (self.body, *(b.value for b in self.indirect))
+
+    def reads(self) -> tuple:
+        vr = self.var_ranges
+        return tuple(dict.fromkeys(MemoryDep(ld.buffer, ld.index, vr) for v in self.values() for ld in loads(v)))
+
+    def __repr__(self):
+        binds = "".join(f"; {b!r}" for b in self.indirect)
+        op = "=" if self.mode == "store" else "+="
+        return (f"{self.name} = Scatter(ranges=[{', '.join(map(str, self.ranges))}]) "
+                f"{self.output.name}[{self.index}{binds}] {op} {self.body!r}")
 
 
 @attrs.frozen(cache_hash=True, repr=False)
@@ -468,4 +530,4 @@ def _loop_shape(node) -> tuple:
     return outer, red
 
 
-Node = Pointwise | Reduction | Extern | FusedNode | MixOrderNode
+Node = Pointwise | Reduction | Scatter | Extern | FusedNode | MixOrderNode

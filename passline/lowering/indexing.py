@@ -12,7 +12,9 @@ from __future__ import annotations
 import sympy
 import torch
 
-from ..ir import Cast, IndexValue, Indirect, Load, Pointwise, Reduction, indirect_var
+from ..ir import Cast, Constant, IndexValue, Indirect, Load, Op, Pointwise, Reduction, Scatter, indirect_var, loop_vars
+from ..ir.index import sympify
+from .context import cast, upcast
 from .pointwise import broadcast_load
 from .registry import lowering
 from .tensor import TensorRef
@@ -20,6 +22,7 @@ from .tensor import TensorRef
 aten = torch.ops.aten
 
 INDEX_DTYPES = (torch.int32, torch.int64)
+ATOMIC_DTYPES = (torch.float32, torch.float64, torch.int32, torch.int64)  # what a scatter may add into
 
 
 def _dim(d: int, ndim: int) -> int:
@@ -80,38 +83,58 @@ def lower_gather(ctx, node, x, dim, index, *, sparse_grad=False):
     return ctx.pointwise(out.shape, out.dtype, inner)
 
 
-@lowering(aten.index.Tensor, aten._unsafe_index.Tensor)
-def lower_index(ctx, node, x, indices):
-    """Advanced indexing x[i0, :, i2, ...]: the index tensors broadcast together to a shape B; B's dims
-    replace the indexed dims where those are adjacent, else they come first (numpy's rule). Negative
-    indices count from the end."""
-    refs = [r for r in indices if r is not None]
-    if not _usable(x, *refs) or not refs or not _index_ok(*refs) or x.ndim == 0 or len(indices) > x.ndim:
-        return NotImplemented  # bool/byte masks have data-dependent shapes: aten's job
-    out = node.meta["val"]
-    metas = [a.meta["val"] for a in node.args[1] if a is not None]
-    bshape = torch.broadcast_shapes(*[m.shape for m in metas])
-    nb = len(bshape)
-    positions = [d for d, r in enumerate(indices) if r is not None]
-    adjacent = positions == list(range(positions[0], positions[-1] + 1))
-    first = positions[0] if adjacent else 0
-    if out.dim() != x.ndim - len(positions) + nb:
-        return NotImplemented
-    op = "index" if node.target is aten.index.Tensor else "_unsafe_index"
+class Advanced:
+    """Advanced indexing x[i0, :, i2, ...] (index, index_put): the index tensors broadcast together to a
+    shape B; B's dims replace the indexed dims where those are adjacent, else they come first (numpy's
+    rule). Negative indices count from the end. None when these arguments are not for this lowering."""
 
-    def inner(idx):
+    @classmethod
+    def of(cls, ctx, node, x, indices, op: str):
+        refs = [r for r in indices if r is not None]
+        if not _usable(x, *refs) or not refs or not _index_ok(*refs) or x.ndim == 0 or len(indices) > x.ndim:
+            return None  # bool/byte masks have data-dependent shapes: aten's job
+        return cls(ctx, node, x, indices, op)
+
+    def __init__(self, ctx, node, x, indices, op: str):
+        self.ctx, self.x, self.indices, self.op = ctx, x, list(indices), op
+        metas = [a.meta["val"] for a in node.args[1] if a is not None]
+        self.nb = len(torch.broadcast_shapes(*[m.shape for m in metas]))
+        positions = [d for d, r in enumerate(indices) if r is not None]
+        adjacent = positions == list(range(positions[0], positions[-1] + 1))
+        self.first = positions[0] if adjacent else 0
+        bshape = [sympify(n) for n in torch.broadcast_shapes(*[m.shape for m in metas])]
+        rest = [x.size[d] for d in range(x.ndim) if d >= len(indices) or indices[d] is None]
+        self.shape = tuple(rest[:self.first] + bshape + rest[self.first:])  # the indexed result's shape
+
+    def point(self, idx) -> tuple:
+        """(the position in x, the bindings) for the point `idx` of the indexed result."""
+        x, nb, first = self.x, self.nb, self.first
         bidx = idx[first:first + nb]
         rest = iter(list(idx[:first]) + list(idx[first + nb:]))
         point, binds = [], []
         for d in range(x.ndim):
-            r = indices[d] if d < len(indices) else None
+            r = self.indices[d] if d < len(self.indices) else None
             if r is None:
                 point.append(next(rest))
                 continue
-            b = binding(ctx, len(binds), r, broadcast_load(r, bidx, nb), x.size[d], f"dimension {d} ({op})", wrap=True)
+            b = binding(self.ctx, len(binds), r, broadcast_load(r, bidx, nb), x.size[d], f"dimension {d} ({self.op})",
+                        wrap=True)
             binds.append(b)
             point.append(b.symbol)
-        return Load(x.buffer.name, x.index_at(point), x.dtype, tuple(binds))
+        return point, tuple(binds)
+
+
+@lowering(aten.index.Tensor, aten._unsafe_index.Tensor)
+def lower_index(ctx, node, x, indices):
+    op = "index" if node.target is aten.index.Tensor else "_unsafe_index"
+    adv = Advanced.of(ctx, node, x, indices, op)
+    out = node.meta["val"]
+    if adv is None or len(adv.shape) != out.dim():
+        return NotImplemented
+
+    def inner(idx):
+        point, binds = adv.point(idx)
+        return Load(x.buffer.name, x.index_at(point), x.dtype, binds)
 
     return ctx.pointwise(out.shape, out.dtype, inner)
 
@@ -146,3 +169,103 @@ def lower_embedding(ctx, node, weight, indices, padding_idx=-1, scale_grad_by_fr
         return Load(weight.buffer.name, weight.index_at([b.symbol, idx[-1]]), weight.dtype, (b,))
 
     return ctx.pointwise(out.shape, out.dtype, inner)
+
+
+# -- writes -----------------------------------------------------------------------------------------------
+# A scatter into a tensor is two nodes: a Pointwise writing the initial value (a copy of the tensor
+# scattered into, in the accumulation dtype: float32 for bfloat16/float16, as eager's CUDA kernels sum),
+# then a Scatter writing or adding the values in place at the indexed positions (atomic adds in generated
+# code). Low-precision results are cast back by a third node. A scatter whose index has one element along
+# the scattered dimension for each position of the others (the one-hot of cross-entropy's backward) is
+# instead one Pointwise that pulls: out[p] = src if p[dim] == index[p with dim 0] else self[p].
+
+
+def _same(a, b) -> bool:
+    return sympy.expand(sympy.sympify(a) - sympy.sympify(b)) == 0
+
+
+def scatter_into(ctx, node, x: TensorRef, ranges, value, position, mode: str):
+    """`x` with value(i) written (mode "store") or added ("add") at position(i) = (point in x, bindings),
+    for each point i of `ranges`."""
+    out = node.meta["val"]
+    acc = upcast(out.dtype) if mode == "add" else out.dtype
+    if mode == "add" and acc not in ATOMIC_DTYPES:
+        return NotImplemented
+    target = ctx.pointwise(x.size, acc, lambda idx: cast(x.load(idx), acc), x.buffer.layout.device)
+    vs = loop_vars("i", len(ranges))
+    point, binds = position(vs)
+    buf = target.buffer
+    name = ctx.new_name()
+    ctx.nodes.append(Scatter(name, tuple(sympy.sympify(r) for r in ranges), cast(value(vs), acc), buf,
+                             buf.layout.index(point), binds, mode, origins=ctx._origins()))
+    if acc == out.dtype:
+        return TensorRef.of(buf)
+    return ctx.pointwise(out.shape, out.dtype, lambda idx: cast(target.load(idx), out.dtype))
+
+
+def _src_value(src, dtype):
+    """The value scattered at a point of the index: src's element there, or a scalar."""
+    if isinstance(src, TensorRef):
+        return lambda idx: cast(src.load(idx), dtype)
+    return lambda idx: Constant(float(src) if dtype.is_floating_point else src, dtype)
+
+
+def _pull(ctx, node, x, dim, index, src, add: bool, op: str):
+    """The one-element-per-row scatter as a pointwise pull (see above)."""
+    out = node.meta["val"]
+    compute = upcast(out.dtype)
+    value = _src_value(src, compute)
+
+    def inner(idx):
+        row = list(idx)
+        row[dim] = sympy.S.Zero
+        b = binding(ctx, 0, index, index.load(row), x.size[dim], f"dimension {dim} ({op})")
+        hit = Op("eq", (IndexValue(idx[dim], torch.int64), IndexValue(b.symbol, torch.int64, (b,))), torch.bool)
+        base = cast(x.load(idx), compute)
+        new = Op("add", (base, value(row)), compute) if add else value(row)
+        return Op("where", (hit, new, base), compute)
+
+    return ctx.pointwise(out.shape, out.dtype, inner)
+
+
+def _scatter(ctx, node, x, dim, index, src, add: bool, op: str):
+    if not _usable(x, index) or not _index_ok(index) or x.ndim == 0 or index.ndim != x.ndim \
+            or (isinstance(src, TensorRef) and src.ndim != x.ndim):
+        return NotImplemented
+    dim = _dim(dim, x.ndim)
+    if _same(index.size[dim], 1) and all(_same(index.size[d], x.size[d]) for d in range(x.ndim) if d != dim):
+        return _pull(ctx, node, x, dim, index, src, add, op)
+
+    def position(vs):
+        b = binding(ctx, 0, index, index.load(vs), x.size[dim], f"dimension {dim} ({op})")
+        point = list(vs)
+        point[dim] = b.symbol
+        return point, (b,)
+
+    acc = upcast(node.meta["val"].dtype) if add else node.meta["val"].dtype
+    return scatter_into(ctx, node, x, index.size, _src_value(src, acc), position, "add" if add else "store")
+
+
+@lowering(aten.scatter.src, aten.scatter.value)
+def lower_scatter(ctx, node, x, dim, index, src):
+    """out = x; out[..., index[i], ...] = src[i] (or a scalar) along `dim`; duplicates: one of them wins."""
+    return _scatter(ctx, node, x, dim, index, src, False, "scatter")
+
+
+@lowering(aten.scatter_add.default)
+def lower_scatter_add(ctx, node, x, dim, index, src):
+    """out = x; out[..., index[i], ...] += src[i] along `dim`, duplicates summed (gather's backward)."""
+    return _scatter(ctx, node, x, dim, index, src, True, "scatter_add")
+
+
+@lowering(aten.index_put.default)
+def lower_index_put(ctx, node, x, indices, values, accumulate=False):
+    """out = x; out[indices] = values (or += with accumulate=True: the backward of indexing, index_select
+    and embedding, duplicates summed). Values broadcast to the indexed shape."""
+    adv = Advanced.of(ctx, node, x, indices, "index_put")
+    if adv is None or not isinstance(values, TensorRef) or values.ndim > len(adv.shape):
+        return NotImplemented
+    acc = upcast(node.meta["val"].dtype) if accumulate else node.meta["val"].dtype
+    nd = len(adv.shape)
+    return scatter_into(ctx, node, x, adv.shape, lambda vs: cast(broadcast_load(values, vs, nd), acc),
+                        adv.point, "add" if accumulate else "store")

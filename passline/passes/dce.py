@@ -1,14 +1,14 @@
 """dce — dead-node elimination.
 
 Removes nodes whose results nothing needs: not a graph output, not read by a live node, not writing a
-graph input in place, and without side effects (an extern that mutates, or draws random numbers, is
+graph input in place (a scatter is needed when its buffer is read after it or returned), and without side effects (an extern that mutates, or draws random numbers, is
 kept). Runs to a fixed point in one sweep, consumers before producers. Refuses nothing else.
 """
 from __future__ import annotations
 
 import torch
 
-from ..ir import Extern
+from ..ir import Extern, Scatter
 from ..pipeline.registry import register_pass
 
 
@@ -24,14 +24,23 @@ def has_side_effects(node) -> bool:
     return torch.Tag.nondeterministic_seeded in getattr(op, "tags", ())
 
 
+def _scatter_needed(graph, node: Scatter, keep) -> bool:
+    """A scatter (an in-place write) is needed when its buffer is kept or read after it."""
+    b = node.output.name
+    return b in keep or any(r != node.name and graph.has_path(node.name, r) for r in graph.consumers(b))
+
+
 @register_pass("dce", provides={"dead_nodes_removed"}, idempotent=True)
 def dce(graph, ctx):
     """Remove nodes whose results nothing needs (not outputs, unread, no side effects)."""
     keep = graph.output_names()
+    inputs = set(graph.input_buffers())
     for node in reversed(graph.nodes()):
         if has_side_effects(node) or any(b in keep for b in node.output_names()):
             continue
         if any(graph.consumers(b) for b in node.output_names()):
+            continue
+        if isinstance(node, Scatter) and _scatter_needed(graph, node, keep | inputs):
             continue
         if ctx.decide("remove", node):
             graph.remove_node(node.name)

@@ -9,13 +9,14 @@ from typing import NamedTuple
 
 import sympy
 
-from ..ir import Extern, FusedNode, MixOrderNode, Pointwise, Reduction
+from ..ir import Extern, FusedNode, MixOrderNode, Pointwise, Reduction, Scatter
 from ..ir.loops import access_problem, members, shape
 from ..ir.index import product
 
 REASONS = {
     "extern": "one of them is an extern call (aten runs it, nothing to fuse)",
     "mix-order": "one of them is already a mix-order reduction",
+    "scatter": "one of them writes at positions known only at run time (a scatter: its own kernel)",
     "device": "they run on different devices",
     "too large": "the fused node would exceed max_nodes",
     "different numel": "their iteration spaces have different sizes",
@@ -121,6 +122,8 @@ def can_fuse(graph, a, b, max_nodes: int = 64) -> Verdict:
             return refuse("extern", n.name)
         if isinstance(n, MixOrderNode):
             return refuse("mix-order", n.name)
+        if isinstance(n, Scatter):
+            return refuse("scatter", n.name)
     da, db = _device(a), _device(b)
     if da != db:
         return refuse("device", f"{da} vs {db}")

@@ -15,7 +15,7 @@ import sympy
 import torch
 
 from ..ir import (Buffer, Extern, FusedNode, IndexValue, IndirectSymbol, Load, MixOrderNode, Pointwise, Reduction,
-                  TensorArg, loads, walk)
+                  Scatter, TensorArg, loads, walk)
 from ..ir.index import as_strided_form
 from ..ir.loops import group_problem, shape
 from ..lowering import GraphInput, Program
@@ -44,6 +44,7 @@ class SchedulerGraph:
         self._order = itertools.count()
         self._producer: dict[str, str] = {}  # buffer name -> node name
         self._readers: dict[str, set[str]] = {}  # buffer name -> names of nodes reading it
+        self._mutators: dict[str, set[str]] = {}  # buffer name -> names of nodes writing it in place
 
     @classmethod
     def from_program(cls, program: Program) -> "SchedulerGraph":
@@ -123,6 +124,8 @@ class SchedulerGraph:
             self._producer[b] = node.name
         for b in node.read_names():
             self._readers.setdefault(b, set()).add(node.name)
+        for b in getattr(node, "mutates", ()):
+            self._mutators.setdefault(b, set()).add(node.name)
         self._connect(node)
 
     def remove_node(self, name: str) -> None:
@@ -132,6 +135,8 @@ class SchedulerGraph:
                 del self._producer[b]
         for b in node.read_names():
             self._readers.get(b, set()).discard(name)
+        for b in getattr(node, "mutates", ()):
+            self._mutators.get(b, set()).discard(name)
         self.nx.remove_node(name)
 
     def replace_node(self, name: str, new) -> None:
@@ -208,12 +213,20 @@ class SchedulerGraph:
             for v in self._readers.get(b, ()):
                 if v != me:
                     self._edge(me, v, (b,))
-        # a mutation must come after every earlier reader of the buffer it writes
-        mine = self.nx.nodes[me]["order"]
+        # a mutation must come after every earlier reader of the buffer it writes, and before every later
+        # one (a scatter into a buffer, then a read of the result: the read depends on the scatter)
+        data = self.nx.nodes
+        mine = data[me]["order"]
         for b in getattr(node, "mutates", ()):
             for v in self._readers.get(b, ()):
-                if v != me and self.nx.nodes[v]["order"] < mine:
+                if v != me and data[v]["order"] < mine:
                     self._edge(v, me, (b,))
+                elif v != me and data[v]["order"] > mine:
+                    self._edge(me, v, (b,))
+        for b in node.read_names():
+            for m in self._mutators.get(b, ()):
+                if m != me and data[m]["order"] < mine:
+                    self._edge(m, me, (b,))
 
     def copy(self) -> "SchedulerGraph":
         g = SchedulerGraph(self.inputs, self.outputs)
@@ -222,6 +235,7 @@ class SchedulerGraph:
             d["buffers"] = set(d["buffers"])
         g._producer = dict(self._producer)
         g._readers = {b: set(r) for b, r in self._readers.items()}
+        g._mutators = {b: set(r) for b, r in self._mutators.items()}
         g._order = itertools.count(max((d for _, d in self.nx.nodes(data="order")), default=-1) + 1)
         return g
 
@@ -247,11 +261,31 @@ class SchedulerGraph:
                     raise VerificationError(f"reads {b} from {p} without a dependency edge", name)
             _check_node(node, buffers)
         self._check_index()
+        self._check_mutations()
         for o in self.outputs:
             if isinstance(o, TensorArg):
                 if o.buffer not in buffers:
                     raise VerificationError(f"graph output {o.buffer} is not produced")
                 _check_bounds(o.size, o.stride, o.offset, buffers[o.buffer], "graph output", None)
+
+    def _check_mutations(self) -> None:
+        """Every node that writes a buffer in place is ordered, by a path, with every other node touching
+        that buffer (its producer, its readers, its other writers): no pass may move a read of a
+        scattered-into buffer before the scatter, or two writes past each other."""
+        for b, writers in self._mutators.items():
+            for w in sorted(writers):
+                if w not in self.nx:
+                    raise VerificationError(f"the mutation index names {w}, which is not in the graph")
+                if not {b} & set(getattr(self.node(w), "mutates", ())):
+                    raise VerificationError(f"the mutation index says {w} writes {b} in place", w)
+                ordered = nx.ancestors(self.nx, w) | nx.descendants(self.nx, w) | {w}
+                touching = set(self._readers.get(b, ())) | set(writers)
+                if self._producer.get(b) is not None:
+                    touching.add(self._producer[b])
+                loose = sorted(touching - ordered)
+                if loose:
+                    raise VerificationError(f"writes {b} in place but is not ordered with {loose[0]}, which "
+                                            f"also touches it", w)
 
     def _check_index(self) -> None:
         """The producer and reader indexes (kept incrementally by every edit) match the nodes."""
@@ -294,6 +328,11 @@ def _describe(node) -> str:
         head = (f"{node.name}: mix_order rows={node.rows} cols={node.columns} split_rows={node.split_rows} "
                 f"(row side {node.row.name}; column reductions {', '.join(c.name for c in node.cols)})")
         return head + "".join("\n  " + _describe(g).replace("\n", "\n  ") for g in (node.row, *node.cols))
+    if isinstance(node, Scatter):
+        binds = "".join(f"; {b!r}" for b in node.indirect)
+        reads = ", ".join(map(repr, node.reads()))
+        return (f"{node.name}: scatter ({node.mode}) [{', '.join(map(str, node.ranges))}]\n    reads  {reads or '-'}"
+                f"\n    writes {node.output.name}[{node.index}{binds}] in place\n    body   {node.body!r}")
     if isinstance(node, (Pointwise, Reduction)):
         head = f"{node.name}: {node.kind}"
         ranges = f"[{', '.join(map(str, node.ranges))}]"
@@ -325,6 +364,22 @@ def _check_node(node, buffers: dict) -> None:
                                         f"{(outer, red)}", node.name)
         for g in (node.row, *node.cols):
             _check_node(g, buffers)
+    elif isinstance(node, Scatter):
+        var_ranges = dict(node.var_ranges)
+        if node.body.dtype != node.output.dtype:
+            raise VerificationError(f"writes {node.body.dtype} values into {node.output!r}", node.name)
+        for v in node.values():
+            for ld in loads(v):
+                _check_load(ld, buffers, var_ranges, node.name)
+        unknown = node.index.free_symbols - set(var_ranges)
+        if any(s.name.startswith(("i", "r", "v")) for s in unknown):
+            raise VerificationError(f"index {node.index} uses variables outside the loop nest", node.name)
+        _check_indirect(node, node.index, var_ranges, node.name)
+        ranges = {**var_ranges, **{b.symbol: b.bound for b in node.indirect}}
+        vars_ = [v for v in ranges if v in node.index.free_symbols]
+        form = as_strided_form(node.index, vars_)
+        if form is not None:
+            _check_bounds([ranges[v] for v in vars_], form[0], form[1], node.output, "scatter", node.name)
     elif isinstance(node, (Pointwise, Reduction)):
         out = node.output.layout
         if sympy.simplify(out.numel - sympy.Mul(*node.ranges)) != 0:
@@ -368,7 +423,8 @@ def _check_load(ld: Load, buffers: dict, var_ranges: dict, node: str) -> None:
 
 
 def _check_indirect(holder, expr, var_ranges: dict, node: str) -> None:
-    """Each index symbol `expr` uses is bound by `holder` once, to an integer value over the node's loops."""
+    """Each index symbol `expr` uses is bound by `holder` (a Load, IndexValue or Scatter) once, to an
+    integer value over the node's loops."""
     syms = [b.symbol for b in holder.indirect]
     if len(set(syms)) != len(syms):
         raise VerificationError(f"{holder!r} binds an index symbol twice", node)

@@ -13,7 +13,8 @@ import attrs
 import sympy
 import torch
 
-from ...ir import Cast, Constant, FusedNode, IndexValue, Layout, Load, MixOrderNode, Op, Pointwise, Reduction
+from ...ir import (Cast, Constant, FusedNode, IndexValue, Layout, Load, MixOrderNode, Op, Pointwise, Reduction,
+                   Scatter)
 from ...ir.body import walk
 from ...ir.index import FloorDiv, ModularIndexing, contiguous_strides, loop_vars, product
 from ...ir.loops import canon_var, canonical_map, role
@@ -315,8 +316,30 @@ class KernelWriter:
         scope = _Scope()
         for m in self.nodes:
             var = self.compute(m, scope)
-            self.store(m, var, "xmask")
+            if isinstance(m, Scatter):
+                self.scatter(m, var, scope)
+            else:
+                self.store(m, var, "xmask")
         return self.header(["XBLOCK"], int64) + self.lines
+
+    def scatter(self, m: Scatter, var: str, scope: _Scope) -> None:
+        """Write (tl.store) or add (tl.atomic_add: duplicate positions are summed) a Scatter's value at its
+        indirect position, after the position's checks. The adds are relaxed atomics: no other memory
+        access of the kernel depends on their order."""
+        cmap = self.canon(m)
+        for b in m.indirect:
+            self.value(b.value, m, scope, cmap)
+        at, _ = self.indirect(m, scope, cmap)
+        expr = sympy.expand(m.index.xreplace(cmap)).xreplace(at)
+        offset = self.idx(expr)
+        if not any(s.name.startswith("o") for s in expr.free_symbols):
+            offset += " + 0 * xindex"  # one position for every lane: the pointer must be a block too
+        val = printer.cast(var, m.body.dtype, m.output.dtype)
+        ptr = self.ptr(m.output.name)
+        if m.mode == "add":
+            self.emit(f"tl.atomic_add({ptr} + {offset}, {val}, xmask, sem='relaxed')")
+        else:
+            self.emit(f"tl.store({ptr} + {offset}, {val}, xmask)")
 
     def _xr(self, int64: bool):
         pid = "tl.program_id(0).to(tl.int64)" if int64 else "tl.program_id(0)"
