@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 import passline
 from passline.ir import Buffer, Indirect, Layout, Load, Pointwise, indirect_var, loads, loop_vars
+from passline.ir.loops import members
 from passline.lowering import GraphInput
 from passline.pipeline.graph import SchedulerGraph, VerificationError
 from passline.testing import assert_matches_eager
@@ -182,10 +183,37 @@ def test_dot_dump_marks_indirect_reads():
     assert "[indirect]\", style=dashed" in dot, dot
 
 
-def test_cross_entropy_forward_has_no_extern():
-    be = assert_matches_eager(lambda x, t: F.cross_entropy(x, t, ignore_index=1, label_smoothing=0.1),
-                              [_g(6, 11), _ints(0, 11, 6)], codegen="triton")
-    assert _externs(be, 0) == [], be.reports[0].graph.format()
+CROSS_ENTROPY = {
+    "mean": dict(),
+    "ignore_index_label_smoothing_sum": dict(ignore_index=1, label_smoothing=0.1, reduction="sum"),
+    "none": dict(reduction="none"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(CROSS_ENTROPY))
+def test_cross_entropy_reads_the_logits_once_each_way(kind):
+    """Forward: the target's logit is gathered from the logits themselves (the log-softmax recomputed at the
+    target by inline_pointwise), so no [tokens, vocabulary] buffer is written, and the row statistics come
+    from one fused reduction kernel. Backward: one kernel over the logits (the one-hot is a pull)."""
+    n, c = 6, 11
+    target = _ints(0, c, n)
+    target[0] = 1  # an ignored row, where ignore_index=1
+    be = assert_matches_eager(lambda x, t: F.cross_entropy(x, t, **CROSS_ENTROPY[kind]), [_g(n, c), target],
+                              codegen="triton")
+    for report in be.reports:
+        graph = report.graph
+        assert _externs(be, be.reports.index(report)) == [], graph.format()
+        full = [b for node in graph.nodes() for b in node.output_names()
+                if graph.buffers()[b].layout.numel == n * c and (graph.readers(b) or b in graph.output_names())]
+        # kernels reading the logits (or log-softmax) whole; the loss kernel reads one logit per row
+        kernels = [node for node in graph.nodes()
+                   if any(graph.buffers()[ld.buffer].layout.numel == n * c and not ld.indirect
+                          for m in members(node) for ld in loads(m.body))]
+        if report is be.reports[0]:
+            assert full == [] and report.metrics.counters["inlined_indirect"] >= 1, graph.format()
+        else:
+            assert len(full) == 1, graph.format()  # the gradient itself
+        assert len(kernels) == 1, graph.format()  # each way, one kernel reads the logits
 
 
 # -- writes ---------------------------------------------------------------------------------------------

@@ -14,7 +14,11 @@ its output or a buffer it reads (its reads move later); every consumer is a sing
 cannot fuse with P for a reason of shape (`different numel` or `loop structure` — fusion would compute P
 once, not once per use); each consumer's load of P maps to one point of P's loops (the index is a sum
 of the consumer's loop variables times P's output strides, each variable's range within the dimension
-it addresses). All or nothing per node. Nodes are visited consumers first, so a chain of such nodes (a cast, then a
+it addresses). All or nothing per node.
+
+Consumers that read the node at indirect positions (see `ir.Indirect`) cannot fuse with it and never
+will: up to `indirect_max_loads` loads, the node's body is recomputed at those positions, consumer by
+consumer, whatever its other consumers do; it is removed when none is left. Stat: `inlined_indirect`. Nodes are visited consumers first, so a chain of such nodes (a cast, then a
 scale) is inlined link by link in one sweep; each link's own body is what the limits count. Stat:
 `inlined_pointwise`.
 """
@@ -26,7 +30,7 @@ import attrs
 import sympy
 
 from ..ir import Pointwise, Reduction
-from ..ir.body import Cast, Load, Op, rebuild, substitute_index, walk
+from ..ir.body import Cast, IndexValue, Load, Op, rebuild, substitute_index, walk
 from ..ir.index import as_strided_form, is_indirect
 from ..pipeline.registry import register_pass
 from .legality import can_fuse
@@ -44,8 +48,6 @@ def _cheap(node: Pointwise, max_loads: int, max_ops: int) -> bool:
 def _point(node: Pointwise, index, var_ranges) -> dict | None:
     """{node's loop variable: expression in the consumer's variables} so that the node stores at
     `index`, or None when that is not provable."""
-    if is_indirect(index):
-        return None  # read at positions known only at run time: not one point of the node's loops
     layout = node.output.layout
     vs = [v for v, _ in var_ranges]
     form = as_strided_form(index, vs)
@@ -73,6 +75,8 @@ def _inlined(consumer, node: Pointwise):
     name, var_ranges = node.output.name, consumer.var_ranges
     points = {}
     for ix in consumer.load_indices(name):
+        if is_indirect(ix):
+            return None  # read at positions known only at run time: see _inlined_indirect
         points[ix] = _point(node, ix, var_ranges)
         if points[ix] is None:
             return None
@@ -87,17 +91,61 @@ def _inlined(consumer, node: Pointwise):
     return attrs.evolve(consumer, body=rebuild(consumer.body, leaf))
 
 
+def _inlined_indirect(consumer, node: Pointwise):
+    """`consumer` with each load of `node`'s output at an indirect position (a gather of log-softmax at the
+    target) replaced by `node`'s body at that position, or None when there is none. The index symbols
+    stand for the node's loop variables there, and the loads of the recomputed body that use them take
+    their bindings (same values, same bounds, same checks)."""
+    name = node.output.name
+    changed = []
+
+    def leaf(v):
+        if not (isinstance(v, Load) and v.buffer == name and v.indirect):
+            return v
+        mapping = _point(node, v.index, tuple(consumer.var_ranges) + tuple((b.symbol, b.bound) for b in v.indirect))
+        if mapping is None:
+            return v
+
+        def bind(u):
+            if isinstance(u, (Load, IndexValue)):
+                expr = u.index if isinstance(u, Load) else u.expr
+                used = tuple(b for b in v.indirect if b.symbol in expr.free_symbols)
+                return attrs.evolve(u, indirect=used) if used else u
+            return u
+
+        value = rebuild(substitute_index(node.body, mapping), bind)
+        changed.append(v)
+        return value if value.dtype == v.dtype else Cast(value, v.dtype)
+
+    body = rebuild(consumer.body, leaf)
+    return attrs.evolve(consumer, body=body) if changed else None
+
+
 @register_pass("inline_pointwise", provides={"pointwise_inlined"})
 def inline_pointwise(graph, ctx, *,
                      max_loads: Annotated[int, "most distinct loads in an inlined node's body"] = 1,
-                     max_ops: Annotated[int, "most operations (casts included) in an inlined node's body"] = 4):
-    """Recompute cheap pointwise nodes inside consumers they cannot fuse with (a weight cast)."""
+                     max_ops: Annotated[int, "most operations (casts included) in an inlined node's body"] = 4,
+                     indirect_max_loads: Annotated[int, "most distinct loads of a node recomputed at indirect "
+                                                   "positions (0: never)"] = 2):
+    """Recompute cheap pointwise nodes inside consumers they cannot fuse with (a weight cast), and at the
+    positions a consumer reads them indirectly (log-softmax gathered at the target)."""
     outputs, mutated = graph.output_names(), graph.mutated_names()
     for name in reversed(graph.names()):  # consumers first: a chain of such nodes goes in one sweep
         node = graph.node(name) if name in graph else None  # a consumer rewritten above is a new object
         if not isinstance(node, Pointwise) or node.output.name in outputs | mutated \
                 or mutated & set(node.read_names()):
             continue
+        if indirect_max_loads and _cheap(node, indirect_max_loads, max_ops) \
+                and not any(getattr(v, "indirect", ()) for v in walk(node.body)):
+            for c in graph.consumers(node.output.name):
+                consumer = graph.node(c)
+                new = _inlined_indirect(consumer, node) if isinstance(consumer, (Pointwise, Reduction)) else None
+                if new is not None and ctx.decide("inline_indirect", node, consumer):
+                    graph.replace_node(c, new)
+                    ctx.count("inlined_indirect")
+            if not graph.consumers(node.output.name):
+                graph.remove_node(node.name)  # every read was at indirect positions: nothing needs it stored
+                continue
         if not _cheap(node, max_loads, max_ops):
             continue
         consumers = [graph.node(c) for c in graph.consumers(node.output.name)]
