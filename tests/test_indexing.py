@@ -133,9 +133,22 @@ def test_gpu_kernel_source_asserts_unproven_indices():
                                                    for ld in loads(m.body))]
         src = kgen.generate(node, graph, interpret=False, variant="persistent", blocks={}).source
         assert ("tl.device_assert(" in src) == want and ("@triton.jit(debug=True)" in src) == want, src
+        # debug=True makes Triton assert on int32 overflow of each add/mul: a checking kernel indexes in int64
+        assert ("tl.program_id(0).to(tl.int64)" in src) == want, src
         assert "_check_index(" not in src.split("def _check_index")[0]
         isrc = kgen.generate(node, graph, interpret=True, variant="persistent", blocks={}).source
         assert ("_check_index(t" in isrc) == want and "tl.device_assert(" not in isrc
+
+
+@pytest.mark.parametrize("variant", ["persistent", "looped"])
+def test_indirect_reads_inside_reductions(variant):
+    """Gathered values reduced in the same kernel, in both reduction forms (the looped one loads its
+    indices and checks them inside the loop over row blocks)."""
+    be = assert_matches_eager(lambda x, i, e, w: ((torch.gather(x, 1, i) * 2).sum(1), F.embedding(e, w).amax(-1)),
+                              [_g(6, 40), _ints(0, 40, 6, 33), _ints(0, 9, 5), _g(9, 70)], codegen="triton",
+                              kernel_variant=variant)
+    chosen = {k.chosen for r in be.reports for k in r.kernel_info if k.kind == "reduction"}
+    assert chosen == {variant}
 
 
 def _graph_with(body, ranges=(5,), idx_size=(5,), x_size=(7,)):
@@ -162,16 +175,24 @@ def test_verify_checks_indirect_indices():
 
 def test_index_producer_fuses_and_indirect_read_of_a_producer_does_not():
     """The index computation (a where on the target) fuses into the gather; the tensor read through the
-    index is needed whole, so its producer is not fused with the gather (an indexing mismatch)."""
+    index is needed whole, so its producer is not fused with the gather (an indexing mismatch) — unless
+    inline_pointwise recomputes it at the gathered positions, as it does by default for a cheap one."""
     def fn(x, t):  # an index of x's own shape: only the indirect read keeps exp and gather apart
         return torch.gather(x.exp(), 1, torch.where(t >= 0, t, 0)) * 3
 
-    be = assert_matches_eager(fn, [_g(6, 9), _ints(-1, 9, 6, 9)], codegen="triton")
+    inputs = [_g(6, 9), _ints(-1, 9, 6, 9)]
+    no_recompute = passline.DEFAULT_PIPELINE.replace("inline_pointwise", "inline_pointwise(indirect_max_loads=0)")
+    be = assert_matches_eager(fn, inputs, codegen="triton", pipeline=no_recompute)
     report = be.reports[0]
     (fused,) = [n for n in report.graph.nodes() if n.kind == "fused"]
     origins = {o for m in fused.members() for o in m.origins}
     assert {"where", "gather", "mul"} <= origins and "exp" not in origins, report.graph.format()
     assert report.metrics.fusion_failures["indexing mismatch"] >= 1
+
+    be = assert_matches_eager(fn, inputs, codegen="triton")  # default: exp(x) recomputed at the gather
+    graph = be.reports[0].graph
+    assert len(graph.nodes()) == 1 and be.reports[0].metrics.counters["inlined_indirect"] == 1, graph.format()
+    assert "exp(load(primals_1[t0 + 9*i0]; t0 = " in graph.format(), graph.format()
 
 
 def test_dot_dump_marks_indirect_reads():
@@ -313,3 +334,23 @@ def test_scatter_nodes_do_not_fuse():
     assert report.metrics.fusion_failures["scatter"] >= 1
     scatter = [n for n in report.graph.nodes() if n.kind == "scatter"]
     assert len(scatter) == 1, report.graph.format()
+
+
+def test_dynamic_shapes_one_compile():
+    """Bounds, index tensors and scatter targets with symbolic sizes: one forward and one backward graph
+    serve every size (the bounds are kernel arguments)."""
+    be = passline.backend(codegen="triton", fallback="raise")
+    f = torch.compile(lambda i, w, x, a: (F.embedding(i, w) * 2, x[a] + 1, F.cross_entropy(x, a)),
+                      backend=be, dynamic=True)
+    for n in (5, 9):
+        w, x = torch.randn(n + 3, 4, device=DEVICE, requires_grad=True), torch.randn(n, n, device=DEVICE, requires_grad=True)
+        i, a = torch.randint(0, n + 3, (n, 2), device=DEVICE), torch.randint(0, n, (n,), device=DEVICE)
+        grads = []
+        for fn in (f, lambda *xs: (F.embedding(xs[0], xs[1]) * 2, xs[2][xs[3]] + 1, F.cross_entropy(xs[2], xs[3]))):
+            outs = fn(i, w, x, a)
+            sum((o * 1.3).sum() for o in outs).backward()
+            grads.append((outs, w.grad, x.grad))
+            w.grad = x.grad = None
+        for got, want in zip(grads[0][0] + grads[0][1:], grads[1][0] + grads[1][1:]):
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+    assert len(be.reports) == 2

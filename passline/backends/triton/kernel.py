@@ -538,6 +538,16 @@ def _int64(graph, node) -> bool:
     return not total.is_number or int(total) > limit
 
 
+def _checks_indices(members) -> bool:
+    """Whether a kernel of these members checks an indirect index at run time."""
+    for m in members:
+        roots = m.values() if isinstance(m, Scatter) else (m.body,)
+        holders = [v for r in roots for v in walk(r)] + ([m] if isinstance(m, Scatter) else [])
+        if any(not b.proven for v in holders for b in getattr(v, "indirect", ())):
+            return True
+    return False
+
+
 def _source(prelude: str, body: list[str]) -> str:
     return prelude + "\n\n" + "\n".join(body) + "\n"
 
@@ -557,7 +567,9 @@ def generate(node, graph, interpret: bool, variant: str, blocks: dict, stored: s
     stored = _stored(node, graph) if stored is None else stored
     name = f"k_{_sanitize(node.name)}"[:60]
     writer = KernelWriter(name, members, outer, red, stored, graph.buffers(), interpret)
-    int64 = _int64(graph, node)
+    # a kernel with device asserts is compiled with debug=True, which also makes Triton check every int32
+    # add, sub and mul for overflow (an assert each); int64 index math is not checked
+    int64 = _int64(graph, node) or (not interpret and _checks_indices(members))
     if not red:
         body = writer.pointwise(int64)
         variant = "pointwise"
