@@ -61,6 +61,30 @@ def test_reads_match_eager(name, codegen):
     assert not be.reports[0].codegen_reason.count("reference backend:"), be.reports[0].codegen_reason
 
 
+EDGES = {  # shapes and layouts the lowerings must place right (generated code only: the fragile side)
+    "index_none_first": (lambda x, i: x[:, i], lambda: [_g(5, 7), _ints(-7, 7, 2, 3)]),
+    "index_three_broadcast": (lambda x, a, b, c: x[a, b, c],
+                              lambda: [_g(3, 4, 5), _ints(0, 3, 2, 1, 1), _ints(0, 4, 1, 6, 1), _ints(0, 5, 7)]),
+    "gather_empty": (lambda x, i: torch.gather(x, 1, i), lambda: [_g(5, 7), torch.zeros(5, 0, dtype=torch.long)]),
+    "gather_smaller_transposed": (lambda x, i: torch.gather(x, -1, i.t()),
+                                  lambda: [_g(4, 7).permute(1, 0), _ints(0, 4, 2, 6)]),
+    "embedding_3d_expanded_weight": (lambda i, w: F.embedding(i, w.expand(9, 5)), lambda: [_ints(0, 9, 2, 3, 4), _g(1, 5)]),
+    "index_select_0d": (lambda x, i: torch.index_select(x, 0, i), lambda: [_g(5, 7), torch.tensor(3)]),
+    "index_put_0d_value": (lambda x, i, v: torch.index_put(x, (i,), v, accumulate=True),
+                           lambda: [_g(6, 4), _ints(0, 6, 5), torch.randn((), requires_grad=True)]),
+    "scatter_add_int": (lambda x, i: x.scatter_add(1, i, torch.ones_like(i)), lambda: [_ints(0, 5, 3, 6), _ints(0, 6, 3, 8)]),
+    "nll_loss_3d": (lambda x, t: F.nll_loss(F.log_softmax(x, 1), t, ignore_index=0), lambda: [_g(2, 5, 3), _ints(0, 5, 2, 3)]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EDGES))
+def test_edge_cases_match_eager(name):
+    fn, make = EDGES[name]
+    be = assert_matches_eager(fn, make(), codegen="triton")
+    for k, r in enumerate(be.reports):
+        assert _externs(be, k) == [] and "reference backend:" not in r.codegen_reason, r.graph.format()
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_low_precision_reads(dtype):
     assert_matches_eager(lambda i, w, x, j: (F.embedding(i, w) * 2, torch.gather(x, 1, j)),
@@ -275,6 +299,15 @@ def test_duplicate_indices_are_summed_in_embedding_backward():
                                   codegen=codegen)
         (scatter,) = [n for n in be.reports[1].graph.nodes() if n.kind == "scatter"]
         assert scatter.mode == "add" and "[0, 4), wraps" in be.reports[1].graph.format()
+
+
+def test_deterministic_mode_keeps_float_accumulation_in_aten():
+    torch.use_deterministic_algorithms(True)
+    try:
+        be = assert_matches_eager(lambda i, w: F.embedding(i, w), [_ints(0, 6, 7), _g(6, 3)], codegen="reference")
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert _externs(be, 0) == [] and _externs(be, 1) == ["aten.index_put.default"]
 
 
 def test_one_hot_scatter_is_a_pointwise_pull():

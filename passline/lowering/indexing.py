@@ -189,8 +189,9 @@ def scatter_into(ctx, node, x: TensorRef, ranges, value, position, mode: str):
     for each point i of `ranges`."""
     out = node.meta["val"]
     acc = upcast(out.dtype) if mode == "add" else out.dtype
-    if mode == "add" and acc not in ATOMIC_DTYPES:
-        return NotImplemented
+    if mode == "add" and (acc not in ATOMIC_DTYPES or acc.is_floating_point
+                          and torch.are_deterministic_algorithms_enabled()):
+        return NotImplemented  # float atomic adds sum in a varying order: aten's deterministic kernel
     target = ctx.pointwise(x.size, acc, lambda idx: cast(x.load(idx), acc), x.buffer.layout.device)
     vs = loop_vars("i", len(ranges))
     point, binds = position(vs)
@@ -263,7 +264,13 @@ def lower_index_put(ctx, node, x, indices, values, accumulate=False):
     """out = x; out[indices] = values (or += with accumulate=True: the backward of indexing, index_select
     and embedding, duplicates summed). Values broadcast to the indexed shape."""
     adv = Advanced.of(ctx, node, x, indices, "index_put")
-    if adv is None or not isinstance(values, TensorRef) or values.ndim > len(adv.shape):
+    if adv is None or not isinstance(values, TensorRef):
+        return NotImplemented
+    while values.ndim > len(adv.shape) and _same(values.size[0], 1):
+        # leading size-1 dims, as x[i] = v allows: aot's backward of index_select with a 0-d index
+        # passes a [1, n] gradient for an [n] indexed shape (aten's own index_put rejects it)
+        values = values.squeeze([0])
+    if values.ndim > len(adv.shape):
         return NotImplemented
     acc = upcast(node.meta["val"].dtype) if accumulate else node.meta["val"].dtype
     nd = len(adv.shape)
