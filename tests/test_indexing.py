@@ -261,6 +261,25 @@ def test_cross_entropy_reads_the_logits_once_each_way(kind):
         assert len(kernels) == 1, graph.format()  # each way, one kernel reads the logits
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_online_softmax_reads_wide_rows_once(dtype):
+    """Rows too wide to keep (the looped form, forced here): the sum of exponentials is accumulated in
+    the max's loop with online rescaling, so cross-entropy's forward reads the logits once; rows of -inf,
+    with NaN, with +inf and mostly -inf give eager's values."""
+    x = torch.randn(7, 300, dtype=dtype)
+    x[1, :] = float("-inf")
+    x[2, 5], x[2, 250:] = float("-inf"), float("-inf")
+    x[3, 7], x[4, 100] = float("nan"), float("inf")
+    x[5, :290] = float("-inf")
+    be = assert_matches_eager(lambda x: torch.log_softmax(x, -1), [x], codegen="triton", kernel_variant="looped")
+    (k,) = [k for k in be.reports[0].kernel_info if k.kind == "reduction"]
+    assert k.source.count("for roffset") == 2  # max and sum together, then the stored log-softmax
+    t = _ints(0, 300, 7)
+    be = assert_matches_eager(lambda x, t: F.cross_entropy(x, t), [_g(7, 300, dtype=dtype), t], codegen="triton",
+                              kernel_variant="looped")
+    assert [k.source.count("for roffset") for k in be.reports[0].kernel_info if k.kind == "reduction"] == [1, 1]
+
+
 # -- writes ---------------------------------------------------------------------------------------------
 def _rows_of_distinct(n_rows, width, k, dim=1):
     """Distinct positions per row (a plain scatter's duplicates are undefined in eager)."""

@@ -15,7 +15,7 @@ import torch
 
 from ...ir import (Cast, Constant, FusedNode, IndexValue, Layout, Load, MixOrderNode, Op, Pointwise, Reduction,
                    Scatter)
-from ...ir.body import walk
+from ...ir.body import rebuild, walk
 from ...ir.index import FloorDiv, ModularIndexing, contiguous_strides, loop_vars, product
 from ...ir.loops import canon_var, canonical_map, role
 from . import printer
@@ -437,11 +437,15 @@ class KernelWriter:
         """Loop phase of each in-loop member and reduction; `avail` = first phase a value can be used."""
         avail: dict = {}
         phase: dict = {}
+        online = self.online_pairs()
         for m in self.nodes:
             deps = [avail[b] for b in m.read_names() if b in avail]
             p = max(deps, default=0)
             r = self.role(m)
-            if r == "reduction":
+            if m.name in online:  # accumulated with its max, in the max's loop
+                phase[m.name] = phase[online[m.name].name]
+                avail[m.output.name] = phase[m.name] + 1
+            elif r == "reduction":
                 phase[m.name] = p
                 avail[m.output.name] = p + 1
             elif r == "inner":
@@ -451,9 +455,55 @@ class KernelWriter:
                 avail[m.output.name] = p
         return phase, avail
 
+    def online_pairs(self) -> dict:
+        """{sum member: max member} for each reduction computing sum(exp(v - max(v))) over the kernel's rows
+        where the max of the same v is a member too (softmax, log-softmax, cross-entropy: the sum of the
+        exponentials after the max). The looped form accumulates such a sum in the max's own loop with
+        online rescaling, so the row is read once instead of twice (the persistent form reads it once
+        anyway)."""
+        if "online" in self.__dict__:
+            return self.online
+        self.online = {}
+        reds = [m for m in self.nodes if isinstance(m, Reduction) and self.role(m) == "reduction"]
+        maxes = [m for m in reds if m.reduction_type == "max" and m.body.dtype in (torch.float32, torch.float64)]
+        for sm in reds:
+            if sm.reduction_type != "sum" or sm.body.dtype not in (torch.float32, torch.float64):
+                continue
+            body = self._expanded(sm.body, sm)
+            if not (isinstance(body, Op) and body.name == "exp" and isinstance(body.args[0], Op)
+                    and body.args[0].name == "sub"):
+                continue
+            v, mx_load = body.args[0].args
+            for mx in maxes:
+                at = sympy.expand(mx.store_index().xreplace(self.canon(mx)))
+                if isinstance(mx_load, Load) and mx_load.buffer == mx.output.name and mx_load.index == at \
+                        and mx.body.dtype == sm.body.dtype and self._expanded(mx.body, mx) == v:
+                    self.online[sm.name] = mx
+                    break
+        return self.online
+
+    def _expanded(self, v, m):
+        """Member m's value v in the kernel's canonical variables, with the loads of in-loop members'
+        outputs replaced by their (expanded) values: two members' values compare as expressions."""
+        cmap = self.canon(m)
+
+        def leaf(u):
+            if isinstance(u, Load):
+                p = self.by_output.get(u.buffer)
+                if p is not None and not isinstance(p, Reduction) and self.role(p) == "inner":
+                    inner = self._expanded(p.body, p)
+                    return inner if inner.dtype == u.dtype else Cast(inner, u.dtype)
+                return attrs.evolve(u, index=sympy.expand(u.index.xreplace(cmap)))
+            if isinstance(u, IndexValue):
+                return attrs.evolve(u, expr=sympy.expand(u.expr.xreplace(cmap)))
+            return u
+
+        return rebuild(v, leaf)
+
     def looped(self, int64: bool) -> list[str]:
         self._xr(int64)
         phase, avail = self.phases()
+        online = self.online_pairs()
         outer_scope = _Scope()
         n_phases = max(phase.values(), default=-1) + 1
         done: set = set()
@@ -468,23 +518,57 @@ class KernelWriter:
         for p in range(n_phases):
             outer_ready(p)
             reds = [m for m in self.nodes if self.role(m) == "reduction" and phase[m.name] == p]
+            # in-loop values are computed where a reduction of this loop reads them or they are stored (an
+            # online sum's exponentials are neither: such a loop may have nothing to do)
+            needed = {m.name for m in self.nodes if self.role(m) == "inner" and phase[m.name] == p
+                      and m.output.name in self.stored}
+            needed |= {m.name for m in reds}
+            if not needed:
+                continue
             accs = {m.name: self._acc_init(m) for m in reds}
             self.emit("for roffset in range(0, rnumel, RBLOCK):")
             self.indent += 1
             self._rindex("roffset + ")
             scope = _Scope(outer_scope)
-            needed = {m.name for m in self.nodes if self.role(m) == "inner" and phase[m.name] == p}
-            needed |= {m.name for m in reds}
             self._demand(needed, scope, phase, p, accs)
             self.indent -= 1
+            finished = {}
             for m in reds:
-                var = self._reduction_result(m, self._finish_acc(m, accs[m.name]), outer_scope)
+                if m.name in online:
+                    raw = self._finish_online(accs[m.name], accs[online[m.name].name], finished[online[m.name].name])
+                else:
+                    raw = finished[m.name] = self._finish_acc(m, accs[m.name])
+                var = self._reduction_result(m, raw, outer_scope)
                 self.store(m, var, "xmask")
         outer_ready(n_phases + 1)
         return self.header(["XBLOCK", "RBLOCK"], int64) + self.lines
 
+    def _finish_online(self, acc_s: str, acc_m: str, row_max: str) -> str:
+        """An online sum's result: each lane's partial sum rescaled to the row's max, summed. A row of -inf
+        only gives NaN, as eager's exp(-inf - -inf) does; NaN and +inf propagate through the rescaling."""
+        scaled, out = self.tmp(), self.tmp()
+        self.emit(f'{scaled} = {acc_s} * tl.where({row_max} == float("-inf"), 0.0, tl.exp({acc_m} - {row_max}))')
+        self.emit(f"{out} = tl.reduce({scaled}, 1, _sum_combine)[:, None]")
+        self.emit(f'{out} = tl.where({row_max} == float("-inf"), float("nan"), {out})')
+        return out
+
+    def _online_step(self, mx, val: str, acc_m: str, acc_s: str) -> None:
+        """One tile of max and sum(exp(v - max)) together: the running sum is rescaled to the new running
+        max of each lane. A lane that has seen only -inf keeps a zero sum (its terms are exp(-inf - M) = 0
+        for any finite final max M; _finish_online makes an all -inf row NaN)."""
+        dt = tl_dtype(mx.body.dtype)
+        v, new = self.tmp(), self.tmp()
+        self.emit(f'{v} = tl.where(xmask & rmask, {val}, float("-inf")) + tl.full([XBLOCK, RBLOCK], 0, {dt})')
+        self.emit(f"{new} = _max_combine({acc_m}, {v})")
+        lost = f'{new} == float("-inf")'
+        self.emit(f"{acc_s} = {acc_s} * tl.where({lost}, 1.0, tl.exp({acc_m} - {new})) "
+                  f"+ tl.where({lost}, 0.0, tl.exp({v} - {new}))")
+        self.emit(f"{acc_m} = {new}")
+
     def _demand(self, names: set, scope: _Scope, phase: dict, p: int, accs: dict) -> None:
         """Compute, in this loop, the in-loop members named (and the in-loop members they read)."""
+        online = self.online_pairs()
+        partner = {mx.name: sm for sm, mx in ((self.by_name(n), m) for n, m in online.items())}
         want: set = set()
         stack = [self.by_name(n) for n in names]
         while stack:
@@ -492,6 +576,8 @@ class KernelWriter:
             if m.name in want:
                 continue
             want.add(m.name)
+            if m.name in online:
+                continue  # computed from its max's value, not from its own body
             for b in m.read_names():
                 d = self.by_output.get(b)
                 if d is not None and self.role(d) == "inner":
@@ -499,9 +585,15 @@ class KernelWriter:
         for m in self.nodes:
             if m.name not in want:
                 continue
+            if m.name in online:
+                continue  # accumulated with its max
             if self.role(m) == "reduction":
                 val = self.value(m.body, m, scope, self.canon(m))
-                self._reduce_block(m, val, accs[m.name])
+                sm = partner.get(m.name)
+                if sm is not None and sm.name in want:
+                    self._online_step(m, val, accs[m.name], accs[sm.name])
+                else:
+                    self._reduce_block(m, val, accs[m.name])
             else:
                 var = self.compute(m, scope)
                 if phase.get(m.name) == p:
