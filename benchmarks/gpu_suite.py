@@ -4,6 +4,10 @@
                                    [--cases layer_norm,rms_norm,softmax,gelu_epilogue,cross_entropy]
                                    [--out DIR]
 
+Issue 16's rows (vocabularies from 1k to 256k; embedding forward and backward):
+    python benchmarks/gpu_suite.py --cases cross_entropy,cross_entropy_native,embedding \
+        --shapes 8192x1024,8192x32768,8192x50304,4096x131072,2048x262144
+
 For each case, shape and dtype it checks passline's forward and backward against eager (relative
 error against a float64 reference), then times eager, Inductor and passline (median of do_bench) and
 prints a Markdown table: times, passline's speed relative to Inductor (Inductor time / passline time:
@@ -57,7 +61,19 @@ def make_case(name: str, m: int, n: int, dtype):
     if name == "cross_entropy":
         t = torch.randint(0, n, (m,), device="cuda")
         return (lambda x, t: torch.nn.functional.cross_entropy(x.float(), t)), [x, t], m * n * es, 2 * m * n * es
+    if name == "cross_entropy_native":  # the logits' own dtype (the decomposition computes in float32)
+        t = torch.randint(0, n, (m,), device="cuda")
+        t[::7] = -100  # some ignored rows
+        return (lambda x, t: torch.nn.functional.cross_entropy(x, t)), [x, t], m * n * es, 2 * m * n * es
+    if name == "embedding":  # m tokens of an n-wide table of EMBEDDING_VOCAB rows; the backward sums duplicates
+        w = torch.randn(EMBEDDING_VOCAB, n, device="cuda", dtype=dtype, requires_grad=True)
+        i = torch.randint(0, EMBEDDING_VOCAB, (m,), device="cuda")
+        return (lambda i, w: torch.nn.functional.embedding(i, w)), [i, w], 2 * m * n * es, \
+            (m + EMBEDDING_VOCAB) * n * es
     raise ValueError(name)
+
+
+EMBEDDING_VOCAB = 32768
 
 
 def rel_err(a, b) -> float:
