@@ -467,9 +467,11 @@ class KernelWriter:
         reds = [m for m in self.nodes if isinstance(m, Reduction) and self.role(m) == "reduction"]
         maxes = [m for m in reds if m.reduction_type == "max" and m.body.dtype in (torch.float32, torch.float64)]
         for sm in reds:
-            if sm.reduction_type != "sum" or sm.body.dtype not in (torch.float32, torch.float64):
+            if sm.reduction_type != "sum" or sm.body.dtype not in (torch.float32, torch.float64) or not maxes:
                 continue
             body = self._expanded(sm.body, sm)
+            if body is None:
+                continue
             if not (isinstance(body, Op) and body.name == "exp" and isinstance(body.args[0], Op)
                     and body.args[0].name == "sub"):
                 continue
@@ -477,28 +479,44 @@ class KernelWriter:
             for mx in maxes:
                 at = sympy.expand(mx.store_index().xreplace(self.canon(mx)))
                 if isinstance(mx_load, Load) and mx_load.buffer == mx.output.name and mx_load.index == at \
-                        and mx.body.dtype == sm.body.dtype and self._expanded(mx.body, mx) == v:
+                        and mx.body.dtype == sm.body.dtype and v is not None and self._expanded(mx.body, mx) == v:
                     self.online[sm.name] = mx
                     break
         return self.online
 
-    def _expanded(self, v, m):
+    def _expanded(self, v, m, limit: int = 64):
         """Member m's value v in the kernel's canonical variables, with the loads of in-loop members'
-        outputs replaced by their (expanded) values: two members' values compare as expressions."""
+        outputs replaced by their (expanded) values, so that two members' values compare as expressions;
+        None past `limit` values (a softmax's are a handful; big fused groups are not worth expanding).
+        Each member is expanded once (memoized), so shared members cost nothing more."""
+        memo = self.__dict__.setdefault("_expansions", {})
+        key = (m.name, id(v))
+        if key in memo:
+            return memo[key]
         cmap = self.canon(m)
+        too_big = []
 
         def leaf(u):
             if isinstance(u, Load):
                 p = self.by_output.get(u.buffer)
                 if p is not None and not isinstance(p, Reduction) and self.role(p) == "inner":
-                    inner = self._expanded(p.body, p)
+                    inner = self._expanded(p.body, p, limit)
+                    if inner is None:
+                        too_big.append(p)
+                        return u
                     return inner if inner.dtype == u.dtype else Cast(inner, u.dtype)
                 return attrs.evolve(u, index=sympy.expand(u.index.xreplace(cmap)))
             if isinstance(u, IndexValue):
                 return attrs.evolve(u, expr=sympy.expand(u.expr.xreplace(cmap)))
             return u
 
-        return rebuild(v, leaf)
+        out = None
+        if sum(1 for _ in walk(v)) <= limit:
+            out = rebuild(v, leaf)
+            if too_big or sum(1 for _ in walk(out)) > limit:
+                out = None
+        memo[key] = out
+        return out
 
     def looped(self, int64: bool) -> list[str]:
         self._xr(int64)
