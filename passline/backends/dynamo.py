@@ -55,7 +55,7 @@ class Backend:
     def __init__(self, pipeline=None, codegen: str = "auto", verify: bool = True, dump_dir=None,
                  metric_tables=None, metric_dir=None, instruments=(), pass_limit=None, decision_limits=None,
                  capture: bool = False, kernel_variant: str = "auto", cache_dir=None, fallback=None,
-                 check: bool | None = None):
+                 check: bool | None = None, autotune: bool | None = None, cudagraphs: bool = False):
         if codegen not in CODEGENS:
             raise ValueError(f"unknown codegen {codegen!r}; choose one of {', '.join(CODEGENS)}")
         self.pipeline = Pipeline.parse(DEFAULT_PIPELINE if pipeline is None else pipeline) \
@@ -80,6 +80,10 @@ class Backend:
         if check is None:
             check = os.environ.get("PASSLINE_CHECK", "0").strip().lower() in ("1", "true", "yes", "on")
         self.check = check
+        if autotune is None:
+            autotune = os.environ.get("PASSLINE_AUTOTUNE", "0").strip().lower() in ("1", "true", "yes", "on")
+        self.autotune = autotune
+        self.cudagraphs = cudagraphs
         self.reports: list[CompileReport] = []
         self.failures: list = []  # (graph kind, exception) for graphs run eagerly by the fallback
         self._ids = itertools.count()
@@ -142,7 +146,7 @@ class Backend:
             from .triton.cache import KernelCache
 
             runner = TritonRunner(graph, interpret=_on_cpu(graph), variant=self.kernel_variant,
-                                  cache=KernelCache(self.cache_dir))
+                                  cache=KernelCache(self.cache_dir), autotune=self.autotune)
             if runner.fallbacks:
                 reason += "; on the reference backend: " + "; ".join(f"{n} ({why})" for n, why in runner.fallbacks.items())
         else:
