@@ -27,18 +27,21 @@ class _Expect:
         self.seen: dict = {}  # (sizes, strides) -> strides to give such a tensor, or None
 
     def wanted(self, t: torch.Tensor) -> tuple | None:
-        """The strides to give `t`, or None when its own are fine (equal on dims of size > 1)."""
+        """The strides to give `t`, or None when its own are fine (equal on dims of size > 1). Decided
+        once per strides seen (per sizes and strides under dynamic shapes): a size-1 dim's stride often
+        differs from the traced one, and a training step passes the same layouts every call."""
         have = t.stride()
         if have == self.stride:
             return None
-        if self.stride is not None:
-            return self._differs(t, have, self.stride)
-        # symbolic strides: evaluated once per (sizes, strides) seen, not per call (sympy is slow)
-        key = (t.shape, have)
-        if key not in self.seen:
-            if len(self.seen) >= 64:
-                self.seen.clear()
-            self.seen[key] = self._differs(t, have, _evaluate(self.layout, t))
+        key = have if self.stride is not None else (t.shape, have)
+        found = self.seen.get(key, self)
+        if found is not self:
+            return found
+        if len(self.seen) >= 64:
+            self.seen.clear()
+        # symbolic strides are evaluated here, not per call (sympy is slow)
+        want = self.stride if self.stride is not None else _evaluate(self.layout, t)
+        self.seen[key] = self._differs(t, have, want)
         return self.seen[key]
 
     @staticmethod

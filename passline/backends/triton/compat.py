@@ -9,33 +9,38 @@ from __future__ import annotations
 
 import triton
 
-try:  # triton >= 3.4: launch hooks live in knobs
+try:  # triton >= 3.4: launch hooks are chains in knobs (empty unless a profiler adds one)
     from triton import knobs as _knobs
 
-    def _hooks():
-        return _knobs.runtime.launch_enter_hook, _knobs.runtime.launch_exit_hook
+    def hooks_active() -> bool:
+        enter, leave = _knobs.runtime.launch_enter_hook, _knobs.runtime.launch_exit_hook
+        return bool(getattr(enter, "calls", enter)) or bool(getattr(leave, "calls", leave))
 except ImportError:  # pragma: no cover - older Triton
     from triton.compiler.compiler import CompiledKernel as _CK
 
-    def _hooks():
-        return _CK.launch_enter_hook, _CK.launch_exit_hook
+    def hooks_active() -> bool:
+        return _CK.launch_enter_hook is not None or _CK.launch_exit_hook is not None
 
 
 def binary_launcher(compiled):
     """`launch(grid0, stream, *args)` for a compiled kernel, or None where this Triton's CompiledKernel
-    does not have the launcher this module knows (then the caller keeps using JITFunction.run)."""
-    run = getattr(compiled, "run", None)  # a property: loads the binary on first access
+    does not have the launcher this module knows (then the caller keeps using JITFunction.run). While a
+    profiler has launch hooks installed, launches go through CompiledKernel's own runner, which computes
+    the launch metadata the hooks read."""
+    init = getattr(compiled, "_init_handles", None)
+    if init is not None:
+        init()
+    run = getattr(compiled, "run", None)
     function = getattr(compiled, "function", None)
     meta = getattr(compiled, "packed_metadata", None)
     if run is None or function is None or meta is None:
         return None
-    enter, leave = _hooks()
-    if enter is not None or leave is not None:
-        # a profiler's hooks want launch metadata: the JIT path computes it
-        return None
 
     def launch(grid0, stream, *args):
-        run(grid0, 1, 1, stream, function, meta, None, None, None, *args)
+        if hooks_active():
+            compiled[(grid0, 1, 1)](*args, stream=stream)
+        else:
+            run(grid0, 1, 1, stream, function, meta, None, None, None, *args)
 
     return launch
 

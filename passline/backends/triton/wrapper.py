@@ -159,8 +159,14 @@ class CallWriter:
         if buf in self.defined:
             return
         lay = self.buffers[buf].layout
-        self.emit(f"{self.name(buf)} = empty_strided({self.ints(lay.size)}, {self.ints(lay.stride)}, "
-                  f"dtype={self.const(lay.dtype, 'dt')}, device={self.const(lay.device, 'dev')})", indent)
+        key = (tuple(lay.size), tuple(lay.stride), lay.dtype, lay.device)
+        dead = self.reusable.get(key)
+        if dead:  # the storage of a buffer that died at the step before, same layout: no allocation
+            old = dead.pop()
+            self.emit(f"{self.name(buf)} = {self.name(old)}; del {self.name(old)}", indent)
+        else:
+            self.emit(f"{self.name(buf)} = empty_strided({self.ints(lay.size)}, {self.ints(lay.stride)}, "
+                      f"dtype={self.const(lay.dtype, 'dt')}, device={self.const(lay.device, 'dev')})", indent)
         self.defined.add(buf)
         self.owned.add(buf)
 
@@ -311,8 +317,15 @@ class CallWriter:
         for b, i in last.items():
             if b not in keep:
                 free.setdefault(i, []).append(b)
+        # a buffer this call allocated, dead after step i, lends its storage to step i + 1's allocations
+        # of the same layout (what is not taken then is deleted): one allocation instead of two, and no
+        # storage held longer than one step. Not one read by an extern whose result may be a view of it.
+        extern_read = {b for kind, node, _ in runner.steps if kind == "extern" and _may_alias(node.op)
+                       for b in node.read_names()}
+        self.reusable: dict = {}
         for i, (kind, node, data) in enumerate(runner.steps):
             self.emit(f"# {node.name}")
+            lent = self.reusable  # alloc() takes from it
             if kind == "extern":
                 self.step_extern(node)
             elif kind == "reference":
@@ -321,10 +334,20 @@ class CallWriter:
                 self.step_kernel(node, data[0])
             else:
                 self.step_mix(node, data)
-            dead = [self.name(b) for b in free.get(i, ()) if b in self.defined]
-            if dead:
-                self.emit(f"del {', '.join(dead)}")
-                self.defined -= set(free.get(i, ()))
+            dead = [b for b in free.get(i, ()) if b in self.defined]
+            unused = [b for names in lent.values() for b in names]
+            gone = [b for b in dead if b not in self.owned or b in extern_read] + unused
+            if gone:
+                self.emit(f"del {', '.join(self.name(b) for b in gone)}")
+            self.reusable = {}
+            for b in dead:
+                if b in self.owned and b not in extern_read:
+                    lay = self.buffers[b].layout
+                    self.reusable.setdefault((tuple(lay.size), tuple(lay.stride), lay.dtype, lay.device), []).append(b)
+            self.defined -= set(dead)
+        leftover = [b for names in self.reusable.values() for b in names]
+        if leftover:
+            self.emit(f"del {', '.join(self.name(b) for b in leftover)}")
         self.emit("return [" + "".join(self.output(o) + ", " for o in graph.outputs) + "]")
         head = ["def call(args):"]
         if self.needs_bind:
@@ -335,6 +358,14 @@ class CallWriter:
 
 def _as_strided(t: torch.Tensor, size, stride, offset: int) -> torch.Tensor:
     return t.as_strided(size, stride, t.storage_offset() + offset)
+
+
+def _may_alias(op) -> bool:
+    """Whether an op's results may share storage with its arguments (a view op's schema says so)."""
+    schema = getattr(op, "_schema", None)
+    if schema is None:
+        return True
+    return any(r.alias_info is not None for r in schema.returns)
 
 
 def _first(r):
