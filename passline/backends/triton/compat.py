@@ -45,6 +45,20 @@ def binary_launcher(compiled):
     return launch
 
 
+def allocator(device):
+    """`empty(size, stride, dtype)` on `device`: dynamo's C++ allocation entry point where this torch
+    has it (about 0.6 µs against 2 µs for torch.empty_strided's argument parsing; it allocates on the
+    current device, so the generated call checks that first), else torch.empty_strided."""
+    import torch
+
+    def slow(size, stride, dtype):
+        return torch.empty_strided(size, stride, dtype=dtype, device=device)
+
+    guards = getattr(getattr(torch._C, "_dynamo", None), "guards", None)
+    fast = getattr(guards, f"_empty_strided_{device.type}", None) if device.type in ("cuda", "cpu") else None
+    return fast or slow, slow
+
+
 def current_stream(device_index: int) -> int:
     """The raw CUDA stream handle Triton launches on for a device."""
     import torch

@@ -180,7 +180,8 @@ def rule(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, devic
       power of two) is persistent, with as many rows per block as make about 2048 elements, but fewer
       when that would leave under two programs per SM; about 16 elements per thread;
     - longer rows loop over 2048-element chunks, one row per program; a reduction over a strided dim
-      (column sums) loops over short chunks of wide column blocks (128 columns), so loads are coalesced;
+      (column sums) loops over chunks of up to 256 rows of a column block 16 to 128 columns wide (the
+      widest that still gives two programs per SM), so loads are coalesced;
     - a mix-order kernel takes the two-dimensional accumulator with enough rows per block for about
       2048 elements (two at least), pipelined four stages deep, on 2 warps up to 2048 elements a block,
       16 from 8192 (the best measured configurations, see mix_candidates); rows wider than 4096 take
@@ -212,6 +213,11 @@ def rule(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, devic
     if rows_contiguous:
         rbl = min(2048, rb)
         return Config(Variant.LOOPED, 1, rbl, _clamp(rbl // 256, 1, 8))
+    # a strided reduction (column sums): wide enough column blocks for whole 32-byte sectors (16
+    # columns), narrower than 128 while that leaves under two programs per SM (a (8192, 3072) bias
+    # gradient at 128 columns a block ran on 24 programs: 234 µs, 20x its copy time on an H200)
     xb = min(128, pow2(xnumel))
-    rbl = _clamp(4096 // xb, 1, min(64, rb))
+    while xb > 16 and -(-xnumel // xb) < 2 * device.sms:
+        xb //= 2
+    rbl = _clamp(4096 // xb, 1, min(256, rb))
     return Config(Variant.LOOPED, xb, rbl, _clamp(xb * rbl // 512, 1, 8))

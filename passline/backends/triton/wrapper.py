@@ -42,6 +42,8 @@ class CallWriter:
         self.owned: set = set()  # buffers this call allocates (aligned: never re-checked at launch)
         self.dynamic = False
         self.needs_bind = False
+        self.allocators: dict = {}  # device -> name of its allocation function in the call
+        self.prologue: list = []  # lines the call runs first (after binding sizes)
 
     # -- names and constants ------------------------------------------------------------------------------
     def name(self, buf: str) -> str:
@@ -165,10 +167,26 @@ class CallWriter:
             old = dead.pop()
             self.emit(f"{self.name(buf)} = {self.name(old)}; del {self.name(old)}", indent)
         else:
-            self.emit(f"{self.name(buf)} = empty_strided({self.ints(lay.size)}, {self.ints(lay.stride)}, "
-                      f"dtype={self.const(lay.dtype, 'dt')}, device={self.const(lay.device, 'dev')})", indent)
+            self.emit(f"{self.name(buf)} = {self.empty(lay.device)}({self.ints(lay.size)}, {self.ints(lay.stride)}, "
+                      f"{self.const(lay.dtype, 'dt')})", indent)
         self.defined.add(buf)
         self.owned.add(buf)
+
+    def empty(self, device) -> str:
+        """The allocation function of `device`'s buffers, bound once per call (see compat.allocator)."""
+        name = self.allocators.get(device)
+        if name is None:
+            from .compat import allocator
+
+            fast, slow = allocator(device)
+            name = self.allocators[device] = f"empty{len(self.allocators)}"
+            self.ns[f"{name}_fast"], self.ns[f"{name}_slow"] = fast, slow
+            if device.type == "cuda":  # the fast one allocates on the current device
+                self.prologue.append(f"{name} = {name}_fast if torch.cuda.current_device() == {device.index or 0} "
+                                     f"else {name}_slow")
+            else:
+                self.prologue.append(f"{name} = {name}_fast")
+        return name
 
     # -- steps --------------------------------------------------------------------------------------------
     def kernel_args(self, k, src, slots=()) -> tuple[str, tuple]:
@@ -352,6 +370,7 @@ class CallWriter:
         head = ["def call(args):"]
         if self.needs_bind:
             head.append("    bind = runner.binding(args)")
+        head += ["    " + line for line in self.prologue]
         self.lines[body_start:body_start] = head
         return "\n".join(self.lines) + "\n"
 
