@@ -6,8 +6,9 @@ Each case is a training step (forward, `loss.backward()`) on tensors so small th
 kernel before the host has issued the next: the time per step is the host's time to run the compiled
 wrappers and launch the kernels. Steps are issued back to back and synchronized once at the end. The
 table gives µs per step and, for passline, the kernels and extern calls it launches per step and the
-µs per launch (step time / launches), the figure to compare with Inductor's launcher (~7-9 µs) and
-`JITFunction.run` (~11-12 µs).
+µs per launch (step time / launches, an upper bound: the step also runs autograd and the compiled
+region's wrappers); then the same with CUDA graphs: Inductor's `mode="reduce-overhead"` against
+`passline.backend(cudagraphs=True)`.
 """
 from __future__ import annotations
 
@@ -85,8 +86,9 @@ def main(argv=None) -> int:
     dtype = getattr(torch, a.dtype)
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton "
           f"{__import__('triton').__version__}, {a.dtype}, {a.steps} steps")
-    print("| case | eager µs | Inductor µs | passline µs | passline / Inductor | passline launches | µs per launch |")
-    print("|---|---|---|---|---|---|---|")
+    print("| case | eager µs | Inductor µs | passline µs | passline / Inductor | passline launches | µs per launch "
+          "| Inductor reduce-overhead µs | passline cudagraphs µs | ratio |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for name in a.cases.split(","):
         make, shape = CASES[name]
         base = make(shape[-1]).to("cuda", dtype)
@@ -98,8 +100,13 @@ def main(argv=None) -> int:
         be = passline.backend(fallback="raise")
         pl = per_step_us(step_fn(torch.compile(copy.deepcopy(base), backend=be)), x, a.steps)
         launches = sum(r.kernels + r.externs for r in be.reports)
+        torch._dynamo.reset()
+        ind_ro = per_step_us(step_fn(torch.compile(copy.deepcopy(base), mode="reduce-overhead")), x, a.steps)
+        torch._dynamo.reset()
+        be_cg = passline.backend(fallback="raise", cudagraphs=True)
+        pl_cg = per_step_us(step_fn(torch.compile(copy.deepcopy(base), backend=be_cg)), x, a.steps)
         print(f"| {name} {tuple(shape)} | {eager:.0f} | {ind:.0f} | {pl:.0f} | {pl / ind:.2f} | {launches} | "
-              f"{pl / max(1, launches):.1f} |")
+              f"{pl / max(1, launches):.1f} | {ind_ro:.0f} | {pl_cg:.0f} | {pl_cg / ind_ro:.2f} |", flush=True)
     return 0
 
 

@@ -42,6 +42,7 @@ class CallWriter:
         self.owned: set = set()  # buffers this call allocates (aligned: never re-checked at launch)
         self.dynamic = False
         self.needs_bind = False
+        self.maybe_misaligned: set = set()  # buffers returned by an extern that may return a view
         self.allocators: dict = {}  # device -> name of its allocation function in the call
         self.prologue: list = []  # lines the call runs first (after binding sizes)
 
@@ -190,8 +191,9 @@ class CallWriter:
 
     # -- steps --------------------------------------------------------------------------------------------
     def kernel_args(self, k, src, slots=()) -> tuple[str, tuple]:
-        """The source of a kernel's argument tuple (workspace `slots` as None) and the positions that
-        may change between calls (buffers this call did not allocate, sizes of dynamic shapes)."""
+        """The source of a kernel's argument tuple (workspace `slots` as None) and the positions whose
+        specialization may change between calls: sizes of dynamic shapes, and results of externs that
+        may be views (inputs are aligned by layouts.conform_inputs, allocations by the allocator)."""
         parts, check = [], []
         for i, (kind, value) in enumerate(src.args):
             if kind == "buffer":
@@ -199,7 +201,7 @@ class CallWriter:
                     parts.append("None")
                     continue
                 parts.append(self.name(value))
-                if value not in self.owned:
+                if value in self.maybe_misaligned:
                     check.append(i)
             else:
                 parts.append(self.py(value))
@@ -248,6 +250,8 @@ class CallWriter:
             return
         self.emit(f"r = {call}")
         single = len(node.outputs) == 1
+        if _may_alias(node.op):
+            self.maybe_misaligned.update(b.name for _, b in outs)
         for i, b in outs:
             lay = b.layout
             self.emit(f"{self.name(b.name)} = conform({self.const(node, 'node')}, {'first(r)' if single else f'r[{i}]'}, "
