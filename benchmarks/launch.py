@@ -56,8 +56,17 @@ CASES = {
 }
 
 
-def step_fn(model):
+def step_fn(model, mark=False):
+    params = list(model.parameters())
+
     def step(x):
+        # gradients set to None each step, as optimizer.zero_grad() does (with CUDA graphs a kept
+        # .grad would be a replayed graph's output that the next replay overwrites)
+        x.grad = None
+        for p in params:
+            p.grad = None
+        if mark:  # Inductor's CUDA graph trees: a new step may overwrite the previous one's outputs
+            torch.compiler.cudagraph_mark_step_begin()
         out = model(x)
         out.float().pow(2).mean().backward()
     return step
@@ -101,7 +110,7 @@ def main(argv=None) -> int:
         pl = per_step_us(step_fn(torch.compile(copy.deepcopy(base), backend=be)), x, a.steps)
         launches = sum(r.kernels + r.externs for r in be.reports)
         torch._dynamo.reset()
-        ind_ro = per_step_us(step_fn(torch.compile(copy.deepcopy(base), mode="reduce-overhead")), x, a.steps)
+        ind_ro = per_step_us(step_fn(torch.compile(copy.deepcopy(base), mode="reduce-overhead"), mark=True), x, a.steps)
         torch._dynamo.reset()
         be_cg = passline.backend(fallback="raise", cudagraphs=True)
         pl_cg = per_step_us(step_fn(torch.compile(copy.deepcopy(base), backend=be_cg)), x, a.steps)

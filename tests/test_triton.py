@@ -165,6 +165,7 @@ def test_cudagraphs_option_replays_training_steps_like_eager():
     # on the CPU the option is accepted and the report says why it is off; on a GPU the graphs are
     # captured at the second call and replayed, inputs copied where their storage changes per call
     dev = os.environ.get("PASSLINE_TEST_DEVICE", "cpu")
+    torch._dynamo.reset()  # earlier tests' compiles of the same module code would count toward dynamo's limit
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.LayerNorm(64), torch.nn.GELU()).to(dev)
     ours = __import__("copy").deepcopy(model)
