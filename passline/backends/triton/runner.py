@@ -376,6 +376,58 @@ class TritonRunner:
         self._binds: dict = {}  # dynamic shapes: recent bindings by their sizes (a training loop repeats them)
         self._bind = None
         self.source, self.call = write_call(self)
+        self.compile_seconds = 0.0
+        if not self.interpret and not self.autotune:
+            self._precompile()
+
+    def _precompile(self, workers: int = 8) -> None:
+        """Compile, before the first call, every kernel whose sizes are known (static shapes) with the
+        configuration its rule picks, several at once: Triton's compiler spends much of its time
+        outside the GIL (LLVM, ptxas), and the first launch then finds the binary in Triton's cache.
+        Pointer arguments stand in by dtype (aligned, as inputs are made). Mix-order kernels, whose
+        split follows from their compiled registers, and kernels of dynamic shapes compile at their
+        first launch. Anything that fails here is left to that first launch, which reports it."""
+        import sys
+        import time
+        from concurrent.futures import ThreadPoolExecutor, as_completed
+
+        jobs = []
+        for kind, _, data in self.steps:
+            if kind != "kernel":
+                continue
+            k = data[0]
+            src = next(iter(k.info.variants.values()))
+            try:
+                xn = int(src.xnumel)
+                rn = int(src.rnumel) if src.rnumel is not None else None
+                args = [self.buffers[v].layout.dtype if kind_ == "buffer" else int(v) for kind_, v in src.args]
+            except TypeError:  # sizes that are symbols: chosen and compiled per call
+                continue
+            if xn == 0 or rn == 0:
+                continue
+            cfg = k.config(xn, rn)
+            jobs.append((k.fn(cfg.variant), cfg, [*args, xn] + ([rn] if rn is not None else [])))
+        if not jobs:
+            return
+        t0 = time.perf_counter()
+
+        def build(job):
+            fn, cfg, args = job
+            fn.warmup(*args, grid=(1,), **cfg.blocks(), num_warps=cfg.warps)
+
+        done = 0
+        with ThreadPoolExecutor(max_workers=min(workers, len(jobs))) as pool:
+            for f in as_completed([pool.submit(build, j) for j in jobs]):
+                done += 1
+                try:
+                    f.result()
+                except Exception:  # noqa: BLE001 - compiled (and reported) at the first launch instead
+                    pass
+                if time.perf_counter() - t0 > 1.0:  # a progress line once it takes long enough to wonder
+                    print(f"\rpassline: compiled {done}/{len(jobs)} kernels", end="", file=sys.stderr, flush=True)
+        self.compile_seconds = time.perf_counter() - t0
+        if self.compile_seconds > 1.0:
+            print(f" ({self.compile_seconds:.1f} s)", file=sys.stderr, flush=True)
 
     # -- compile ------------------------------------------------------------------------------------
     def _key(self, node, stored) -> str:
