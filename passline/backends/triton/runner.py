@@ -415,7 +415,7 @@ class TritonRunner:
             fn, cfg, args = job
             fn.warmup(*args, grid=(1,), **cfg.blocks(), num_warps=cfg.warps)
 
-        done = 0
+        done, shown = 0, 0.0
         with ThreadPoolExecutor(max_workers=min(workers, len(jobs))) as pool:
             for f in as_completed([pool.submit(build, j) for j in jobs]):
                 done += 1
@@ -423,7 +423,9 @@ class TritonRunner:
                     f.result()
                 except Exception:  # noqa: BLE001 - compiled (and reported) at the first launch instead
                     pass
-                if time.perf_counter() - t0 > 1.0:  # a progress line once it takes long enough to wonder
+                now = time.perf_counter() - t0
+                if now > 1.0 and (now - shown > 0.25 or done == len(jobs)):  # past a second: progress
+                    shown = now
                     print(f"\rpassline: compiled {done}/{len(jobs)} kernels", end="", file=sys.stderr, flush=True)
         self.compile_seconds = time.perf_counter() - t0
         if self.compile_seconds > 1.0:
