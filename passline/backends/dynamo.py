@@ -27,7 +27,7 @@ from .triton.kernel import MIX_FORMS  # codegen only: imports no triton
 
 CODEGENS = ("auto", "triton", "reference")
 # The pipeline `passline.backend()` runs when none is given, in one place.
-DEFAULT_PIPELINE = "dce, inline_pointwise, repeat(fuse, reorder_loops; max_iter=4), mix_order_reduction"
+DEFAULT_PIPELINE = "dce, inline_pointwise, memory_order, repeat(fuse, reorder_loops; max_iter=4), mix_order_reduction"
 
 
 class Backend:
