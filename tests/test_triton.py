@@ -185,3 +185,35 @@ def test_cudagraphs_option_replays_training_steps_like_eager():
         torch.testing.assert_close(out_a, out_b, rtol=1e-4, atol=1e-5)
     states = {r.cudagraphs.split(":")[0] for r in be.reports}
     assert states == ({"on"} if dev == "cuda" else {"off"}), [r.cudagraphs for r in be.reports]
+
+
+def test_configuration_rules_follow_from_sizes_and_device():
+    # hand facts of configs.rule on a 132-SM GPU (no timing): what each kernel launches with
+    from passline.backends.triton.configs import Device, Variant, rule
+
+    gpu = Device(sms=132)
+    pw = rule({Variant.POINTWISE: None}, 10_000_000, None, False, gpu)
+    assert (pw.variant, pw.xblock, pw.warps) == (Variant.POINTWISE, 1024, 4)
+    assert rule({Variant.POINTWISE: None}, 100, None, False, gpu).xblock == 128  # small: the next power of two
+    red = {Variant.PERSISTENT: None, Variant.LOOPED: None}
+    # rows of 384 (block 512): 4 rows a block make 2048 elements; 576000 rows keep every SM busy
+    c = rule(red, 576000, 384, False, gpu)
+    assert (c.variant, c.xblock, c.rblock) == (Variant.PERSISTENT, 4, 512)
+    # few rows: fewer rows per block, so at least two programs per SM where rows allow
+    assert rule(red, 300, 384, False, gpu).xblock == 1
+    # rows too long for registers loop, one row a program
+    c = rule(red, 4000, 30000, False, gpu)
+    assert (c.variant, c.xblock, c.rblock) == (Variant.LOOPED, 1, 2048)
+    # column sums (strided): 3072 columns in blocks of 16 (192 programs), not 128 (24 programs)
+    c = rule(red, 3072, 8192, False, gpu, rows_contiguous=False)
+    assert (c.variant, c.xblock, c.rblock) == (Variant.LOOPED, 16, 256)
+    assert rule(red, 1 << 20, 64, False, gpu, rows_contiguous=False).xblock == 128
+    # mix-order: two-dimensional accumulator, rows for ~2048 elements, four stages, the IR's split
+    mix = {Variant.MIX: 128, Variant.MIX_ACC2D: 128}
+    c = rule(mix, 576000, 384, False, gpu)
+    assert (c.variant, c.xblock, c.warps, c.stages, c.split) == (Variant.MIX_ACC2D, 4, 2, 4, 128)
+    c = rule(mix, 32768, 4096, False, gpu)
+    assert (c.variant, c.xblock, c.warps) == (Variant.MIX_ACC2D, 2, 16)
+    assert rule(mix, 1000, 8192, False, gpu).variant == Variant.MIX  # too wide for two rows a block
+    # a forced variant wins where the kernel has it
+    assert rule(red, 576000, 384, False, gpu, only="looped").variant == Variant.LOOPED
