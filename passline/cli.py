@@ -148,6 +148,7 @@ def cmd_draw(args) -> int:
     reports = [r for r in be.reports if r.name.startswith(args.graph)] or be.reports
     report = reports[-1]
     # the graph as lowered, each node coloured by the kernel it ends up in
+    from passline.ir import members
     from passline.lowering import lower_graph
     from passline.pipeline import SchedulerGraph
 
@@ -156,7 +157,7 @@ def cmd_draw(args) -> int:
                "#d9d9d9", "#bc80bd", "#ccebc5", "#ffed6f"]
     colors = {}
     for k, node in enumerate(report.graph.nodes()):
-        for m in (node.members() if hasattr(node, "members") else (node,)):
+        for m in members(node):
             colors[m.name] = palette[k % len(palette)]
     title = f"{report.name}: {len(before)} nodes before, {len(report.graph)} after ({report.pipeline})"
     dot = to_dot(before, colors=colors, title=title)

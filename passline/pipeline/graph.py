@@ -14,8 +14,8 @@ import networkx as nx
 import sympy
 import torch
 
-from ..ir import Buffer, Extern, FusedNode, Load, MixOrderNode, Pointwise, Reduction, TensorArg, loads
-from ..ir.index import as_strided_form
+from ..ir import Buffer, Extern, FusedNode, Load, MixOrderNode, Pointwise, Reduction, TensorArg, loads, members
+from ..ir.index import LOOP_KINDS, as_strided_form, var_kind
 from ..ir.loops import group_problem, shape
 from ..lowering import GraphInput, Program
 
@@ -68,7 +68,7 @@ class SchedulerGraph:
 
     def leaf_nodes(self) -> list:
         """Every Pointwise, Reduction and Extern node, inside fused groups too, in order."""
-        return [m for n in self.nodes() for m in (n.members() if hasattr(n, "members") else (n,))]
+        return [m for n in self.nodes() for m in members(n)]
 
     def names(self) -> list[str]:
         return [n.name for n in self.nodes()]
@@ -291,8 +291,8 @@ def _describe(node) -> str:
         return head + "".join("\n  " + _describe(m).replace("\n", "\n  ") for m in node.nodes)
     if isinstance(node, MixOrderNode):
         head = (f"{node.name}: mix_order rows={node.rows} cols={node.columns} split_rows={node.split_rows} "
-                f"(row side {node.row.name}; column reductions {', '.join(c.name for c in node.cols)})")
-        return head + "".join("\n  " + _describe(g).replace("\n", "\n  ") for g in (node.row, *node.cols))
+                f"(row side {node.row.name}; column reductions {', '.join(c.name for c in node.column_groups)})")
+        return head + "".join("\n  " + _describe(g).replace("\n", "\n  ") for g in (node.row, *node.column_groups))
     if isinstance(node, (Pointwise, Reduction)):
         head = f"{node.name}: {node.kind}"
         ranges = f"[{', '.join(map(str, node.ranges))}]"
@@ -318,11 +318,11 @@ def _check_node(node, buffers: dict) -> None:
         outer, red = shape(node.row)
         if not red:
             raise VerificationError("mix-order row side is not a reduction", node.name)
-        for g in node.cols:
+        for g in node.column_groups:
             if shape(g) != (red, outer):
                 raise VerificationError(f"column side {g.name} {shape(g)} is not the transpose of "
                                         f"{(outer, red)}", node.name)
-        for g in (node.row, *node.cols):
+        for g in (node.row, *node.column_groups):
             _check_node(g, buffers)
     elif isinstance(node, (Pointwise, Reduction)):
         out = node.output.layout
@@ -352,7 +352,7 @@ def _check_load(ld: Load, buffers: dict, var_ranges: dict, node: str) -> None:
     if ld.dtype != buf.dtype:
         raise VerificationError(f"loads {ld.buffer} as {ld.dtype}, buffer is {buf.dtype}", node)
     unknown = ld.index.free_symbols - set(var_ranges)
-    if any(s.name.startswith(("i", "r", "v")) for s in unknown):
+    if any(var_kind(s) in LOOP_KINDS for s in unknown):
         raise VerificationError(f"index {ld.index} of {ld.buffer} uses variables outside the loop nest", node)
     vars_ = [v for v in var_ranges if v in ld.index.free_symbols]
     form = as_strided_form(ld.index, vars_)

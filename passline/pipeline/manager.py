@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterable
 
 import attrs
 
+from ..ir import members
 from .graph import SchedulerGraph, VerificationError
 from .metrics import Metrics
 from .text import PassCall, Pipeline, Repeat
@@ -114,7 +115,7 @@ class Refusal:
 
 
 def _member_names(node) -> tuple:
-    return tuple(m.name for m in node.members()) if hasattr(node, "members") else (node.name,)
+    return tuple(m.name for m in members(node))
 
 
 def _snapshot(graph: SchedulerGraph):

@@ -80,7 +80,7 @@ def node_bytes(graph, node) -> tuple:
     """(bytes read, bytes written) by one kernel node. Each buffer counts the distinct elements its
     index can reach (capped at the buffer's size), once per node; a fused node writes only what is
     read outside it or returned; a mix-order node adds its workspace, written and read back."""
-    from ..ir import MixOrderNode
+    from ..ir import FusedNode, MixOrderNode
 
     buffers = graph.buffers()
     keep = graph.output_names() | graph.mutated_names()
@@ -101,7 +101,7 @@ def node_bytes(graph, node) -> tuple:
             out += sympy.Min(n, buf.layout.storage_span) * buf.dtype.itemsize
         return out
 
-    grouped = hasattr(node, "members")
+    grouped = isinstance(node, (FusedNode, MixOrderNode))
     writes = [d for d in node.writes() if not grouped or d.buffer in keep or graph.readers(d.buffer)]
     read, written = total(node.reads()), total(writes)
     if isinstance(node, MixOrderNode):
