@@ -148,7 +148,7 @@ def mix_order_reduction(graph, ctx, *,
                 else:
                     new = MixOrderNode(f"mix_{row.name}", group, (col,), split_rows or _auto_split(g_rows),
                                        tune_split=not split_rows)
-                position = min(graph.nx.nodes[row.name]["order"], graph.nx.nodes[col.name]["order"])
+                position = min(graph.order(row.name), graph.order(col.name))
                 graph.remove_node(row.name)
                 graph.remove_node(col.name)
                 graph.add_node(new, order=position)

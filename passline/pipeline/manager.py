@@ -119,15 +119,15 @@ def _member_names(node) -> tuple:
 
 
 def _snapshot(graph: SchedulerGraph):
-    return dict(graph.nx.nodes(data="node")), frozenset(graph.nx.edges), graph.outputs
+    return dict(graph.items()), frozenset(graph.edges()), graph.outputs
 
 
 def _changed(before, graph: SchedulerGraph) -> bool:
     """Did the graph change? Nodes are compared by name, then by identity, and by value only where the
     object differs (a pass may rebuild an equal node: that is no change)."""
     nodes, edges, outputs = before
-    now = dict(graph.nx.nodes(data="node"))
-    if nodes.keys() != now.keys() or outputs != graph.outputs or edges != frozenset(graph.nx.edges):
+    now = dict(graph.items())
+    if nodes.keys() != now.keys() or outputs != graph.outputs or edges != frozenset(graph.edges()):
         return True
     return any(old is not now[n] and old != now[n] for n, old in nodes.items())
 
@@ -196,7 +196,7 @@ class PassManager:
     def _run_pass(self, call: PassCall, graph: SchedulerGraph, iteration) -> tuple[SchedulerGraph, bool]:
         index = len(self._records) + 1
         record = PassRecord(index, call.name, str(call), iteration, nodes_before=len(graph),
-                            edges_before=graph.nx.number_of_edges())
+                            edges_before=graph.num_edges())
         self._records.append(record)
         ctx = PassContext(record, self._metrics, self._graph_name, self.decision_limits.get(index))
         before = _snapshot(graph)
@@ -218,7 +218,7 @@ class PassManager:
             graph = result
         if not isinstance(graph, SchedulerGraph):
             raise TypeError(f"pass {call.name!r} returned {type(graph).__name__}, not a SchedulerGraph")
-        record.nodes_after, record.edges_after = len(graph), graph.nx.number_of_edges()
+        record.nodes_after, record.edges_after = len(graph), graph.num_edges()
         record.changed = _changed(before, graph)
         record.stats = dict(ctx.stats)
         if self.verify:
