@@ -8,6 +8,7 @@ import importlib
 # Register the built-in passes first: below, the name `passline.passes` becomes the registry listing.
 importlib.import_module(".passes", __name__)
 
+from .config import Settings, settings  # noqa: E402
 from .pipeline import CompileReport, SchedulerGraph, VerificationError, last_report  # noqa: E402
 from .pipeline.manager import PassContext, PassManager, PassResult  # noqa: E402
 from .pipeline.registry import PassInfo, PipelineError, passes, register_pass, unregister_pass  # noqa: E402
@@ -19,5 +20,5 @@ from .explain import explain  # noqa: E402
 __version__ = "0.1.0"
 
 __all__ = ["backend", "Backend", "last_report", "CompileReport", "SchedulerGraph", "VerificationError",
-           "PassContext", "PassManager", "PassResult", "PassInfo", "PipelineError", "passes", "register_pass",
+           "Settings", "settings", "PassContext", "PassManager", "PassResult", "PassInfo", "PipelineError", "passes", "register_pass",
            "unregister_pass", "PassCall", "Pipeline", "Repeat", "repeat", "DEFAULT_PIPELINE", "bisect", "replay", "BisectReport", "explain", "__version__"]

@@ -111,7 +111,6 @@ class _Changes:
 
 
 def cmd_explain(args) -> int:
-    import passline
     from passline.passes.legality import REASONS
 
     changes = _Changes()

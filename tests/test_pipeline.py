@@ -222,16 +222,15 @@ def test_dumps_for_changed_passes(tmp_path):
     assert "digraph" in (tmp_path / "g" / "001-dce.dot").read_text()
 
 
-def test_dump_dir_from_environment(tmp_path, monkeypatch):
-    monkeypatch.setenv("PASSLINE_DUMP_DIR", str(tmp_path))
-    assert_matches_eager(lambda x: x.sin() * 2, [torch.randn(3)])
+def test_dump_dir_from_settings(tmp_path):
+    with passline.settings(dump_dir=str(tmp_path)):
+        assert_matches_eager(lambda x: x.sin() * 2, [torch.randn(3)])
     assert list(tmp_path.glob("forward*/000-input.txt")) or list(tmp_path.glob("inference*/000-input.txt"))
 
 
-def test_metric_tables(tmp_path, monkeypatch):
-    monkeypatch.setenv("PASSLINE_METRIC_TABLES", "graph_stats,kernel_metadata,pass_stats")
-    monkeypatch.setenv("PASSLINE_METRIC_DIR", str(tmp_path))
-    assert_matches_eager(lambda x: (x * 2).sum(1), [torch.randn(4, 8)], pipeline="dce")
+def test_metric_tables(tmp_path):
+    with passline.settings(metric_tables="graph_stats,kernel_metadata,pass_stats", metric_dir=str(tmp_path)):
+        assert_matches_eager(lambda x: (x * 2).sum(1), [torch.randn(4, 8)], pipeline="dce")
     rows = list(csv.DictReader((tmp_path / "kernel_metadata.csv").open()))
     assert sorted((r["kind"], r["numel"], r["rnumel"]) for r in rows) == [("pointwise", "32", "1"),
                                                                           ("reduction", "4", "8")]

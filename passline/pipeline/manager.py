@@ -11,7 +11,7 @@ import collections
 import contextlib
 import gc
 import time
-from typing import Any, Callable, Iterable
+from typing import Iterable
 
 import attrs
 

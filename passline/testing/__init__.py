@@ -98,11 +98,9 @@ def assert_matches_eager(fn: Callable, inputs: Sequence, pipeline=None, codegen:
     `pipeline=None` runs passline.DEFAULT_PIPELINE; "" runs no pass. `device` (default
     $PASSLINE_TEST_DEVICE, else where the inputs are) moves the inputs and an nn.Module there first.
     Returns the passline backend, whose `reports` describe what was compiled."""
-    import os
-
     import passline
 
-    device = device or os.environ.get("PASSLINE_TEST_DEVICE")
+    device = device or passline.settings.test_device
     if device:
         inputs = [_to(x, device) for x in inputs]
         if isinstance(fn, torch.nn.Module):
