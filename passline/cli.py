@@ -18,6 +18,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from .pipeline.instruments import PassInstrument
+
 
 class CliError(Exception):
     pass
@@ -95,7 +97,7 @@ def cmd_passes(args) -> int:
     return 0
 
 
-class _Changes:
+class _Changes(PassInstrument):
     """Instrument: the graph before the pipeline and after each pass that changed it."""
 
     def __init__(self):

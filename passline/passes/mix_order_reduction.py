@@ -162,7 +162,7 @@ def mix_order_reduction(graph, ctx, *,
 
 def _known(ctx, a, b) -> bool:
     """Record each refused pair once per pass run."""
-    seen = ctx.__dict__.setdefault("_mix_seen", set())
+    seen = ctx.state.setdefault("refused", set())
     key = (a.name, b.name)
     if key in seen:
         return False
