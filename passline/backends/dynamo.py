@@ -24,7 +24,7 @@ from ..pipeline.text import Pipeline
 from .check import checked
 from .layouts import conform_inputs
 from .reference import ReferenceRunner
-from .triton.kernel import MIX_FORMS  # codegen only: imports no triton
+from .variants import AUTO, FORCEABLE, KernelVariant
 
 CODEGENS = ("auto", "triton", "reference")
 # The pipeline `passline.backend()` runs when none is given, in one place.
@@ -79,10 +79,10 @@ class Backend:
         self.manager = PassManager(self.pipeline, verify=verify, instruments=instruments, pass_limit=pass_limit,
                                    decision_limits=decision_limits, dump_dir=self.dump_dir)
         self.capture = capture  # keep each graph's first real inputs on its report (bisect, reproducers)
-        variants = ("auto", "persistent", "looped", *MIX_FORMS)
-        if kernel_variant not in variants:
-            raise ValueError(f"kernel_variant must be one of {', '.join(variants)}, not {kernel_variant!r}")
-        self.kernel_variant = kernel_variant  # force one reduction variant (tests, experiments)
+        if kernel_variant not in FORCEABLE:
+            raise ValueError(f"kernel_variant must be one of {', '.join(FORCEABLE)}, not {kernel_variant!r}")
+        # force one reduction variant (tests, experiments)
+        self.kernel_variant = AUTO if kernel_variant == AUTO else KernelVariant(kernel_variant)
         self.reports: list[CompileReport] = []
         self.failures: list = []  # (graph kind, exception) for graphs run eagerly by the fallback
         self._ids = itertools.count()
