@@ -132,7 +132,8 @@ def cmd_explain(args) -> int:
         if seen:
             print("   not fused (one example per reason):")
             for reason, f in seen.items():
-                print(f"     {f.a} + {f.b}: {reason} — {REASONS.get(reason, '')}" + (f" ({f.detail})" if f.detail else ""))
+                print(f"     {f.a} + {f.b}: {reason} — {REASONS.get(reason, '')}"
+                      + (f" ({f.detail})" if f.detail else ""))
         if args.graphs:
             print("   graph after the pipeline:")
             print("     " + report.graph.format().replace("\n", "\n     "))
@@ -208,7 +209,8 @@ def main(argv=None) -> int:
     p.add_argument("--save-dir", default=None, help="where to save the reproducer")
     args = ap.parse_args(argv)
     try:
-        return {"passes": cmd_passes, "explain": cmd_explain, "draw": cmd_draw, "bisect": cmd_bisect}[args.command](args)
+        commands = {"passes": cmd_passes, "explain": cmd_explain, "draw": cmd_draw, "bisect": cmd_bisect}
+        return commands[args.command](args)
     except CliError as e:
         print(f"passline {args.command}: {e}", file=sys.stderr)
         return 2

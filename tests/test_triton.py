@@ -5,18 +5,19 @@ import os
 
 import pytest
 import torch
+from modules import RMSNorm
 
 import passline
 from passline.testing import assert_matches_eager
-
-from modules import RMSNorm
 
 REDUCING = {
     "layer_norm": (lambda: torch.nn.LayerNorm(48), lambda: [torch.randn(40, 48, requires_grad=True)]),
     "rms_norm": (lambda: RMSNorm(48), lambda: [torch.randn(40, 48, requires_grad=True)]),
     "softmax_t": (lambda: (lambda x: torch.softmax(x.t() * 3, -1)), lambda: [torch.randn(33, 20, requires_grad=True)]),
-    "arg_and_minmax": (lambda: (lambda x: (x.argmax(1), x.argmin(0), x.amax(0), x.amin(1))), lambda: [torch.randn(30, 70)]),
-    "any_all_prod": (lambda: (lambda x: ((x > 1).any(1), (x > -2).all(0), (x * 0.1 + 1).prod(1))), lambda: [torch.randn(30, 70)]),
+    "arg_and_minmax": (lambda: (lambda x: (x.argmax(1), x.argmin(0), x.amax(0), x.amin(1))),
+                       lambda: [torch.randn(30, 70)]),
+    "any_all_prod": (lambda: (lambda x: ((x > 1).any(1), (x > -2).all(0), (x * 0.1 + 1).prod(1))),
+                     lambda: [torch.randn(30, 70)]),
     "var_mean": (lambda: (lambda x: torch.var_mean(x, 0)), lambda: [torch.randn(300, 7)]),
 }
 

@@ -389,7 +389,8 @@ class Guard:
         pipeline = found.minimal_pipeline if located else str(be.pipeline)
         save_dir = be.dump_dir or current_settings().dump_dir
         try:
-            check.reproducer = str(save_reproducer(name, self.gm, inputs, pipeline, found.pass_index if located else None,
+            check.reproducer = str(save_reproducer(name, self.gm, inputs, pipeline,
+                                                   found.pass_index if located else None,
                                                    found.decision_limits, be.codegen, save_dir,
                                                    prefix="passline-check-"))
         except Exception as e:  # e.g. a graph that does not pickle: say so in the warning, keep going

@@ -144,14 +144,14 @@ class Backend:
         t2 = time.perf_counter()
         codegen, reason = choose_codegen(self.codegen, graph)
         if codegen == "triton":
-            from .triton.runner import TritonRunner
-
             from .triton.cache import KernelCache
+            from .triton.runner import TritonRunner
 
             runner = TritonRunner(graph, interpret=_on_cpu(graph), variant=self.kernel_variant,
                                   cache=KernelCache(self.cache_dir))
             if runner.fallbacks:
-                reason += "; on the reference backend: " + "; ".join(f"{n} ({why})" for n, why in runner.fallbacks.items())
+                reason += "; on the reference backend: " + "; ".join(
+                    f"{n} ({why})" for n, why in runner.fallbacks.items())
         else:
             runner = ReferenceRunner(graph)
         report = CompileReport(name, graph, codegen, codegen_reason=reason, pipeline=str(self.pipeline), passes=records,

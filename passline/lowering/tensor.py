@@ -12,8 +12,7 @@ import attrs
 import sympy
 
 from ..ir import Buffer, Load, TensorArg
-from ..ir.index import (Expr, ModularIndexing, VarKind, as_strided_form, contiguous_strides, product, strided_index,
-                        var)
+from ..ir.index import Expr, ModularIndexing, VarKind, as_strided_form, contiguous_strides, product, strided_index, var
 
 
 def view_var(i: int) -> sympy.Symbol:
