@@ -141,11 +141,6 @@ def fuse_nodes(name: str, first, second, outer, red) -> FusedNode:
                      outputs=outputs, reads=reads)
 
 
-def group_name(first, second) -> str:
-    names = [m.name for m in members(first) + members(second)]
-    return "_".join(names) if len(names) <= 3 else f"{names[0]}_to_{names[-1]}_{len(names)}"
-
-
 def saved_bytes(graph, a: str, b: str, io: dict, nbytes: dict, outputs) -> int:
     """Memory traffic fusing nodes a and b would save: a buffer passed between them is not written and
     read back (or read twice); a buffer both read is read once. `io[name]` = (read names as a set,
