@@ -56,8 +56,10 @@ _VARS: dict = {}
 
 @functools.lru_cache(maxsize=1024)
 def var(kind: VarKind, k: int) -> sympy.Symbol:
-    """The `k`-th variable of `kind` (a non-negative integer symbol)."""
+    """The `k`-th variable of `kind` (a non-negative integer symbol; sizes come from `size_var`)."""
     kind = VarKind(kind)
+    if kind is VarKind.SIZE:
+        raise ValueError("a symbolic size is made by size_var(name)")
     s = sympy.Symbol(f"{kind.value}{k}", integer=True, nonnegative=True)
     _VARS[s] = VarInfo(kind, k)
     return s

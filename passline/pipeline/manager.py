@@ -138,9 +138,9 @@ def _collector_paused():
 
 
 class PassManager:
-    """Runs `pipeline` on graphs, under the pass registry in effect when it was made. Around every pass run
+    """Runs `pipeline` on graphs, under the pass registry in effect when it was made. Around every pass run:
     the built-in instruments (timing, change detection, verification with `verify`, metrics, dumps with
-    `dump_dir`) and then `instruments` (PassInstrument objects, outermost last; see
+    `dump_dir`), and outside them `instruments` (PassInstruments, the first given outermost; see
     pipeline/instruments.py)."""
 
     def __init__(self, pipeline: Pipeline | str = "", *, verify: bool = True, instruments: Iterable = (),
