@@ -2,16 +2,28 @@
 on real forward/backward graphs, always checked against eager."""
 import pytest
 import torch
+from modules import RMSNorm
 
 import passline
-from passline.ir import (Buffer, Cast, Constant, Extern, FusedNode, Layout, Load, MixOrderNode, Op, Pointwise,
-                         Reduction, TensorArg, loop_vars)
+from passline.ir import (
+    Buffer,
+    Cast,
+    Constant,
+    Extern,
+    FusedNode,
+    Layout,
+    Load,
+    MixOrderNode,
+    Op,
+    Pointwise,
+    Reduction,
+    TensorArg,
+    loop_vars,
+)
 from passline.lowering import GraphInput, Program
 from passline.pipeline import SchedulerGraph
 from passline.testing import assert_matches_eager
 from passline.testing.synthetic import chain_and_fanout
-
-from modules import RMSNorm
 
 F32 = torch.float32
 i0, i1 = loop_vars("i", 2)
@@ -256,7 +268,8 @@ def test_explain_gives_the_recorded_reason():
 
 @pytest.mark.parametrize("pipeline", ["dce", "fuse", "fuse(horizontal=false)", "fuse, reorder_loops",
                                       "reorder_loops, fuse", "fuse, mix_order_reduction",
-                                      "dce, repeat(fuse, reorder_loops; max_iter=2), mix_order_reduction(split_rows=4)"])
+                                      "dce, repeat(fuse, reorder_loops; max_iter=2), "
+                                      "mix_order_reduction(split_rows=4)"])
 def test_every_pass_keeps_results(pipeline):
     model = torch.nn.Sequential(torch.nn.LayerNorm(32), torch.nn.Linear(32, 32), torch.nn.GELU())
     assert_matches_eager(model, [torch.randn(24, 32, requires_grad=True)], pipeline=pipeline)
@@ -266,7 +279,6 @@ def test_every_pass_keeps_results(pipeline):
 def test_memory_order_walks_channels_last_outputs_in_memory_order():
     # hand facts: a channels_last [2, 8, 5, 5] output has strides (200, 1, 40, 8), so its loops run
     # N, H, W, C (C innermost, stride 1); a contiguous output is left alone; results match eager
-    import passline
     from passline.testing import assert_matches_eager
 
     x = torch.randn(2, 8, 5, 5).to(memory_format=torch.channels_last)

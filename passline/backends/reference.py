@@ -12,8 +12,20 @@ from typing import Callable
 import sympy
 import torch
 
-from ..ir import (Cast, Constant, Extern, FusedNode, IndexValue, Load, MixOrderNode, Op, Pointwise, Reduction,
-                  TensorArg, walk)
+from ..ir import (
+    Cast,
+    Constant,
+    Extern,
+    FusedNode,
+    IndexValue,
+    Load,
+    MixOrderNode,
+    Op,
+    Pointwise,
+    Reduction,
+    TensorArg,
+    walk,
+)
 from ..ir.index import FloorDiv, ModularIndexing
 from ..lowering.sizes import runtime_value
 from ..pipeline.graph import SchedulerGraph
