@@ -3,11 +3,12 @@ from .body import (BINARY_OPS, TERNARY_OPS, UNARY_OPS, Cast, Constant, IndexValu
                    Value, loads, rebuild, substitute_index, walk)
 from .index import FloorDiv, ModularIndexing, loop_var, loop_vars, size_var, sympify
 from .nodes import (REDUCTION_TYPES, Buffer, Extern, FusedNode, Layout, MemoryDep, MixOrderNode, Node,
-                    Pointwise, Reduction, TensorArg)
+                    Pointwise, Reduction, TensorArg, comm_kind)
 
 __all__ = [
     "BINARY_OPS", "TERNARY_OPS", "UNARY_OPS", "Cast", "Constant", "IndexValue", "Load", "Op",
     "Value", "loads", "rebuild", "substitute_index", "walk", "FloorDiv", "ModularIndexing",
     "loop_var", "loop_vars", "size_var", "sympify", "REDUCTION_TYPES", "Buffer", "Extern",
     "Layout", "MemoryDep", "Node", "Pointwise", "Reduction", "TensorArg", "FusedNode", "MixOrderNode",
+    "comm_kind",
 ]

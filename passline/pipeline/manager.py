@@ -118,15 +118,19 @@ def _member_names(node) -> tuple:
 
 
 def _snapshot(graph: SchedulerGraph):
-    return dict(graph.nx.nodes(data="node")), frozenset(graph.nx.edges), graph.outputs
+    return dict(graph.nx.nodes(data="node")), frozenset(graph.nx.edges), graph.outputs, \
+        dict(graph.nx.nodes(data="order"))
 
 
 def _changed(before, graph: SchedulerGraph) -> bool:
     """Did the graph change? Nodes are compared by name, then by identity, and by value only where the
-    object differs (a pass may rebuild an equal node: that is no change)."""
-    nodes, edges, outputs = before
+    object differs (a pass may rebuild an equal node: that is no change); a node moved (`move`) is a
+    change too."""
+    nodes, edges, outputs, order = before
     now = dict(graph.nx.nodes(data="node"))
     if nodes.keys() != now.keys() or outputs != graph.outputs or edges != frozenset(graph.nx.edges):
+        return True
+    if any(order[n] != o for n, o in graph.nx.nodes(data="order") if n in order):
         return True
     return any(old is not now[n] and old != now[n] for n, old in nodes.items())
 
@@ -224,7 +228,7 @@ class PassManager:
             try:
                 graph.verify()
             except VerificationError as e:
-                raise VerificationError(e.args[0], e.node, pass_name=call.name) from e
+                raise VerificationError(e.message, e.node, pass_name=call.name) from e
         self._metrics.row("pass_stats", graph=self._graph_name, index=index, pass_name=call.name,
                           seconds=record.seconds, nodes_before=record.nodes_before,
                           nodes_after=record.nodes_after, changed=record.changed,
