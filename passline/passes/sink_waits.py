@@ -10,7 +10,8 @@ Only waits move, and only later: the collectives keep their places and their ord
 rank), every read of a result stays after its wait (it reads the wait's output), and a collective's
 inputs stay allocated and unwritten until its wait (the wait runs after them, `Extern.after`): the
 verifier checks all three. The price is memory: those inputs live longer. Moves nothing when nothing
-would run in between. Stat: `waits_sunk`; each move is a decision `passline.bisect` can stop at.
+but other waits would run in between. Stat: `waits_sunk`; each move is a decision `passline.bisect` can
+stop at.
 """
 from __future__ import annotations
 
@@ -28,9 +29,9 @@ def sink_waits(graph, ctx):
     for name in waits:
         readers = [r for b in graph.node(name).output_names() for r in graph.consumers(b)]
         first = min(readers, key=position.__getitem__) if readers else None
-        target = position[first] if first is not None else len(names)
-        if target == position[name] + 1:
-            continue  # already right before its first reader (or last): nothing would run in between
+        between = names[position[name] + 1:position[first] if first is not None else len(names)]
+        if all(getattr(graph.node(n), "comm", None) == "wait" for n in between):
+            continue  # nothing but waits would run in between: no overlap to gain
         if ctx.decide("sink", name, *([first] if first else [])):
             graph.move(name, before=first)
             ctx.count("waits_sunk")
