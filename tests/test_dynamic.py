@@ -88,6 +88,19 @@ def test_dynamic_models_train_like_eager_with_one_compile(name, codegen):
     assert any(not str(s).isdigit() for n in be.reports[0].graph.leaf_nodes() for s in getattr(n, "ranges", ()))
 
 
+@pytest.mark.parametrize("name", ["gpt", "llama"])
+def test_dynamic_graphs_schedule_like_static_ones(name):
+    # a reshape of symbolic sizes, (s0, s1, 32) -> (s0*s1, 32), is a view as it is for numbers (the
+    # comparisons of ATen's view rule proven with dynamo's lower bounds: sizes are at least 2), so the
+    # dynamic graphs fuse into as many kernels, with as many extern calls, as the static ones
+    make, shapes = MODELS[name]
+    counts = {}
+    for dynamic in (False, True):
+        be = train_at_sizes(make, shapes[:1], "reference", dynamic=dynamic)
+        counts[dynamic] = [(r.kernels, r.externs) for r in be.reports]
+    assert counts[True] == counts[False], counts
+
+
 # automatic dynamic makes dynamic only the dimensions it saw change: a varying sequence length, a
 # varying batch
 VARYING = {"gpt": [(2, t, 32) for t in (8, 13, 5, 9, 21)], "resnet": [(n, 4, 8, 6) for n in (2, 3, 5, 4, 7)]}

@@ -46,6 +46,9 @@ class Backend:
     form ("mix_order", "mix_order_acc2d") wherever a kernel has it; cache_dir: kernel cache;
     fallback: when passline fails on a graph, "eager" (default for users; $PASSLINE_FALLBACK) warns and
     runs that graph's aten code as it is, "raise" (what passline.testing uses) raises the error;
+    autotune: time each kernel's candidate configurations at its first call (default $PASSLINE_AUTOTUNE=1,
+    else off: configurations by rule, nothing timed); cudagraphs: capture static-shape GPU graphs into CUDA
+    graphs at their second call and replay them (report.cudagraphs says whether and why not);
     check: the accuracy guard (default $PASSLINE_CHECK=1, else off): the first call of each graph is also run
     on the reference backend before any pass and compared output by output; a mismatch warns (or raises
     AccuracyError under fallback="raise"), runs that graph eagerly from then on, saves a reproducer and
@@ -55,7 +58,7 @@ class Backend:
     def __init__(self, pipeline=None, codegen: str = "auto", verify: bool = True, dump_dir=None,
                  metric_tables=None, metric_dir=None, instruments=(), pass_limit=None, decision_limits=None,
                  capture: bool = False, kernel_variant: str = "auto", cache_dir=None, fallback=None,
-                 check: bool | None = None):
+                 check: bool | None = None, autotune: bool | None = None, cudagraphs: bool = False):
         if codegen not in CODEGENS:
             raise ValueError(f"unknown codegen {codegen!r}; choose one of {', '.join(CODEGENS)}")
         self.pipeline = Pipeline.parse(DEFAULT_PIPELINE if pipeline is None else pipeline) \
@@ -80,6 +83,11 @@ class Backend:
         if check is None:
             check = os.environ.get("PASSLINE_CHECK", "0").strip().lower() in ("1", "true", "yes", "on")
         self.check = check
+        if autotune is None:
+            autotune = os.environ.get("PASSLINE_AUTOTUNE", "0").strip().lower() in ("1", "true", "yes", "on")
+        self.autotune = autotune
+        self.cudagraphs = cudagraphs
+        self._pool = None  # one CUDA graph memory pool for every graph this backend captures
         self.reports: list[CompileReport] = []
         self.failures: list = []  # (graph kind, exception) for graphs run eagerly by the fallback
         self._ids = itertools.count()
@@ -142,7 +150,7 @@ class Backend:
             from .triton.cache import KernelCache
 
             runner = TritonRunner(graph, interpret=_on_cpu(graph), variant=self.kernel_variant,
-                                  cache=KernelCache(self.cache_dir))
+                                  cache=KernelCache(self.cache_dir), autotune=self.autotune)
             if runner.fallbacks:
                 reason += "; on the reference backend: " + "; ".join(f"{n} ({why})" for n, why in runner.fallbacks.items())
         else:
@@ -156,6 +164,12 @@ class Backend:
         self.reports.append(report)
         set_last_report(report)
         runner = conform_inputs(graph, runner)  # read every input with the strides it was lowered for
+        if self.cudagraphs:  # captured at the second call and replayed (backends/cudagraphs.py)
+            from .cudagraphs import cudagraphed
+
+            if self._pool is None and torch.cuda.is_available():
+                self._pool = torch.cuda.graph_pool_handle()
+            runner = cudagraphed(runner, graph, report, self._pool)
         if self.check:  # the accuracy guard checks the first call against the oracle (backends/check.py)
             runner = checked(runner, report, self, gm, example_inputs)
         if self.capture:

@@ -245,8 +245,13 @@ class KernelWriter:
         self.emit(f"tl.store({self.ptr(m.output.name)} + {offset}, {val}" + (f", {mask})" if mask else ")"))
 
     # -- kernels -------------------------------------------------------------------------------------
+    def ordered_args(self) -> tuple:
+        """The buffer arguments in one order for every variant of a node (sorted by name), so the wrapper
+        passes the same arguments whichever variant runs."""
+        return tuple(self.args[k] for k in sorted(self.args))
+
     def header(self, constexprs, int64: bool, extra=()) -> list[str]:
-        sig = list(self.args) + [_sanitize(s.name) for s in sorted(self.sizes, key=str)] + ["xnumel"]
+        sig = sorted(self.args) + [_sanitize(s.name) for s in sorted(self.sizes, key=str)] + ["xnumel"]
         if self.two_d:
             sig.append("rnumel")
         sig += list(extra)
@@ -491,7 +496,7 @@ def generate(node, graph, interpret: bool, variant: str, blocks: dict, stored: s
         body = writer.looped(int64)
     prelude = printer.PRELUDE_INTERPRETER if interpret else printer.PRELUDE_GPU
     sizes = tuple(("size", s) for s in sorted(writer.sizes, key=str))
-    args = tuple(writer.args.values()) + sizes
+    args = writer.ordered_args() + sizes
     constants = {k: v for k, v in blocks.items() if k in ("XBLOCK", "RBLOCK") and (red or k == "XBLOCK")}
     return KernelSource(name, _source(prelude, body), name, args, product(outer), product(red) if red else None,
                         variant, constants, blocks.get("num_warps", 4))
@@ -604,7 +609,7 @@ def generate_mix(mix: MixOrderNode, graph, interpret: bool, blocks: dict,
     prelude = printer.PRELUDE_INTERPRETER if interpret else printer.PRELUDE_GPU
     sizes = tuple(("size", s) for s in sorted(w.sizes, key=str))
     constants = {k: blocks[k] for k in ("XBLOCK", "RBLOCK", "SPLIT")} | {"STAGES": blocks.get("STAGES", 1)}
-    src = KernelSource(name, _source(prelude, body), name, tuple(w.args.values()) + sizes, product(rows),
+    src = KernelSource(name, _source(prelude, body), name, w.ordered_args() + sizes, product(rows),
                        product(cols), form, constants, blocks.get("num_warps", 4), "SPLIT")
     return src, finish
 
@@ -626,3 +631,25 @@ def workspace_layouts(mix: MixOrderNode) -> dict:
                 out[workspace_name(m)] = Layout.contiguous([mix.n_splits, product(cols)], m.body.dtype,
                                                            m.output.layout.device)
     return out
+
+
+def rows_contiguous(node) -> bool:
+    """Whether a reduction kernel's innermost reduction variable walks memory contiguously in its loads
+    (a row sum) rather than with a stride (a column sum), which decides the block shape by rule: whole
+    rows per program for rows, wide blocks of columns for strided reductions. True when no load depends
+    on it."""
+    members, outer, red = _group(node)
+    if not red:
+        return True
+    q = canon_var("q", len(red) - 1)
+    strided = False
+    for m in members:
+        cmap = canonical_map(m, len(outer))
+        for v in walk(m.body):
+            if isinstance(v, Load):
+                e = sympy.expand(v.index.xreplace(cmap))
+                if q in e.free_symbols:
+                    if e.coeff(q) == 1:
+                        return True
+                    strided = True
+    return not strided
