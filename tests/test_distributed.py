@@ -12,11 +12,15 @@ graphs; none ran eagerly).
 from __future__ import annotations
 
 import datetime
+import importlib.util
 import json
 import os
+import subprocess
+import sys
 import tempfile
 import time
 import traceback
+from pathlib import Path
 
 import attrs
 import pytest
@@ -324,3 +328,45 @@ def test_two_ranks_match_eager(distributed_results, case):
     outcomes = distributed_results[case]
     for rank, (outcome, seconds) in enumerate(outcomes):
         assert outcome == "ok", f"rank {rank} ({seconds:.1f} s): {outcome}"
+
+
+# -- benchmarks/distributed.py ------------------------------------------------------------------------------
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "distributed.py"
+
+
+def _bench_module():
+    spec = importlib.util.spec_from_file_location("benchmarks_distributed", BENCH)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_benchmark_flags_losses_that_differ_from_eager():
+    mod = _bench_module()
+
+    def run(*losses):
+        return dict(losses=list(losses), first_s=2.0, step_ms=10.0, peak_gib=None, graphs=2, fallbacks=0)
+
+    results = {"ddp": {"eager": [run(10.8, 10.5), run(10.9, 10.6)],
+                       "inductor": [run(10.8, 10.52), run(10.9, 10.6)],
+                       "passline": [run(10.8, 10.5), run(10.9, 11.0)]}}  # rank 1, step 1: off by 0.4
+    mod.compare(results, torch.bfloat16)
+    assert results["ddp"]["inductor"][0]["ok"] and not results["ddp"]["passline"][0]["ok"]
+    assert results["ddp"]["passline"][1]["max_dloss"] == pytest.approx(0.4)
+    text = mod.table(results, None)
+    assert "| ddp | passline | 10.0 | 1.00 |" in text and "**MISMATCH**" in text.splitlines()[-1]
+
+
+@pytest.mark.skipif(os.environ.get("PASSLINE_DIST_BENCH") != "1",
+                    reason="~1-2 min: set PASSLINE_DIST_BENCH=1 to run the benchmark's CPU smoke run")
+def test_benchmark_smoke_run_on_two_cpu_ranks(tmp_path):
+    out = tmp_path / "distributed.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(BENCH),
+           "--device", "cpu", "--smoke", "--backends", "passline", "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    results = json.loads(out.read_text())["results"]
+    for mode in ("ddp", "fsdp2"):
+        for r in results[mode]["passline"]:
+            assert r["ok"] and r["graphs"] >= 2 and not r["fallbacks"], (mode, r)
