@@ -229,8 +229,9 @@ def case_functional_collectives(rank):
     x = torch.randn(4, 6, generator=torch.Generator().manual_seed(rank), requires_grad=True)
     w = torch.randn(4, 6)
     torch._dynamo.reset()
-    # the default pipeline, then waits sunk: the collectives overlap compute at run time too
-    be = passline.backend(pipeline=passline.DEFAULT_PIPELINE + ", sink_waits", fallback="raise")
+    # the default pipeline, then waits sunk: the collectives overlap compute at run time too; the accuracy
+    # guard asked for, and declining graphs that communicate (it would run their collectives twice)
+    be = passline.backend(pipeline=passline.DEFAULT_PIPELINE + ", sink_waits", fallback="raise", check=True)
     xs = [x.detach().clone().requires_grad_() for _ in range(2)]
     outs = [fn(xi, w) for fn, xi in ((f, xs[0]), (torch.compile(f, backend=be), xs[1]))]
     for o in outs:
@@ -241,6 +242,7 @@ def case_functional_collectives(rank):
     _compiled_all(be)
     for r in be.reports:  # the collectives were lowered, in the forward and in the backward
         assert r.graph.comms, f"{r.name} holds no collective"
+        assert r.check.ok is None and "collectives" in r.check.message, str(r.check)
     assert any(p.stats.get("waits_sunk") for r in be.reports for p in r.passes)
 
 
@@ -303,7 +305,7 @@ def distributed_results():
     with tempfile.TemporaryDirectory() as tmp:
         store = os.path.join(tmp, "store")  # a FileStore: no port to pick, no port to collide on
         ctx = mp.start_processes(_worker, args=(store, tmp), nprocs=WORLD, join=False, start_method="spawn")
-        deadline = time.monotonic() + float(os.environ.get("PASSLINE_DIST_TIMEOUT", 600))
+        deadline = time.monotonic() + float(os.environ.get("PASSLINE_DIST_TIMEOUT", 300))
         error = None
         try:
             while not ctx.join(timeout=5):
