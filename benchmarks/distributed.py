@@ -150,7 +150,7 @@ def gather(value):
 def compare(results: dict, dtype) -> None:
     """Adds `max_dloss` (against eager, over all steps and ranks) and `ok` to each non-eager result."""
     tol = TOL.get(dtype, 1e-4)
-    for mode, by_name in results.items():
+    for by_name in results.values():
         eager = by_name.get("eager")
         for name, per_rank in by_name.items():
             if name == "eager" or eager is None or any("error" in r for r in per_rank + eager):
@@ -223,7 +223,7 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     if "RANK" not in os.environ:
-        sys.exit("launch with torchrun, e.g. torchrun --nproc-per-node 2 benchmarks/distributed.py --device cpu --smoke")
+        sys.exit("launch with torchrun: torchrun --nproc-per-node 2 benchmarks/distributed.py --device cpu --smoke")
     if args.device == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")  # passline's Triton kernels on CPU tensors
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])

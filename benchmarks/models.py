@@ -548,12 +548,14 @@ def main(argv=None) -> int:
 
 def run(args, options, triton, passline) -> int:
     device = args.device
-    name = torch.cuda.get_device_name() if device == "cuda" else f"CPU ({platform.processor() or platform.machine()}, " \
+    cpu = platform.processor() or platform.machine()
+    name = torch.cuda.get_device_name() if device == "cuda" else f"CPU ({cpu}, " \
                                                                    f"{os.cpu_count()} cores; Triton interpreter)"
     meta = dict(date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), device=name,
                 torch=torch.__version__, triton=triton.__version__, passline=passline.__version__,
                 python=platform.python_version(), smoke=args.smoke, passline_options=options,
-                caches="kept" if args.keep_caches else "fresh", step="zero_grad, forward + loss, backward (no optimizer)")
+                caches="kept" if args.keep_caches else "fresh",
+                step="zero_grad, forward + loss, backward (no optimizer)")
     configs = {}
     for m in args.models:
         cfg = dict(CONFIGS[m][2 if args.smoke else 1])

@@ -205,9 +205,9 @@ def _train(model, batches):
 def _close(got, want, what):
     tol = tolerance(torch.float32)
     for step, ((loss, params), (eloss, eparams)) in enumerate(zip(got, want, strict=True)):
-        torch.testing.assert_close(loss, eloss, **tol, msg=lambda m: f"{what}, step {step} loss: {m}")
+        torch.testing.assert_close(loss, eloss, **tol, msg=lambda m, s=step: f"{what}, step {s} loss: {m}")
         for k, (p, e) in enumerate(zip(params, eparams, strict=True)):
-            torch.testing.assert_close(p, e, **tol, msg=lambda m: f"{what}, step {step} parameter {k}: {m}")
+            torch.testing.assert_close(p, e, **tol, msg=lambda m, s=step, k=k: f"{what}, step {s} parameter {k}: {m}")
 
 
 def _compiled_all(be, kinds=("forward", "backward")):

@@ -6,11 +6,11 @@ import os
 import pytest
 import torch
 from hypothesis import given, settings
+from test_layouts import ConvBlock
+from test_real_models import RMSNorm, SwiGLUBlock, TransformerBlock
 
 import passline
 from passline.testing import programs, tolerance
-from test_layouts import ConvBlock
-from test_real_models import RMSNorm, SwiGLUBlock, TransformerBlock
 
 CODEGENS = ["reference", "triton"]
 DEVICE = os.environ.get("PASSLINE_TEST_DEVICE") or "cpu"
@@ -66,13 +66,14 @@ def train_at_sizes(make, shapes, codegen, dynamic):
         x = torch.randn(*shape, device=DEVICE)
         xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
         out_a, out_b = compiled(xa), model(xb)
-        torch.testing.assert_close(out_a, out_b, **tolerance(torch.float32), msg=lambda m: f"{shape}: {m}")
+        torch.testing.assert_close(out_a, out_b, **tolerance(torch.float32), msg=lambda m, shape=shape: f"{shape}: {m}")
         out_a.square().mean().backward()
         out_b.square().mean().backward()
-        torch.testing.assert_close(xa.grad, xb.grad, **tolerance(torch.float32), msg=lambda m: f"{shape} dx: {m}")
+        torch.testing.assert_close(xa.grad, xb.grad, **tolerance(torch.float32),
+                                   msg=lambda m, shape=shape: f"{shape} dx: {m}")
         for (name, pa), pb in zip(ours.named_parameters(), model.parameters()):
             torch.testing.assert_close(pa.grad, pb.grad, **tolerance(torch.float32),
-                                       msg=lambda m: f"{shape} grad of {name}: {m}")
+                                       msg=lambda m, shape=shape, name=name: f"{shape} grad of {name}: {m}")
             pa.grad = pb.grad = None
     return be
 

@@ -44,11 +44,12 @@ def train_and_compare(fn, inputs, codegen, model=None):
     be = passline.backend(codegen=codegen, fallback="raise")
     ours = torch.compile(ours_fn, backend=be)(*ours_in)
     eager = eager_fn(*eager_in)
-    ours, eager = (ours,) if isinstance(ours, torch.Tensor) else ours, (eager,) if isinstance(eager, torch.Tensor) else eager
+    ours = (ours,) if isinstance(ours, torch.Tensor) else ours
+    eager = (eager,) if isinstance(eager, torch.Tensor) else eager
     gen = torch.Generator().manual_seed(0)
     weights = [torch.randn(e.shape, generator=gen).to(e.dtype).to(DEVICE) for e in eager]
     for k, (a, b) in enumerate(zip(ours, eager)):
-        torch.testing.assert_close(a, b, **tolerance(b.dtype), equal_nan=True, msg=lambda m: f"output {k}: {m}")
+        torch.testing.assert_close(a, b, **tolerance(b.dtype), equal_nan=True, msg=lambda m, k=k: f"output {k}: {m}")
         assert significant(a) == significant(b), f"output {k}: strides {a.stride()}, eager {b.stride()}"
     sum((o * w).sum() for o, w in zip(ours, weights)).backward()
     sum((e * w).sum() for e, w in zip(eager, weights)).backward()
@@ -59,7 +60,8 @@ def train_and_compare(fn, inputs, codegen, model=None):
         if b.grad is None:
             assert a.grad is None, name
             continue
-        torch.testing.assert_close(a.grad, b.grad, **tolerance(b.dtype), msg=lambda m: f"grad of {name}: {m}")
+        torch.testing.assert_close(a.grad, b.grad, **tolerance(b.dtype),
+                                   msg=lambda m, name=name: f"grad of {name}: {m}")
         assert significant(a.grad) == significant(b.grad), f"grad of {name}: strides {a.grad.stride()}, " \
                                                            f"eager {b.grad.stride()}"
     return be

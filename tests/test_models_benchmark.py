@@ -25,8 +25,8 @@ def _module():
 def test_smoke_run_passes_every_check(tmp_path):
     out = tmp_path / "models.json"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--device", "cpu", "--no-inductor", "--out", str(out)],
-                          capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    cmd = [sys.executable, str(SCRIPT), "--smoke", "--device", "cpu", "--no-inductor", "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
     assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     assert "| model | contender | check |" in proc.stdout and "checks: all passed" in proc.stdout
     rows = json.loads(out.read_text())["rows"]

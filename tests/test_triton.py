@@ -6,18 +6,19 @@ import re
 
 import pytest
 import torch
+from modules import RMSNorm
 
 import passline
 from passline.testing import assert_matches_eager
-
-from modules import RMSNorm
 
 REDUCING = {
     "layer_norm": (lambda: torch.nn.LayerNorm(48), lambda: [torch.randn(40, 48, requires_grad=True)]),
     "rms_norm": (lambda: RMSNorm(48), lambda: [torch.randn(40, 48, requires_grad=True)]),
     "softmax_t": (lambda: (lambda x: torch.softmax(x.t() * 3, -1)), lambda: [torch.randn(33, 20, requires_grad=True)]),
-    "arg_and_minmax": (lambda: (lambda x: (x.argmax(1), x.argmin(0), x.amax(0), x.amin(1))), lambda: [torch.randn(30, 70)]),
-    "any_all_prod": (lambda: (lambda x: ((x > 1).any(1), (x > -2).all(0), (x * 0.1 + 1).prod(1))), lambda: [torch.randn(30, 70)]),
+    "arg_and_minmax": (lambda: (lambda x: (x.argmax(1), x.argmin(0), x.amax(0), x.amin(1))),
+                       lambda: [torch.randn(30, 70)]),
+    "any_all_prod": (lambda: (lambda x: ((x > 1).any(1), (x > -2).all(0), (x * 0.1 + 1).prod(1))),
+                     lambda: [torch.randn(30, 70)]),
     "var_mean": (lambda: (lambda x: torch.var_mean(x, 0)), lambda: [torch.randn(300, 7)]),
 }
 
@@ -53,14 +54,14 @@ def test_mix_order_row_loop_is_pipelined_on_gpus_only():
     on_gpu = "GPU" in be.reports[0].codegen_reason
     assert mix.blocks["STAGES"] in ((1, 3, 4) if on_gpu else (1,))  # the interpreter runs the loop as it is
     # on a GPU: three and four stages for each configuration, one unpipelined baseline
-    gpu = mix_candidates(Variant.MIX, 512, 128, interpret=False)
+    gpu = mix_candidates(Variant.MIX_ORDER, 512, 128, interpret=False)
     assert sorted(c.stages for c in gpu).count(1) == 1 and {c.stages for c in gpu} == {1, 3, 4}
     # two rows with the one-row accumulator only where a thread holds its columns of both rows:
     # 512 columns in 16-byte loads are 64 threads, so one or two warps; 4096 columns need 8 to 16
     assert {c.warps for c in gpu if c.xblock == 2} == {1, 2}
-    wide = mix_candidates(Variant.MIX, 4096, 128, interpret=False)
+    wide = mix_candidates(Variant.MIX_ORDER, 4096, 128, interpret=False)
     assert {c.warps for c in wide if c.xblock == 2} == {8, 16}
-    assert all(c.xblock >= 2 for c in mix_candidates(Variant.MIX_ACC2D, 512, 128, interpret=False))
+    assert all(c.xblock >= 2 for c in mix_candidates(Variant.MIX_ORDER_ACC2D, 512, 128, interpret=False))
 
 
 def test_nan_and_inf_propagate_like_eager():
@@ -180,8 +181,41 @@ def test_cudagraphs_option_replays_training_steps_like_eager():
         out_a.square().mean().backward()
         out_b.square().mean().backward()
         for (name, pa), pb in zip(ours.named_parameters(), model.parameters()):
-            torch.testing.assert_close(pa.grad, pb.grad, rtol=1e-4, atol=1e-5, msg=lambda m: f"{step} {name}: {m}")
+            where = f"step {step}, {name}"
+            torch.testing.assert_close(pa.grad, pb.grad, rtol=1e-4, atol=1e-5, msg=lambda m, w=where: f"{w}: {m}")
     for out_a, out_b in kept:  # outputs kept across steps are not overwritten by later replays
         torch.testing.assert_close(out_a, out_b, rtol=1e-4, atol=1e-5)
     states = {r.cudagraphs.split(":")[0] for r in be.reports}
     assert states == ({"on"} if dev == "cuda" else {"off"}), [r.cudagraphs for r in be.reports]
+
+
+def test_configuration_rules_follow_from_sizes_and_device():
+    # hand facts of configs.rule on a 132-SM GPU (no timing): what each kernel launches with
+    from passline.backends.triton.configs import Device, Variant, rule
+
+    gpu = Device(sms=132)
+    pw = rule({Variant.POINTWISE: None}, 10_000_000, None, False, gpu)
+    assert (pw.variant, pw.xblock, pw.warps) == (Variant.POINTWISE, 1024, 4)
+    assert rule({Variant.POINTWISE: None}, 100, None, False, gpu).xblock == 128  # small: the next power of two
+    red = {Variant.PERSISTENT: None, Variant.LOOPED: None}
+    # rows of 384 (block 512): 4 rows a block make 2048 elements; 576000 rows keep every SM busy
+    c = rule(red, 576000, 384, False, gpu)
+    assert (c.variant, c.xblock, c.rblock) == (Variant.PERSISTENT, 4, 512)
+    # few rows: fewer rows per block, so at least two programs per SM where rows allow
+    assert rule(red, 300, 384, False, gpu).xblock == 1
+    # rows too long for registers loop, one row a program
+    c = rule(red, 4000, 30000, False, gpu)
+    assert (c.variant, c.xblock, c.rblock) == (Variant.LOOPED, 1, 2048)
+    # column sums (strided): 3072 columns in blocks of 16 (192 programs), not 128 (24 programs)
+    c = rule(red, 3072, 8192, False, gpu, rows_contiguous=False)
+    assert (c.variant, c.xblock, c.rblock) == (Variant.LOOPED, 16, 256)
+    assert rule(red, 1 << 20, 64, False, gpu, rows_contiguous=False).xblock == 128
+    # mix-order: two-dimensional accumulator, rows for ~2048 elements, four stages, the IR's split
+    mix = {Variant.MIX_ORDER: 128, Variant.MIX_ORDER_ACC2D: 128}
+    c = rule(mix, 576000, 384, False, gpu)
+    assert (c.variant, c.xblock, c.warps, c.stages, c.split) == (Variant.MIX_ORDER_ACC2D, 4, 2, 4, 128)
+    c = rule(mix, 32768, 4096, False, gpu)
+    assert (c.variant, c.xblock, c.warps) == (Variant.MIX_ORDER_ACC2D, 2, 16)
+    assert rule(mix, 1000, 8192, False, gpu).variant == Variant.MIX_ORDER  # too wide for two rows a block
+    # a forced variant wins where the kernel has it
+    assert rule(red, 576000, 384, False, gpu, only="looped").variant == Variant.LOOPED

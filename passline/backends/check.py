@@ -18,7 +18,6 @@ which compiles a whole function again per probe; here one aten graph is compiled
 from __future__ import annotations
 
 import math
-import os
 import re
 import tempfile
 import time
@@ -29,6 +28,7 @@ from typing import Callable
 import attrs
 import torch
 
+from ..config import current_settings
 from ..lowering import lower_graph
 from ..pipeline.graph import SchedulerGraph
 from ..pipeline.report import last_report, set_last_report
@@ -388,9 +388,10 @@ class Guard:
         check.bisect, check.bisect_seconds = found, time.perf_counter() - t0
         located = found.pass_index is not None
         pipeline = found.minimal_pipeline if located else str(be.pipeline)
-        save_dir = be.dump_dir or os.environ.get("PASSLINE_DUMP_DIR") or None
+        save_dir = be.dump_dir or current_settings().dump_dir
         try:
-            check.reproducer = str(save_reproducer(name, self.gm, inputs, pipeline, found.pass_index if located else None,
+            check.reproducer = str(save_reproducer(name, self.gm, inputs, pipeline,
+                                                   found.pass_index if located else None,
                                                    found.decision_limits, be.codegen, save_dir,
                                                    prefix="passline-check-"))
         except Exception as e:  # e.g. a graph that does not pickle: say so in the warning, keep going

@@ -8,7 +8,7 @@ import attrs
 import sympy
 import torch
 
-from ..ir import Buffer, Cast, Extern, Layout, Pointwise, Reduction, TensorArg, loop_vars
+from ..ir import Buffer, Cast, Extern, Layout, Pointwise, Reduction, TensorArg, VarKind, loop_vars
 from ..ir.index import sympify
 from .tensor import TensorRef
 
@@ -58,7 +58,7 @@ class LoweringContext:
         (default: the layout eager gives the FX node being lowered, see `eager_layout`)."""
         size = tuple(sympy.sympify(s) for s in size)
         name = self.new_name()
-        body = cast(inner(loop_vars("i", len(size))), dtype)
+        body = cast(inner(loop_vars(VarKind.OUTER, len(size))), dtype)
         device = device or self.device
         layout = Layout(size, stride, dtype, device) if stride is not None else self.eager_layout(size, dtype, device)
         buf = Buffer(name, layout)
@@ -71,7 +71,7 @@ class LoweringContext:
         size = tuple(sympy.sympify(s) for s in size)
         rsize = tuple(sympy.sympify(s) for s in reduction_size)
         name = self.new_name()
-        body = inner(loop_vars("i", len(size)), loop_vars("r", len(rsize)))
+        body = inner(loop_vars(VarKind.OUTER, len(size)), loop_vars(VarKind.REDUCTION, len(rsize)))
         buf = Buffer(name, self.eager_layout(size, dtype, device or self.device))
         self.nodes.append(Reduction(name, size, rsize, reduction_type, body, buf, origins=self._origins()))
         return TensorRef.of(buf)

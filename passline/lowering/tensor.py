@@ -6,19 +6,17 @@ elements) in `buffer`.
 """
 from __future__ import annotations
 
-import functools
 from typing import Sequence
 
 import attrs
 import sympy
 
 from ..ir import Buffer, Load, TensorArg
-from ..ir.index import Expr, ModularIndexing, as_strided_form, contiguous_strides, product, strided_index
+from ..ir.index import Expr, ModularIndexing, VarKind, as_strided_form, contiguous_strides, product, strided_index, var
 
 
-@functools.lru_cache(maxsize=None)
 def view_var(i: int) -> sympy.Symbol:
-    return sympy.Symbol(f"v{i}", integer=True, nonnegative=True)
+    return var(VarKind.VIEW, i)
 
 
 def view_vars(n: int) -> tuple:

@@ -3,7 +3,8 @@
 Nodes are keyed by name and carry the IR node (`data["node"]`) and a program-order number
 (`data["order"]`, for stable printing and topological order). An edge u → v means v reads a buffer u
 writes (or must run after u for a mutation); its `buffers` attribute names those buffers.
-Passes use this API only: add/replace/remove nodes and the queries below; edges follow from reads.
+Passes use this API only: add/replace/remove/merge nodes and the queries below (`order`, `edges`,
+`degree`, `has_other_path`, ...); edges follow from reads. `graph.nx` is the graph's own: no pass reads it.
 """
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ import networkx as nx
 import sympy
 import torch
 
-from ..ir import Buffer, Extern, FusedNode, Load, MixOrderNode, Pointwise, Reduction, TensorArg, loads
-from ..ir.index import as_strided_form
+from ..ir import Buffer, Extern, FusedNode, Load, MixOrderNode, Pointwise, Reduction, TensorArg, loads, members
+from ..ir.index import LOOP_KINDS, as_strided_form, var_kind
 from ..ir.loops import group_problem, shape
 from ..lowering import GraphInput, Program
 
@@ -33,7 +34,6 @@ class VerificationError(AssertionError):
 
 
 _EMPTY: frozenset = frozenset()
-_EMPTY_SET: set = set()  # a sink for discard() on buffers nobody reads (never added to)
 
 
 class SchedulerGraph:
@@ -72,10 +72,36 @@ class SchedulerGraph:
 
     def leaf_nodes(self) -> list:
         """Every Pointwise, Reduction and Extern node, inside fused groups too, in order."""
-        return [m for n in self.nodes() for m in (n.members() if hasattr(n, "members") else (n,))]
+        return [m for n in self.nodes() for m in members(n)]
 
     def names(self) -> list[str]:
         return [n.name for n in self.nodes()]
+
+    def items(self) -> Iterator[tuple[str, object]]:
+        """(name, IR node) pairs, in no particular order (cheaper than nodes(): no sort)."""
+        return iter(self.nx.nodes(data="node"))
+
+    def order(self, name: str) -> int:
+        """The node's program-order number (smaller runs earlier when no dependency says otherwise)."""
+        return self.nx.nodes[name]["order"]
+
+    def orders(self) -> dict[str, int]:
+        """Every node's program-order number, by name."""
+        return dict(self.nx.nodes(data="order"))
+
+    def edges(self, names: Iterable[str] | None = None) -> list[tuple[str, str]]:
+        """Dependency edges (u, v): v reads what u writes. With `names`: the edges into and out of each
+        of those nodes, in that order (an edge between two of them appears twice)."""
+        if names is None:
+            return list(self.nx.edges)
+        return [e for n in names for e in (*self.nx.in_edges(n), *self.nx.out_edges(n))]
+
+    def num_edges(self) -> int:
+        return self.nx.number_of_edges()
+
+    def degree(self, name: str) -> int:
+        """How many edges a node has (in and out)."""
+        return len(self.nx.pred[name]) + len(self.nx.succ[name])
 
     def input_buffers(self) -> dict[str, Buffer]:
         return {i.name: i.buffer for i in self.inputs if i.buffer is not None}
@@ -117,6 +143,26 @@ class SchedulerGraph:
     def has_path(self, a: str, b: str) -> bool:
         return nx.has_path(self.nx, a, b)
 
+    def has_other_path(self, src: str, dst: str, direct_ok: bool = True) -> bool:
+        """Is there a path src → ... → dst through at least one other node (any path when not
+        `direct_ok`)? Searches from whichever end has fewer neighbours (forward from src's successors, or
+        backward from dst's predecessors)."""
+        succ, pred = self.nx.succ, self.nx.pred
+        forward = len(succ[src]) <= len(pred[dst])
+        start, goal = (src, dst) if forward else (dst, src)
+        step = self.nx.successors if forward else self.nx.predecessors
+        stack = [n for n in step(start) if n != goal or not direct_ok]
+        seen = set(stack)
+        while stack:
+            n = stack.pop()
+            if n == goal:
+                return True
+            for s in step(n):
+                if s not in seen:
+                    seen.add(s)
+                    stack.append(s)
+        return False
+
     # -- edits ------------------------------------------------------------------------------------
     def add_node(self, node, order: int | None = None) -> None:
         if node.name in self.nx:
@@ -134,7 +180,8 @@ class SchedulerGraph:
             if self._producer.get(b) == name:
                 del self._producer[b]
         for b in node.read_names():
-            self._readers.get(b, set()).discard(name)
+            if b in self._readers:
+                self._readers[b].discard(name)
         self.nx.remove_node(name)
 
     def replace_node(self, name: str, new) -> None:
@@ -188,15 +235,16 @@ class SchedulerGraph:
             for b in old.output_names():
                 producer[b] = new.name
             for b in old.read_names():
-                readers.get(b, _EMPTY_SET).discard(n)
+                if b in readers:
+                    readers[b].discard(n)
         if keep is None:
             for b in new.read_names():
                 readers.setdefault(b, set()).add(new.name)
             return
         inside = {b for _, old in absorbed for b in old.output_names()}
         for b in olds[names.index(keep)].read_names():
-            if b in inside:  # what the kept node read from an absorbed one is now internal
-                readers.get(b, _EMPTY_SET).discard(keep)
+            if b in inside and b in readers:  # what the kept node read from an absorbed one is now internal
+                readers[b].discard(keep)
         for _, old in absorbed:
             for b in old.read_names():
                 if producer.get(b) != new.name:
@@ -344,8 +392,8 @@ def _describe(node) -> str:
         return head + "".join("\n  " + _describe(m).replace("\n", "\n  ") for m in node.nodes)
     if isinstance(node, MixOrderNode):
         head = (f"{node.name}: mix_order rows={node.rows} cols={node.columns} split_rows={node.split_rows} "
-                f"(row side {node.row.name}; column reductions {', '.join(c.name for c in node.cols)})")
-        return head + "".join("\n  " + _describe(g).replace("\n", "\n  ") for g in (node.row, *node.cols))
+                f"(row side {node.row.name}; column reductions {', '.join(c.name for c in node.column_groups)})")
+        return head + "".join("\n  " + _describe(g).replace("\n", "\n  ") for g in (node.row, *node.column_groups))
     if isinstance(node, (Pointwise, Reduction)):
         head = f"{node.name}: {node.kind}"
         ranges = f"[{', '.join(map(str, node.ranges))}]"
@@ -372,11 +420,11 @@ def _check_node(node, buffers: dict) -> None:
         outer, red = shape(node.row)
         if not red:
             raise VerificationError("mix-order row side is not a reduction", node.name)
-        for g in node.cols:
+        for g in node.column_groups:
             if shape(g) != (red, outer):
                 raise VerificationError(f"column side {g.name} {shape(g)} is not the transpose of "
                                         f"{(outer, red)}", node.name)
-        for g in (node.row, *node.cols):
+        for g in (node.row, *node.column_groups):
             _check_node(g, buffers)
     elif isinstance(node, (Pointwise, Reduction)):
         out = node.output.layout
@@ -406,7 +454,7 @@ def _check_load(ld: Load, buffers: dict, var_ranges: dict, node: str) -> None:
     if ld.dtype != buf.dtype:
         raise VerificationError(f"loads {ld.buffer} as {ld.dtype}, buffer is {buf.dtype}", node)
     unknown = ld.index.free_symbols - set(var_ranges)
-    if any(s.name.startswith(("i", "r", "v")) for s in unknown):
+    if any(var_kind(s) in LOOP_KINDS for s in unknown):
         raise VerificationError(f"index {ld.index} of {ld.buffer} uses variables outside the loop nest", node)
     vars_ = [v for v in var_ranges if v in ld.index.free_symbols]
     form = as_strided_form(ld.index, vars_)

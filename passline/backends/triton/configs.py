@@ -8,26 +8,15 @@ Inductor's heuristics do; `passline.backend(autotune=True)` times the `candidate
 """
 from __future__ import annotations
 
-import enum
-
 import attrs
+
+from ..variants import MIX_FORMS
+from ..variants import KernelVariant as Variant
 
 GPU_PERSISTENT_MAX = 16384  # elements of a reduced row kept in registers
 INTERP_PERSISTENT_MAX = 1 << 16
 INTERP_BLOCK = 1 << 17  # interpreter cost grows with programs x ops: few, large programs
 MIX_STAGES = (3, 4)  # pipelined row loops timed on a GPU (1: not pipelined, the baseline)
-
-
-class Variant(enum.StrEnum):
-    POINTWISE = "pointwise"
-    PERSISTENT = "persistent"  # a [XBLOCK, RBLOCK] tile holds whole rows
-    LOOPED = "looped"  # a loop over RBLOCK chunks of each row
-    MIX = "mix_order"  # mix-order main kernel, one [1, RBLOCK] row of column partials
-    MIX_ACC2D = "mix_order_acc2d"  # mix-order main kernel, a [XBLOCK, RBLOCK] tile of column partials
-
-    @property
-    def is_mix(self) -> bool:
-        return self in (Variant.MIX, Variant.MIX_ACC2D)
 
 
 @attrs.frozen
@@ -44,14 +33,14 @@ class Config:
     @property
     def per_program(self) -> int:
         """Rows (or elements) one program covers: the grid is cdiv(xnumel, per_program)."""
-        return self.split if self.variant.is_mix else self.xblock
+        return self.split if self.variant in MIX_FORMS else self.xblock
 
     def blocks(self) -> dict:
         """The kernel's block arguments by name (constexprs, and SPLIT)."""
         out = {"XBLOCK": self.xblock}
         if self.rblock is not None:
             out["RBLOCK"] = self.rblock
-        if self.variant.is_mix:
+        if self.variant in MIX_FORMS:
             out |= {"SPLIT": self.split, "STAGES": self.stages}
         return out
 
@@ -113,7 +102,7 @@ def candidates(variants: dict, xnumel: int, rnumel: int | None, interpret: bool,
                          for xb, rb in ((1, 2048), (4, 512), (64, 64), (128, 32))
                          if rb <= pow2(rnumel) and xb <= pow2(xnumel)]
                 out += found or [Config(variant, 1, min(2048, pow2(rnumel)))]
-        elif variant.is_mix:
+        elif variant in MIX_FORMS:
             out += mix_candidates(variant, pow2(rnumel), split, interpret)
     if interpret:  # the interpreter's cost is per program and op: prefer persistent
         out.sort(key=lambda c: c.variant != Variant.PERSISTENT)
@@ -142,7 +131,7 @@ def mix_candidates(form: Variant, rb: int, split: int, interpret: bool) -> list:
         xb = max([x for x in xbs if x * rb <= INTERP_BLOCK] or [1])
         return [cand(xb, 4 if xb * rb <= 2048 else 8, 1)]
     configs = []  # (rows per block, warps)
-    if form == Variant.MIX:
+    if form == Variant.MIX_ORDER:
         usual = _warps(rb)
         configs += [(1, w) for w in dict.fromkeys(usual + (min(16, 2 * usual[0]),))]
         if 2 in xbs:  # 8 bf16 columns per thread per load (16 bytes): rb / 8 threads along a row
@@ -150,7 +139,7 @@ def mix_candidates(form: Variant, rb: int, split: int, interpret: bool) -> list:
     else:
         configs += [(xb, w) for xb in xbs if 2 <= xb <= 8 and xb * rb <= 8192 for w in _warps(xb * rb)]
     out = [cand(xb, w, st) for xb, w in configs for st in MIX_STAGES]
-    if form == Variant.MIX:
+    if form == Variant.MIX_ORDER:
         out.append(cand(1, _warps(rb)[0], 1))
     return out
 
@@ -195,14 +184,14 @@ def rule(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, devic
         xb = min(1024, pow2(xnumel))
         return Config(Variant.POINTWISE, xb, warps=_clamp(xb // 256, 1, 4))
     rb = pow2(rnumel)
-    if any(v.is_mix for v in kinds):
+    if any(v in MIX_FORMS for v in kinds):
         split = variants[kinds[0]]
-        if Variant.MIX_ACC2D in kinds and rb <= 4096 and pow2(split) >= 2:
+        if Variant.MIX_ORDER_ACC2D in kinds and rb <= 4096 and pow2(split) >= 2:
             xb = _clamp(2048 // rb, 2, min(8, pow2(split)))
             elements = xb * rb
-            return Config(Variant.MIX_ACC2D, xb, rb, 2 if elements <= 2048 else 16 if elements >= 8192 else 8,
+            return Config(Variant.MIX_ORDER_ACC2D, xb, rb, 2 if elements <= 2048 else 16 if elements >= 8192 else 8,
                           4, split)
-        form = Variant.MIX if Variant.MIX in kinds else kinds[0]
+        form = Variant.MIX_ORDER if Variant.MIX_ORDER in kinds else kinds[0]
         return Config(form, 1, rb, _warps(rb)[0], 4, split)
     persistent = Variant.PERSISTENT in kinds and rb <= GPU_PERSISTENT_MAX
     if persistent and (rows_contiguous or Variant.LOOPED not in kinds):

@@ -13,15 +13,23 @@ import attrs
 import sympy
 import torch
 
-from ...ir import Cast, Constant, FusedNode, IndexValue, Layout, Load, MixOrderNode, Op, Pointwise, Reduction
+from ...ir import Cast, Constant, FusedNode, IndexValue, Layout, Load, MixOrderNode, Op, Pointwise, Reduction, members
 from ...ir.body import walk
-from ...ir.index import FloorDiv, ModularIndexing, contiguous_strides, loop_vars, product
-from ...ir.loops import canon_var, canonical_map, role
+from ...ir.index import StrEnum, VarKind, contiguous_strides, loop_vars, product, var_kind
+from ...ir.loops import Role, canon_var, canonical_map, is_canonical, role, transposed
+from ..variants import MIX_FORMS, KernelVariant
 from . import printer
 from .printer import Unsupported, tl_dtype
 
 COMBINE = {"sum": "_sum_combine", "prod": "_prod_combine", "max": "_max_combine", "min": "_min_combine",
            "any": "_max_combine", "all": "_min_combine"}
+
+
+class ColumnRole(StrEnum):
+    """The roles of a mix-order kernel's column members (whose loops are the transpose of the kernel's)."""
+
+    COLUMN = "column"  # a column reduction: partial sums over this program's rows, into the workspace
+    COLUMN_OUTER = "column_outer"  # a column epilogue: runs in the finishing kernel
 
 
 def identity(rtype: str, dtype: torch.dtype) -> str:
@@ -47,7 +55,7 @@ class KernelSource:
     args: tuple  # ("buffer", name) or ("size", sympy expr) in call order
     xnumel: sympy.Expr
     rnumel: sympy.Expr | None  # None for a pointwise kernel
-    variant: str  # pointwise | persistent | looped | mix_order
+    variant: KernelVariant
     constants: dict  # constexpr values: XBLOCK, RBLOCK, SPLIT
     num_warps: int = 4
     grid_per_program: str = "XBLOCK"  # grid = cdiv(xnumel, constants[grid_per_program])
@@ -134,7 +142,7 @@ class KernelWriter:
 
     def idx(self, expr) -> str:
         for s in expr.free_symbols:
-            if not re.fullmatch(r"[oq]\d+", s.name):
+            if not is_canonical(s):
                 self.sizes.add(s)
         return printer.index(expr)
 
@@ -145,23 +153,24 @@ class KernelWriter:
             flip = {}
             for v in set(cmap.values()):
                 if isinstance(v, sympy.Symbol):
-                    flip[v] = canon_var("q" if v.name[0] == "o" else "o", int(v.name[1:]))
+                    flip[v] = transposed(v)
             cmap = {k: v.xreplace(flip) for k, v in cmap.items()}
         return cmap
 
     def mask_for(self, expr) -> str | None:
-        names = {s.name[0] for s in expr.free_symbols if re.fullmatch(r"[oq]\d+", s.name)}
+        kinds = {var_kind(s) for s in expr.free_symbols if is_canonical(s)}
         if not self.two_d:
-            return "xmask" if "o" in names else None
-        parts = (["xmask"] if "o" in names else []) + (["rmask"] if "q" in names else [])
+            return "xmask" if VarKind.CANON_OUTER in kinds else None
+        parts = (["xmask"] if VarKind.CANON_OUTER in kinds else []) + \
+            (["rmask"] if VarKind.CANON_REDUCTION in kinds else [])
         return " & ".join(parts) if parts else None
 
-    def role(self, m) -> str:
+    def role(self, m) -> Role | ColumnRole:
         if not self.red:
-            return "inner"
-        if m in self.swap:
+            return Role.INNER
+        if m in self.swap:  # a column member: its reductions run across the kernel's rows
             r = role(m, self.red, self.outer)
-            return {"inner": "inner", "reduction": "column", "outer": "column_outer"}[r]
+            return {Role.INNER: Role.INNER, Role.REDUCTION: ColumnRole.COLUMN, Role.OUTER: ColumnRole.COLUMN_OUTER}[r]
         return role(m, self.outer, self.red)
 
     # -- values --------------------------------------------------------------------------------------
@@ -203,7 +212,7 @@ class KernelWriter:
         if var is None:
             var = self.tmp()
             index, mask = key[1:]
-            if not any(re.fullmatch(r"[oq]\d+", s.name) for s in expr.free_symbols):
+            if not any(is_canonical(s) for s in expr.free_symbols):
                 # one address for every lane (a 0-dim tensor, a scalar operand): load it as a [1] block, not
                 # a 0-d value. The interpreter gives a 0-d comparison the operand's dtype instead of int1,
                 # and splatting it to a block then converts the bools (`x | (s != 0)` raised "ufunc
@@ -240,7 +249,7 @@ class KernelWriter:
         src_dtype = m.body.dtype if isinstance(m, Pointwise) else _result_dtype(m)
         val = printer.cast(var, src_dtype, m.output.dtype)
         offset = self.idx(expr)
-        if not any(s.name.startswith("o") for s in expr.free_symbols):
+        if not _has_outer(expr):
             offset += " + 0 * xindex"  # one element per row block: the pointer must be a block too
         self.emit(f"tl.store({self.ptr(m.output.name)} + {offset}, {val}" + (f", {mask})" if mask else ")"))
 
@@ -256,7 +265,7 @@ class KernelWriter:
             sig.append("rnumel")
         sig += list(extra)
         sig += [f"{c}: tl.constexpr" for c in constexprs]
-        return [f"@triton.jit", f"def {self.name}({', '.join(sig)}):"]
+        return ["@triton.jit", f"def {self.name}({', '.join(sig)}):"]
 
     def pointwise(self, int64: bool) -> list[str]:
         pid = "tl.program_id(0).to(tl.int64)" if int64 else "tl.program_id(0)"
@@ -351,16 +360,16 @@ class KernelWriter:
         computed and stored as needed; `column(m, value)` takes the mix-order column reductions."""
         for m in self.nodes:
             r = self.role(m)
-            if r in ("reduction", "column"):
+            if r in (Role.REDUCTION, ColumnRole.COLUMN):
                 val = self.value(m.body, m, scope, self.canon(m))
-                if r == "column":
+                if r == ColumnRole.COLUMN:
                     column(m, val)
                     continue
                 var = self._reduction_result(m, self._reduce_block(m, val, None), scope)
                 self.store(m, var, "xmask")
             else:
                 var = self.compute(m, scope)
-                self.store(m, var, "xmask & rmask" if r == "inner" else "xmask")
+                self.store(m, var, "xmask & rmask" if r == Role.INNER else "xmask")
 
     def phases(self) -> dict:
         """Loop phase of each in-loop member and reduction; `avail` = first phase a value can be used."""
@@ -370,10 +379,10 @@ class KernelWriter:
             deps = [avail[b] for b in m.read_names() if b in avail]
             p = max(deps, default=0)
             r = self.role(m)
-            if r == "reduction":
+            if r == Role.REDUCTION:
                 phase[m.name] = p
                 avail[m.output.name] = p + 1
-            elif r == "inner":
+            elif r == Role.INNER:
                 phase[m.name] = p
                 avail[m.output.name] = p
             else:
@@ -389,20 +398,20 @@ class KernelWriter:
 
         def outer_ready(limit):
             for m in self.nodes:
-                if self.role(m) == "outer" and m.name not in done and avail[m.output.name] <= limit:
+                if self.role(m) == Role.OUTER and m.name not in done and avail[m.output.name] <= limit:
                     var = self.compute(m, outer_scope)
                     self.store(m, var, "xmask")
                     done.add(m.name)
 
         for p in range(n_phases):
             outer_ready(p)
-            reds = [m for m in self.nodes if self.role(m) == "reduction" and phase[m.name] == p]
+            reds = [m for m in self.nodes if self.role(m) == Role.REDUCTION and phase[m.name] == p]
             accs = {m.name: self._acc_init(m) for m in reds}
             self.emit("for roffset in range(0, rnumel, RBLOCK):")
             self.indent += 1
             self._rindex("roffset + ")
             scope = _Scope(outer_scope)
-            needed = {m.name for m in self.nodes if self.role(m) == "inner" and phase[m.name] == p}
+            needed = {m.name for m in self.nodes if self.role(m) == Role.INNER and phase[m.name] == p}
             needed |= {m.name for m in reds}
             self._demand(needed, scope, phase, p, accs)
             self.indent -= 1
@@ -423,12 +432,12 @@ class KernelWriter:
             want.add(m.name)
             for b in m.read_names():
                 d = self.by_output.get(b)
-                if d is not None and self.role(d) == "inner":
+                if d is not None and self.role(d) == Role.INNER:
                     stack.append(d)
         for m in self.nodes:
             if m.name not in want:
                 continue
-            if self.role(m) == "reduction":
+            if self.role(m) == Role.REDUCTION:
                 val = self.value(m.body, m, scope, self.canon(m))
                 self._reduce_block(m, val, accs[m.name])
             else:
@@ -489,8 +498,8 @@ def generate(node, graph, interpret: bool, variant: str, blocks: dict, stored: s
     int64 = _int64(graph, node)
     if not red:
         body = writer.pointwise(int64)
-        variant = "pointwise"
-    elif variant == "persistent":
+        variant = KernelVariant.POINTWISE
+    elif variant == KernelVariant.PERSISTENT:
         body = writer.persistent(int64)
     else:
         body = writer.looped(int64)
@@ -516,27 +525,25 @@ def finish_node(mix: MixOrderNode) -> FusedNode:
     n_splits = mix.n_splits
     ncol = product(cols)
     nodes = []
-    for g in mix.cols:
-        members = g.members() if hasattr(g, "members") else (g,)
-        for m in members:
+    for g in mix.column_groups:
+        for m in members(g):
             r = role(m, cols, rows)
-            if r == "reduction":
-                vs = loop_vars("i", len(m.ranges))
+            if r == Role.REDUCTION:
+                vs = loop_vars(VarKind.OUTER, len(m.ranges))
                 non_unit = [v for v, s in zip(vs, m.ranges) if s != 1]
                 lin = sum((v * st for v, st in zip(non_unit, contiguous_strides(cols))), sympy.S.Zero)
-                (r0,) = loop_vars("r", 1)
+                (r0,) = loop_vars(VarKind.REDUCTION, 1)
                 body = Load(workspace_name(m), r0 * ncol + lin, m.body.dtype)
                 nodes.append(Reduction(m.name, m.ranges, (n_splits,), "sum", body, m.output, m.origins))
-            elif r == "outer":
+            elif r == Role.OUTER:
                 nodes.append(m)
     return FusedNode(f"{mix.name}_finish", tuple(nodes), cols, (n_splits,))
 
 
-MIX_FORMS = ("mix_order", "mix_order_acc2d")
 
 
 def generate_mix(mix: MixOrderNode, graph, interpret: bool, blocks: dict,
-                 form: str = "mix_order") -> tuple[KernelSource, FusedNode]:
+                 form: KernelVariant = KernelVariant.MIX_ORDER) -> tuple[KernelSource, FusedNode]:
     """The main kernel of a mix-order node (rows in blocks, columns persistent, column partial sums
     into workspaces) and the finishing node (a plain reduction over the splits). Forms:
 
@@ -557,17 +564,17 @@ def generate_mix(mix: MixOrderNode, graph, interpret: bool, blocks: dict,
     rows, cols = shape(mix.row)
     finish = finish_node(mix)
     finish_reads = set(finish.read_names())
-    row_members = mix.row.members() if hasattr(mix.row, "members") else (mix.row,)
-    col_members = [m for g in mix.cols for m in (g.members() if hasattr(g, "members") else (g,))]
-    in_loop_cols = [m for m in col_members if role(m, cols, rows) in ("inner", "reduction")]
+    row_members = members(mix.row)
+    col_members = [m for g in mix.column_groups for m in members(g)]
+    in_loop_cols = [m for m in col_members if role(m, cols, rows) in (Role.INNER, Role.REDUCTION)]
     stored = _stored(mix, graph) | {b for b in finish_reads if b in mix.output_names()}
-    stored -= {m.output.name for m in col_members if role(m, cols, rows) != "inner"}
+    stored -= {m.output.name for m in col_members if role(m, cols, rows) != Role.INNER}
     name = f"k_{_sanitize(mix.name)}"[:60]
     w = KernelWriter(name, list(row_members) + in_loop_cols, rows, cols, stored, graph.buffers(), interpret,
                      swap=set(in_loop_cols))
     int64 = _int64(graph, mix)
     pid = "tl.program_id(0).to(tl.int64)" if int64 else "tl.program_id(0)"
-    acc2d = form == "mix_order_acc2d"
+    acc2d = form == KernelVariant.MIX_ORDER_ACC2D
 
     def colsum(x: str) -> str:
         # tl.sum measured faster here on an H200 than tl.reduce with our combine (0.47 vs 0.70 ms,
@@ -577,7 +584,7 @@ def generate_mix(mix: MixOrderNode, graph, interpret: bool, blocks: dict,
     w._rindex("")
     accs = {}
     for m in in_loop_cols:
-        if role(m, cols, rows) == "reduction":
+        if role(m, cols, rows) == Role.REDUCTION:
             accs[m.name] = w.tmp()
             shape = "[XBLOCK, RBLOCK]" if acc2d else "[1, RBLOCK]"
             w.emit(f"{accs[m.name]} = tl.full({shape}, 0, {tl_dtype(m.body.dtype)})")
@@ -615,7 +622,7 @@ def generate_mix(mix: MixOrderNode, graph, interpret: bool, blocks: dict,
 
 
 def _has_outer(expr) -> bool:
-    return any(v.name.startswith("o") for v in expr.free_symbols)
+    return any(var_kind(v) is VarKind.CANON_OUTER for v in expr.free_symbols)
 
 
 def workspace_layouts(mix: MixOrderNode) -> dict:
@@ -625,9 +632,9 @@ def workspace_layouts(mix: MixOrderNode) -> dict:
     cols = shape(mix.row)[1]
     rows = shape(mix.row)[0]
     out = {}
-    for g in mix.cols:
-        for m in (g.members() if hasattr(g, "members") else (g,)):
-            if role(m, cols, rows) == "reduction":
+    for g in mix.column_groups:
+        for m in members(g):
+            if role(m, cols, rows) == Role.REDUCTION:
                 out[workspace_name(m)] = Layout.contiguous([mix.n_splits, product(cols)], m.body.dtype,
                                                            m.output.layout.device)
     return out
@@ -641,7 +648,7 @@ def rows_contiguous(node) -> bool:
     members, outer, red = _group(node)
     if not red:
         return True
-    q = canon_var("q", len(red) - 1)
+    q = canon_var(VarKind.CANON_REDUCTION, len(red) - 1)
     strided = False
     for m in members:
         cmap = canonical_map(m, len(outer))

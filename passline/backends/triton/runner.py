@@ -17,9 +17,10 @@ import attrs
 import torch
 
 from ... import __version__
-from ...ir import Extern, MixOrderNode
+from ...ir import Extern, MixOrderNode, members
 from ...pipeline.metrics import node_bytes
 from ..reference import ReferenceRunner, _Bindings
+from ..variants import MIX_FORMS
 from . import compat
 from . import kernel as kgen
 from .cache import KernelCache, digest, interpreting, load_kernel
@@ -433,7 +434,7 @@ class TritonRunner:
 
     # -- compile ------------------------------------------------------------------------------------
     def _key(self, node, stored) -> str:
-        return digest(__version__, self.interpret, repr(node), repr(node.members() if hasattr(node, "members") else node),
+        return digest(__version__, self.interpret, repr(node), repr(members(node)),
                       repr(getattr(node, "ranges", None)), repr(getattr(node, "reduction_ranges", None)),
                       sorted(stored), _SOURCE_HASH)
 
@@ -457,8 +458,8 @@ class TritonRunner:
                 raise Unsupported(f"mix-order column reduction {bad[0]}")
             blocks = {"XBLOCK": 1, "RBLOCK": 1, "SPLIT": int(node.split_rows)}
             main, finish = kgen.generate_mix(node, self.graph, self.interpret, blocks)
-            variants = {"mix_order": main}
-            for form in kgen.MIX_FORMS[1:]:  # more multi-kernel candidates (on the CPU: when forced)
+            variants = {Variant.MIX_ORDER: main}
+            for form in MIX_FORMS[1:]:  # more multi-kernel candidates (on the CPU: when forced)
                 variants[form] = kgen.generate_mix(node, self.graph, self.interpret, blocks, form)[0]
             stored = kgen._stored(node, self.graph)
             k_main = self._kernel(node, "mix_order", variants, stored, MixKernel, split=int(node.split_rows),
@@ -468,7 +469,7 @@ class TritonRunner:
             return ("mix", node, (k_main, main, k_fin, finish, kgen.workspace_layouts(node)))
         stored = kgen._stored(node, self.graph)
         variants = self._variants(node, stored)
-        k = self._kernel(node, "pointwise" if "pointwise" in variants else "reduction", variants, stored)
+        k = self._kernel(node, "pointwise" if Variant.POINTWISE in variants else "reduction", variants, stored)
         return ("kernel", node, (k, variants))
 
     def _variants(self, node, stored) -> dict:
@@ -476,8 +477,9 @@ class TritonRunner:
         # reduction loop of size 1, so it is a reduction kernel with RBLOCK, not a pointwise one
         red = kgen._group(node)[2]
         if not red:
-            return {"pointwise": kgen.generate(node, self.graph, self.interpret, "pointwise", {}, stored)}
-        return {v: kgen.generate(node, self.graph, self.interpret, v, {}, stored) for v in ("persistent", "looped")}
+            return {Variant.POINTWISE: kgen.generate(node, self.graph, self.interpret, Variant.POINTWISE, {}, stored)}
+        return {v: kgen.generate(node, self.graph, self.interpret, v, {}, stored)
+                for v in (Variant.PERSISTENT, Variant.LOOPED)}
 
     # -- run ----------------------------------------------------------------------------------------
     def binding(self, args) -> _Bindings:
@@ -497,7 +499,7 @@ class TritonRunner:
         """Run `node`'s members on the reference backend: `env` holds what it reads; returns its outputs.
         Also how a node with no points is run: the reference allocates each member's output with its
         layout and writes a reduction's identity where rows exist but are empty."""
-        for m in node.members() if hasattr(node, "members") else (node,):
+        for m in members(node):
             env[m.output.name] = self.reference._loop(m, env, bind)
         return env
 

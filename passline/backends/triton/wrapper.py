@@ -254,7 +254,8 @@ class CallWriter:
             self.maybe_misaligned.update(b.name for _, b in outs)
         for i, b in outs:
             lay = b.layout
-            self.emit(f"{self.name(b.name)} = conform({self.const(node, 'node')}, {'first(r)' if single else f'r[{i}]'}, "
+            result = "first(r)" if single else f"r[{i}]"
+            self.emit(f"{self.name(b.name)} = conform({self.const(node, 'node')}, {result}, "
                       f"{self.ints(lay.size)}, {self.ints(lay.stride)}, {self.const(lay.dtype, 'dt')})")
             self.defined.add(b.name)
 
@@ -292,7 +293,9 @@ class CallWriter:
             for kind, value in src.args:
                 if kind == "buffer" and value not in workspaces:
                     self.alloc(value)
-        slots = lambda src: {v: i for i, (kind, v) in enumerate(src.args) if kind == "buffer" and v in workspaces}
+        def slots(src) -> dict:  # workspace name -> its position among the kernel's arguments
+            return {v: i for i, (kind, v) in enumerate(src.args) if kind == "buffer" and v in workspaces}
+
         step = MixStep(k_main, k_fin, workspaces, slots(main), slots(fin_src))
         margs, k_main.check = self.kernel_args(k_main, main, workspaces)
         fargs, k_fin.check = self.kernel_args(k_fin, fin_src, workspaces)
