@@ -27,6 +27,7 @@ from .nodes import (
                    Pointwise,
                    Reduction,
                    TensorArg,
+                   comm_kind,
                    members,
 )
 
@@ -35,5 +36,5 @@ __all__ = [
     "Value", "loads", "rebuild", "substitute_index", "walk", "FloorDiv", "ModularIndexing",
     "loop_var", "loop_vars", "size_var", "sympify", "var", "var_info", "var_kind", "VarKind",
     "REDUCTION_TYPES", "Buffer", "Extern", "Layout", "MemoryDep", "Node", "Pointwise", "Reduction",
-    "TensorArg", "FusedNode", "MixOrderNode", "members",
+    "TensorArg", "FusedNode", "MixOrderNode", "members", "comm_kind",
 ]

@@ -252,11 +252,29 @@ class Reduction(_LoopNode):
                 f"-> {self.output!r}: {self.body!r}")
 
 
+# torch's functional collectives (torch.distributed._functional_collectives and the aten forms dynamo
+# captures): every op of these namespaces starts a collective, except `wait_tensor`, which waits for one
+COMM_NAMESPACES = ("_c10d_functional", "_c10d_functional_autograd")
+
+
+def comm_kind(op) -> str | None:
+    """The role of a functional collective op, "collective" or "wait"; None for any other op."""
+    namespace, _, name = getattr(getattr(op, "_schema", None), "name", "").partition("::")
+    if namespace not in COMM_NAMESPACES:
+        return None
+    return "wait" if name == "wait_tensor" else "collective"
+
+
 @attrs.frozen(cache_hash=True, repr=False)
 class Extern(_Node):
     """A call to an aten op. `args`/`kwargs` hold TensorArg where tensors go; `outputs` lists the
     buffers for the tensor results in the op's return order (None for a non-tensor result);
-    `mutates` names input buffers the op writes in place."""
+    `mutates` names input buffers the op writes in place.
+
+    `after` names buffers the call must run after without reading them, never passed to `op`: a
+    collective comes after the previous collective (every rank must issue them in the same order), a
+    wait after its collective's inputs (the collective may read them until the wait, so they must stay
+    allocated and unwritten until then). They count as reads for the graph's edges and for lifetimes."""
 
     name: str
     op: Any
@@ -265,6 +283,12 @@ class Extern(_Node):
     outputs: tuple
     origins: tuple = ()
     mutates: tuple = ()
+    after: tuple = ()
+
+    @property
+    def comm(self) -> str | None:
+        """The call's role in communication: "collective", "wait" or None (see `comm_kind`)."""
+        return comm_kind(self.op)
 
     def output_buffers(self) -> tuple[Buffer, ...]:
         return tuple(b for b in self.outputs if b is not None)
@@ -276,7 +300,7 @@ class Extern(_Node):
         return found
 
     def read_names(self) -> tuple[str, ...]:
-        return tuple(dict.fromkeys(t.buffer for t in self.tensor_args()))
+        return tuple(dict.fromkeys([*(t.buffer for t in self.tensor_args()), *self.after]))
 
     def reads(self) -> tuple[MemoryDep, ...]:
         deps = []
@@ -295,7 +319,8 @@ class Extern(_Node):
     def __repr__(self):
         outs = ", ".join(repr(b) for b in self.output_buffers())
         args = ", ".join(map(repr, self.args))
-        return f"{self.name} = Extern({self.op}({args})) -> {outs}"
+        after = f" after {', '.join(self.after)}" if self.after else ""
+        return f"{self.name} = Extern({self.op}({args})){after} -> {outs}"
 
 
 def _collect(x, found: list) -> None:

@@ -27,6 +27,7 @@ class VerificationError(AssertionError):
     def __init__(self, message: str, node: str | None = None, pass_name: str | None = None):
         self.node = node
         self.pass_name = pass_name
+        self.message = message  # without the node and pass (the manager re-raises it with the pass)
         where = f" (node {node})" if node else ""
         after = f"after pass {pass_name!r}: " if pass_name else ""
         super().__init__(f"{after}{message}{where}")
@@ -43,12 +44,15 @@ class SchedulerGraph:
         self._order = itertools.count()
         self._producer: dict[str, str] = {}  # buffer name -> node name
         self._readers: dict[str, set[str]] = {}  # buffer name -> names of nodes reading it
+        # the collectives and waits as lowered, in program order: no pass may drop, add or reorder them
+        self.comms: tuple[str, ...] = ()
 
     @classmethod
     def from_program(cls, program: Program) -> "SchedulerGraph":
         g = cls(program.inputs, program.outputs)
         for node in program.nodes:
             g.add_node(node)
+        g.comms = tuple(n.name for n in program.nodes if isinstance(n, Extern) and n.comm)
         return g
 
     # -- queries ----------------------------------------------------------------------------------
@@ -186,6 +190,16 @@ class SchedulerGraph:
         self.remove_node(name)
         self.add_node(new, order=order)
 
+    def move(self, name: str, before: str | None = None) -> None:
+        """Give node `name` the program position just before node `before` (None: after every node).
+        Edges stay as they are, so the topological order still puts each node after what it depends on;
+        the position only decides where, among the orders the edges allow, the node runs."""
+        data = self.nx.nodes
+        if before is None:
+            data[name]["order"] = max(d for _, d in self.nx.nodes(data="order")) + 1
+        else:
+            data[name]["order"] = data[before]["order"] - 0.5
+
     def merge(self, names, new) -> None:
         """Replace the nodes `names` by `new`, which does all their work: edges among them vanish, the
         others move to `new`. If `new.name` is one of `names`, that node stays in place with its edges
@@ -269,6 +283,7 @@ class SchedulerGraph:
             d["buffers"] = set(d["buffers"])
         g._producer = dict(self._producer)
         g._readers = {b: set(r) for b, r in self._readers.items()}
+        g.comms = self.comms
         g._order = itertools.count(max((d for _, d in self.nx.nodes(data="order")), default=-1) + 1)
         return g
 
@@ -278,6 +293,8 @@ class SchedulerGraph:
         if not nx.is_directed_acyclic_graph(self.nx):
             cycle = nx.find_cycle(self.nx)
             raise VerificationError(f"cycle {' -> '.join(u for u, _ in cycle)}", cycle[0][0])
+        if self.comms:  # first: a dropped collective also leaves the next one's `after` dangling
+            self._check_comms()
         buffers = self.buffers()
         for name in self.nx:
             node = self.node(name)
@@ -316,6 +333,42 @@ class SchedulerGraph:
             raise VerificationError(f"the reader index of {bad} is {sorted(actual.get(bad, ()))}, "
                                     f"but {sorted(readers.get(bad, ()))} read it")
 
+    def _check_comms(self) -> None:
+        """Collectives and waits (see lowering/extern.py): none dropped or added, the collectives chained
+        in their lowered order (the same on every rank), each wait after its collective's inputs, and the
+        collective's result read only through its wait."""
+        present = {n for n in self.nx if isinstance(self.node(n), Extern) and self.node(n).comm}
+        for name in self.comms:
+            if name not in present:
+                raise VerificationError("a collective or wait was removed; every rank must run each one", name)
+        added = present - set(self.comms)
+        if added:
+            raise VerificationError("a collective or wait that lowering did not make was added", min(added))
+        collectives = [n for n in self.comms if self.node(n).comm == "collective"]
+        for prev, name in zip(collectives, collectives[1:]):
+            if not self.nx.has_edge(prev, name):
+                raise VerificationError(f"collective is no longer ordered after collective {prev}: every rank "
+                                        f"must issue the collectives in the same order", name)
+        for name in self.comms:
+            wait = self.node(name)
+            if wait.comm != "wait":
+                continue
+            result = wait.tensor_args()[0].buffer
+            coll = self.node(self._producer[result]) if result in self._producer else None
+            if not isinstance(coll, Extern) or coll.comm != "collective":
+                raise VerificationError(f"waits for {result}, which no collective produces", name)
+            missing = {t.buffer for t in coll.tensor_args()} - set(wait.after)
+            if missing:
+                raise VerificationError(f"does not keep {', '.join(sorted(missing))}, the inputs of collective "
+                                        f"{coll.name}, until the wait", name)
+            for r in self.consumers(result):
+                node = self.node(r)
+                through_after = isinstance(node, Extern) and node.comm and result not in \
+                    {t.buffer for t in node.tensor_args()}
+                if r != name and not through_after and not nx.has_path(self.nx, name, r):
+                    raise VerificationError(f"reads {result}, the result of collective {coll.name}, without "
+                                            f"waiting for it ({name})", r)
+
     # -- printing ---------------------------------------------------------------------------------
     def format(self) -> str:
         lines = [f"inputs: {', '.join(repr(i.buffer) if i.buffer else i.name for i in self.inputs)}"]
@@ -350,8 +403,9 @@ def _describe(node) -> str:
         writes = ", ".join(map(repr, node.writes()))
         return f"{head} {ranges}\n    reads  {reads or '-'}\n    writes {writes}\n    body   {node.body!r}"
     if isinstance(node, Extern):
+        after = f"\n    after  {', '.join(node.after)}" if node.after else ""
         return (f"{node.name}: extern {node.op}\n    reads  {', '.join(map(repr, node.tensor_args())) or '-'}"
-                f"\n    writes {', '.join(map(repr, node.output_buffers()))}")
+                f"{after}\n    writes {', '.join(map(repr, node.output_buffers()))}")
     return repr(node)
 
 

@@ -115,7 +115,7 @@ class Verification(PassInstrument):
         try:
             graph.verify()
         except VerificationError as e:
-            raise VerificationError(e.args[0], e.node, pass_name=record.name) from e
+            raise VerificationError(e.message, e.node, pass_name=record.name) from e
 
 
 class PassMetrics(PassInstrument):
@@ -164,14 +164,17 @@ def builtin_instruments(verify: bool = True, dump_dir: str | None = None) -> lis
 
 
 def _snapshot(graph: SchedulerGraph):
-    return dict(graph.items()), frozenset(graph.edges()), graph.outputs
+    return dict(graph.items()), frozenset(graph.edges()), graph.outputs, graph.orders()
 
 
 def _changed(before, graph: SchedulerGraph) -> bool:
     """Did the graph change? Nodes are compared by name, then by identity, and by value only where the
-    object differs (a pass may rebuild an equal node: that is no change)."""
-    nodes, edges, outputs = before
+    object differs (a pass may rebuild an equal node: that is no change); a node moved to another
+    program position (`graph.move`) is a change too."""
+    nodes, edges, outputs, orders = before
     now = dict(graph.items())
     if nodes.keys() != now.keys() or outputs != graph.outputs or edges != frozenset(graph.edges()):
+        return True
+    if graph.orders() != orders:
         return True
     return any(old is not now[n] and old != now[n] for n, old in nodes.items())
