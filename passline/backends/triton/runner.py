@@ -517,6 +517,10 @@ def conform_result(node, r, size, stride, dtype) -> torch.Tensor:
         raise RuntimeError(f"{node.name}: {node.op} returned shape {list(r.shape)}, expected {list(size)}")
     if r.dtype != dtype or (r.numel() > 1 and any(st != want for s, st, want in zip(size, r.stride(), stride)
                                                   if s > 1)):
+        if getattr(node, "comm", None) == "collective":
+            # a copy before the wait would read a buffer the collective is still writing
+            raise RuntimeError(f"{node.name}: collective {node.op} returned strides {r.stride()} / {r.dtype}, "
+                               f"the graph expects {tuple(stride)} / {dtype}")
         r = torch.empty_strided(size, stride, dtype=dtype, device=r.device).copy_(r)
     return r
 
