@@ -35,9 +35,18 @@ def _reductions(group) -> list:
     return [m for m in members(group) if isinstance(m, Reduction)]
 
 
+def _reordered(m) -> bool:
+    perm = tuple(getattr(m, "permutation", ()))
+    return perm != tuple(range(len(perm)))
+
+
 def _problem(graph, row, col, max_columns, min_rows, types, max_reads, rows, cols) -> str | None:
     if isinstance(col, (Extern, MixOrderNode)) or isinstance(row, Extern):
         return "extern or mix-order"
+    if any(_reordered(m) for g in (row, col) for m in members(g)):
+        # the Triton mix-order generator computed wrong gradients with such members (RMSNorm backward
+        # on a transposed input, loops put in memory order); kept apart, each runs as its own kernel
+        return "a member's loops are reordered"
     if not rows == () and not cols:
         return "no reduction"
     ncol, nrow = product(cols), product(rows)
