@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 TRITON ?= triton==3.9.0
 
-.PHONY: demo test fuzz conformance venv clean
+.PHONY: demo lint test fuzz conformance venv clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,7 +20,12 @@ venv: $(VENV)/.installed
 demo: venv
 	TRITON_INTERPRET=1 $(PY) -m passline.demo
 
-test: venv
+# ruff (configured in pyproject.toml: pyflakes, pycodestyle, import order, bugbear) before the tests, so CI
+# (which runs make test) enforces it.
+lint: venv
+	$(PY) -m ruff check .
+
+test: lint
 	TRITON_INTERPRET=1 $(PY) -m pytest -q $(PYTEST_ARGS)
 
 # A long randomized campaign (hypothesis profile "fuzz": 10,000 examples a property); failing

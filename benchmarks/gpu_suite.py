@@ -18,8 +18,8 @@ written once).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
-import math
 import os
 import sys
 import time
@@ -100,7 +100,7 @@ def bench(fn, reps_ms=200) -> float:
 def copy_bandwidth() -> float:
     x = torch.randn(1 << 28, device="cuda")
     y = torch.empty_like(x)
-    t = bench(lambda: y.copy_(x))
+    t = bench(functools.partial(y.copy_, x))
     del x, y
     return 2 * (1 << 28) * 4 / (t * 1e-3) / 1e9
 
@@ -138,13 +138,13 @@ def run_case(name, m, n, dtype, copy_gbs, rows, out_dir):
             if phase == "fwd":
                 with torch.no_grad():
                     f(*det)  # compile the inference graph outside the timing
-                    times[label] = bench(lambda: f(*det))
+                    times[label] = bench(lambda f=f: f(*det))
             else:
                 ins = [x.detach().clone().requires_grad_(x.requires_grad) for x in inputs]
                 y = f(*ins)
                 dy = torch.randn_like(y)
                 wrt = [x for x in ins if x.requires_grad]
-                times[label] = bench(lambda: torch.autograd.grad(y, wrt, dy, retain_graph=True))
+                times[label] = bench(lambda y=y, wrt=wrt, dy=dy: torch.autograd.grad(y, wrt, dy, retain_graph=True))
                 del y, ins
         gbs = nbytes / (times["passline"] * 1e-3) / 1e9
         row = dict(case=name, phase=phase, shape=f"{m}x{n}", dtype=str(dtype).replace("torch.", ""),

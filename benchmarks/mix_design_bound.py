@@ -95,30 +95,45 @@ def main():
     x = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
     dy = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
     w = (torch.rand(N, device="cuda") + 0.5).bfloat16()
-    xf = x.float(); mean = xf.mean(1); rstd = torch.rsqrt(xf.var(1, unbiased=False) + 1e-5)
+    xf = x.float()
+    mean = xf.mean(1)
+    rstd = torch.rsqrt(xf.var(1, unbiased=False) + 1e-5)
     dx = torch.empty_like(x)
-    xr = xf.clone().requires_grad_(); wr = w.float().requires_grad_(); br = torch.zeros(N, device="cuda", requires_grad=True)
-    y = torch.nn.functional.layer_norm(xr, (N,), wr, br); y.backward(dy.float())
+    xr = xf.clone().requires_grad_()
+    wr = w.float().requires_grad_()
+    br = torch.zeros(N, device="cuda", requires_grad=True)
+    y = torch.nn.functional.layer_norm(xr, (N,), wr, br)
+    y.backward(dy.float())
     copy = do_bench(lambda: dx.copy_(x), rep=200, return_mode="median")
     print(f"copy {copy*1e3:.1f} us; 80% target {3*x.numel()*2/(0.8*2*x.numel()*2/copy)*1e3:.1f} us", flush=True)
     results = []
     for HOIST, PREF, ACC2D, XB in itertools.product((1, 0), (0, 1), (1, 0), (1, 2, 4)):
-        if XB > 2 and not ACC2D: continue  # two rows on 1-2 warps: the column sum stays in a thread
+        if XB > 2 and not ACC2D:
+            continue  # two rows on 1-2 warps: the column sum stays in a thread
         for nw in (1, 2, 4, 8):
-            if nw * 32 > XB * 512: continue
+            if nw * 32 > XB * 512:
+                continue
             for split in (64, 128, 256, 512, 1024, 4364):
                 P = triton.cdiv(M, split)
-                wsw = torch.empty(P, N, device="cuda"); wsb = torch.empty(P, N, device="cuda")
-                f = lambda: lnb[(P,)](x, dy, mean, rstd, w, dx, wsw, wsb, M, N, split, XB=XB, RB=512, HOIST=HOIST, PREF=PREF, ACC2D=ACC2D, num_warps=nw)
+                wsw = torch.empty(P, N, device="cuda")
+                wsb = torch.empty(P, N, device="cuda")
+
+                def f(P=P, wsw=wsw, wsb=wsb, split=split, XB=XB, HOIST=HOIST, PREF=PREF, ACC2D=ACC2D, nw=nw):
+                    return lnb[(P,)](x, dy, mean, rstd, w, dx, wsw, wsb, M, N, split, XB=XB, RB=512, HOIST=HOIST,
+                                     PREF=PREF, ACC2D=ACC2D, num_warps=nw)
                 try:
-                    f(); torch.cuda.synchronize()
+                    f()
+                    torch.cuda.synchronize()
                 except Exception as e:
-                    print("fail", HOIST, PREF, ACC2D, XB, nw, split, repr(e)[:100]); continue
+                    print("fail", HOIST, PREF, ACC2D, XB, nw, split, repr(e)[:100])
+                    continue
                 t = do_bench(f, warmup=10, rep=50, return_mode="median")
                 results.append((t, HOIST, PREF, ACC2D, XB, nw, split))
                 if len(results) == 1 or t == min(r[0] for r in results):
-                    err = (dx.float() - xr.grad).abs().max().item(); errw = (wsw.sum(0) - wr.grad).abs().max().item()
-                    print(f"new best {t*1e3:.1f} us HOIST={HOIST} PREF={PREF} ACC2D={ACC2D} XB={XB} w{nw} split={split} err dx {err:.3f} dw {errw:.3f}", flush=True)
+                    err = (dx.float() - xr.grad).abs().max().item()
+                    errw = (wsw.sum(0) - wr.grad).abs().max().item()
+                    print(f"new best {t*1e3:.1f} us HOIST={HOIST} PREF={PREF} ACC2D={ACC2D} XB={XB} w{nw} "
+                          f"split={split} err dx {err:.3f} dw {errw:.3f}", flush=True)
     results.sort()
     for r in results[:15]:
         print("%.1f us HOIST=%d PREF=%d ACC2D=%d XB=%d w%d split=%d" % (r[0]*1e3, *r[1:]))
@@ -126,7 +141,8 @@ def main():
         i = {"HOIST": 1, "PREF": 2, "ACC2D": 3}[key]
         for v in (0, 1):
             sub = [r for r in results if r[i] == v]
-            if sub: print(key, v, "best %.1f" % (min(sub)[0]*1e3))
+            if sub:
+                print(key, v, "best %.1f" % (min(sub)[0]*1e3))
 
 
 if __name__ == "__main__":

@@ -18,9 +18,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import passline  # noqa: E402
 from gpu_suite import RMSNorm  # noqa: E402
 from triton.testing import do_bench  # noqa: E402
+
+import passline  # noqa: E402
 
 
 def timed(fn) -> float:
@@ -67,12 +68,12 @@ def main():
         with torch.no_grad():
             f(x)
         fwd_report = be.reports[-1]
-        t_fwd = timed(lambda: f(x))  # in training mode: the forward that saves for backward
+        t_fwd = timed(lambda f=f: f(x))  # in training mode: the forward that saves for backward
         with torch.no_grad():
-            t_inf = timed(lambda: f(x))
+            t_inf = timed(lambda f=f: f(x))
         y = f(x)
         dy = torch.randn_like(y)
-        t_bwd = timed(lambda: torch.autograd.grad(y, [x], dy, retain_graph=True))
+        t_bwd = timed(lambda y=y, dy=dy: torch.autograd.grad(y, [x], dy, retain_graph=True))
         bwd_report = be.reports[-1]
         print(f"passline split={split}: inference fwd {t_inf:.3f} ms ({2 * m * n * es / t_inf / 1e6:.0f} GB/s), "
               f"training fwd {t_fwd:.3f} ms, bwd {t_bwd:.3f} ms ({3 * m * n * es / t_bwd / 1e6:.0f} GB/s)")

@@ -18,6 +18,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from .pipeline.instruments import PassInstrument
+
 
 class CliError(Exception):
     pass
@@ -95,7 +97,7 @@ def cmd_passes(args) -> int:
     return 0
 
 
-class _Changes:
+class _Changes(PassInstrument):
     """Instrument: the graph before the pipeline and after each pass that changed it."""
 
     def __init__(self):
@@ -111,7 +113,6 @@ class _Changes:
 
 
 def cmd_explain(args) -> int:
-    import passline
     from passline.passes.legality import REASONS
 
     changes = _Changes()
@@ -131,7 +132,8 @@ def cmd_explain(args) -> int:
         if seen:
             print("   not fused (one example per reason):")
             for reason, f in seen.items():
-                print(f"     {f.a} + {f.b}: {reason} — {REASONS.get(reason, '')}" + (f" ({f.detail})" if f.detail else ""))
+                print(f"     {f.a} + {f.b}: {reason} — {REASONS.get(reason, '')}"
+                      + (f" ({f.detail})" if f.detail else ""))
         if args.graphs:
             print("   graph after the pipeline:")
             print("     " + report.graph.format().replace("\n", "\n     "))
@@ -148,6 +150,7 @@ def cmd_draw(args) -> int:
     reports = [r for r in be.reports if r.name.startswith(args.graph)] or be.reports
     report = reports[-1]
     # the graph as lowered, each node coloured by the kernel it ends up in
+    from passline.ir import members
     from passline.lowering import lower_graph
     from passline.pipeline import SchedulerGraph
 
@@ -156,7 +159,7 @@ def cmd_draw(args) -> int:
                "#d9d9d9", "#bc80bd", "#ccebc5", "#ffed6f"]
     colors = {}
     for k, node in enumerate(report.graph.nodes()):
-        for m in (node.members() if hasattr(node, "members") else (node,)):
+        for m in members(node):
             colors[m.name] = palette[k % len(palette)]
     title = f"{report.name}: {len(before)} nodes before, {len(report.graph)} after ({report.pipeline})"
     dot = to_dot(before, colors=colors, title=title)
@@ -206,7 +209,8 @@ def main(argv=None) -> int:
     p.add_argument("--save-dir", default=None, help="where to save the reproducer")
     args = ap.parse_args(argv)
     try:
-        return {"passes": cmd_passes, "explain": cmd_explain, "draw": cmd_draw, "bisect": cmd_bisect}[args.command](args)
+        commands = {"passes": cmd_passes, "explain": cmd_explain, "draw": cmd_draw, "bisect": cmd_bisect}
+        return commands[args.command](args)
     except CliError as e:
         print(f"passline {args.command}: {e}", file=sys.stderr)
         return 2

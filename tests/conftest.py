@@ -1,5 +1,7 @@
+import json
 import os
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 # ci: derandomized and bounded, for make test. fuzz: a long randomized campaign, for make fuzz.
@@ -11,10 +13,6 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 # -- conformance (tests/test_conformance.py): outcomes per op_db entry, counted at the end of the run --
-import json
-
-import pytest
-
 _CONFORMANCE: list = []
 
 

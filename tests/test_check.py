@@ -191,20 +191,22 @@ def test_a_failing_oracle_leaves_the_graph_compiled_and_says_so(monkeypatch):
                                                    fallback="raise"))(x)
 
 
-# -- (c) PASSLINE_CHECK=1 switches it on ----------------------------------------------------------------
-def test_environment_variable_enables_the_guard(sign_flip, monkeypatch):
+# -- (c) PASSLINE_CHECK=1 (or passline.settings(check=True)) switches it on --------------------------------
+def test_environment_variable_enables_the_guard(sign_flip):
     fn = lambda x: ((x * 2 + 1).exp() - 3).tanh()
     x = torch.randn(8, 4)
-    monkeypatch.delenv("PASSLINE_CHECK", raising=False)
+    assert passline.Settings.from_environ({"PASSLINE_CHECK": "1"}).check
+    assert not passline.Settings.from_environ({}).check
     torch._dynamo.reset()
-    off = passline.backend(pipeline=f"dce, {sign_flip}", codegen="reference")
+    with passline.settings(check=False):
+        off = passline.backend(pipeline=f"dce, {sign_flip}", codegen="reference")
     assert not off.check and not torch.allclose(torch.compile(fn, backend=off)(x), fn(x))  # off by default
     assert off.reports[0].check is None
 
-    monkeypatch.setenv("PASSLINE_CHECK", "1")
     torch._dynamo.reset()
-    on = passline.backend(pipeline=f"dce, {sign_flip}", codegen="reference")
-    assert on.check and not passline.backend(check=False).check  # an explicit argument wins
+    with passline.settings(check=True):
+        on = passline.backend(pipeline=f"dce, {sign_flip}", codegen="reference")
+        assert on.check and not passline.backend(check=False).check  # an explicit argument wins
     with pytest.warns(UserWarning, match="passline check: graph inference0"):
         torch.testing.assert_close(torch.compile(fn, backend=on)(x), fn(x))
     assert on.reports[0].check.bisect.pass_name == sign_flip

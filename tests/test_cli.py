@@ -60,7 +60,8 @@ def test_bisect_names_the_culprit(tmp_path):
         def fn(x):
             return ((x * 2 + 1).exp() - 3).tanh()
     '''))
-    p = run("bisect", f"{target}:fn", "--shape", "8x4", "--pipeline", "dce, cli_planted_bug", "--save-dir", str(tmp_path))
+    p = run("bisect", f"{target}:fn", "--shape", "8x4", "--pipeline", "dce, cli_planted_bug",
+            "--save-dir", str(tmp_path))
     assert p.returncode == 1, p.stderr  # a mismatch was found
     assert "cli_planted_bug" in p.stdout and "#2 rewrite" in p.stdout
 

@@ -24,12 +24,11 @@ import warnings
 import pytest
 import torch
 import torch.utils._pytree as pytree
+from torch.testing._internal.common_methods_invocations import op_db  # noqa: E402  (needs expecttest)
 
 import passline
 from passline.ir import Extern
 from passline.testing import tolerance
-
-from torch.testing._internal.common_methods_invocations import op_db  # noqa: E402  (needs expecttest)
 
 SAMPLES = 2  # the first samples of each entry × dtype: the interpreter's cost grows with programs × ops
 DTYPES = (torch.float32, torch.bfloat16)
@@ -128,21 +127,22 @@ def _compare(ours, eager, what: str, precise=None) -> None:
     for k, (a, b) in enumerate(zip(flat_o, flat_e)):
         if isinstance(b, torch.Tensor):
             assert isinstance(a, torch.Tensor), f"{what} {k}: {type(a)} where eager gives a tensor"
-            assert a.dtype == b.dtype and a.shape == b.shape, f"{what} {k}: {a.dtype}{list(a.shape)} != eager's {b.dtype}{list(b.shape)}"
+            assert a.dtype == b.dtype and a.shape == b.shape, \
+                f"{what} {k}: {a.dtype}{list(a.shape)} != eager's {b.dtype}{list(b.shape)}"
             try:
                 torch.testing.assert_close(a, b, **tolerance(b.dtype), equal_nan=True, check_stride=False,
-                                           msg=lambda m: f"{what} {k}: {m}")
+                                           msg=lambda m, k=k: f"{what} {k}: {m}")
             except AssertionError:
                 if b.dtype not in (torch.bfloat16, torch.float16) or precise is None:
                     raise
                 try:
                     ref = precise()[k].to(torch.float64)
                 except Exception:  # no float64 kernel: eager's value is the only reference
-                    raise AssertionError(f"{what} {k}: differs from eager (no float64 reference)")
+                    raise AssertionError(f"{what} {k}: differs from eager (no float64 reference)") from None
                 finite = ref.isfinite() & a.isfinite() & b.isfinite()
                 same_nonfinite = torch.equal(a.double()[~finite].nan_to_num(), b.double()[~finite].nan_to_num())
 
-                def rmse(x):
+                def rmse(x, finite=finite, ref=ref):
                     return (x.double()[finite] - ref[finite]).pow(2).mean().sqrt().item() if finite.any() else 0.0
                 if not (same_nonfinite and rmse(a) <= 2 * rmse(b) + 1e-3):
                     raise
@@ -176,7 +176,7 @@ def run_sample(op, sample, backward: bool):
     try:
         eager = fn(*eager_in)
     except Exception as e:
-        raise Skip(f"eager raises {type(e).__name__}")
+        raise Skip(f"eager raises {type(e).__name__}") from e
     torch._dynamo.reset()
     be = passline.backend(codegen="triton", fallback="eager")
     ours_in = [_clone(t) for t in tensors]

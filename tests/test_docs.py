@@ -27,6 +27,14 @@ def test_doc_examples_run(path, tmp_path):
     assert proc.returncode == 0, f"{path.name} examples failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
 
 
+def test_relative_links_resolve():
+    link = re.compile(r'\]\(([^)#\s]+\.md)(?:#[^)\s]*)?(?:\s+"[^"]*")?\)')  # [text](file.md#anchor "title")
+    broken = [f"{p.relative_to(ROOT)} -> {target}" for p in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")]
+              for target in link.findall(p.read_text())
+              if "://" not in target and not (p.parent / target).exists()]
+    assert not broken, f"links to missing files: {broken}"
+
+
 def test_pass_catalog_is_current():
     from passline.pipeline.registry import catalog_markdown
 

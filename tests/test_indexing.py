@@ -68,12 +68,15 @@ EDGES = {  # shapes and layouts the lowerings must place right (generated code o
     "gather_empty": (lambda x, i: torch.gather(x, 1, i), lambda: [_g(5, 7), torch.zeros(5, 0, dtype=torch.long)]),
     "gather_smaller_transposed": (lambda x, i: torch.gather(x, -1, i.t()),
                                   lambda: [_g(4, 7).permute(1, 0), _ints(0, 4, 2, 6)]),
-    "embedding_3d_expanded_weight": (lambda i, w: F.embedding(i, w.expand(9, 5)), lambda: [_ints(0, 9, 2, 3, 4), _g(1, 5)]),
+    "embedding_3d_expanded_weight": (lambda i, w: F.embedding(i, w.expand(9, 5)),
+                                     lambda: [_ints(0, 9, 2, 3, 4), _g(1, 5)]),
     "index_select_0d": (lambda x, i: torch.index_select(x, 0, i), lambda: [_g(5, 7), torch.tensor(3)]),
     "index_put_0d_value": (lambda x, i, v: torch.index_put(x, (i,), v, accumulate=True),
                            lambda: [_g(6, 4), _ints(0, 6, 5), torch.randn((), requires_grad=True)]),
-    "scatter_add_int": (lambda x, i: x.scatter_add(1, i, torch.ones_like(i)), lambda: [_ints(0, 5, 3, 6), _ints(0, 6, 3, 8)]),
-    "nll_loss_3d": (lambda x, t: F.nll_loss(F.log_softmax(x, 1), t, ignore_index=0), lambda: [_g(2, 5, 3), _ints(0, 5, 2, 3)]),
+    "scatter_add_int": (lambda x, i: x.scatter_add(1, i, torch.ones_like(i)),
+                        lambda: [_ints(0, 5, 3, 6), _ints(0, 6, 3, 8)]),
+    "nll_loss_3d": (lambda x, t: F.nll_loss(F.log_softmax(x, 1), t, ignore_index=0),
+                    lambda: [_g(2, 5, 3), _ints(0, 5, 2, 3)]),
 }
 
 
@@ -153,8 +156,7 @@ def test_gpu_kernel_source_asserts_unproven_indices():
         fn, make = READS[name]
         be = assert_matches_eager(fn, make(), codegen="reference")
         graph = be.reports[0].graph
-        (node,) = [n for n in graph.nodes() if any(ld.indirect for m in getattr(n, "members", lambda: (n,))()
-                                                   for ld in loads(m.body))]
+        (node,) = [n for n in graph.nodes() if any(ld.indirect for m in members(n) for ld in loads(m.body))]
         src = kgen.generate(node, graph, interpret=False, variant="persistent", blocks={}).source
         assert ("tl.device_assert(" in src) == want and ("@triton.jit(debug=True)" in src) == want, src
         # debug=True makes Triton assert on int32 overflow of each add/mul: a checking kernel indexes in int64
@@ -314,7 +316,8 @@ def test_writes_match_eager(name, codegen):
 def test_duplicate_indices_are_summed_in_embedding_backward():
     """Every row hit many times: the atomic adds (or index_put_ with accumulate on the reference) sum them."""
     for codegen in CODEGENS:
-        be = assert_matches_eager(lambda i, w: F.embedding(i, w), [torch.tensor([[1, 1, 1, 3], [3, 1, 0, 1]]), _g(4, 3)],
+        ids = torch.tensor([[1, 1, 1, 3], [3, 1, 0, 1]])
+        be = assert_matches_eager(lambda i, w: F.embedding(i, w), [ids, _g(4, 3)],
                                   codegen=codegen)
         (scatter,) = [n for n in be.reports[1].graph.nodes() if n.kind == "scatter"]
         assert scatter.mode == "add" and "[0, 4), wraps" in be.reports[1].graph.format()
@@ -343,7 +346,8 @@ def _scatter_graph(read_after: bool):
 
     (i0,) = loop_vars("i", 1)
     t0 = indirect_var(0)
-    idx, src = Buffer("idx", Layout.contiguous((3,), torch.int64)), Buffer("src", Layout.contiguous((3,), torch.float32))
+    idx = Buffer("idx", Layout.contiguous((3,), torch.int64))
+    src = Buffer("src", Layout.contiguous((3,), torch.float32))
     acc = Buffer("acc", Layout.contiguous((5,), torch.float32))
     init = Pointwise("acc", (5,), Load("src", sympy.S.Zero, torch.float32), acc)
     b = Indirect(t0, Load("idx", i0, torch.int64), 5)
@@ -395,7 +399,8 @@ def test_dynamic_shapes_one_compile():
     f = torch.compile(lambda i, w, x, a: (F.embedding(i, w) * 2, x[a] + 1, F.cross_entropy(x, a)),
                       backend=be, dynamic=True)
     for n in (5, 9):
-        w, x = torch.randn(n + 3, 4, device=DEVICE, requires_grad=True), torch.randn(n, n, device=DEVICE, requires_grad=True)
+        w = torch.randn(n + 3, 4, device=DEVICE, requires_grad=True)
+        x = torch.randn(n, n, device=DEVICE, requires_grad=True)
         i, a = torch.randint(0, n + 3, (n, 2), device=DEVICE), torch.randint(0, n, (n,), device=DEVICE)
         grads = []
         for fn in (f, lambda *xs: (F.embedding(xs[0], xs[1]) * 2, xs[2][xs[3]] + 1, F.cross_entropy(xs[2], xs[3]))):

@@ -5,8 +5,22 @@ import sympy
 import torch
 
 from passline.backends.reference import ReferenceRunner
-from passline.ir import (Buffer, Cast, Constant, Extern, FloorDiv, Layout, Load, ModularIndexing, Op,
-                         Pointwise, Reduction, TensorArg, loop_vars, walk)
+from passline.ir import (
+    Buffer,
+    Cast,
+    Constant,
+    Extern,
+    FloorDiv,
+    Layout,
+    Load,
+    ModularIndexing,
+    Op,
+    Pointwise,
+    Reduction,
+    TensorArg,
+    loop_vars,
+    walk,
+)
 from passline.lowering import GraphInput, Program
 from passline.lowering.tensor import TensorRef, compute_stride
 from passline.pipeline import SchedulerGraph, VerificationError

@@ -10,15 +10,15 @@ torch.manual_seed(0)
 A = torch.randn(6, 8)
 B = torch.randn(8)
 P = torch.rand(6, 8) + 0.1  # positive
-I = torch.randint(-5, 6, (6, 8))
+INTS = torch.randint(-5, 6, (6, 8))
 J = torch.randint(1, 4, (6, 8))
 
 ELEMENTWISE = {
     "add_alpha": (lambda a, b: torch.add(a, b, alpha=2.5), (A, B)),
     "sub_mul_div": (lambda a, b: (a - b) * b / (b + 3.0), (A, B)),
     "rsub_scalar": (lambda a: 1 - a, (A,)),
-    "int_true_div": (lambda i, j: i / j, (I, J)),
-    "floor_div_rem": (lambda i, j: (i // j) + (i % j), (I, J)),
+    "int_true_div": (lambda i, j: i / j, (INTS, J)),
+    "floor_div_rem": (lambda i, j: (i // j) + (i % j), (INTS, J)),
     "float_floor_trunc_div": (lambda a: torch.div(a, 0.7, rounding_mode="floor")
                               + torch.div(a, 0.3, rounding_mode="trunc"), (A,)),
     "pow": (lambda a, p: p.pow(a) + a.pow(2) + 2 ** a, (A, P)),
@@ -33,8 +33,8 @@ ELEMENTWISE = {
     "round_floor_ceil": (lambda a: (a * 3).round() + a.floor() + a.ceil() + a.trunc(), (A,)),
     "gelu_silu": (lambda a: torch.nn.functional.gelu(a) + torch.nn.functional.silu(a)
                   + torch.nn.functional.gelu(a, approximate="tanh"), (A,)),
-    "casts": (lambda a, i: a.to(torch.bfloat16).float() + i.to(torch.float32) + (a > 0).int(), (A, I)),
-    "int_ops": (lambda i, j: (i * j + i - j) & 7 | (i ^ j), (I, J)),
+    "casts": (lambda a, i: a.to(torch.bfloat16).float() + i.to(torch.float32) + (a > 0).int(), (A, INTS)),
+    "int_ops": (lambda i, j: (i * j + i - j) & 7 | (i ^ j), (INTS, J)),
     "nan_inf": (lambda a: torch.where(a > 0.5, a / 0.0, a) + torch.where(a < -1, a.log(), a), (A,)),
     "isnan": (lambda a: torch.isnan(a.log()) | torch.isinf(a / 0), (A,)),
     "bf16_math": (lambda a: (a.to(torch.bfloat16) * 3.1).exp(), (A,)),

@@ -89,4 +89,5 @@ def test_last_report_has_graph_kernels_passes():
     assert_matches_eager(torch.nn.LayerNorm(32), [torch.randn(4, 32)])
     report = passline.last_report()
     assert report.kernels == len(report.graph) > 0
-    assert {p.name for p in report.passes} == {c.name for c in passline.Pipeline.parse(passline.DEFAULT_PIPELINE).calls()}
+    default = passline.Pipeline.parse(passline.DEFAULT_PIPELINE)
+    assert {p.name for p in report.passes} == {c.name for c in default.calls()}

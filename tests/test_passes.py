@@ -2,16 +2,28 @@
 on real forward/backward graphs, always checked against eager."""
 import pytest
 import torch
+from modules import RMSNorm
 
 import passline
-from passline.ir import (Buffer, Cast, Constant, Extern, FusedNode, Layout, Load, MixOrderNode, Op, Pointwise,
-                         Reduction, TensorArg, loop_vars)
+from passline.ir import (
+    Buffer,
+    Cast,
+    Constant,
+    Extern,
+    FusedNode,
+    Layout,
+    Load,
+    MixOrderNode,
+    Op,
+    Pointwise,
+    Reduction,
+    TensorArg,
+    loop_vars,
+)
 from passline.lowering import GraphInput, Program
 from passline.pipeline import SchedulerGraph
 from passline.testing import assert_matches_eager
 from passline.testing.synthetic import chain_and_fanout
-
-from modules import RMSNorm
 
 F32 = torch.float32
 i0, i1 = loop_vars("i", 2)
@@ -256,8 +268,29 @@ def test_explain_gives_the_recorded_reason():
 
 @pytest.mark.parametrize("pipeline", ["dce", "fuse", "fuse(horizontal=false)", "fuse, reorder_loops",
                                       "reorder_loops, fuse", "fuse, mix_order_reduction",
-                                      "dce, repeat(fuse, reorder_loops; max_iter=2), mix_order_reduction(split_rows=4)"])
+                                      "dce, repeat(fuse, reorder_loops; max_iter=2), "
+                                      "mix_order_reduction(split_rows=4)"])
 def test_every_pass_keeps_results(pipeline):
     model = torch.nn.Sequential(torch.nn.LayerNorm(32), torch.nn.Linear(32, 32), torch.nn.GELU())
     assert_matches_eager(model, [torch.randn(24, 32, requires_grad=True)], pipeline=pipeline)
     assert_matches_eager(lambda x: torch.softmax(x.t() * 2, -1).sum(0), [torch.randn(12, 20)], pipeline=pipeline)
+
+
+def test_memory_order_walks_channels_last_outputs_in_memory_order():
+    # hand facts: a channels_last [2, 8, 5, 5] output has strides (200, 1, 40, 8), so its loops run
+    # N, H, W, C (C innermost, stride 1); a contiguous output is left alone; results match eager
+    from passline.testing import assert_matches_eager
+
+    x = torch.randn(2, 8, 5, 5).to(memory_format=torch.channels_last)
+    be = assert_matches_eager(lambda x: torch.relu(x) * 2, [x], pipeline="memory_order")
+    nodes = be.reports[0].graph.nodes()
+    assert [n.ranges for n in nodes] == [(2, 5, 5, 8)] * len(nodes)
+    assert be.reports[0].metrics.counters["num_memory_order"] == len(nodes)
+    be = assert_matches_eager(lambda x: torch.relu(x) * 2, [x.contiguous()], pipeline="memory_order")
+    assert be.reports[0].metrics.counters["num_memory_order"] == 0
+    # a channels_last conv block trains like eager with the default pipeline, which runs the pass
+    block = torch.nn.Sequential(torch.nn.Conv2d(4, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU())
+    block = block.to(memory_format=torch.channels_last)
+    x = torch.randn(2, 4, 6, 6).to(memory_format=torch.channels_last).requires_grad_()
+    be = assert_matches_eager(block, [x])
+    assert sum(r.metrics.counters["num_memory_order"] for r in be.reports) > 0

@@ -183,7 +183,7 @@ def test_verifier_names_the_pass_that_broke_the_graph():
 def test_instruments_see_every_pass():
     seen = []
 
-    class Spy:
+    class Spy(passline.PassInstrument):
         def before_pass(self, call, graph):
             seen.append(("before", str(call), len(graph)))
 
@@ -193,6 +193,57 @@ def test_instruments_see_every_pass():
     passline.PassManager("dce, t_class", instruments=[Spy()]).run(_graph())
     assert seen == [("before", "dce", 3), ("after", "dce", True), ("before", "t_class", 2),
                     ("after", "t_class", False)]
+
+
+def test_instruments_nest_around_the_builtin_ones():
+    seen = []
+
+    class Tag(passline.PassInstrument):
+        def __init__(self, name):
+            self.name = name
+
+        def enter_pipeline(self, graph, run):
+            seen.append((self.name, "enter", run.graph_name))
+
+        def before_pass(self, call, graph):
+            seen.append((self.name, "before"))
+
+        def after_pass(self, record, graph):
+            # the built-in instruments (inside) have filled the record
+            seen.append((self.name, "after", record.changed, record.seconds > 0, record.nodes_after))
+
+        def exit_pipeline(self, graph, run):
+            seen.append((self.name, "exit", len(run.records)))
+
+    class OnlyAfter:  # not a PassInstrument: adapted, its missing hooks are no-ops
+        def after_pass(self, record, graph):
+            seen.append(("duck", "after"))
+
+    passline.PassManager("dce", instruments=[Tag("a"), Tag("b"), OnlyAfter()]).run(_graph(), graph_name="g")
+    assert seen == [("a", "enter", "g"), ("b", "enter", "g"), ("a", "before"), ("b", "before"),
+                    ("duck", "after"), ("b", "after", True, True, 2), ("a", "after", True, True, 2),
+                    ("b", "exit", 1), ("a", "exit", 1)]
+    with pytest.raises(TypeError, match="not a pass instrument"):
+        passline.PassManager("dce", instruments=[object()])
+
+
+def test_private_registry_scopes_passes():
+    mine = passline.Registry()
+    with mine.active():
+        @register_pass("t_private")
+        def t_private(graph, ctx):
+            """Only in my registry."""
+            ctx.state["runs"] = ctx.state.get("runs", 0) + 1
+            return graph
+
+        manager = passline.PassManager("dce, t_private")  # sees the default registry's passes too
+    assert "t_private" in mine and "t_private" not in passline.passes()
+    with pytest.raises(PipelineError, match="unknown pass 't_private'"):
+        Pipeline.parse("t_private")
+    graph, records = manager.run(_graph())  # the manager runs under the registry it was made in
+    assert [r.name for r in records] == ["dce", "t_private"]
+    alone = passline.Registry(parent=None)
+    assert "dce" not in alone and alone.passes() == {}
 
 
 def test_report_passes_and_figures():
@@ -222,16 +273,15 @@ def test_dumps_for_changed_passes(tmp_path):
     assert "digraph" in (tmp_path / "g" / "001-dce.dot").read_text()
 
 
-def test_dump_dir_from_environment(tmp_path, monkeypatch):
-    monkeypatch.setenv("PASSLINE_DUMP_DIR", str(tmp_path))
-    assert_matches_eager(lambda x: x.sin() * 2, [torch.randn(3)])
+def test_dump_dir_from_settings(tmp_path):
+    with passline.settings(dump_dir=str(tmp_path)):
+        assert_matches_eager(lambda x: x.sin() * 2, [torch.randn(3)])
     assert list(tmp_path.glob("forward*/000-input.txt")) or list(tmp_path.glob("inference*/000-input.txt"))
 
 
-def test_metric_tables(tmp_path, monkeypatch):
-    monkeypatch.setenv("PASSLINE_METRIC_TABLES", "graph_stats,kernel_metadata,pass_stats")
-    monkeypatch.setenv("PASSLINE_METRIC_DIR", str(tmp_path))
-    assert_matches_eager(lambda x: (x * 2).sum(1), [torch.randn(4, 8)], pipeline="dce")
+def test_metric_tables(tmp_path):
+    with passline.settings(metric_tables="graph_stats,kernel_metadata,pass_stats", metric_dir=str(tmp_path)):
+        assert_matches_eager(lambda x: (x * 2).sum(1), [torch.randn(4, 8)], pipeline="dce")
     rows = list(csv.DictReader((tmp_path / "kernel_metadata.csv").open()))
     assert sorted((r["kind"], r["numel"], r["rnumel"]) for r in rows) == [("pointwise", "32", "1"),
                                                                           ("reduction", "4", "8")]
@@ -281,7 +331,7 @@ def test_entry_point_discovery(tmp_path, monkeypatch):
             return graph
     '''))
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(registry, "_entry_points_loaded", False)
+    monkeypatch.setattr(registry.default_registry(), "_entry_points_pending", True)
     try:
         assert str(Pipeline.parse("dce, t_thirdparty")) == "dce, t_thirdparty"
     finally:
@@ -343,7 +393,7 @@ def test_collector_is_paused_while_passes_run_and_restored_after_errors():
 
     from passline.testing.synthetic import chain_and_fanout
 
-    class Watch:
+    class Watch(passline.PassInstrument):
         def __init__(self, fail=False):
             self.enabled, self.fail = [], fail
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import passline
-from passline.testing import assert_matches_eager, tolerance
+from passline.testing import tolerance
 
 
 class Attention(torch.nn.Module):

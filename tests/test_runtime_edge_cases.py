@@ -27,10 +27,12 @@ ZERO_SIZE = {
               lambda: [torch.randn(0, 3, 4, requires_grad=True), torch.rand(3, requires_grad=True)]),
     # reductions: no rows (no kernel), and rows reducing over nothing (each identity)
     "sum_no_rows": (lambda x: (x.sum(1), x.amax(1)), lambda: [torch.randn(0, 5, requires_grad=True)]),
-    "sum_over_nothing": (lambda x: (x.sum(1), x.prod(1), (x > 0).any(1)), lambda: [torch.randn(4, 0, requires_grad=True)]),
+    "sum_over_nothing": (lambda x: (x.sum(1), x.prod(1), (x > 0).any(1)),
+                         lambda: [torch.randn(4, 0, requires_grad=True)]),
     # a mix-order backward (LayerNorm) over zero rows: no kernel, and the weight's gradient sums no rows
     "layer_norm_no_rows": (torch.nn.LayerNorm(8), lambda: [torch.randn(0, 8, requires_grad=True)]),
-    "batch_norm_empty_spatial": (lambda x, m, v: torch.ops.aten._native_batch_norm_legit(x, None, None, m, v, False, 0.1, 1e-5)[0],
+    "batch_norm_empty_spatial": (lambda x, m, v: torch.ops.aten._native_batch_norm_legit(x, None, None, m, v, False,
+                                                                                         0.1, 1e-5)[0],
                                  lambda: [torch.randn(3, 2, 0), torch.zeros(2), torch.ones(2)]),
 }
 
@@ -105,7 +107,8 @@ def test_bool_and_integer_tensors():
 
 def test_python_scalars_and_bfloat16():
     x = torch.randn(8, 8, dtype=torch.bfloat16, requires_grad=True)
-    _triton(lambda x: (torch.pow(x, 2.0) * 0.5 + 3, torch.logical_or(x, x > 1), torch.logical_not(x), torch.clamp(x, min=-0.5)), [x])
+    _triton(lambda x: (torch.pow(x, 2.0) * 0.5 + 3, torch.logical_or(x, x > 1), torch.logical_not(x),
+                       torch.clamp(x, min=-0.5)), [x])
 
 
 def test_nan_and_inf_through_pow_logical_and_0dim():
@@ -120,9 +123,11 @@ def test_extern_result_dtype_follows_the_ir():
     # the CPU kernel returns bfloat16 statistics where the meta function (and so the IR) says float32: a
     # kernel loading them must read float32 (the interpreter raised "Cannot bitcast ... size 16 to 32")
     fn = lambda x, w, b, m, v: torch.ops.aten._batch_norm_with_update(x, w, b, m, v, 0.5, 1e-5)[:3]
-    x, w, b = torch.randn(5, 4, 3, dtype=torch.bfloat16), torch.rand(4, dtype=torch.bfloat16), torch.randn(4, dtype=torch.bfloat16)
+    x = torch.randn(5, 4, 3, dtype=torch.bfloat16)
+    w, b = torch.rand(4, dtype=torch.bfloat16), torch.randn(4, dtype=torch.bfloat16)
     m, v = torch.zeros(4, dtype=torch.bfloat16), torch.ones(4, dtype=torch.bfloat16)
     torch._dynamo.reset()
-    ours = torch.compile(fn, backend=passline.backend(codegen="triton", fallback="raise"))(x, w, b, m.clone(), v.clone())
+    be = passline.backend(codegen="triton", fallback="raise")
+    ours = torch.compile(fn, backend=be)(x, w, b, m.clone(), v.clone())
     for a, e in zip(ours, fn(x, w, b, m.clone(), v.clone())):
         torch.testing.assert_close(a.float(), e.float(), atol=2e-2, rtol=2e-2)

@@ -2,21 +2,23 @@
 (The other end-to-end tests run on Triton too: make test sets TRITON_INTERPRET=1 and codegen='auto'
 picks the interpreter.)"""
 import os
+import re
 
 import pytest
 import torch
+from modules import RMSNorm
 
 import passline
 from passline.testing import assert_matches_eager
-
-from modules import RMSNorm
 
 REDUCING = {
     "layer_norm": (lambda: torch.nn.LayerNorm(48), lambda: [torch.randn(40, 48, requires_grad=True)]),
     "rms_norm": (lambda: RMSNorm(48), lambda: [torch.randn(40, 48, requires_grad=True)]),
     "softmax_t": (lambda: (lambda x: torch.softmax(x.t() * 3, -1)), lambda: [torch.randn(33, 20, requires_grad=True)]),
-    "arg_and_minmax": (lambda: (lambda x: (x.argmax(1), x.argmin(0), x.amax(0), x.amin(1))), lambda: [torch.randn(30, 70)]),
-    "any_all_prod": (lambda: (lambda x: ((x > 1).any(1), (x > -2).all(0), (x * 0.1 + 1).prod(1))), lambda: [torch.randn(30, 70)]),
+    "arg_and_minmax": (lambda: (lambda x: (x.argmax(1), x.argmin(0), x.amax(0), x.amin(1))),
+                       lambda: [torch.randn(30, 70)]),
+    "any_all_prod": (lambda: (lambda x: ((x > 1).any(1), (x > -2).all(0), (x * 0.1 + 1).prod(1))),
+                     lambda: [torch.randn(30, 70)]),
     "var_mean": (lambda: (lambda x: torch.var_mean(x, 0)), lambda: [torch.randn(300, 7)]),
 }
 
@@ -44,7 +46,7 @@ def test_mix_order_kernel_forms(norm, form):
 
 
 def test_mix_order_row_loop_is_pipelined_on_gpus_only():
-    from passline.backends.triton.runner import _mix_candidates
+    from passline.backends.triton.configs import Variant, mix_candidates
 
     be = assert_matches_eager(torch.nn.LayerNorm(48), [torch.randn(300, 48, requires_grad=True)], codegen="triton")
     (mix,) = [k for r in be.reports for k in r.kernel_info if k.kind == "mix_order"]
@@ -52,14 +54,14 @@ def test_mix_order_row_loop_is_pipelined_on_gpus_only():
     on_gpu = "GPU" in be.reports[0].codegen_reason
     assert mix.blocks["STAGES"] in ((1, 3, 4) if on_gpu else (1,))  # the interpreter runs the loop as it is
     # on a GPU: three and four stages for each configuration, one unpipelined baseline
-    gpu = _mix_candidates("mix_order", 512, 128, interpret=False)
-    assert sorted(c[1]["STAGES"] for c in gpu).count(1) == 1 and {c[1]["STAGES"] for c in gpu} == {1, 3, 4}
+    gpu = mix_candidates(Variant.MIX_ORDER, 512, 128, interpret=False)
+    assert sorted(c.stages for c in gpu).count(1) == 1 and {c.stages for c in gpu} == {1, 3, 4}
     # two rows with the one-row accumulator only where a thread holds its columns of both rows:
     # 512 columns in 16-byte loads are 64 threads, so one or two warps; 4096 columns need 8 to 16
-    assert {c[2] for c in gpu if c[1]["XBLOCK"] == 2} == {1, 2}
-    wide = _mix_candidates("mix_order", 4096, 128, interpret=False)
-    assert {c[2] for c in wide if c[1]["XBLOCK"] == 2} == {8, 16}
-    assert all(c[1]["XBLOCK"] >= 2 for c in _mix_candidates("mix_order_acc2d", 512, 128, interpret=False))
+    assert {c.warps for c in gpu if c.xblock == 2} == {1, 2}
+    wide = mix_candidates(Variant.MIX_ORDER, 4096, 128, interpret=False)
+    assert {c.warps for c in wide if c.xblock == 2} == {8, 16}
+    assert all(c.xblock >= 2 for c in mix_candidates(Variant.MIX_ORDER_ACC2D, 512, 128, interpret=False))
 
 
 def test_nan_and_inf_propagate_like_eager():
@@ -121,24 +123,99 @@ def test_index_width():
     assert _int64(big, big.nodes()[0])
 
 
-def test_wrapper_frees_buffers_after_last_use_and_reuses_their_storage():
-    fn = lambda x, w: ((x * 2) @ w + 1) @ w  # kernel, mm, kernel, mm: the second kernel's buffer can reuse
+def _check_call_liveness(source: str) -> None:
+    """In a generated call: every buffer it assigns is deleted after its last use or returned, and
+    none is used after its `del`."""
+    lines = source.splitlines()
+    returned = set(re.findall(r"\bb_\w+", lines[-1]))
+    assigned = {m for line in lines for m in re.findall(r"^\s*(b_\w+) = ", line)}
+    deleted = {}
+    for i, line in enumerate(lines):
+        m = re.search(r"(?:^\s*|; )del (.*)$", line)
+        if m:
+            for name in m.group(1).split(", "):
+                deleted[name] = i
+    for name, i in deleted.items():
+        later = [line for line in lines[i + 1:] if re.search(rf"\b{name}\b", line)]
+        assert not later, f"{name} used after its del: {later}"
+        before = [line for line in lines[:i + 1] if re.search(rf"\b{name}\b", line)]
+        assert len(before) > 1, f"{name} never used"
+    inputs = {m for line in lines for m in re.findall(r"^\s*(b_\w+) = args\[", line)}
+    assert assigned - inputs <= set(deleted) | returned, sorted(assigned - inputs - set(deleted) - returned)
+
+
+def test_generated_call_frees_buffers_after_last_use():
+    fn = lambda x, w: ((x * 2) @ w + 1) @ w  # kernel, mm, kernel, mm: each kernel's buffer dies at its mm
     dev = os.environ.get("PASSLINE_TEST_DEVICE", "cpu")
     x, w = torch.randn(8, 8, device=dev), torch.randn(8, 8, device=dev)
     runner = assert_matches_eager(fn, [x, w], codegen="triton").reports[0].runner
-    allocated = []
-    alloc = runner._alloc
+    # the second kernel's buffer takes the storage of the first's, dead at the mm between them
+    assert runner.source.count("empty0(") == 1 and "b_buf2 = b_buf0; del b_buf0" in runner.source, \
+        runner.source
+    _check_call_liveness(runner.source)
+    for _ in range(2):  # later calls take the launch path of the compiled binaries (on a GPU)
+        torch.testing.assert_close(runner(x, w)[0], fn(x, w))
+    # a training step: forward and backward graphs, a mix-order node, externs, saved activations
+    be = assert_matches_eager(torch.nn.LayerNorm(48), [torch.randn(300, 48, device=dev, requires_grad=True)],
+                              codegen="triton")
+    for report in be.reports:
+        _check_call_liveness(report.runner.source)
 
-    def watch(layout, bind, pool, owned, name):
-        t = alloc(layout, bind, pool, owned, name)
-        allocated.append((name, t.untyped_storage().data_ptr()))
-        return t
 
-    runner._alloc = watch
-    for _ in range(2):  # the second call takes its plans from the first (static shapes)
-        allocated.clear()
-        out = runner(x, w)[0]
-        torch.testing.assert_close(out, fn(x, w))
-        names = [n for n, _ in allocated]
-        ptrs = [p for _, p in allocated]
-        assert len(set(names)) == 2 and len(set(ptrs)) == 1, allocated  # two buffers, one storage
+def test_cudagraphs_option_replays_training_steps_like_eager():
+    # on the CPU the option is accepted and the report says why it is off; on a GPU the graphs are
+    # captured at the second call and replayed, inputs copied where their storage changes per call
+    dev = os.environ.get("PASSLINE_TEST_DEVICE", "cpu")
+    torch._dynamo.reset()  # earlier tests' compiles of the same module code would count toward dynamo's limit
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.LayerNorm(64), torch.nn.GELU()).to(dev)
+    ours = __import__("copy").deepcopy(model)
+    be = passline.backend(codegen="triton", fallback="raise", cudagraphs=True)
+    compiled = torch.compile(ours, backend=be)
+    kept = []
+    for step in range(4):
+        x = torch.randn(16, 32, device=dev)
+        out_a, out_b = compiled(x), model(x)
+        kept.append((out_a, out_b))
+        torch.testing.assert_close(out_a, out_b, rtol=1e-4, atol=1e-5)
+        out_a.square().mean().backward()
+        out_b.square().mean().backward()
+        for (name, pa), pb in zip(ours.named_parameters(), model.parameters()):
+            where = f"step {step}, {name}"
+            torch.testing.assert_close(pa.grad, pb.grad, rtol=1e-4, atol=1e-5, msg=lambda m, w=where: f"{w}: {m}")
+    for out_a, out_b in kept:  # outputs kept across steps are not overwritten by later replays
+        torch.testing.assert_close(out_a, out_b, rtol=1e-4, atol=1e-5)
+    states = {r.cudagraphs.split(":")[0] for r in be.reports}
+    assert states == ({"on"} if dev == "cuda" else {"off"}), [r.cudagraphs for r in be.reports]
+
+
+def test_configuration_rules_follow_from_sizes_and_device():
+    # hand facts of configs.rule on a 132-SM GPU (no timing): what each kernel launches with
+    from passline.backends.triton.configs import Device, Variant, rule
+
+    gpu = Device(sms=132)
+    pw = rule({Variant.POINTWISE: None}, 10_000_000, None, False, gpu)
+    assert (pw.variant, pw.xblock, pw.warps) == (Variant.POINTWISE, 1024, 4)
+    assert rule({Variant.POINTWISE: None}, 100, None, False, gpu).xblock == 128  # small: the next power of two
+    red = {Variant.PERSISTENT: None, Variant.LOOPED: None}
+    # rows of 384 (block 512): 4 rows a block make 2048 elements; 576000 rows keep every SM busy
+    c = rule(red, 576000, 384, False, gpu)
+    assert (c.variant, c.xblock, c.rblock) == (Variant.PERSISTENT, 4, 512)
+    # few rows: fewer rows per block, so at least two programs per SM where rows allow
+    assert rule(red, 300, 384, False, gpu).xblock == 1
+    # rows too long for registers loop, one row a program
+    c = rule(red, 4000, 30000, False, gpu)
+    assert (c.variant, c.xblock, c.rblock) == (Variant.LOOPED, 1, 2048)
+    # column sums (strided): 3072 columns in blocks of 16 (192 programs), not 128 (24 programs)
+    c = rule(red, 3072, 8192, False, gpu, rows_contiguous=False)
+    assert (c.variant, c.xblock, c.rblock) == (Variant.LOOPED, 16, 256)
+    assert rule(red, 1 << 20, 64, False, gpu, rows_contiguous=False).xblock == 128
+    # mix-order: two-dimensional accumulator, rows for ~2048 elements, four stages, the IR's split
+    mix = {Variant.MIX_ORDER: 128, Variant.MIX_ORDER_ACC2D: 128}
+    c = rule(mix, 576000, 384, False, gpu)
+    assert (c.variant, c.xblock, c.warps, c.stages, c.split) == (Variant.MIX_ORDER_ACC2D, 4, 2, 4, 128)
+    c = rule(mix, 32768, 4096, False, gpu)
+    assert (c.variant, c.xblock, c.warps) == (Variant.MIX_ORDER_ACC2D, 2, 16)
+    assert rule(mix, 1000, 8192, False, gpu).variant == Variant.MIX_ORDER  # too wide for two rows a block
+    # a forced variant wins where the kernel has it
+    assert rule(red, 576000, 384, False, gpu, only="looped").variant == Variant.LOOPED

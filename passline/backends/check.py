@@ -18,7 +18,6 @@ which compiles a whole function again per probe; here one aten graph is compiled
 from __future__ import annotations
 
 import math
-import os
 import re
 import tempfile
 import time
@@ -29,6 +28,7 @@ from typing import Callable
 import attrs
 import torch
 
+from ..config import current_settings
 from ..lowering import lower_graph
 from ..pipeline.graph import SchedulerGraph
 from ..pipeline.report import last_report, set_last_report
@@ -274,7 +274,7 @@ def save_reproducer(name: str, gm, inputs, pipeline: str, pass_limit, decision_l
 class CheckReport:
     """The accuracy guard's verdict on one compiled graph (`report.check`)."""
 
-    ok: bool | None  # None: not checked, the oracle failed (`message` says how)
+    ok: bool | None  # None: not checked (`message` says why: the oracle failed, the graph communicates)
     graph: str  # the report name: forward0, backward1, ...
     seconds: float  # first-call cost of the check: the oracle run and the comparison
     mismatch: Mismatch | None = None  # the worst output
@@ -303,7 +303,7 @@ class CheckReport:
         if self.ok:
             return f"check {self.graph}: matches the reference backend ({self.seconds * 1e3:.1f} ms)"
         if self.ok is None:
-            return f"check {self.graph}: not checked, the reference backend failed: {self.message}"
+            return f"check {self.graph}: not checked, {self.message}"
         return (f"check {self.graph}: differs from the reference backend at {self.mismatch}; "
                 f"culprit: {self.culprit}; reproducer: {self.reproducer} (passline.replay(path) re-runs it)")
 
@@ -365,7 +365,8 @@ class Guard:
     def _unchecked(self, got, error: Exception):
         """The oracle itself failed: nothing to compare with. Say so and keep the compiled graph."""
         self.call = self.runner
-        self.report.check = CheckReport(None, self.report.name, 0.0, message=f"{type(error).__name__}: {error}")
+        self.report.check = CheckReport(None, self.report.name, 0.0,
+                                        message=f"the reference backend failed: {type(error).__name__}: {error}")
         if self.backend.fallback == "raise":
             raise error
         warnings.warn(f"passline check: graph {self.report.name} could not be checked, the reference backend "
@@ -387,9 +388,10 @@ class Guard:
         check.bisect, check.bisect_seconds = found, time.perf_counter() - t0
         located = found.pass_index is not None
         pipeline = found.minimal_pipeline if located else str(be.pipeline)
-        save_dir = be.dump_dir or os.environ.get("PASSLINE_DUMP_DIR") or None
+        save_dir = be.dump_dir or current_settings().dump_dir
         try:
-            check.reproducer = str(save_reproducer(name, self.gm, inputs, pipeline, found.pass_index if located else None,
+            check.reproducer = str(save_reproducer(name, self.gm, inputs, pipeline,
+                                                   found.pass_index if located else None,
                                                    found.decision_limits, be.codegen, save_dir,
                                                    prefix="passline-check-"))
         except Exception as e:  # e.g. a graph that does not pickle: say so in the warning, keep going
@@ -403,6 +405,12 @@ class Guard:
         warnings.warn(message, stacklevel=3)
 
 
-def checked(runner, report, backend, gm, example_inputs) -> Guard:
-    """Wrap a compiled graph's runner in the accuracy guard (see the module doc)."""
+def checked(runner, report, backend, gm, example_inputs):
+    """Wrap a compiled graph's runner in the accuracy guard (see the module doc); a graph that runs
+    collectives is not checked: the oracle would issue them a second time, and a mismatch would bisect on
+    this rank alone while the other ranks wait for collectives it never sends."""
+    if report.graph.comms:
+        report.check = CheckReport(None, report.name, 0.0, message="the graph runs collectives (each rank must "
+                                   "issue exactly the program's collectives)")
+        return runner
     return Guard(runner, report, backend, gm, example_inputs)

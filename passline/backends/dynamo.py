@@ -14,20 +14,21 @@ import torch
 from functorch.compile import make_boxed_func, min_cut_rematerialization_partition
 from torch._dynamo.backends.common import aot_autograd
 
+from ..config import current_settings, use_settings
 from ..lowering import decomposition_table, lower_graph
 from ..pipeline.graph import SchedulerGraph
 from ..pipeline.manager import PassManager
-from ..pipeline.metrics import Metrics, enabled_tables
+from ..pipeline.metrics import Metrics
 from ..pipeline.report import CompileReport, set_last_report
 from ..pipeline.text import Pipeline
 from .check import checked
 from .layouts import conform_inputs
 from .reference import ReferenceRunner
-from .triton.kernel import MIX_FORMS  # codegen only: imports no triton
+from .variants import AUTO, FORCEABLE, KernelVariant
 
 CODEGENS = ("auto", "triton", "reference")
 # The pipeline `passline.backend()` runs when none is given, in one place.
-DEFAULT_PIPELINE = "dce, inline_pointwise, repeat(fuse, reorder_loops; max_iter=4), mix_order_reduction"
+DEFAULT_PIPELINE = "dce, inline_pointwise, memory_order, repeat(fuse, reorder_loops; max_iter=4), mix_order_reduction"
 
 
 class Backend:
@@ -38,48 +39,54 @@ class Backend:
     torch oracle) or "auto": triton for CUDA graphs, triton's interpreter for CPU graphs when
     TRITON_INTERPRET=1, else reference — the report's `codegen_reason` says which and why;
     verify: run SchedulerGraph.verify() after lowering and after every pass;
-    dump_dir: write graph dumps for each pass that changed the graph (default $PASSLINE_DUMP_DIR);
-    metric_tables: CSV metric tables to write (default $PASSLINE_METRIC_TABLES);
-    instruments: objects with before_pass/after_pass hooks;
+    instruments: PassInstruments (before_pass/after_pass hooks) run around every pass, after the built-in ones;
     pass_limit, decision_limits: stop after N pass runs / cap decisions (used by passline.bisect);
     kernel_variant: "auto" (multi-kernel choice), or force "persistent" / "looped" reductions or a mix-order
-    form ("mix_order", "mix_order_acc2d") wherever a kernel has it; cache_dir: kernel cache;
-    fallback: when passline fails on a graph, "eager" (default for users; $PASSLINE_FALLBACK) warns and
-    runs that graph's aten code as it is, "raise" (what passline.testing uses) raises the error;
-    check: the accuracy guard (default $PASSLINE_CHECK=1, else off): the first call of each graph is also run
+    form ("mix_order", "mix_order_acc2d") wherever a kernel has it.
+
+    Settings (passline.config; None takes the one in effect when the backend is created: the environment's
+    PASSLINE_* variable, or an enclosing `with passline.settings(...)`): dump_dir: write graph dumps for each
+    pass that changed the graph ("" for none); metric_tables, metric_dir: CSV metric tables to write, and
+    where; cache_dir: kernel cache; autotune: time each kernel's candidate configurations at its first call
+    (off: configurations by rule, nothing timed);
+    fallback: when passline fails on a graph, "eager" (the default for users) warns and runs that graph's
+    aten code as it is, "raise" (what passline.testing uses) raises the error;
+    check: the accuracy guard (off by default): the first call of each graph is also run
     on the reference backend before any pass and compared output by output; a mismatch warns (or raises
     AccuracyError under fallback="raise"), runs that graph eagerly from then on, saves a reproducer and
     bisects to the culprit pass and decision (report.check; docs/debugging.md).
+    The result is `backend.settings`; every graph is compiled under it.
     """
 
     def __init__(self, pipeline=None, codegen: str = "auto", verify: bool = True, dump_dir=None,
                  metric_tables=None, metric_dir=None, instruments=(), pass_limit=None, decision_limits=None,
                  capture: bool = False, kernel_variant: str = "auto", cache_dir=None, fallback=None,
-                 check: bool | None = None):
+                 check: bool | None = None, autotune: bool | None = None, cudagraphs: bool = False):
         if codegen not in CODEGENS:
             raise ValueError(f"unknown codegen {codegen!r}; choose one of {', '.join(CODEGENS)}")
         self.pipeline = Pipeline.parse(DEFAULT_PIPELINE if pipeline is None else pipeline) \
             if not isinstance(pipeline, Pipeline) else pipeline
         self.codegen = codegen
         self.verify = verify
-        self.dump_dir = dump_dir if dump_dir is not None else os.environ.get("PASSLINE_DUMP_DIR") or None
-        self.metric_tables = enabled_tables(metric_tables)
-        self.metric_dir = metric_dir
+        self.settings = current_settings().evolve(
+            dump_dir=dump_dir, metric_tables=metric_tables, metric_dir=metric_dir, cache_dir=cache_dir,
+            fallback=fallback, check=check, autotune=autotune)
+        self.dump_dir = self.settings.dump_dir
+        self.metric_tables = self.settings.metric_tables
+        self.metric_dir = self.settings.metric_dir
+        self.cache_dir = self.settings.cache_dir  # kernel disk cache
+        self.fallback = self.settings.fallback
+        self.check = self.settings.check
         self.manager = PassManager(self.pipeline, verify=verify, instruments=instruments, pass_limit=pass_limit,
                                    decision_limits=decision_limits, dump_dir=self.dump_dir)
         self.capture = capture  # keep each graph's first real inputs on its report (bisect, reproducers)
-        variants = ("auto", "persistent", "looped", *MIX_FORMS)
-        if kernel_variant not in variants:
-            raise ValueError(f"kernel_variant must be one of {', '.join(variants)}, not {kernel_variant!r}")
-        self.kernel_variant = kernel_variant  # force one reduction variant (tests, experiments)
-        self.cache_dir = cache_dir  # kernel disk cache (default $PASSLINE_CACHE_DIR or ~/.cache/passline)
-        fallback = fallback or os.environ.get("PASSLINE_FALLBACK", "eager")
-        if fallback not in ("eager", "raise"):
-            raise ValueError(f"fallback must be 'eager' or 'raise', not {fallback!r}")
-        self.fallback = fallback
-        if check is None:
-            check = os.environ.get("PASSLINE_CHECK", "0").strip().lower() in ("1", "true", "yes", "on")
-        self.check = check
+        if kernel_variant not in FORCEABLE:
+            raise ValueError(f"kernel_variant must be one of {', '.join(FORCEABLE)}, not {kernel_variant!r}")
+        # force one reduction variant (tests, experiments)
+        self.kernel_variant = AUTO if kernel_variant == AUTO else KernelVariant(kernel_variant)
+        self.autotune = self.settings.autotune
+        self.cudagraphs = cudagraphs  # capture static-shape GPU graphs and replay them (backends/cudagraphs.py)
+        self._pool = None  # one CUDA graph memory pool for every graph this backend captures
         self.reports: list[CompileReport] = []
         self.failures: list = []  # (graph kind, exception) for graphs run eagerly by the fallback
         self._ids = itertools.count()
@@ -124,6 +131,10 @@ class Backend:
 
     def compile_aten(self, gm: torch.fx.GraphModule, example_inputs, kind: str = "graph"):
         """Lower an aten FX graph, run the pipeline, and return a callable taking the graph inputs."""
+        with use_settings(self.settings):
+            return self._compile_aten(gm, example_inputs, kind)
+
+    def _compile_aten(self, gm: torch.fx.GraphModule, example_inputs, kind: str):
         name = f"{kind}{next(self._ids)}"
         t0 = time.perf_counter()
         program = lower_graph(gm, example_inputs)
@@ -137,14 +148,14 @@ class Backend:
         t2 = time.perf_counter()
         codegen, reason = choose_codegen(self.codegen, graph)
         if codegen == "triton":
+            from .triton.cache import KernelCache
             from .triton.runner import TritonRunner
 
-            from .triton.cache import KernelCache
-
             runner = TritonRunner(graph, interpret=_on_cpu(graph), variant=self.kernel_variant,
-                                  cache=KernelCache(self.cache_dir))
+                                  cache=KernelCache(self.cache_dir), autotune=self.autotune)
             if runner.fallbacks:
-                reason += "; on the reference backend: " + "; ".join(f"{n} ({why})" for n, why in runner.fallbacks.items())
+                reason += "; on the reference backend: " + "; ".join(
+                    f"{n} ({why})" for n, why in runner.fallbacks.items())
         else:
             runner = ReferenceRunner(graph)
         report = CompileReport(name, graph, codegen, codegen_reason=reason, pipeline=str(self.pipeline), passes=records,
@@ -156,6 +167,12 @@ class Backend:
         self.reports.append(report)
         set_last_report(report)
         runner = conform_inputs(graph, runner)  # read every input with the strides it was lowered for
+        if self.cudagraphs:  # captured at the second call and replayed (backends/cudagraphs.py)
+            from .cudagraphs import cudagraphed
+
+            if self._pool is None and torch.cuda.is_available():
+                self._pool = torch.cuda.graph_pool_handle()
+            runner = cudagraphed(runner, graph, report, self._pool)
         if self.check:  # the accuracy guard checks the first call against the oracle (backends/check.py)
             runner = checked(runner, report, self, gm, example_inputs)
         if self.capture:

@@ -1,5 +1,5 @@
-"""Input strides checked at run time: a compiled graph reads each input with the strides it was
-lowered for, so a tensor that arrives with others is re-laid out first, never read scrambled.
+"""Input strides and alignment checked at run time: a compiled graph reads each input with the strides
+it was lowered for, so a tensor that arrives with others is re-laid out first, never read scrambled.
 
 dynamo guards the strides of user inputs and AOTAutograd coerces tangents to their traced layout, so
 this is a last line of defence (a saved activation or a caller that bypasses both): one tuple compare
@@ -27,18 +27,21 @@ class _Expect:
         self.seen: dict = {}  # (sizes, strides) -> strides to give such a tensor, or None
 
     def wanted(self, t: torch.Tensor) -> tuple | None:
-        """The strides to give `t`, or None when its own are fine (equal on dims of size > 1)."""
+        """The strides to give `t`, or None when its own are fine (equal on dims of size > 1). Decided
+        once per strides seen (per sizes and strides under dynamic shapes): a size-1 dim's stride often
+        differs from the traced one, and a training step passes the same layouts every call."""
         have = t.stride()
         if have == self.stride:
             return None
-        if self.stride is not None:
-            return self._differs(t, have, self.stride)
-        # symbolic strides: evaluated once per (sizes, strides) seen, not per call (sympy is slow)
-        key = (t.shape, have)
-        if key not in self.seen:
-            if len(self.seen) >= 64:
-                self.seen.clear()
-            self.seen[key] = self._differs(t, have, _evaluate(self.layout, t))
+        key = have if self.stride is not None else (t.shape, have)
+        found = self.seen.get(key, self)
+        if found is not self:
+            return found
+        if len(self.seen) >= 64:
+            self.seen.clear()
+        # symbolic strides are evaluated here, not per call (sympy is slow)
+        want = self.stride if self.stride is not None else _evaluate(self.layout, t)
+        self.seen[key] = self._differs(t, have, want)
         return self.seen[key]
 
     @staticmethod
@@ -63,8 +66,13 @@ def _evaluate(layout, t: torch.Tensor) -> tuple | None:
         return None
 
 
+ALIGN = 16  # bytes: generated kernels are compiled for inputs aligned to this (Triton's specialization)
+
+
 def conform_inputs(graph: SchedulerGraph, runner):
-    """`runner`, wrapped so that every tensor input has the layout the graph was lowered with."""
+    """`runner`, wrapped so that every tensor input has the layout the graph was lowered with and starts
+    on a 16-byte boundary (a view that starts mid-row is copied: kernels are compiled once, for aligned
+    pointers, and never re-specialized per call)."""
     mutated = graph.mutated_names()
     expects = [_Expect(k, inp.buffer.layout, inp.name in mutated)
                for k, inp in enumerate(graph.inputs) if inp.buffer is not None]
@@ -78,8 +86,9 @@ def conform_inputs(graph: SchedulerGraph, runner):
             if not isinstance(t, torch.Tensor):
                 continue
             stride = e.wanted(t)
-            if stride is not None:
+            if stride is not None or t.data_ptr() % ALIGN:
                 fixed = fixed or {}
+                stride = t.stride() if stride is None else stride
                 fixed[e.pos] = torch.empty_strided(t.shape, stride, dtype=t.dtype, device=t.device).copy_(t)
         if fixed is None:
             return runner(*args)

@@ -12,8 +12,21 @@ from typing import Callable
 import sympy
 import torch
 
-from ..ir import (Cast, Constant, Extern, FusedNode, IndexValue, Load, MixOrderNode, Op, Pointwise, Reduction,
-                  Scatter, TensorArg, walk)
+from ..ir import (
+    Cast,
+    Constant,
+    Extern,
+    FusedNode,
+    IndexValue,
+    Load,
+    MixOrderNode,
+    Op,
+    Pointwise,
+    Reduction,
+    Scatter,
+    TensorArg,
+    walk,
+)
 from ..ir.index import FloorDiv, ModularIndexing
 from ..lowering.sizes import runtime_value
 from ..pipeline.graph import SchedulerGraph
@@ -202,6 +215,10 @@ class ReferenceRunner:
                 # (a generated kernel's loads take the tensor's dtype): make the storage match both. The
                 # dtypes differ where an op's CPU kernel disagrees with its meta function (bfloat16
                 # _batch_norm_with_update returns bfloat16 statistics; its meta says float32).
+                if node.comm == "collective":  # a copy now would read what the collective is still writing
+                    raise RuntimeError(f"{node.name}: {node.op} returned {r.dtype} strides {r.stride()}, not the "
+                                       f"{dtype} {tuple(stride)} it was lowered with; it cannot be copied before "
+                                       f"its wait")
                 r = torch.empty_strided(size, stride, dtype=dtype, device=r.device).copy_(r)
             env[buf.name] = r
 

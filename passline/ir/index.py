@@ -6,22 +6,38 @@ relative to the buffer's first element.
 """
 from __future__ import annotations
 
+import enum
 import functools
-from typing import Sequence
+import sys
+from typing import NamedTuple, Sequence
 
 import sympy
 
 Expr = sympy.Expr
 
+if sys.version_info >= (3, 11):
+    from enum import StrEnum
+else:  # pragma: no cover - Python 3.10
+    class StrEnum(str, enum.Enum):
+        """enum.StrEnum of Python 3.11: members are their string values (compare, hash, format)."""
 
-@functools.lru_cache(maxsize=None)
-def loop_var(prefix: str, i: int) -> sympy.Symbol:
-    """Loop variable `prefix`+`i`: `i*` for the outer (pointwise) loops, `r*` for reduction loops."""
-    return sympy.Symbol(f"{prefix}{i}", integer=True, nonnegative=True)
+        __str__ = str.__str__
+        __format__ = str.__format__
+        __hash__ = str.__hash__
 
 
-def loop_vars(prefix: str, n: int) -> tuple[sympy.Symbol, ...]:
-    return tuple(loop_var(prefix, i) for i in range(n))
+class VarKind(StrEnum):
+    """What a symbol in an index expression stands for. The value is the prefix its name is printed with
+    (`i0`, `r1`, `o0`); the kind is recorded when the symbol is made (`var`, `loop_var`) and asked with
+    `var_kind(symbol)`: nothing reads it back from the name's letters."""
+
+    OUTER = "i"  # a node's outer (pointwise) loop
+    REDUCTION = "r"  # a node's reduction loop
+    VIEW = "v"  # a view's index variable while lowering (lowering.tensor)
+    CANON_OUTER = "o"  # a group's canonical outer loop (ir.loops)
+    CANON_REDUCTION = "q"  # a group's canonical reduction loop (ir.loops)
+    TEMP = "_t"  # a temporary of a simultaneous renaming
+    SIZE = "size"  # a symbolic size (dynamic shapes), named by whoever made it
 
 
 class IndirectSymbol(sympy.Symbol):
@@ -42,10 +58,58 @@ def is_indirect(expr) -> bool:
     return any(isinstance(s, IndirectSymbol) for s in getattr(expr, "free_symbols", ()))
 
 
-@functools.lru_cache(maxsize=None)
+LOOP_KINDS = frozenset({VarKind.OUTER, VarKind.REDUCTION, VarKind.VIEW})  # a node's or a view's own loops
+CANONICAL_KINDS = frozenset({VarKind.CANON_OUTER, VarKind.CANON_REDUCTION})
+
+
+class VarInfo(NamedTuple):
+    kind: VarKind
+    index: int | None  # position among the variables of its kind (None for a size)
+
+
+# symbol -> what it is, filled by the constructors below. Symbols are values (equal name and assumptions
+# make equal symbols), so one entry per distinct variable: a few dozen, whatever the graph's size.
+_VARS: dict = {}
+
+
+@functools.lru_cache(maxsize=1024)
+def var(kind: VarKind, k: int) -> sympy.Symbol:
+    """The `k`-th variable of `kind` (a non-negative integer symbol; sizes come from `size_var`)."""
+    kind = VarKind(kind)
+    if kind is VarKind.SIZE:
+        raise ValueError("a symbolic size is made by size_var(name)")
+    s = sympy.Symbol(f"{kind.value}{k}", integer=True, nonnegative=True)
+    _VARS[s] = VarInfo(kind, k)
+    return s
+
+
+def var_info(sym) -> VarInfo | None:
+    """(kind, index) of a variable made by `var`/`size_var`; None for any other symbol (e.g. one of
+    dynamo's sizes that passline did not make)."""
+    return _VARS.get(sym)
+
+
+def var_kind(sym) -> VarKind | None:
+    info = _VARS.get(sym)
+    return info.kind if info is not None else None
+
+
+def loop_var(prefix: VarKind | str, i: int) -> sympy.Symbol:
+    """Loop variable `i` of a kind: `VarKind.OUTER` (`i*`) for the outer (pointwise) loops,
+    `VarKind.REDUCTION` (`r*`) for reduction loops. (A kind's value, "i" or "r", is accepted too.)"""
+    return var(prefix, i)
+
+
+def loop_vars(prefix: VarKind | str, n: int) -> tuple[sympy.Symbol, ...]:
+    return tuple(var(prefix, i) for i in range(n))
+
+
+@functools.lru_cache(maxsize=1024)
 def size_var(name: str) -> sympy.Symbol:
     """A symbolic size (dynamic shapes): a positive integer."""
-    return sympy.Symbol(name, integer=True, positive=True)
+    s = sympy.Symbol(name, integer=True, positive=True)
+    _VARS[s] = VarInfo(VarKind.SIZE, None)
+    return s
 
 
 def sympify(x) -> Expr:

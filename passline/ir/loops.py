@@ -7,19 +7,42 @@ buffer are the same expression in canonical variables.
 """
 from __future__ import annotations
 
-import functools
-
 import attrs
 import sympy
 
 from .body import substitute_index
-from .index import as_strided_form, is_indirect, loop_vars
-from .nodes import FusedNode, MixOrderNode, Pointwise, Reduction, _group_shape
+from .index import CANONICAL_KINDS, StrEnum, VarKind, as_strided_form, is_indirect, loop_vars, var, var_info
+from .nodes import MixOrderNode, Pointwise, Reduction, _group_shape, members
+
+__all__ = ["Role", "role", "canon_var", "is_canonical", "transposed", "members", "shape", "canonical_map",
+           "canonical_sizes", "Access", "store_access", "read_accesses", "compare", "permute_pointwise",
+           "access_problem", "group_problem"]
 
 
-@functools.lru_cache(maxsize=None)
-def canon_var(prefix: str, k: int) -> sympy.Symbol:
-    return sympy.Symbol(f"{prefix}{k}", integer=True, nonnegative=True)
+def canon_var(prefix: VarKind | str, k: int) -> sympy.Symbol:
+    """Canonical variable `k` of a group: `VarKind.CANON_OUTER` (`o*`) or `VarKind.CANON_REDUCTION` (`q*`)."""
+    return var(prefix, k)
+
+
+def is_canonical(sym) -> bool:
+    """Is `sym` one of a group's canonical loop variables (o* or q*)?"""
+    info = var_info(sym)
+    return info is not None and info.kind in CANONICAL_KINDS
+
+
+def transposed(sym) -> sympy.Symbol:
+    """The canonical variable at the same position on the other side of the nest: o_k <-> q_k (a column
+    member's outer loops are its kernel's reduction loops). Any other variable maps to o_k."""
+    kind, k = var_info(sym)
+    return var(VarKind.CANON_OUTER if kind is not VarKind.CANON_OUTER else VarKind.CANON_REDUCTION, k)
+
+
+class Role(StrEnum):
+    """How a member runs in a group over (outer | red); see `role`."""
+
+    INNER = "inner"  # each point of outer+red, inside the reduction loop
+    OUTER = "outer"  # each point of outer, after the reductions
+    REDUCTION = "reduction"  # a reduction over red, for each point of outer
 
 
 def shape(node) -> tuple:
@@ -30,16 +53,16 @@ def shape(node) -> tuple:
     return _group_shape(node)
 
 
-def role(member, outer: tuple, red: tuple) -> str | None:
-    """How `member` runs in a group over (outer | red): "inner" (each point of outer+red, inside the
-    reduction loop), "outer" (each point of outer, after the reductions), "reduction", or None."""
+def role(member, outer: tuple, red: tuple) -> Role | None:
+    """How `member` runs in a group over (outer | red): Role.INNER (each point of outer+red, inside the
+    reduction loop), Role.OUTER (each point of outer, after the reductions), Role.REDUCTION, or None."""
     o, r = _group_shape(member)
     if isinstance(member, Reduction):
-        return "reduction" if (o, r) == (tuple(outer), tuple(red)) else None
+        return Role.REDUCTION if (o, r) == (tuple(outer), tuple(red)) else None
     if o == tuple(outer) + tuple(red):
-        return "inner"
+        return Role.INNER
     if red and o == tuple(outer):
-        return "outer"
+        return Role.OUTER
     return None
 
 
@@ -48,16 +71,17 @@ def canonical_map(member, n_outer: int) -> dict:
     For a Pointwise member the first `n_outer` non-unit loops are outer (o*), the rest reduction (q*)."""
     mapping = {}
     k = 0
-    for v, s in zip(loop_vars("i", len(member.ranges)), member.ranges):
+    for v, s in zip(loop_vars(VarKind.OUTER, len(member.ranges)), member.ranges):
         if s == 1:
             mapping[v] = sympy.S.Zero
         else:
-            mapping[v] = canon_var("o", k) if k < n_outer or isinstance(member, Reduction) else canon_var("q", k - n_outer)
+            mapping[v] = (var(VarKind.CANON_OUTER, k) if k < n_outer or isinstance(member, Reduction)
+                          else var(VarKind.CANON_REDUCTION, k - n_outer))
             k += 1
     if isinstance(member, Reduction):
         j = 0
-        for v, s in zip(loop_vars("r", len(member.reduction_ranges)), member.reduction_ranges):
-            mapping[v] = sympy.S.Zero if s == 1 else canon_var("q", j)
+        for v, s in zip(loop_vars(VarKind.REDUCTION, len(member.reduction_ranges)), member.reduction_ranges):
+            mapping[v] = sympy.S.Zero if s == 1 else var(VarKind.CANON_REDUCTION, j)
             j += 1 if s != 1 else 0
     return mapping
 
@@ -65,9 +89,9 @@ def canonical_map(member, n_outer: int) -> dict:
 def canonical_sizes(member, n_outer: int) -> dict:
     """Canonical variable -> loop size."""
     m = canonical_map(member, n_outer)
-    sizes = dict(zip(loop_vars("i", len(member.ranges)), member.ranges))
+    sizes = dict(zip(loop_vars(VarKind.OUTER, len(member.ranges)), member.ranges))
     if isinstance(member, Reduction):
-        sizes.update(zip(loop_vars("r", len(member.reduction_ranges)), member.reduction_ranges))
+        sizes.update(zip(loop_vars(VarKind.REDUCTION, len(member.reduction_ranges)), member.reduction_ranges))
     return {c: sizes[v] for v, c in m.items() if isinstance(c, sympy.Symbol)}
 
 
@@ -129,19 +153,15 @@ def compare(store: Access, read: Access):
 def permute_pointwise(node: Pointwise, order: list[int]) -> Pointwise:
     """The same node with its loops run in `order` (new loop j is old loop order[j]); what it computes
     and where it stores are unchanged."""
-    old = loop_vars("i", len(node.ranges))
-    new = loop_vars("i", len(node.ranges))
-    tmp = [sympy.Symbol(f"_t{j}", integer=True, nonnegative=True) for j in range(len(old))]
+    old = loop_vars(VarKind.OUTER, len(node.ranges))
+    new = loop_vars(VarKind.OUTER, len(node.ranges))
+    tmp = loop_vars(VarKind.TEMP, len(old))
     # old var order[j] becomes new var j (through temporaries so the renaming is simultaneous)
     body = substitute_index(node.body, {old[order[j]]: tmp[j] for j in range(len(old))})
     body = substitute_index(body, {tmp[j]: new[j] for j in range(len(old))})
     where = {o: j for j, o in enumerate(order)}
     permutation = tuple(where[p] for p in node.permutation)
     return attrs.evolve(node, ranges=tuple(node.ranges[o] for o in order), body=body, permutation=permutation)
-
-
-def members(node) -> tuple:
-    return node.members() if isinstance(node, (FusedNode, MixOrderNode)) else (node,)
 
 
 def access_problem(writers, readers, outer, red, written=None):
@@ -161,7 +181,7 @@ def access_problem(writers, readers, outer, red, written=None):
             p = written[buf]
             if p is c:
                 continue
-            if role(p, outer, red) == "inner" and rc == "outer":
+            if role(p, outer, red) is Role.INNER and rc is Role.OUTER:
                 return "inner read after reduction", f"{c.name} reads {buf} from {p.name}"
             if _same_nest(p, c) and all(ix == _store_index(p) for ix in c.load_indices(buf)):
                 continue  # identical loop nests and identical indices: the same point, no algebra needed

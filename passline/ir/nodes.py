@@ -17,7 +17,7 @@ import sympy
 import torch
 
 from .body import Value, loads
-from .index import Expr, contiguous_strides, loop_vars, product, strided_index, sympify
+from .index import Expr, VarKind, contiguous_strides, loop_vars, product, strided_index, sympify
 
 REDUCTION_TYPES = ("sum", "prod", "max", "min", "argmax", "argmin", "any", "all")
 
@@ -146,8 +146,8 @@ class _Node:
 
 
 def _var_ranges(node) -> tuple:
-    outer = loop_vars("i", len(node.ranges))
-    red = loop_vars("r", len(getattr(node, "reduction_ranges", ())))
+    outer = loop_vars(VarKind.OUTER, len(node.ranges))
+    red = loop_vars(VarKind.REDUCTION, len(getattr(node, "reduction_ranges", ())))
     return tuple(zip(outer, node.ranges)) + tuple(zip(red, getattr(node, "reduction_ranges", ())))
 
 
@@ -160,7 +160,7 @@ class _LoopNode(_Node):
 
     @property
     def vars(self) -> tuple:
-        return loop_vars("i", len(self.ranges))
+        return loop_vars(VarKind.OUTER, len(self.ranges))
 
     @property
     def var_ranges(self) -> tuple:
@@ -239,7 +239,7 @@ class Reduction(_LoopNode):
 
     @property
     def reduction_vars(self) -> tuple:
-        return loop_vars("r", len(self.reduction_ranges))
+        return loop_vars(VarKind.REDUCTION, len(self.reduction_ranges))
 
     @property
     def reduction_numel(self) -> Expr:
@@ -314,11 +314,29 @@ class Scatter(_LoopNode):
                 f"{self.output.name}[{self.index}{binds}] {op} {self.body!r}")
 
 
+# torch's functional collectives (torch.distributed._functional_collectives and the aten forms dynamo
+# captures): every op of these namespaces starts a collective, except `wait_tensor`, which waits for one
+COMM_NAMESPACES = ("_c10d_functional", "_c10d_functional_autograd")
+
+
+def comm_kind(op) -> str | None:
+    """The role of a functional collective op, "collective" or "wait"; None for any other op."""
+    namespace, _, name = getattr(getattr(op, "_schema", None), "name", "").partition("::")
+    if namespace not in COMM_NAMESPACES:
+        return None
+    return "wait" if name == "wait_tensor" else "collective"
+
+
 @attrs.frozen(cache_hash=True, repr=False)
 class Extern(_Node):
     """A call to an aten op. `args`/`kwargs` hold TensorArg where tensors go; `outputs` lists the
     buffers for the tensor results in the op's return order (None for a non-tensor result);
-    `mutates` names input buffers the op writes in place."""
+    `mutates` names input buffers the op writes in place.
+
+    `after` names buffers the call must run after without reading them, never passed to `op`: a
+    collective comes after the previous collective (every rank must issue them in the same order), a
+    wait after its collective's inputs (the collective may read them until the wait, so they must stay
+    allocated and unwritten until then). They count as reads for the graph's edges and for lifetimes."""
 
     name: str
     op: Any
@@ -327,6 +345,12 @@ class Extern(_Node):
     outputs: tuple
     origins: tuple = ()
     mutates: tuple = ()
+    after: tuple = ()
+
+    @property
+    def comm(self) -> str | None:
+        """The call's role in communication: "collective", "wait" or None (see `comm_kind`)."""
+        return comm_kind(self.op)
 
     def output_buffers(self) -> tuple[Buffer, ...]:
         return tuple(b for b in self.outputs if b is not None)
@@ -338,26 +362,27 @@ class Extern(_Node):
         return found
 
     def read_names(self) -> tuple[str, ...]:
-        return tuple(dict.fromkeys(t.buffer for t in self.tensor_args()))
+        return tuple(dict.fromkeys([*(t.buffer for t in self.tensor_args()), *self.after]))
 
     def reads(self) -> tuple[MemoryDep, ...]:
         deps = []
         for t in self.tensor_args():
-            vs = loop_vars("i", len(t.size))
+            vs = loop_vars(VarKind.OUTER, len(t.size))
             deps.append(MemoryDep(t.buffer, strided_index(vs, t.stride, t.offset), tuple(zip(vs, t.size))))
         return tuple(dict.fromkeys(deps))
 
     def writes(self) -> tuple[MemoryDep, ...]:
         deps = []
         for b in self.output_buffers():
-            vs = loop_vars("i", len(b.layout.size))
+            vs = loop_vars(VarKind.OUTER, len(b.layout.size))
             deps.append(MemoryDep(b.name, b.layout.index(vs), tuple(zip(vs, b.layout.size))))
         return tuple(deps)
 
     def __repr__(self):
         outs = ", ".join(repr(b) for b in self.output_buffers())
         args = ", ".join(map(repr, self.args))
-        return f"{self.name} = Extern({self.op}({args})) -> {outs}"
+        after = f" after {', '.join(self.after)}" if self.after else ""
+        return f"{self.name} = Extern({self.op}({args})){after} -> {outs}"
 
 
 def _collect(x, found: list) -> None:
@@ -457,7 +482,7 @@ class MixOrderNode(_GroupNode):
     """A row-reduction group and column-reduction groups over the same rows, in one kernel.
 
     `row` reduces over the columns of each row (ranges = rows | reduction = columns), or is a group of
-    pointwise work over the same loops with no reduction (a bias gradient's dh); each of `cols` reduces
+    pointwise work over the same loops with no reduction (a bias gradient's dh); each of `column_groups` reduces
     over the rows for each column (ranges = columns | reduction = rows). The kernel walks blocks
     of `split_rows` rows: it finishes each row's reduction and epilogue, and adds the block's column
     partial sums into a workspace [n_splits, columns]; a small reduction over the splits finishes the
@@ -466,18 +491,18 @@ class MixOrderNode(_GroupNode):
 
     name: str
     row: Any
-    cols: tuple
+    column_groups: tuple  # the column side's groups (`columns` is how many columns there are)
     split_rows: int
     tune_split: bool = True
     origins: tuple = attrs.field(default=attrs.Factory(
-        lambda self: _members_origins((self.row, *self.cols)), takes_self=True))
+        lambda self: _members_origins((self.row, *self.column_groups)), takes_self=True))
     _outputs: tuple = _derived(_group_outputs)
     _reads: tuple = _derived(_group_reads)
 
     kind = "mix_order"
 
     def members(self) -> tuple:
-        return tuple(m for g in (self.row, *self.cols) for m in (g.members() if hasattr(g, "members") else (g,)))
+        return tuple(m for g in (self.row, *self.column_groups) for m in members(g))
 
     @property
     def rows(self) -> Expr:
@@ -497,8 +522,7 @@ class MixOrderNode(_GroupNode):
         return FloorDiv(self.rows + self.split_rows - 1, self.split_rows)
 
     def column_reductions(self) -> list:
-        return [m for g in self.cols for m in (g.members() if hasattr(g, "members") else (g,))
-                if isinstance(m, Reduction)]
+        return [m for g in self.column_groups for m in members(g) if isinstance(m, Reduction)]
 
     def workspace_bytes(self) -> Expr:
         """Bytes of the partial-sum workspaces (float32 or wider accumulators)."""
@@ -506,10 +530,15 @@ class MixOrderNode(_GroupNode):
                     for m in self.column_reductions()), sympy.S.Zero)
 
     def __repr__(self):
-        cols = "; ".join(getattr(c, "name", "?") for c in self.cols)
+        cols = "; ".join(getattr(c, "name", "?") for c in self.column_groups)
         split = f"{self.split_rows}{' (tuned)' if self.tune_split else ''}"
         return f"{self.name} = MixOrder(rows {self.rows} x cols {self.columns}, split {split}: " \
                f"{self.row.name}; {cols})"
+
+
+def members(node) -> tuple:
+    """The leaf nodes (Pointwise, Reduction, Extern) a scheduler node runs: a group's members, or the node."""
+    return node.members() if isinstance(node, (FusedNode, MixOrderNode)) else (node,)
 
 
 def _group_shape(node) -> tuple:

@@ -8,7 +8,7 @@ import attrs
 import sympy
 import torch
 
-from ..ir import Buffer, Cast, Extern, Layout, Pointwise, Reduction, TensorArg, loop_vars
+from ..ir import Buffer, Cast, Extern, Layout, Pointwise, Reduction, TensorArg, VarKind, loop_vars
 from ..ir.index import sympify
 from .tensor import TensorRef
 
@@ -45,6 +45,7 @@ class LoweringContext:
         self.nodes: list = []
         self._ids = itertools.count()
         self.fx_node: torch.fx.Node | None = None  # the FX node being lowered (provenance)
+        self.last_collective: Extern | None = None  # the next collective is ordered after it (extern.py)
 
     def _origins(self) -> tuple:
         return (self.fx_node.name,) if self.fx_node is not None else ()
@@ -57,7 +58,7 @@ class LoweringContext:
         (default: the layout eager gives the FX node being lowered, see `eager_layout`)."""
         size = tuple(sympy.sympify(s) for s in size)
         name = self.new_name()
-        body = cast(inner(loop_vars("i", len(size))), dtype)
+        body = cast(inner(loop_vars(VarKind.OUTER, len(size))), dtype)
         device = device or self.device
         layout = Layout(size, stride, dtype, device) if stride is not None else self.eager_layout(size, dtype, device)
         buf = Buffer(name, layout)
@@ -70,13 +71,14 @@ class LoweringContext:
         size = tuple(sympy.sympify(s) for s in size)
         rsize = tuple(sympy.sympify(s) for s in reduction_size)
         name = self.new_name()
-        body = inner(loop_vars("i", len(size)), loop_vars("r", len(rsize)))
+        body = inner(loop_vars(VarKind.OUTER, len(size)), loop_vars(VarKind.REDUCTION, len(rsize)))
         buf = Buffer(name, self.eager_layout(size, dtype, device or self.device))
         self.nodes.append(Reduction(name, size, rsize, reduction_type, body, buf, origins=self._origins()))
         return TensorRef.of(buf)
 
-    def extern(self, op, args: tuple, kwargs: dict, out_val: Any, mutates=()) -> Any:
-        """An Extern node calling `op`; returns TensorRefs shaped like the op's result `out_val`."""
+    def extern(self, op, args: tuple, kwargs: dict, out_val: Any, mutates=(), after=()) -> Any:
+        """An Extern node calling `op` (after the buffers `after`, see Extern); returns TensorRefs shaped
+        like the op's result `out_val`."""
         name = self.new_name()
         vals = out_val if isinstance(out_val, (tuple, list)) else (out_val,)
         multi = isinstance(out_val, (tuple, list))
@@ -88,7 +90,7 @@ class LoweringContext:
             else:
                 outputs.append(None)
         self.nodes.append(Extern(name, op, tuple(args), tuple(sorted(kwargs.items())), tuple(outputs),
-                                 origins=self._origins(), mutates=tuple(mutates)))
+                                 origins=self._origins(), mutates=tuple(mutates), after=tuple(after)))
         refs = tuple(TensorRef.of(b) if b is not None else None for b in outputs)
         return refs if multi else refs[0]
 

@@ -121,3 +121,19 @@ def scalar_body(expr, dtype: torch.dtype):
         raise NotImplementedError(f"size value {e} in a loop body")
 
     return build(sympy.sympify(expr))
+
+
+def lower_bounds(node: torch.fx.Node) -> dict:
+    """The lower bound of each size symbol dynamo's ShapeEnv knows (from the node's traced value): a
+    backed size is at least 2, as dynamo specializes 0 and 1. Empty for static shapes."""
+    val = node.meta.get("val")
+    env = next((s.node.shape_env for s in getattr(val, "shape", ()) if isinstance(s, torch.SymInt)), None)
+    if env is None:
+        return {}
+    out = {}
+    for sym, r in getattr(env, "var_to_range", {}).items():
+        try:
+            out[sym] = int(r.lower)
+        except (TypeError, ValueError, OverflowError):  # an unbounded range: nothing known
+            continue
+    return out

@@ -6,19 +6,17 @@ elements) in `buffer`.
 """
 from __future__ import annotations
 
-import functools
 from typing import Sequence
 
 import attrs
 import sympy
 
 from ..ir import Buffer, Load, TensorArg
-from ..ir.index import Expr, ModularIndexing, as_strided_form, contiguous_strides, product, strided_index
+from ..ir.index import Expr, ModularIndexing, VarKind, as_strided_form, contiguous_strides, product, strided_index, var
 
 
-@functools.lru_cache(maxsize=None)
 def view_var(i: int) -> sympy.Symbol:
-    return sympy.Symbol(f"v{i}", integer=True, nonnegative=True)
+    return var(VarKind.VIEW, i)
 
 
 def view_vars(n: int) -> tuple:
@@ -28,6 +26,18 @@ def view_vars(n: int) -> tuple:
 def known(cond) -> bool:
     """A sympy relation that is provably true (False when unknown)."""
     return bool(cond) if isinstance(cond, bool) else cond == sympy.true
+
+
+def provably_lt(a: Expr, b: Expr, bounds: dict | None = None) -> bool:
+    """Whether a < b for every value of the size symbols, each at least its lower bound in `bounds`
+    (dynamo's ranges: a backed size is at least 2, since 0 and 1 are specialized), at least 1 otherwise."""
+    d = sympy.expand(sympy.sympify(b) - sympy.sympify(a))
+    if d.is_number:
+        return bool(d > 0)
+    shift = {}
+    for sym in d.free_symbols:  # sym = lower bound + a non-negative integer
+        shift[sym] = sympy.Dummy(integer=True, nonnegative=True) + (bounds or {}).get(sym, 1)
+    return bool(sympy.expand(d.xreplace(shift)).is_positive)
 
 
 @attrs.frozen
@@ -112,12 +122,13 @@ class TensorRef:
         old = [*new[:dim], index, *new[dim:]]
         return self.remap([*self.size[:dim], *self.size[dim + 1:]], old)
 
-    def reshape(self, size: Sequence[Expr]) -> "TensorRef":
+    def reshape(self, size: Sequence[Expr], bounds: dict | None = None) -> "TensorRef":
         """A reshape as an index rewrite: strided when the strides allow (as torch.view), otherwise
-        through the flat index with floor division and modulus."""
+        through the flat index with floor division and modulus. `bounds`: the size symbols' lower
+        bounds, with which a symbolic reshape is proven a view (s0*s1*64 elements in rows of 64)."""
         form = self.strided()
         if form is not None:
-            stride = compute_stride(self.size, form[0], size)
+            stride = compute_stride(self.size, form[0], size, bounds)
             if stride is not None:
                 return TensorRef(self.buffer, tuple(size), strided_index(view_vars(len(size)), stride, form[1]))
         flat = strided_index(view_vars(len(size)), contiguous_strides(size))
@@ -125,8 +136,9 @@ class TensorRef:
         return self.remap(size, old)
 
 
-def compute_stride(old_size, old_stride, new_size):
-    """Strides for viewing (old_size, old_stride) as new_size without a copy, or None (ATen's rule)."""
+def compute_stride(old_size, old_stride, new_size, bounds: dict | None = None):
+    """Strides for viewing (old_size, old_stride) as new_size without a copy, or None (ATen's rule,
+    with its comparisons proven for every size the symbols may take)."""
     if known(sympy.Eq(product(old_size), 0)) or not old_size:
         return contiguous_strides(new_size)
     new_stride = [sympy.S.Zero] * len(new_size)
@@ -137,7 +149,7 @@ def compute_stride(old_size, old_stride, new_size):
     for d in reversed(range(len(old_size))):
         tensor_numel = tensor_numel * old_size[d]
         if d == 0 or (old_size[d - 1] != 1 and sympy.expand(old_stride[d - 1] - tensor_numel * chunk_base) != 0):
-            while view_d >= 0 and (known(sympy.Lt(view_numel, tensor_numel)) or new_size[view_d] == 1):
+            while view_d >= 0 and (provably_lt(view_numel, tensor_numel, bounds) or new_size[view_d] == 1):
                 new_stride[view_d] = view_numel * chunk_base
                 view_numel = view_numel * new_size[view_d]
                 view_d -= 1

@@ -10,6 +10,7 @@ import torch
 
 from ..ir.index import sympify
 from .registry import lowering
+from .sizes import lower_bounds
 from .tensor import TensorRef
 
 aten = torch.ops.aten
@@ -30,7 +31,7 @@ def _is_tensor(x) -> bool:
 
 @lowering(aten.view.default, aten._unsafe_view.default, aten.reshape.default, prims.reshape.default)
 def lower_view(ctx, node, x, size):
-    return x.reshape(_size(node))
+    return x.reshape(_size(node), lower_bounds(node))
 
 
 @lowering(aten.alias.default, aten.detach.default)

@@ -1,8 +1,9 @@
 """dce — dead-node elimination.
 
 Removes nodes whose results nothing needs: not a graph output, not read by a live node, not writing a
-graph input in place (a scatter is needed when its buffer is read after it or returned), and without side effects (an extern that mutates, or draws random numbers, is
-kept). Runs to a fixed point in one sweep, consumers before producers. Refuses nothing else.
+graph input in place (a scatter is needed when its buffer is read after it or returned), and without
+side effects (an extern that mutates, draws random numbers, or is a collective or its wait, is kept).
+Runs to a fixed point in one sweep, consumers before producers. Refuses nothing else.
 """
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from ..pipeline.registry import register_pass
 def has_side_effects(node) -> bool:
     if not isinstance(node, Extern):
         return False
-    if node.mutates:
+    # a collective and its wait act across ranks: dropping one where another rank keeps it hangs both
+    if node.mutates or node.comm:
         return True
     op = node.op
     schema = getattr(op, "_schema", None)

@@ -32,26 +32,32 @@ def _name(graph, a, b) -> str:
     if len(groups) == 1:
         return groups[0].name
     if groups:
-        pred, succ = graph.nx.pred, graph.nx.succ
-        return max(groups, key=lambda n: len(pred[n.name]) + len(succ[n.name])).name
-    first = a if graph.nx.nodes[a.name]["order"] <= graph.nx.nodes[b.name]["order"] else b
+        return max(groups, key=lambda n: graph.degree(n.name)).name
+    first = a if graph.order(a.name) <= graph.order(b.name) else b
     return f"fused_{first.name}"
+
+
+def _find(alias: dict, n: str) -> str:
+    """The group node `n` now belongs to: follow `alias` (fused name -> group name) to its end."""
+    root = n
+    while root in alias:
+        root = alias[root]
+    while n != root:  # path compression: later finds are one step
+        alias[n], n = root, alias[n]
+    return root
 
 
 def _candidates(graph, vertical: bool, horizontal: bool, window: int, dirty):
     """Pairs sharing a buffer; after the first round only pairs with a node made in the last round
     (`dirty`): the verdict on two unchanged nodes cannot have changed."""
-    order = {n: d for n, d in graph.nx.nodes(data="order")}
+    order = graph.orders()
     pairs = set()
     if vertical:
-        edges = graph.nx.edges if dirty is None else [
-            e for n in dirty for e in (*graph.nx.in_edges(n), *graph.nx.out_edges(n))]
-        for u, v in edges:
+        for u, v in graph.edges(dirty):
             pairs.add((u, v) if order[u] <= order[v] else (v, u))
     if horizontal:
         readers: dict[str, list[str]] = {}
-        for n in graph.nx:
-            node = graph.node(n)
+        for n, node in graph.items():
             if isinstance(node, Extern):
                 continue
             for b in node.read_names():
@@ -79,24 +85,15 @@ def fuse(graph, ctx, *,
         pairs, order = _candidates(graph, vertical, horizontal, window, dirty)
         outputs = graph.output_names()
         nbytes = {name: buf.nbytes for name, buf in graph.buffers().items()}
-        io = {n: (set(node.read_names()), node.output_names()) for n, node in graph.nx.nodes(data="node")
+        io = {n: (set(node.read_names()), node.output_names()) for n, node in graph.items()
               if not isinstance(node, Extern)}
         ranked = [(-saved_bytes(graph, a, b, io, nbytes, outputs), abs(order[a] - order[b]), order[a], a, b)
                   for a, b in pairs if a in io and b in io]
         ranked.sort()
         alias: dict[str, str] = {}
-
-        def find(n):
-            root = n
-            while root in alias:
-                root = alias[root]
-            while n != root:  # path compression: later finds are one step
-                alias[n], n = root, alias[n]
-            return root
-
         made: set = set()
         for _, _, _, a, b in ranked:
-            a, b = find(a), find(b)
+            a, b = _find(alias, a), _find(alias, b)
             if a == b:
                 continue
             na, nb = graph.node(a), graph.node(b)
@@ -113,7 +110,7 @@ def fuse(graph, ctx, *,
             if verdict.producer is not None:
                 first, second = (na, nb) if verdict.producer is na else (nb, na)
             else:
-                first, second = (na, nb) if graph.nx.nodes[a]["order"] <= graph.nx.nodes[b]["order"] else (nb, na)
+                first, second = (na, nb) if graph.order(a) <= graph.order(b) else (nb, na)
             group = fuse_nodes(_name(graph, na, nb), first, second, *verdict.shape)
             graph.merge([a, b], group)
             alias[a] = alias[b] = group.name

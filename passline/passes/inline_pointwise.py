@@ -18,7 +18,8 @@ it addresses). All or nothing per node.
 
 Consumers that read the node at indirect positions (see `ir.Indirect`) cannot fuse with it and never
 will: up to `indirect_max_loads` loads, the node's body is recomputed at those positions, consumer by
-consumer, whatever its other consumers do; it is removed when none is left. Stat: `inlined_indirect`. Nodes are visited consumers first, so a chain of such nodes (a cast, then a
+consumer, whatever its other consumers do; it is removed when none is left. Stat: `inlined_indirect`.
+Nodes are visited consumers first, so a chain of such nodes (a cast, then a
 scale) is inlined link by link in one sweep; each link's own body is what the limits count. Stat:
 `inlined_pointwise`.
 """

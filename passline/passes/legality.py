@@ -9,9 +9,9 @@ from typing import NamedTuple
 
 import sympy
 
-from ..ir import Extern, FusedNode, MixOrderNode, Pointwise, Reduction, Scatter
-from ..ir.loops import access_problem, members, shape
+from ..ir import Extern, FusedNode, MixOrderNode, Scatter
 from ..ir.index import product
+from ..ir.loops import access_problem, members, shape
 
 REASONS = {
     "extern": "one of them is an extern call (aten runs it, nothing to fuse)",
@@ -95,24 +95,8 @@ def check_accesses(producer, consumer, outer, red) -> Verdict | None:
 
 
 def other_path(graph, src: str, dst: str, direct_ok: bool = True) -> bool:
-    """Is there a path src → ... → dst through at least one other node (any path when not
-    `direct_ok`)? Searches from whichever end has fewer neighbours (forward from src's successors, or
-    backward from dst's predecessors)."""
-    succ, pred = graph.nx.succ, graph.nx.pred
-    forward = len(succ[src]) <= len(pred[dst])
-    start, goal = (src, dst) if forward else (dst, src)
-    step = graph.nx.successors if forward else graph.nx.predecessors
-    stack = [n for n in step(start) if n != goal or not direct_ok]
-    seen = set(stack)
-    while stack:
-        n = stack.pop()
-        if n == goal:
-            return True
-        for s in step(n):
-            if s not in seen:
-                seen.add(s)
-                stack.append(s)
-    return False
+    """Is there a path src → ... → dst through at least one other node (any path when not `direct_ok`)?"""
+    return graph.has_other_path(src, dst, direct_ok)
 
 
 def can_fuse(graph, a, b, max_nodes: int = 64) -> Verdict:
@@ -158,11 +142,6 @@ def fuse_nodes(name: str, first, second, outer, red) -> FusedNode:
     origins = tuple(dict.fromkeys(first.origins + second.origins))
     return FusedNode(name, members(first) + members(second), outer, red, origins,
                      outputs=outputs, reads=reads)
-
-
-def group_name(first, second) -> str:
-    names = [m.name for m in members(first) + members(second)]
-    return "_".join(names) if len(names) <= 3 else f"{names[0]}_to_{names[-1]}_{len(names)}"
 
 
 def saved_bytes(graph, a: str, b: str, io: dict, nbytes: dict, outputs) -> int:

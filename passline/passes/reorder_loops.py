@@ -73,7 +73,7 @@ def _try(graph, point: Pointwise, partner, point_is_producer: bool, max_nodes: i
 def reorder_loops(graph, ctx, *, max_nodes: Annotated[int, "the fuse pass's max_nodes, for the fusability check"] = 64):
     """Permute pointwise loops so a transposed producer/consumer pair walks its buffer in one order."""
     done: set = set()
-    for u, v in list(graph.nx.edges):
+    for u, v in graph.edges():
         if u not in graph or v not in graph or u in done or v in done:
             continue
         a, b = graph.node(u), graph.node(v)

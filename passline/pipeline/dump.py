@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from ..ir import Extern, Reduction, loads
+from ..ir import Extern, Reduction, loads, members
 
 
 def _safe(name: str) -> str:
@@ -29,7 +29,7 @@ def _label(node) -> str:
 def _indirect_reads(node) -> set:
     """Buffers `node` (or a member of it) reads at indirect positions."""
     out = set()
-    for m in (node.members() if hasattr(node, "members") else (node,)):
+    for m in members(node):
         for ld in loads(m.body) if hasattr(m, "body") else ():
             if ld.indirect:
                 out.add(ld.buffer)

@@ -3,7 +3,8 @@
 Nodes are keyed by name and carry the IR node (`data["node"]`) and a program-order number
 (`data["order"]`, for stable printing and topological order). An edge u → v means v reads a buffer u
 writes (or must run after u for a mutation); its `buffers` attribute names those buffers.
-Passes use this API only: add/replace/remove nodes and the queries below; edges follow from reads.
+Passes use this API only: add/replace/remove/merge nodes and the queries below (`order`, `edges`,
+`degree`, `has_other_path`, ...); edges follow from reads. `graph.nx` is the graph's own: no pass reads it.
 """
 from __future__ import annotations
 
@@ -14,9 +15,23 @@ import networkx as nx
 import sympy
 import torch
 
-from ..ir import (Buffer, Extern, FusedNode, IndexValue, IndirectSymbol, Load, MixOrderNode, Pointwise, Reduction,
-                  Scatter, TensorArg, loads, walk)
-from ..ir.index import as_strided_form
+from ..ir import (
+    Buffer,
+    Extern,
+    FusedNode,
+    IndexValue,
+    IndirectSymbol,
+    Load,
+    MixOrderNode,
+    Pointwise,
+    Reduction,
+    Scatter,
+    TensorArg,
+    loads,
+    members,
+    walk,
+)
+from ..ir.index import LOOP_KINDS, as_strided_form, var_kind
 from ..ir.loops import group_problem, shape
 from ..lowering import GraphInput, Program
 
@@ -27,13 +42,13 @@ class VerificationError(AssertionError):
     def __init__(self, message: str, node: str | None = None, pass_name: str | None = None):
         self.node = node
         self.pass_name = pass_name
+        self.message = message  # without the node and pass (the manager re-raises it with the pass)
         where = f" (node {node})" if node else ""
         after = f"after pass {pass_name!r}: " if pass_name else ""
         super().__init__(f"{after}{message}{where}")
 
 
 _EMPTY: frozenset = frozenset()
-_EMPTY_SET: set = set()  # a sink for discard() on buffers nobody reads (never added to)
 
 
 class SchedulerGraph:
@@ -45,12 +60,15 @@ class SchedulerGraph:
         self._producer: dict[str, str] = {}  # buffer name -> node name
         self._readers: dict[str, set[str]] = {}  # buffer name -> names of nodes reading it
         self._mutators: dict[str, set[str]] = {}  # buffer name -> names of nodes writing it in place
+        # the collectives and waits as lowered, in program order: no pass may drop, add or reorder them
+        self.comms: tuple[str, ...] = ()
 
     @classmethod
     def from_program(cls, program: Program) -> "SchedulerGraph":
         g = cls(program.inputs, program.outputs)
         for node in program.nodes:
             g.add_node(node)
+        g.comms = tuple(n.name for n in program.nodes if isinstance(n, Extern) and n.comm)
         return g
 
     # -- queries ----------------------------------------------------------------------------------
@@ -70,10 +88,36 @@ class SchedulerGraph:
 
     def leaf_nodes(self) -> list:
         """Every Pointwise, Reduction and Extern node, inside fused groups too, in order."""
-        return [m for n in self.nodes() for m in (n.members() if hasattr(n, "members") else (n,))]
+        return [m for n in self.nodes() for m in members(n)]
 
     def names(self) -> list[str]:
         return [n.name for n in self.nodes()]
+
+    def items(self) -> Iterator[tuple[str, object]]:
+        """(name, IR node) pairs, in no particular order (cheaper than nodes(): no sort)."""
+        return iter(self.nx.nodes(data="node"))
+
+    def order(self, name: str) -> int:
+        """The node's program-order number (smaller runs earlier when no dependency says otherwise)."""
+        return self.nx.nodes[name]["order"]
+
+    def orders(self) -> dict[str, int]:
+        """Every node's program-order number, by name."""
+        return dict(self.nx.nodes(data="order"))
+
+    def edges(self, names: Iterable[str] | None = None) -> list[tuple[str, str]]:
+        """Dependency edges (u, v): v reads what u writes. With `names`: the edges into and out of each
+        of those nodes, in that order (an edge between two of them appears twice)."""
+        if names is None:
+            return list(self.nx.edges)
+        return [e for n in names for e in (*self.nx.in_edges(n), *self.nx.out_edges(n))]
+
+    def num_edges(self) -> int:
+        return self.nx.number_of_edges()
+
+    def degree(self, name: str) -> int:
+        """How many edges a node has (in and out)."""
+        return len(self.nx.pred[name]) + len(self.nx.succ[name])
 
     def input_buffers(self) -> dict[str, Buffer]:
         return {i.name: i.buffer for i in self.inputs if i.buffer is not None}
@@ -115,6 +159,26 @@ class SchedulerGraph:
     def has_path(self, a: str, b: str) -> bool:
         return nx.has_path(self.nx, a, b)
 
+    def has_other_path(self, src: str, dst: str, direct_ok: bool = True) -> bool:
+        """Is there a path src → ... → dst through at least one other node (any path when not
+        `direct_ok`)? Searches from whichever end has fewer neighbours (forward from src's successors, or
+        backward from dst's predecessors)."""
+        succ, pred = self.nx.succ, self.nx.pred
+        forward = len(succ[src]) <= len(pred[dst])
+        start, goal = (src, dst) if forward else (dst, src)
+        step = self.nx.successors if forward else self.nx.predecessors
+        stack = [n for n in step(start) if n != goal or not direct_ok]
+        seen = set(stack)
+        while stack:
+            n = stack.pop()
+            if n == goal:
+                return True
+            for s in step(n):
+                if s not in seen:
+                    seen.add(s)
+                    stack.append(s)
+        return False
+
     # -- edits ------------------------------------------------------------------------------------
     def add_node(self, node, order: int | None = None) -> None:
         if node.name in self.nx:
@@ -134,7 +198,8 @@ class SchedulerGraph:
             if self._producer.get(b) == name:
                 del self._producer[b]
         for b in node.read_names():
-            self._readers.get(b, set()).discard(name)
+            if b in self._readers:
+                self._readers[b].discard(name)
         for b in getattr(node, "mutates", ()):
             self._mutators.get(b, set()).discard(name)
         self.nx.remove_node(name)
@@ -144,6 +209,16 @@ class SchedulerGraph:
         order = self.nx.nodes[name]["order"]
         self.remove_node(name)
         self.add_node(new, order=order)
+
+    def move(self, name: str, before: str | None = None) -> None:
+        """Give node `name` the program position just before node `before` (None: after every node).
+        Edges stay as they are, so the topological order still puts each node after what it depends on;
+        the position only decides where, among the orders the edges allow, the node runs."""
+        data = self.nx.nodes
+        if before is None:
+            data[name]["order"] = max(d for _, d in self.nx.nodes(data="order")) + 1
+        else:
+            data[name]["order"] = data[before]["order"] - 0.5
 
     def merge(self, names, new) -> None:
         """Replace the nodes `names` by `new`, which does all their work: edges among them vanish, the
@@ -180,15 +255,16 @@ class SchedulerGraph:
             for b in old.output_names():
                 producer[b] = new.name
             for b in old.read_names():
-                readers.get(b, _EMPTY_SET).discard(n)
+                if b in readers:
+                    readers[b].discard(n)
         if keep is None:
             for b in new.read_names():
                 readers.setdefault(b, set()).add(new.name)
             return
         inside = {b for _, old in absorbed for b in old.output_names()}
         for b in olds[names.index(keep)].read_names():
-            if b in inside:  # what the kept node read from an absorbed one is now internal
-                readers.get(b, _EMPTY_SET).discard(keep)
+            if b in inside and b in readers:  # what the kept node read from an absorbed one is now internal
+                readers[b].discard(keep)
         for _, old in absorbed:
             for b in old.read_names():
                 if producer.get(b) != new.name:
@@ -236,6 +312,7 @@ class SchedulerGraph:
         g._producer = dict(self._producer)
         g._readers = {b: set(r) for b, r in self._readers.items()}
         g._mutators = {b: set(r) for b, r in self._mutators.items()}
+        g.comms = self.comms
         g._order = itertools.count(max((d for _, d in self.nx.nodes(data="order")), default=-1) + 1)
         return g
 
@@ -245,6 +322,8 @@ class SchedulerGraph:
         if not nx.is_directed_acyclic_graph(self.nx):
             cycle = nx.find_cycle(self.nx)
             raise VerificationError(f"cycle {' -> '.join(u for u, _ in cycle)}", cycle[0][0])
+        if self.comms:  # first: a dropped collective also leaves the next one's `after` dangling
+            self._check_comms()
         buffers = self.buffers()
         for name in self.nx:
             node = self.node(name)
@@ -303,6 +382,42 @@ class SchedulerGraph:
             raise VerificationError(f"the reader index of {bad} is {sorted(actual.get(bad, ()))}, "
                                     f"but {sorted(readers.get(bad, ()))} read it")
 
+    def _check_comms(self) -> None:
+        """Collectives and waits (see lowering/extern.py): none dropped or added, the collectives chained
+        in their lowered order (the same on every rank), each wait after its collective's inputs, and the
+        collective's result read only through its wait."""
+        present = {n for n in self.nx if isinstance(self.node(n), Extern) and self.node(n).comm}
+        for name in self.comms:
+            if name not in present:
+                raise VerificationError("a collective or wait was removed; every rank must run each one", name)
+        added = present - set(self.comms)
+        if added:
+            raise VerificationError("a collective or wait that lowering did not make was added", min(added))
+        collectives = [n for n in self.comms if self.node(n).comm == "collective"]
+        for prev, name in zip(collectives, collectives[1:]):
+            if not self.nx.has_edge(prev, name):
+                raise VerificationError(f"collective is no longer ordered after collective {prev}: every rank "
+                                        f"must issue the collectives in the same order", name)
+        for name in self.comms:
+            wait = self.node(name)
+            if wait.comm != "wait":
+                continue
+            result = wait.tensor_args()[0].buffer
+            coll = self.node(self._producer[result]) if result in self._producer else None
+            if not isinstance(coll, Extern) or coll.comm != "collective":
+                raise VerificationError(f"waits for {result}, which no collective produces", name)
+            missing = {t.buffer for t in coll.tensor_args()} - set(wait.after)
+            if missing:
+                raise VerificationError(f"does not keep {', '.join(sorted(missing))}, the inputs of collective "
+                                        f"{coll.name}, until the wait", name)
+            for r in self.consumers(result):
+                node = self.node(r)
+                through_after = isinstance(node, Extern) and node.comm and result not in \
+                    {t.buffer for t in node.tensor_args()}
+                if r != name and not through_after and not nx.has_path(self.nx, name, r):
+                    raise VerificationError(f"reads {result}, the result of collective {coll.name}, without "
+                                            f"waiting for it ({name})", r)
+
     # -- printing ---------------------------------------------------------------------------------
     def format(self) -> str:
         lines = [f"inputs: {', '.join(repr(i.buffer) if i.buffer else i.name for i in self.inputs)}"]
@@ -326,8 +441,8 @@ def _describe(node) -> str:
         return head + "".join("\n  " + _describe(m).replace("\n", "\n  ") for m in node.nodes)
     if isinstance(node, MixOrderNode):
         head = (f"{node.name}: mix_order rows={node.rows} cols={node.columns} split_rows={node.split_rows} "
-                f"(row side {node.row.name}; column reductions {', '.join(c.name for c in node.cols)})")
-        return head + "".join("\n  " + _describe(g).replace("\n", "\n  ") for g in (node.row, *node.cols))
+                f"(row side {node.row.name}; column reductions {', '.join(c.name for c in node.column_groups)})")
+        return head + "".join("\n  " + _describe(g).replace("\n", "\n  ") for g in (node.row, *node.column_groups))
     if isinstance(node, Scatter):
         binds = "".join(f"; {b!r}" for b in node.indirect)
         reads = ", ".join(map(repr, node.reads()))
@@ -342,8 +457,9 @@ def _describe(node) -> str:
         writes = ", ".join(map(repr, node.writes()))
         return f"{head} {ranges}\n    reads  {reads or '-'}\n    writes {writes}\n    body   {node.body!r}"
     if isinstance(node, Extern):
+        after = f"\n    after  {', '.join(node.after)}" if node.after else ""
         return (f"{node.name}: extern {node.op}\n    reads  {', '.join(map(repr, node.tensor_args())) or '-'}"
-                f"\n    writes {', '.join(map(repr, node.output_buffers()))}")
+                f"{after}\n    writes {', '.join(map(repr, node.output_buffers()))}")
     return repr(node)
 
 
@@ -358,11 +474,11 @@ def _check_node(node, buffers: dict) -> None:
         outer, red = shape(node.row)
         if not red:
             raise VerificationError("mix-order row side is not a reduction", node.name)
-        for g in node.cols:
+        for g in node.column_groups:
             if shape(g) != (red, outer):
                 raise VerificationError(f"column side {g.name} {shape(g)} is not the transpose of "
                                         f"{(outer, red)}", node.name)
-        for g in (node.row, *node.cols):
+        for g in (node.row, *node.column_groups):
             _check_node(g, buffers)
     elif isinstance(node, Scatter):
         var_ranges = dict(node.var_ranges)
@@ -372,7 +488,7 @@ def _check_node(node, buffers: dict) -> None:
             for ld in loads(v):
                 _check_load(ld, buffers, var_ranges, node.name)
         unknown = node.index.free_symbols - set(var_ranges)
-        if any(s.name.startswith(("i", "r", "v")) for s in unknown):
+        if any(var_kind(s) in LOOP_KINDS for s in unknown):
             raise VerificationError(f"index {node.index} uses variables outside the loop nest", node.name)
         _check_indirect(node, node.index, var_ranges, node.name)
         ranges = {**var_ranges, **{b.symbol: b.bound for b in node.indirect}}
@@ -411,7 +527,7 @@ def _check_load(ld: Load, buffers: dict, var_ranges: dict, node: str) -> None:
     if ld.dtype != buf.dtype:
         raise VerificationError(f"loads {ld.buffer} as {ld.dtype}, buffer is {buf.dtype}", node)
     unknown = ld.index.free_symbols - set(var_ranges)
-    if any(s.name.startswith(("i", "r", "v")) for s in unknown):
+    if any(var_kind(s) in LOOP_KINDS for s in unknown):
         raise VerificationError(f"index {ld.index} of {ld.buffer} uses variables outside the loop nest", node)
     _check_indirect(ld, ld.index, var_ranges, node)
     # an index symbol ranges over [0, bound): with the loop variables, the whole of what the load may reach

@@ -1,7 +1,8 @@
 """The PassManager: runs a Pipeline on a SchedulerGraph, checked, timed and explained.
 
-After each pass it verifies the graph (switchable), measures wall time, counts nodes and edges, and
-checks whether the graph really changed (by comparing its nodes and edges, not by trusting the pass).
+Around each pass its instruments (pipeline/instruments.py) measure wall time, count nodes and edges,
+check whether the graph really changed (by comparing its nodes and edges, not by trusting the pass),
+verify the graph (switchable), add metric rows and write dumps; users add their own instruments.
 Passes make choices through `ctx.decide(kind, *nodes)`; a decision limit makes later decisions answer
 False, which is how `passline.bisect` finds the one decision that breaks a result.
 """
@@ -10,13 +11,15 @@ from __future__ import annotations
 import collections
 import contextlib
 import gc
-import time
-from typing import Any, Callable, Iterable
+from typing import Iterable
 
 import attrs
 
-from .graph import SchedulerGraph, VerificationError
+from ..ir import members
+from .graph import SchedulerGraph
+from .instruments import PassInstrument, PipelineRun, as_instrument, builtin_instruments
 from .metrics import Metrics
+from .registry import current_registry
 from .text import PassCall, Pipeline, Repeat
 
 
@@ -75,6 +78,7 @@ class PassContext:
         self.graph_name = graph_name
         self.decision_limit = decision_limit
         self.stats: collections.Counter = collections.Counter()
+        self.state: dict = {}  # the pass's own scratch space for this run (fresh for every pass run)
 
     @property
     def pass_name(self) -> str:
@@ -114,21 +118,7 @@ class Refusal:
 
 
 def _member_names(node) -> tuple:
-    return tuple(m.name for m in node.members()) if hasattr(node, "members") else (node.name,)
-
-
-def _snapshot(graph: SchedulerGraph):
-    return dict(graph.nx.nodes(data="node")), frozenset(graph.nx.edges), graph.outputs
-
-
-def _changed(before, graph: SchedulerGraph) -> bool:
-    """Did the graph change? Nodes are compared by name, then by identity, and by value only where the
-    object differs (a pass may rebuild an equal node: that is no change)."""
-    nodes, edges, outputs = before
-    now = dict(graph.nx.nodes(data="node"))
-    if nodes.keys() != now.keys() or outputs != graph.outputs or edges != frozenset(graph.nx.edges):
-        return True
-    return any(old is not now[n] and old != now[n] for n, old in nodes.items())
+    return tuple(m.name for m in members(node))
 
 
 @contextlib.contextmanager
@@ -148,18 +138,25 @@ def _collector_paused():
 
 
 class PassManager:
-    """Runs `pipeline` on graphs. Instruments are objects with optional `before_pass(call, graph)` and
-    `after_pass(record, graph)` methods."""
+    """Runs `pipeline` on graphs, under the pass registry in effect when it was made. Around every pass run:
+    the built-in instruments (timing, change detection, verification with `verify`, metrics, dumps with
+    `dump_dir`), and outside them `instruments` (PassInstruments, the first given outermost; see
+    pipeline/instruments.py)."""
 
     def __init__(self, pipeline: Pipeline | str = "", *, verify: bool = True, instruments: Iterable = (),
                  pass_limit: int | None = None, decision_limits: dict | None = None,
                  dump_dir: str | None = None):
+        self.registry = current_registry()
         self.pipeline = pipeline if isinstance(pipeline, Pipeline) else Pipeline.parse(pipeline)
         self.verify = verify
-        self.instruments = list(instruments)
+        self.instruments = [as_instrument(i) for i in instruments]
         self.pass_limit = pass_limit
         self.decision_limits = dict(decision_limits or {})
         self.dump_dir = dump_dir
+
+    def all_instruments(self) -> list[PassInstrument]:
+        """Every instrument of a run, outermost first: yours, then the built-in ones."""
+        return [*self.instruments, *builtin_instruments(self.verify, self.dump_dir)]
 
     def run(self, graph: SchedulerGraph, metrics: Metrics | None = None, graph_name: str = "graph"):
         """Run the pipeline; returns (final graph, list of PassRecord). `self.records` and
@@ -168,12 +165,16 @@ class PassManager:
         self._records = self.records
         self._metrics = metrics if metrics is not None else Metrics()
         self._graph_name = self.graph_name = graph_name
-        if self.dump_dir:
-            from .dump import dump_graph
-
-            dump_graph(self.dump_dir, graph_name, 0, "input", graph)
-        with _collector_paused():
-            graph, _ = self._run_items(self.pipeline.items, graph, None)
+        self._outer_first = self.all_instruments()
+        self._inner_first = self._outer_first[::-1]
+        run = PipelineRun(graph_name, self._metrics, self._records)
+        with self.registry.active():
+            for ins in self._outer_first:
+                ins.enter_pipeline(graph, run)
+            with _collector_paused():
+                graph, _ = self._run_items(self.pipeline.items, graph, None)
+            for ins in self._inner_first:
+                ins.exit_pipeline(graph, run)
         return graph, self._records
 
     def _run_items(self, items, graph, iteration) -> tuple[SchedulerGraph, bool]:
@@ -195,20 +196,16 @@ class PassManager:
     def _run_pass(self, call: PassCall, graph: SchedulerGraph, iteration) -> tuple[SchedulerGraph, bool]:
         index = len(self._records) + 1
         record = PassRecord(index, call.name, str(call), iteration, nodes_before=len(graph),
-                            edges_before=graph.nx.number_of_edges())
+                            edges_before=graph.num_edges())
         self._records.append(record)
         ctx = PassContext(record, self._metrics, self._graph_name, self.decision_limits.get(index))
-        before = _snapshot(graph)
-        before_graph = graph.copy() if self.dump_dir else None
-        for ins in self.instruments:
-            getattr(ins, "before_pass", lambda *a: None)(call, graph)
-        t0 = time.perf_counter()
+        for ins in self._outer_first:
+            ins.before_pass(call, graph)
         try:
             result = call.info.run(graph, ctx, **call.resolved())
         except Exception as e:
             e.add_note(f"in pass {call.name!r} (pipeline step {index}: {call})")
             raise
-        record.seconds = time.perf_counter() - t0
         if isinstance(result, PassResult):
             record.claimed_changed = result.changed
             ctx.stats.update(result.stats)
@@ -217,22 +214,7 @@ class PassManager:
             graph = result
         if not isinstance(graph, SchedulerGraph):
             raise TypeError(f"pass {call.name!r} returned {type(graph).__name__}, not a SchedulerGraph")
-        record.nodes_after, record.edges_after = len(graph), graph.nx.number_of_edges()
-        record.changed = _changed(before, graph)
         record.stats = dict(ctx.stats)
-        if self.verify:
-            try:
-                graph.verify()
-            except VerificationError as e:
-                raise VerificationError(e.args[0], e.node, pass_name=call.name) from e
-        self._metrics.row("pass_stats", graph=self._graph_name, index=index, pass_name=call.name,
-                          seconds=record.seconds, nodes_before=record.nodes_before,
-                          nodes_after=record.nodes_after, changed=record.changed,
-                          decisions=len(record.decisions))
-        if self.dump_dir and record.changed:
-            from .dump import dump_change
-
-            dump_change(self.dump_dir, self._graph_name, record, before_graph, graph)
-        for ins in self.instruments:
-            getattr(ins, "after_pass", lambda *a: None)(record, graph)
+        for ins in self._inner_first:
+            ins.after_pass(record, graph)
         return graph, record.changed

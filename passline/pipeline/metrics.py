@@ -5,8 +5,9 @@ ir_nodes_post_fusion, num_loop_reordering, codegen_mix_order_reduction, fusions,
 count through `ctx.count(...)`. `metrics.fusion_failures` counts refusals by reason.
 
 Opt-in CSV tables, one row per event: set `PASSLINE_METRIC_TABLES=graph_stats,fusion_failures,
-kernel_metadata,pass_stats` (or pass `metric_tables=` to `passline.backend`); files go to
-`PASSLINE_METRIC_DIR` (default `passline_metrics/`), one `<table>.csv` each, appended.
+kernel_metadata,pass_stats` (or `passline.settings(metric_tables=...)`, or pass `metric_tables=` to
+`passline.backend`); files go to `PASSLINE_METRIC_DIR` (default `passline_metrics/`), one `<table>.csv`
+each, appended.
 """
 from __future__ import annotations
 
@@ -18,17 +19,12 @@ from pathlib import Path
 import attrs
 import sympy
 
-TABLES = ("graph_stats", "fusion_failures", "kernel_metadata", "pass_stats")
+from ..config import current_settings, parse_metric_tables
 
 
 def enabled_tables(explicit=None) -> frozenset:
-    names = explicit if explicit is not None else [
-        t for t in os.environ.get("PASSLINE_METRIC_TABLES", "").split(",") if t.strip()]
-    names = [n.strip() for n in names]
-    unknown = [n for n in names if n not in TABLES and n != "all"]
-    if unknown:
-        raise ValueError(f"unknown metric table {unknown[0]!r}; tables: {', '.join(TABLES)} (or all)")
-    return frozenset(TABLES if "all" in names else names)
+    """The tables to write: `explicit` (names, or comma-separated text), else the settings' tables."""
+    return current_settings().metric_tables if explicit is None else parse_metric_tables(explicit)
 
 
 @attrs.define
@@ -45,7 +41,7 @@ class Metrics:
 
     def write_csv(self, directory: str | os.PathLike | None = None) -> list[Path]:
         """Append each table's rows to `<directory>/<table>.csv`; return the files written."""
-        out = Path(directory or os.environ.get("PASSLINE_METRIC_DIR", "passline_metrics"))
+        out = Path(directory or current_settings().metric_dir)
         written = []
         for table, rows in self.tables.items():
             if not rows:
@@ -80,7 +76,7 @@ def node_bytes(graph, node) -> tuple:
     """(bytes read, bytes written) by one kernel node. Each buffer counts the distinct elements its
     index can reach (capped at the buffer's size), once per node; a fused node writes only what is
     read outside it or returned; a mix-order node adds its workspace, written and read back."""
-    from ..ir import MixOrderNode
+    from ..ir import FusedNode, MixOrderNode
 
     buffers = graph.buffers()
     keep = graph.output_names() | graph.mutated_names()
@@ -101,7 +97,7 @@ def node_bytes(graph, node) -> tuple:
             out += sympy.Min(n, buf.layout.storage_span) * buf.dtype.itemsize
         return out
 
-    grouped = hasattr(node, "members")
+    grouped = isinstance(node, (FusedNode, MixOrderNode))
     writes = [d for d in node.writes() if not grouped or d.buffer in keep or graph.readers(d.buffer)]
     read, written = total(node.reads()), total(writes)
     if isinstance(node, MixOrderNode):

@@ -9,9 +9,15 @@ Options are the pass's keyword-only parameters (type from the annotation or the 
 `Annotated[int, "doc"]`), or the fields of an attrs class `Options` on a class-based pass.
 Third-party packages register passes through the entry-point group `passline.passes`; those are
 imported lazily, the first time a name is looked up that is not registered yet.
+
+Passes live in a `Registry`. The default one holds the built-in passes, yours and installed packages';
+`with Registry().active():` scopes registrations and look-ups to a registry of your own (which sees the
+default one's passes behind its own).
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import difflib
 import hashlib
 import inspect
@@ -109,10 +115,6 @@ class PassInfo:
         return self.run(*args, **kwargs)
 
 
-_REGISTRY: dict[str, PassInfo] = {}
-_entry_points_loaded = False
-
-
 def _options_from_signature(fn) -> tuple:
     hints = typing.get_type_hints(fn, include_extras=True)
     specs = []
@@ -150,86 +152,174 @@ def _option_type(hint, owner, name):
     return hint
 
 
+_INHERIT = object()  # Registry(parent=...) not given: the default registry
+
+
+class Registry:
+    """A set of passes by name. `passline.register_pass` and pipelines use the active registry: the default
+    one (built-in passes, yours, and those of installed packages' entry points) unless a
+    `with registry.active():` block names another. A registry made with `Registry()` sees the default
+    one's passes behind its own (`parent=None`: only its own), so a test or a tool can add and replace
+    passes without touching anyone else's."""
+
+    def __init__(self, parent=_INHERIT, *, entry_points: bool = False):
+        self.parent: Registry | None = default_registry() if parent is _INHERIT else parent
+        self._passes: dict[str, PassInfo] = {}
+        self._entry_points_pending = entry_points  # loaded lazily, the first time a name is missing
+
+    # -- registering --------------------------------------------------------------------------------
+    def register(self, name: str | None = None, *, requires=(), provides=(), invalidates=(),
+                 idempotent: bool = False, replace: bool = False):
+        """Decorator: register a pass function `(graph, ctx, **options)`, or a class with an attrs `Options`
+        class and a `run(self, graph, ctx, options)` method. Returns the PassInfo (callable like the
+        function)."""
+
+        def register(obj):
+            pname = name or obj.__name__
+            if inspect.isclass(obj):
+                opts_cls = getattr(obj, "Options", None)
+                options = _options_from_attrs(opts_cls) if opts_cls is not None else ()
+                instance = obj()
+
+                def run(graph, ctx, **kw):
+                    return instance.run(graph, ctx, opts_cls(**kw) if opts_cls is not None else None)
+            else:
+                options, run = _options_from_signature(obj), obj
+            old = self._passes.get(pname)
+            if old is not None and not replace and old.source_of is not obj:
+                raise ValueError(f"a pass named {pname!r} is already registered "
+                                 f"(from {old.source_of.__module__}); pass replace=True to override")
+            info = PassInfo(pname, run, options, frozenset(requires), frozenset(provides), frozenset(invalidates),
+                            idempotent, inspect.getdoc(obj) or "", obj)
+            self._passes[pname] = info
+            return info
+
+        return register
+
+    def unregister(self, name: str) -> None:
+        self._passes.pop(name, None)
+
+    # -- looking up ---------------------------------------------------------------------------------
+    def _load_entry_points(self) -> None:
+        if not self._entry_points_pending:
+            return
+        self._entry_points_pending = False
+        from importlib.metadata import entry_points
+
+        with self.active():  # their register_pass calls land here, whatever registry is active
+            for ep in entry_points(group=ENTRY_POINT_GROUP):
+                ep.load()  # importing the module registers its passes
+
+    def find(self, name: str) -> PassInfo | None:
+        """The pass called `name` (here, then in the parent), or None."""
+        reg = self
+        while reg is not None:
+            if name not in reg._passes:
+                reg._load_entry_points()
+            if name in reg._passes:
+                return reg._passes[name]
+            reg = reg.parent
+        return None
+
+    def get(self, name: str) -> PassInfo:
+        info = self.find(name)
+        if info is None:
+            known = list(self.passes())
+            hint = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
+            raise PipelineError(f"unknown pass {name!r}" + (f"; did you mean {' or '.join(map(repr, hint))}?"
+                                                            if hint else f" (registered: {', '.join(sorted(known))})"))
+        return info
+
+    def passes(self) -> dict[str, PassInfo]:
+        """Every pass this registry sees (its own over its parent's), by name."""
+        out = self.parent.passes() if self.parent is not None else {}
+        self._load_entry_points()
+        out.update(self._passes)
+        return dict(sorted(out.items()))
+
+    def providers(self, fact: str) -> list[str]:
+        return [p.name for p in self.passes().values() if fact in p.provides]
+
+    def catalog_markdown(self) -> str:
+        """The passes as a Markdown catalog (docs/passes.md embeds the default registry's; a test keeps it
+        current)."""
+        lines = []
+        for info in self.passes().values():
+            facts = []
+            for label, group in (("requires", info.requires), ("provides", info.provides),
+                                 ("invalidates", info.invalidates)):
+                if group:
+                    facts.append(f"{label} {', '.join(sorted(group))}")
+            lines.append(f"### `{info.name}`\n")
+            lines.append(info.summary + "\n")
+            if facts:
+                lines.append(f"Facts: {'; '.join(facts)}.\n")
+            if info.options:
+                lines.append("| option | type | default | meaning |")
+                lines.append("|---|---|---|---|")
+                for o in info.options:
+                    allowed = f" ({' / '.join(map(str, o.choices))})" if o.choices else ""
+                    lines.append(f"| `{o.name}` | {o.type.__name__}{allowed} | `{o.default!r}` | {o.doc} |")
+                lines.append("")
+        return "\n".join(lines).rstrip() + "\n"
+
+    # -- scope --------------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def active(self):
+        """Within: register_pass, pipelines and pass managers use this registry."""
+        token = _ACTIVE.set(self)
+        try:
+            yield self
+        finally:
+            _ACTIVE.reset(token)
+
+    def __contains__(self, name: str) -> bool:
+        return self.find(name) is not None
+
+    def __repr__(self):
+        return f"<Registry {len(self._passes)} passes{' + parent' if self.parent is not None else ''}>"
+
+
+_DEFAULT = Registry(parent=None, entry_points=True)
+_ACTIVE: contextvars.ContextVar[Registry] = contextvars.ContextVar("passline_registry", default=_DEFAULT)
+
+
+def default_registry() -> Registry:
+    """The registry of built-in passes, user passes and installed packages' passes."""
+    return _DEFAULT
+
+
+def current_registry() -> Registry:
+    """The registry in use here: the default one, or the one of an enclosing `with registry.active()`."""
+    return _ACTIVE.get()
+
+
 def register_pass(name: str | None = None, *, requires=(), provides=(), invalidates=(),
                   idempotent: bool = False, replace: bool = False):
     """Register a pass function `(graph, ctx, **options)`, or a class with an attrs `Options` class and
-    a `run(self, graph, ctx, options)` method. Returns the PassInfo (callable like the function)."""
-
-    def register(obj):
-        pname = name or obj.__name__
-        if inspect.isclass(obj):
-            opts_cls = getattr(obj, "Options", None)
-            options = _options_from_attrs(opts_cls) if opts_cls is not None else ()
-            instance = obj()
-
-            def run(graph, ctx, **kw):
-                return instance.run(graph, ctx, opts_cls(**kw) if opts_cls is not None else None)
-        else:
-            options, run = _options_from_signature(obj), obj
-        if pname in _REGISTRY and not replace and _REGISTRY[pname].source_of is not obj:
-            raise ValueError(f"a pass named {pname!r} is already registered "
-                             f"(from {_REGISTRY[pname].source_of.__module__}); pass replace=True to override")
-        info = PassInfo(pname, run, options, frozenset(requires), frozenset(provides), frozenset(invalidates),
-                        idempotent, inspect.getdoc(obj) or "", obj)
-        _REGISTRY[pname] = info
-        return info
-
-    return register
+    a `run(self, graph, ctx, options)` method, in the active registry. Returns the PassInfo (callable like
+    the function)."""
+    return current_registry().register(name, requires=requires, provides=provides, invalidates=invalidates,
+                                       idempotent=idempotent, replace=replace)
 
 
 def unregister_pass(name: str) -> None:
-    _REGISTRY.pop(name, None)
-
-
-def _load_entry_points() -> None:
-    global _entry_points_loaded
-    if _entry_points_loaded:
-        return
-    _entry_points_loaded = True
-    from importlib.metadata import entry_points
-
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        ep.load()  # importing the module registers its passes
+    current_registry().unregister(name)
 
 
 def get_pass(name: str) -> PassInfo:
-    if name not in _REGISTRY:
-        _load_entry_points()
-    if name not in _REGISTRY:
-        hint = difflib.get_close_matches(name, list(_REGISTRY), n=3, cutoff=0.5)
-        raise PipelineError(f"unknown pass {name!r}" + (f"; did you mean {' or '.join(map(repr, hint))}?" if hint
-                                                        else f" (registered: {', '.join(sorted(_REGISTRY))})"))
-    return _REGISTRY[name]
+    return current_registry().get(name)
 
 
 def passes() -> dict[str, PassInfo]:
     """Every registered pass (built-in, user, and from installed packages' entry points), by name."""
-    _load_entry_points()
-    return dict(sorted(_REGISTRY.items()))
+    return current_registry().passes()
 
 
 def providers(fact: str) -> list[str]:
-    return [p.name for p in passes().values() if fact in p.provides]
+    return current_registry().providers(fact)
 
 
 def catalog_markdown() -> str:
     """The registered passes as a Markdown catalog (docs/passes.md embeds it; a test keeps it current)."""
-    lines = []
-    for info in passes().values():
-        facts = []
-        for label, group in (("requires", info.requires), ("provides", info.provides),
-                             ("invalidates", info.invalidates)):
-            if group:
-                facts.append(f"{label} {', '.join(sorted(group))}")
-        lines.append(f"### `{info.name}`\n")
-        lines.append(info.summary + "\n")
-        if facts:
-            lines.append(f"Facts: {'; '.join(facts)}.\n")
-        if info.options:
-            lines.append("| option | type | default | meaning |")
-            lines.append("|---|---|---|---|")
-            for o in info.options:
-                allowed = f" ({' / '.join(map(str, o.choices))})" if o.choices else ""
-                lines.append(f"| `{o.name}` | {o.type.__name__}{allowed} | `{o.default!r}` | {o.doc} |")
-            lines.append("")
-    return "\n".join(lines).rstrip() + "\n"
+    return current_registry().catalog_markdown()

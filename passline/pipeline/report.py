@@ -27,6 +27,7 @@ class CompileReport:
     inputs: list | None = None  # its first real inputs, when the backend captures them
     runner: object = None  # what runs the graph (TritonRunner has .kernels: source, variant, bytes)
     check: object = None  # with backend(check=True): the accuracy guard's CheckReport, after the first call
+    cudagraphs: str = ""  # with backend(cudagraphs=True): "on: ..." or "off: <why>"
 
     @property
     def kernel_info(self) -> list:

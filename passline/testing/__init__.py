@@ -98,11 +98,9 @@ def assert_matches_eager(fn: Callable, inputs: Sequence, pipeline=None, codegen:
     `pipeline=None` runs passline.DEFAULT_PIPELINE; "" runs no pass. `device` (default
     $PASSLINE_TEST_DEVICE, else where the inputs are) moves the inputs and an nn.Module there first.
     Returns the passline backend, whose `reports` describe what was compiled."""
-    import os
-
     import passline
 
-    device = device or os.environ.get("PASSLINE_TEST_DEVICE")
+    device = device or passline.settings.test_device
     if device:
         inputs = [_to(x, device) for x in inputs]
         if isinstance(fn, torch.nn.Module):
@@ -124,7 +122,7 @@ def assert_matches_eager(fn: Callable, inputs: Sequence, pipeline=None, codegen:
         ours, eager = _flat(compiled(*ours_in)), _flat(fn(*eager_in))
     assert len(ours) == len(eager), f"{len(ours)} outputs, eager has {len(eager)}"
     for k, (a, b) in enumerate(zip(ours, eager)):
-        torch.testing.assert_close(a, b, **tolerance(b.dtype), equal_nan=True, msg=lambda m: f"output {k}: {m}")
+        torch.testing.assert_close(a, b, **tolerance(b.dtype), equal_nan=True, msg=lambda m, k=k: f"output {k}: {m}")
         if check_strides:
             assert_same_strides(a, b, f"output {k}")
     if train:
@@ -135,7 +133,7 @@ def assert_matches_eager(fn: Callable, inputs: Sequence, pipeline=None, codegen:
                 if b.grad is None:  # no output depends on this input, in either
                     continue
                 torch.testing.assert_close(a.grad, b.grad, **tolerance(b.dtype),
-                                           msg=lambda m: f"grad of input {k}: {m}")
+                                           msg=lambda m, k=k: f"grad of input {k}: {m}")
                 if check_strides:
                     # AccumulateGrad gives .grad the input's strides (or contiguous ones) whatever the
                     # backward returned, so this checks the layout a user's optimizer sees, not the

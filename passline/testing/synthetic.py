@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..ir import Buffer, Constant, Layout, Load, Op, Pointwise, TensorArg, loop_vars
+from ..ir import Buffer, Constant, Layout, Load, Op, Pointwise, TensorArg, VarKind, loop_vars
 from ..lowering import GraphInput, Program
 from ..pipeline.graph import SchedulerGraph
 
@@ -13,7 +13,7 @@ def chain_and_fanout(n_nodes: int, size=(64, 64)) -> SchedulerGraph:
     """Half the nodes form a chain x -> n0 -> n1 -> ...; the other half each read the chain's head.
     Every chain node and every fan-out node is a graph output's ancestor, so nothing is dead."""
     f32 = torch.float32
-    i0, i1 = loop_vars("i", 2)
+    i0, i1 = loop_vars(VarKind.OUTER, 2)
     index = size[1] * i0 + i1
 
     def pw(name, src, op):

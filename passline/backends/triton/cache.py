@@ -6,6 +6,7 @@ rename); each source carries a checksum line, and an entry whose checksum fails 
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -14,11 +15,13 @@ import sys
 import tempfile
 from pathlib import Path
 
+from ...config import current_settings, environment_variable
+
 _HEADER = "# passline kernel sha256="
 
 
 def default_dir() -> Path:
-    return Path(os.environ.get("PASSLINE_CACHE_DIR") or Path.home() / ".cache" / "passline")
+    return Path(current_settings().cache_dir)
 
 
 def digest(*parts) -> str:
@@ -82,21 +85,11 @@ class KernelCache:
         self._write(self.dir / f"c{key}.json", json.dumps(choice))
 
 
-class interpreting:
+def interpreting(on: bool):
     """Within: Triton runs kernels in its CPU interpreter (it reads TRITON_INTERPRET both when a kernel
-    module is loaded and when helper functions are called from a running kernel)."""
-
-    def __init__(self, on: bool):
-        self.on = on
-
-    def __enter__(self):
-        self.old = os.environ.get("TRITON_INTERPRET")
-        if self.on:
-            os.environ["TRITON_INTERPRET"] = "1"
-
-    def __exit__(self, *exc):
-        if self.on and self.old is None:
-            os.environ.pop("TRITON_INTERPRET", None)
+    module is loaded and when helper functions are called from a running kernel); afterwards the
+    variable is exactly what the user had."""
+    return environment_variable("TRITON_INTERPRET", "1") if on else contextlib.nullcontext()
 
 
 def load_kernel(path: Path, fn_name: str, interpret: bool):

@@ -13,16 +13,36 @@ import attrs
 import sympy
 import torch
 
-from ...ir import (Cast, Constant, FusedNode, IndexValue, Layout, Load, MixOrderNode, Op, Pointwise, Reduction,
-                   Scatter)
+from ...ir import (
+    Cast,
+    Constant,
+    FusedNode,
+    IndexValue,
+    Layout,
+    Load,
+    MixOrderNode,
+    Op,
+    Pointwise,
+    Reduction,
+    Scatter,
+    members,
+)
 from ...ir.body import rebuild, walk
-from ...ir.index import FloorDiv, ModularIndexing, contiguous_strides, loop_vars, product
-from ...ir.loops import canon_var, canonical_map, role
+from ...ir.index import StrEnum, VarKind, contiguous_strides, loop_vars, product, var_kind
+from ...ir.loops import Role, canon_var, canonical_map, is_canonical, role, transposed
+from ..variants import MIX_FORMS, KernelVariant
 from . import printer
 from .printer import Unsupported, tl_dtype
 
 COMBINE = {"sum": "_sum_combine", "prod": "_prod_combine", "max": "_max_combine", "min": "_min_combine",
            "any": "_max_combine", "all": "_min_combine"}
+
+
+class ColumnRole(StrEnum):
+    """The roles of a mix-order kernel's column members (whose loops are the transpose of the kernel's)."""
+
+    COLUMN = "column"  # a column reduction: partial sums over this program's rows, into the workspace
+    COLUMN_OUTER = "column_outer"  # a column epilogue: runs in the finishing kernel
 
 
 def identity(rtype: str, dtype: torch.dtype) -> str:
@@ -48,7 +68,7 @@ class KernelSource:
     args: tuple  # ("buffer", name) or ("size", sympy expr) in call order
     xnumel: sympy.Expr
     rnumel: sympy.Expr | None  # None for a pointwise kernel
-    variant: str  # pointwise | persistent | looped | mix_order
+    variant: KernelVariant
     constants: dict  # constexpr values: XBLOCK, RBLOCK, SPLIT
     num_warps: int = 4
     grid_per_program: str = "XBLOCK"  # grid = cdiv(xnumel, constants[grid_per_program])
@@ -121,6 +141,8 @@ class KernelWriter:
         self.two_d = bool(self.red)
         self.locals: set = set()  # symbols naming kernel variables (indirect indices), never arguments
         self.debug = False  # a device_assert was emitted: the kernel is compiled with debug=True
+        self.online: dict | None = None  # online_pairs(), computed once
+        self._expansions: dict = {}  # _expanded()'s memo
 
     # -- plumbing ----------------------------------------------------------------------------------
     def emit(self, line: str) -> None:
@@ -137,7 +159,7 @@ class KernelWriter:
 
     def idx(self, expr) -> str:
         for s in expr.free_symbols:
-            if not re.fullmatch(r"[oq]\d+", s.name) and s not in self.locals:
+            if not is_canonical(s) and s not in self.locals:
                 self.sizes.add(s)
         return printer.index(expr)
 
@@ -148,24 +170,25 @@ class KernelWriter:
             flip = {}
             for v in set(cmap.values()):
                 if isinstance(v, sympy.Symbol):
-                    flip[v] = canon_var("q" if v.name[0] == "o" else "o", int(v.name[1:]))
+                    flip[v] = transposed(v)
             cmap = {k: v.xreplace(flip) for k, v in cmap.items()}
         return cmap
 
     def mask_for(self, expr, also=()) -> str | None:
         """The mask of an access at `expr`; `also`: loop variables an indirect index in it depends on."""
-        names = {s.name[0] for s in (*expr.free_symbols, *also) if re.fullmatch(r"[oq]\d+", s.name)}
+        kinds = {var_kind(s) for s in (*expr.free_symbols, *also) if is_canonical(s)}
         if not self.two_d:
-            return "xmask" if "o" in names else None
-        parts = (["xmask"] if "o" in names else []) + (["rmask"] if "q" in names else [])
+            return "xmask" if VarKind.CANON_OUTER in kinds else None
+        parts = (["xmask"] if VarKind.CANON_OUTER in kinds else []) + \
+            (["rmask"] if VarKind.CANON_REDUCTION in kinds else [])
         return " & ".join(parts) if parts else None
 
-    def role(self, m) -> str:
+    def role(self, m) -> Role | ColumnRole:
         if not self.red:
-            return "inner"
-        if m in self.swap:
+            return Role.INNER
+        if m in self.swap:  # a column member: its reductions run across the kernel's rows
             r = role(m, self.red, self.outer)
-            return {"inner": "inner", "reduction": "column", "outer": "column_outer"}[r]
+            return {Role.INNER: Role.INNER, Role.REDUCTION: ColumnRole.COLUMN, Role.OUTER: ColumnRole.COLUMN_OUTER}[r]
         return role(m, self.outer, self.red)
 
     # -- values --------------------------------------------------------------------------------------
@@ -223,7 +246,7 @@ class KernelWriter:
             raw = scope.values[id(b.value)]
             dep = {s for v in walk(b.value) if isinstance(v, (Load, IndexValue))
                    for s in (v.index if isinstance(v, Load) else v.expr).xreplace(cmap).free_symbols
-                   if re.fullmatch(r"[oq]\d+", s.name)}
+                   if is_canonical(s)}
             deps |= dep
             bound = self.idx(sympy.expand(b.bound))
             key = ("indirect", raw, bound, b.wrap, b.proven)
@@ -241,7 +264,8 @@ class KernelWriter:
                     else:
                         self.debug = True
                         cond = f"{ok} | ~({mask})" if mask else ok
-                        self.emit(f"tl.device_assert({cond}, {f'index out of bounds for {b.what} with size {b.bound}'!r})")
+                        message = f"index out of bounds for {b.what} with size {b.bound}"
+                        self.emit(f"tl.device_assert({cond}, {message!r})")
                 scope.loads[key] = var
             sym = sympy.Symbol(var, integer=True, nonnegative=True)
             self.locals.add(sym)
@@ -256,7 +280,7 @@ class KernelWriter:
         if var is None:
             var = self.tmp()
             index, mask = key[1:]
-            if not any(re.fullmatch(r"[oq]\d+", s.name) or s in self.locals for s in expr.free_symbols):
+            if not any(is_canonical(s) or s in self.locals for s in expr.free_symbols):
                 # one address for every lane (a 0-dim tensor, a scalar operand): load it as a [1] block, not
                 # a 0-d value. The interpreter gives a 0-d comparison the operand's dtype instead of int1,
                 # and splatting it to a block then converts the bools (`x | (s != 0)` raised "ufunc
@@ -294,13 +318,18 @@ class KernelWriter:
         src_dtype = m.body.dtype if isinstance(m, Pointwise) else _result_dtype(m)
         val = printer.cast(var, src_dtype, m.output.dtype)
         offset = self.idx(expr)
-        if not any(s.name.startswith("o") for s in expr.free_symbols):
+        if not _has_outer(expr):
             offset += " + 0 * xindex"  # one element per row block: the pointer must be a block too
         self.emit(f"tl.store({self.ptr(m.output.name)} + {offset}, {val}" + (f", {mask})" if mask else ")"))
 
     # -- kernels -------------------------------------------------------------------------------------
+    def ordered_args(self) -> tuple:
+        """The buffer arguments in one order for every variant of a node (sorted by name), so the wrapper
+        passes the same arguments whichever variant runs."""
+        return tuple(self.args[k] for k in sorted(self.args))
+
     def header(self, constexprs, int64: bool, extra=()) -> list[str]:
-        sig = list(self.args) + [_sanitize(s.name) for s in sorted(self.sizes, key=str)] + ["xnumel"]
+        sig = sorted(self.args) + [_sanitize(s.name) for s in sorted(self.sizes, key=str)] + ["xnumel"]
         if self.two_d:
             sig.append("rnumel")
         sig += list(extra)
@@ -332,7 +361,7 @@ class KernelWriter:
         at, _ = self.indirect(m, scope, cmap)
         expr = sympy.expand(m.index.xreplace(cmap)).xreplace(at)
         offset = self.idx(expr)
-        if not any(s.name.startswith("o") for s in expr.free_symbols):
+        if not _has_outer(expr):
             offset += " + 0 * xindex"  # one position for every lane: the pointer must be a block too
         val = printer.cast(var, m.body.dtype, m.output.dtype)
         ptr = self.ptr(m.output.name)
@@ -422,16 +451,16 @@ class KernelWriter:
         computed and stored as needed; `column(m, value)` takes the mix-order column reductions."""
         for m in self.nodes:
             r = self.role(m)
-            if r in ("reduction", "column"):
+            if r in (Role.REDUCTION, ColumnRole.COLUMN):
                 val = self.value(m.body, m, scope, self.canon(m))
-                if r == "column":
+                if r == ColumnRole.COLUMN:
                     column(m, val)
                     continue
                 var = self._reduction_result(m, self._reduce_block(m, val, None), scope)
                 self.store(m, var, "xmask")
             else:
                 var = self.compute(m, scope)
-                self.store(m, var, "xmask & rmask" if r == "inner" else "xmask")
+                self.store(m, var, "xmask & rmask" if r == Role.INNER else "xmask")
 
     def phases(self) -> dict:
         """Loop phase of each in-loop member and reduction; `avail` = first phase a value can be used."""
@@ -445,10 +474,10 @@ class KernelWriter:
             if m.name in online:  # accumulated with its max, in the max's loop
                 phase[m.name] = phase[online[m.name].name]
                 avail[m.output.name] = phase[m.name] + 1
-            elif r == "reduction":
+            elif r == Role.REDUCTION:
                 phase[m.name] = p
                 avail[m.output.name] = p + 1
-            elif r == "inner":
+            elif r == Role.INNER:
                 phase[m.name] = p
                 avail[m.output.name] = p
             else:
@@ -461,10 +490,10 @@ class KernelWriter:
         exponentials after the max). The looped form accumulates such a sum in the max's own loop with
         online rescaling, so the row is read once instead of twice (the persistent form reads it once
         anyway)."""
-        if "online" in self.__dict__:
+        if self.online is not None:
             return self.online
         self.online = {}
-        reds = [m for m in self.nodes if isinstance(m, Reduction) and self.role(m) == "reduction"]
+        reds = [m for m in self.nodes if isinstance(m, Reduction) and self.role(m) == Role.REDUCTION]
         maxes = [m for m in reds if m.reduction_type == "max" and m.body.dtype in (torch.float32, torch.float64)]
         for sm in reds:
             if sm.reduction_type != "sum" or sm.body.dtype not in (torch.float32, torch.float64) or not maxes:
@@ -489,7 +518,7 @@ class KernelWriter:
         outputs replaced by their (expanded) values, so that two members' values compare as expressions;
         None past `limit` values (a softmax's are a handful; big fused groups are not worth expanding).
         Each member is expanded once (memoized), so shared members cost nothing more."""
-        memo = self.__dict__.setdefault("_expansions", {})
+        memo = self._expansions
         key = (m.name, id(v))
         if key in memo:
             return memo[key]
@@ -499,7 +528,7 @@ class KernelWriter:
         def leaf(u):
             if isinstance(u, Load):
                 p = self.by_output.get(u.buffer)
-                if p is not None and not isinstance(p, Reduction) and self.role(p) == "inner":
+                if p is not None and not isinstance(p, Reduction) and self.role(p) == Role.INNER:
                     inner = self._expanded(p.body, p, limit)
                     if inner is None:
                         too_big.append(p)
@@ -528,17 +557,17 @@ class KernelWriter:
 
         def outer_ready(limit):
             for m in self.nodes:
-                if self.role(m) == "outer" and m.name not in done and avail[m.output.name] <= limit:
+                if self.role(m) == Role.OUTER and m.name not in done and avail[m.output.name] <= limit:
                     var = self.compute(m, outer_scope)
                     self.store(m, var, "xmask")
                     done.add(m.name)
 
         for p in range(n_phases):
             outer_ready(p)
-            reds = [m for m in self.nodes if self.role(m) == "reduction" and phase[m.name] == p]
+            reds = [m for m in self.nodes if self.role(m) == Role.REDUCTION and phase[m.name] == p]
             # in-loop values are computed where a reduction of this loop reads them or they are stored (an
             # online sum's exponentials are neither: such a loop may have nothing to do)
-            needed = {m.name for m in self.nodes if self.role(m) == "inner" and phase[m.name] == p
+            needed = {m.name for m in self.nodes if self.role(m) == Role.INNER and phase[m.name] == p
                       and m.output.name in self.stored}
             needed |= {m.name for m in reds}
             if not needed:
@@ -598,14 +627,14 @@ class KernelWriter:
                 continue  # computed from its max's value, not from its own body
             for b in m.read_names():
                 d = self.by_output.get(b)
-                if d is not None and self.role(d) == "inner":
+                if d is not None and self.role(d) == Role.INNER:
                     stack.append(d)
         for m in self.nodes:
             if m.name not in want:
                 continue
             if m.name in online:
                 continue  # accumulated with its max
-            if self.role(m) == "reduction":
+            if self.role(m) == Role.REDUCTION:
                 val = self.value(m.body, m, scope, self.canon(m))
                 sm = partner.get(m.name)
                 if sm is not None and sm.name in want:
@@ -682,14 +711,14 @@ def generate(node, graph, interpret: bool, variant: str, blocks: dict, stored: s
     int64 = _int64(graph, node) or (not interpret and _checks_indices(members))
     if not red:
         body = writer.pointwise(int64)
-        variant = "pointwise"
-    elif variant == "persistent":
+        variant = KernelVariant.POINTWISE
+    elif variant == KernelVariant.PERSISTENT:
         body = writer.persistent(int64)
     else:
         body = writer.looped(int64)
     prelude = printer.PRELUDE_INTERPRETER if interpret else printer.PRELUDE_GPU
     sizes = tuple(("size", s) for s in sorted(writer.sizes, key=str))
-    args = tuple(writer.args.values()) + sizes
+    args = writer.ordered_args() + sizes
     constants = {k: v for k, v in blocks.items() if k in ("XBLOCK", "RBLOCK") and (red or k == "XBLOCK")}
     return KernelSource(name, _source(prelude, body), name, args, product(outer), product(red) if red else None,
                         variant, constants, blocks.get("num_warps", 4))
@@ -709,27 +738,25 @@ def finish_node(mix: MixOrderNode) -> FusedNode:
     n_splits = mix.n_splits
     ncol = product(cols)
     nodes = []
-    for g in mix.cols:
-        members = g.members() if hasattr(g, "members") else (g,)
-        for m in members:
+    for g in mix.column_groups:
+        for m in members(g):
             r = role(m, cols, rows)
-            if r == "reduction":
-                vs = loop_vars("i", len(m.ranges))
+            if r == Role.REDUCTION:
+                vs = loop_vars(VarKind.OUTER, len(m.ranges))
                 non_unit = [v for v, s in zip(vs, m.ranges) if s != 1]
                 lin = sum((v * st for v, st in zip(non_unit, contiguous_strides(cols))), sympy.S.Zero)
-                (r0,) = loop_vars("r", 1)
+                (r0,) = loop_vars(VarKind.REDUCTION, 1)
                 body = Load(workspace_name(m), r0 * ncol + lin, m.body.dtype)
                 nodes.append(Reduction(m.name, m.ranges, (n_splits,), "sum", body, m.output, m.origins))
-            elif r == "outer":
+            elif r == Role.OUTER:
                 nodes.append(m)
     return FusedNode(f"{mix.name}_finish", tuple(nodes), cols, (n_splits,))
 
 
-MIX_FORMS = ("mix_order", "mix_order_acc2d")
 
 
 def generate_mix(mix: MixOrderNode, graph, interpret: bool, blocks: dict,
-                 form: str = "mix_order") -> tuple[KernelSource, FusedNode]:
+                 form: KernelVariant = KernelVariant.MIX_ORDER) -> tuple[KernelSource, FusedNode]:
     """The main kernel of a mix-order node (rows in blocks, columns persistent, column partial sums
     into workspaces) and the finishing node (a plain reduction over the splits). Forms:
 
@@ -750,17 +777,22 @@ def generate_mix(mix: MixOrderNode, graph, interpret: bool, blocks: dict,
     rows, cols = shape(mix.row)
     finish = finish_node(mix)
     finish_reads = set(finish.read_names())
-    row_members = mix.row.members() if hasattr(mix.row, "members") else (mix.row,)
-    col_members = [m for g in mix.cols for m in (g.members() if hasattr(g, "members") else (g,))]
-    in_loop_cols = [m for m in col_members if role(m, cols, rows) in ("inner", "reduction")]
+    row_members = members(mix.row)
+    col_members = [m for g in mix.column_groups for m in members(g)]
+    in_loop_cols = [m for m in col_members if role(m, cols, rows) in (Role.INNER, Role.REDUCTION)]
+    if any(_permuted(m) for m in (*row_members, *col_members)):
+        # members whose loops were put in another order (memory_order, reorder_loops): with them this
+        # generator computed wrong gradients (an RMSNorm backward on a transposed input) while the
+        # reference backend ran the same graph right; until found, such a node runs on the reference
+        raise Unsupported("mix-order node with reordered loops")
     stored = _stored(mix, graph) | {b for b in finish_reads if b in mix.output_names()}
-    stored -= {m.output.name for m in col_members if role(m, cols, rows) != "inner"}
+    stored -= {m.output.name for m in col_members if role(m, cols, rows) != Role.INNER}
     name = f"k_{_sanitize(mix.name)}"[:60]
     w = KernelWriter(name, list(row_members) + in_loop_cols, rows, cols, stored, graph.buffers(), interpret,
                      swap=set(in_loop_cols))
     int64 = _int64(graph, mix)
     pid = "tl.program_id(0).to(tl.int64)" if int64 else "tl.program_id(0)"
-    acc2d = form == "mix_order_acc2d"
+    acc2d = form == KernelVariant.MIX_ORDER_ACC2D
 
     def colsum(x: str) -> str:
         # tl.sum measured faster here on an H200 than tl.reduce with our combine (0.47 vs 0.70 ms,
@@ -770,7 +802,7 @@ def generate_mix(mix: MixOrderNode, graph, interpret: bool, blocks: dict,
     w._rindex("")
     accs = {}
     for m in in_loop_cols:
-        if role(m, cols, rows) == "reduction":
+        if role(m, cols, rows) == Role.REDUCTION:
             accs[m.name] = w.tmp()
             shape = "[XBLOCK, RBLOCK]" if acc2d else "[1, RBLOCK]"
             w.emit(f"{accs[m.name]} = tl.full({shape}, 0, {tl_dtype(m.body.dtype)})")
@@ -802,13 +834,17 @@ def generate_mix(mix: MixOrderNode, graph, interpret: bool, blocks: dict,
     prelude = printer.PRELUDE_INTERPRETER if interpret else printer.PRELUDE_GPU
     sizes = tuple(("size", s) for s in sorted(w.sizes, key=str))
     constants = {k: blocks[k] for k in ("XBLOCK", "RBLOCK", "SPLIT")} | {"STAGES": blocks.get("STAGES", 1)}
-    src = KernelSource(name, _source(prelude, body), name, tuple(w.args.values()) + sizes, product(rows),
+    src = KernelSource(name, _source(prelude, body), name, w.ordered_args() + sizes, product(rows),
                        product(cols), form, constants, blocks.get("num_warps", 4), "SPLIT")
     return src, finish
 
 
+def _permuted(m) -> bool:
+    return tuple(getattr(m, "permutation", ())) != tuple(range(len(getattr(m, "permutation", ()))))
+
+
 def _has_outer(expr) -> bool:
-    return any(v.name.startswith("o") for v in expr.free_symbols)
+    return any(var_kind(v) is VarKind.CANON_OUTER for v in expr.free_symbols)
 
 
 def workspace_layouts(mix: MixOrderNode) -> dict:
@@ -818,9 +854,31 @@ def workspace_layouts(mix: MixOrderNode) -> dict:
     cols = shape(mix.row)[1]
     rows = shape(mix.row)[0]
     out = {}
-    for g in mix.cols:
-        for m in (g.members() if hasattr(g, "members") else (g,)):
-            if role(m, cols, rows) == "reduction":
+    for g in mix.column_groups:
+        for m in members(g):
+            if role(m, cols, rows) == Role.REDUCTION:
                 out[workspace_name(m)] = Layout.contiguous([mix.n_splits, product(cols)], m.body.dtype,
                                                            m.output.layout.device)
     return out
+
+
+def rows_contiguous(node) -> bool:
+    """Whether a reduction kernel's innermost reduction variable walks memory contiguously in its loads
+    (a row sum) rather than with a stride (a column sum), which decides the block shape by rule: whole
+    rows per program for rows, wide blocks of columns for strided reductions. True when no load depends
+    on it."""
+    members, outer, red = _group(node)
+    if not red:
+        return True
+    q = canon_var(VarKind.CANON_REDUCTION, len(red) - 1)
+    strided = False
+    for m in members:
+        cmap = canonical_map(m, len(outer))
+        for v in walk(m.body):
+            if isinstance(v, Load):
+                e = sympy.expand(v.index.xreplace(cmap))
+                if q in e.free_symbols:
+                    if e.coeff(q) == 1:
+                        return True
+                    strided = True
+    return not strided

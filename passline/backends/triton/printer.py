@@ -9,7 +9,7 @@ from __future__ import annotations
 import sympy
 import torch
 
-from ...ir import Cast, Constant, IndexValue, Load, Op
+from ...ir import Op
 from ...ir.index import FloorDiv, ModularIndexing
 
 TL_DTYPE = {
@@ -103,7 +103,8 @@ def op(v: Op, args: list[str]) -> str:
     if name == "floordiv":
         return f"_floordiv_f({args[0]}, {args[1]})" if dtype.is_floating_point else f"_floordiv_i({args[0]}, {args[1]})"
     if name == "remainder":
-        return f"_remainder_f({args[0]}, {args[1]})" if dtype.is_floating_point else f"_remainder_i({args[0]}, {args[1]})"
+        kind = "f" if dtype.is_floating_point else "i"
+        return f"_remainder_{kind}({args[0]}, {args[1]})"
     if name == "fmod" and not dtype.is_floating_point:
         return f"({args[0]} % {args[1]})"
     if name == "pow" and not dtype.is_floating_point:

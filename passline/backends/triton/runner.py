@@ -1,81 +1,31 @@
-"""The Triton backend's wrapper: runs a SchedulerGraph with one generated kernel per node.
+"""The Triton backend's run side: kernels that choose a configuration and launch, and the runner.
 
-At compile time each kernel node gets its source (from the disk cache, or generated and cached). At the
-first call, when sizes are known, each kernel picks its variant and block sizes: on a GPU by timing the
-candidates (and remembering the winner on disk), under the CPU interpreter by a heuristic. Buffers are
-allocated when first written, freed after their last use, and freed storage of the same size is reused.
+At compile time each kernel node gets its sources (one per variant, from the disk cache or generated),
+and `wrapper.write_call` emits one Python function `call(args)` for the whole graph: sizes, strides and
+allocations resolved (burned in for static shapes, computed once per call from the input sizes for
+dynamic ones), buffers from PyTorch's caching allocator and `del`eted after their last use, externs as
+direct aten calls. At a kernel's first launch for a size bucket it picks its configuration — by rule
+(configs.rule), or by timing the candidates with `autotune=True` — and compiles; later launches go through
+the compiled binary's own launcher (compat.binary_launcher), not through `JITFunction.run`.
 A node the generator cannot handle runs on the reference backend, and the report says so.
 """
 from __future__ import annotations
 
 import math
-import os
 
 import attrs
-import sympy
 import torch
 
 from ... import __version__
-from ...ir import Extern, Layout, MixOrderNode
+from ...ir import Extern, MixOrderNode, members
 from ...pipeline.metrics import node_bytes
 from ..reference import ReferenceRunner, _Bindings
+from ..variants import MIX_FORMS
+from . import compat
 from . import kernel as kgen
 from .cache import KernelCache, digest, interpreting, load_kernel
+from .configs import Config, Device, Variant, candidates, pow2, rule
 from .printer import Unsupported
-
-GPU_PERSISTENT_MAX = 16384  # elements of a reduced row kept in registers
-INTERP_PERSISTENT_MAX = 1 << 16
-INTERP_BLOCK = 1 << 17  # interpreter cost grows with programs x ops: few, large programs
-
-
-def _warps(elements: int) -> tuple:
-    """Warp counts to try for a block of `elements` reduced along rows: the usual one (about 8-16
-    elements per thread) and half of it. Fewer warps per row means a cheaper cross-thread reduction: on
-    an H200 a bfloat16 LayerNorm forward (576000, 384) ran at copy speed (212 µs) with 4 rows on 2 warps
-    and 280 µs with the usual 4 warps."""
-    w = 2 if elements <= 512 else 4 if elements <= 2048 else 8 if elements <= 8192 else 16
-    return (w, w // 2) if w > 1 else (w,)
-
-
-def _pow2(n: int) -> int:
-    return 1 << max(0, int(n) - 1).bit_length()
-
-
-MIX_STAGES = (3, 4)  # pipelined row loops timed on a GPU (1: not pipelined, the baseline)
-
-
-def _mix_candidates(form: str, rb: int, split: int, interpret: bool) -> list:
-    """(form, blocks, warps) for a mix-order kernel whose rows are `rb` (a power of two) wide.
-
-    Under the interpreter: one large block, not pipelined. On a GPU, each configuration with its row loop
-    pipelined three and four stages deep (see kernel.generate_mix), and one row per block unpipelined as
-    the baseline that always compiles. Row blocks: one row on the usual warps, half and twice as many;
-    two rows with the one-row accumulator only where each thread holds its columns of both rows (rows
-    spread over warps make the per-block column sum cross warps: 2.8 ms instead of 0.36 on an H200 at
-    (576000, 384)) and at most 32 elements of a block per thread; `mix_order_acc2d` tiles of two to
-    eight rows (up to 8192 elements) on the usual warps and half as many. On an H200 the best bfloat16
-    LayerNorm backwards were acc2d with four rows on two warps, four stages (576000, 384: 329 µs), and
-    acc2d with two rows on sixteen warps, four stages (32768, 4096: 207 µs); all fast configurations
-    were within 3% of those."""
-    def cand(xb, w, stages):
-        return form, {"XBLOCK": xb, "RBLOCK": rb, "SPLIT": split, "STAGES": stages}, w
-
-    xbs = [xb for xb in (1, 2, 4, 8, 16) if xb <= _pow2(split)]
-    if interpret:
-        xb = max([x for x in xbs if x * rb <= INTERP_BLOCK] or [1])
-        return [cand(xb, 4 if xb * rb <= 2048 else 8, 1)]
-    configs = []  # (rows per block, warps)
-    if form == "mix_order":
-        usual = _warps(rb)
-        configs += [(1, w) for w in dict.fromkeys(usual + (min(16, 2 * usual[0]),))]
-        if 2 in xbs:  # 8 bf16 columns per thread per load (16 bytes): rb / 8 threads along a row
-            configs += [(2, w) for w in (1, 2, 4, 8, 16) if 2 * rb <= 32 * 32 * w and rb // 8 >= 32 * w]
-    else:
-        configs += [(xb, w) for xb in xbs if 2 <= xb <= 8 and xb * rb <= 8192 for w in _warps(xb * rb)]
-    out = [cand(xb, w, st) for xb, w in configs for st in MIX_STAGES]
-    if form == "mix_order":
-        out.append(cand(1, _warps(rb)[0], 1))
-    return out
 
 
 @attrs.define
@@ -89,23 +39,39 @@ class KernelInfo:
     chosen: str | None = None
     blocks: dict = attrs.Factory(dict)
     bytes: int = 0
-    timings: dict = attrs.Factory(dict)  # "variant blocks" -> seconds, when benchmarked
+    timings: dict = attrs.Factory(dict)  # "config" -> seconds, when autotuned
 
     @property
     def source(self) -> str:
         return self.variants[self.chosen or next(iter(self.variants))].source
 
 
-class _Kernel:
-    """A kernel node's variants, compiled lazily, with the block choice made at the first call."""
+def _spec(a) -> tuple | bool:
+    """What Triton specializes a launch on, for an argument whose value may change between calls: a
+    pointer's 16-byte alignment; an integer's divisibility by 16, being 1, and needing 64 bits."""
+    if isinstance(a, int):
+        return a % 16 == 0, a == 1, a > 0x7FFFFFFF
+    return a.data_ptr() % 16 == 0
 
-    def __init__(self, info: KernelInfo, cache: KernelCache, interpret: bool, gpu_tune: bool, key: str,
-                 only: str | None = None):
-        self.info, self.cache, self.interpret, self.gpu_tune, self.key = info, cache, interpret, gpu_tune, key
+
+class Kernel:
+    """A kernel node's variants (compiled lazily) and its configuration per size bucket."""
+
+    def __init__(self, info: KernelInfo, cache: KernelCache, interpret: bool, autotune: bool, key: str,
+                 only: str | None, device: Device, rows_contiguous: bool = True):
+        self.info, self.cache, self.interpret, self.autotune, self.key = info, cache, interpret, autotune, key
         self.only = only  # force one variant (persistent, looped, or a mix-order form) where it exists
+        self.device, self.rows_contiguous = device, rows_contiguous
         self.fns: dict = {}
-        self.choices: dict = {}  # size bucket -> (variant, blocks, num_warps)
-        self.choice = None  # the configuration of the latest launch
+        self.choices: dict = {}  # size bucket -> Config
+        self.binaries: dict = {}  # (Config, specialization) -> (launch, constexpr tail)
+        self.check: tuple = ()  # positions of arguments that may change between calls (set by the wrapper)
+        self.last = None  # (xnumel, rnumel, Config) of the latest launch: static shapes skip the lookup
+        self.mutates = False  # writes a graph input: never launched more than once per call (no timing)
+
+    @property
+    def splits(self) -> dict:
+        return {Variant(v): src.constants.get("SPLIT") for v, src in self.info.variants.items()}
 
     def fn(self, variant: str):
         if variant not in self.fns:
@@ -115,120 +81,110 @@ class _Kernel:
             self.fns[variant] = load_kernel(path, src.fn_name, self.interpret)
         return self.fns[variant]
 
-    def candidates(self, xnumel: int, rnumel: int | None) -> list:
-        out = []
-        for variant, src in self.info.variants.items():
-            if self.only in self.info.variants and variant != self.only:
-                continue  # a forced variant, where this kernel has it
-            if variant == "pointwise":
-                if self.interpret:
-                    out.append((variant, {"XBLOCK": min(_pow2(xnumel), INTERP_BLOCK)}, 4))
-                else:
-                    out += [(variant, {"XBLOCK": x}, w) for x, w in ((1024, 4), (2048, 8), (512, 4))]
-            elif variant == "persistent":
-                rb = _pow2(rnumel)
-                if rb > (INTERP_PERSISTENT_MAX if self.interpret else GPU_PERSISTENT_MAX):
-                    continue
-                if self.interpret:
-                    out.append((variant, {"XBLOCK": max(1, min(_pow2(xnumel), INTERP_BLOCK // rb)), "RBLOCK": rb}, 4))
-                else:  # row blocks from one row per program to about 16k elements
-                    for xb in (1, 2, 4, 8, 16, 32, 64):
-                        if xb * rb <= 16384 and xb <= _pow2(xnumel) and (xb == 1 or xb * rb >= 512):
-                            out += [(variant, {"XBLOCK": xb, "RBLOCK": rb}, w) for w in _warps(xb * rb)]
-            elif variant == "looped":
-                if self.interpret:
-                    rb = min(_pow2(rnumel), 4096)
-                    out.append((variant, {"XBLOCK": max(1, min(_pow2(xnumel), INTERP_BLOCK // rb)), "RBLOCK": rb}, 4))
-                else:
-                    # long rows: one row per program; reductions over a strided dim (columns): wide
-                    # blocks of columns so that each load is coalesced
-                    for xb, rb in ((1, 2048), (4, 512), (64, 64), (128, 32)):
-                        if rb <= _pow2(rnumel) and xb <= _pow2(xnumel):
-                            out.append((variant, {"XBLOCK": xb, "RBLOCK": rb}, 4 if xb * rb <= 1024 else 8))
-                    if not any(c[0] == "looped" for c in out):
-                        out.append((variant, {"XBLOCK": 1, "RBLOCK": min(2048, _pow2(rnumel))}, 4))
-            elif variant.startswith("mix_order"):
-                out += _mix_candidates(variant, _pow2(rnumel), src.constants["SPLIT"], self.interpret)
-        if not out:  # rows too long to keep: only the looped form, whatever the heuristics say
-            raise Unsupported("no kernel variant fits")
-        if self.interpret:  # the interpreter's cost is per program and op: prefer persistent
-            out.sort(key=lambda c: c[0] != "persistent")
-            return out[:1]
-        return out
-
-    def launch(self, cand, args, xnumel: int, rnumel: int | None):
-        """Launch variant `cand` = (variant, blocks, num_warps); `args(variant)` gives its arguments."""
-        variant, blocks, warps = cand
-        src = self.info.variants[variant]
-        per = blocks[src.grid_per_program]
-        grid = (max(1, math.ceil(xnumel / per)),)
-        extra = [xnumel] + ([rnumel] if rnumel is not None else [])
-        with interpreting(self.interpret):
-            return self.fn(variant)[grid](*args(variant), *extra, **blocks, num_warps=warps)
-
     @staticmethod
     def bucket(xnumel: int, rnumel: int | None) -> tuple:
         """Sizes that share one configuration: the same powers of two. A persistent or mix-order kernel's
         RBLOCK holds a whole row, so under dynamic shapes a longer row must get a choice of its own
         (reusing the first call's read past RBLOCK's end: wrong values at the second sequence length)."""
-        return _pow2(xnumel), (_pow2(rnumel) if rnumel is not None else None)
+        return pow2(xnumel), (pow2(rnumel) if rnumel is not None else None)
 
-    def chosen(self, xnumel: int, rnumel: int | None):
+    # -- choosing ---------------------------------------------------------------------------------------
+    def cached(self, xnumel: int, rnumel: int | None) -> Config | None:
         """The configuration already chosen for these sizes, or None."""
+        last = self.last
+        if last is not None and last[0] == xnumel and last[1] == rnumel:
+            return last[2]
         return self.choices.get(self.bucket(xnumel, rnumel))
 
-    def run(self, args, xnumel: int, rnumel: int | None, after=None):
-        """Launch the configuration chosen for these sizes (chosen now at their first call); `after(cand)`,
-        where given, runs right after each timed candidate (a mix-order kernel's finishing kernel)."""
+    def config(self, xnumel: int, rnumel: int | None, args=None, stream=None, after=None) -> Config:
+        """The configuration for these sizes, chosen at their first launch (`args`: the launch's arguments,
+        for timing; `after(config)`: what to time after each candidate)."""
+        last = self.last
+        if last is not None and last[0] == xnumel and last[1] == rnumel:
+            return last[2]
         key = self.bucket(xnumel, rnumel)
-        choice = self.choices.get(key)
-        if choice is None:
-            choice = self.choices[key] = self._choose(args, xnumel, rnumel, after)
-        if choice is not self.choice:
-            self.choice = choice
-            self.info.chosen, self.info.blocks = choice[0], dict(choice[1], num_warps=choice[2])
-        self.launch(choice, args, xnumel, rnumel)
+        cfg = self.choices.get(key)
+        if cfg is None:
+            cfg = self.choices[key] = self._choose(args, xnumel, rnumel, stream, after)
+        self.last = xnumel, rnumel, cfg
+        self.info.chosen, self.info.blocks = str(cfg.variant), dict(cfg.blocks(), num_warps=cfg.warps)
+        return cfg
 
-    def _choose(self, args, xnumel, rnumel, after=None):
-        cands = self.candidates(xnumel, rnumel)
-        if len(cands) == 1 or not self.gpu_tune:
+    def _rule(self, xnumel, rnumel) -> Config:
+        return rule(self.splits, xnumel, rnumel, self.interpret, self.device, self.rows_contiguous, self.only)
+
+    def _choose(self, args, xnumel, rnumel, stream, after=None) -> Config:
+        if not self.autotune or self.interpret or self.mutates or args is None:
+            return self._rule(xnumel, rnumel)
+        cands = candidates(self.splits, xnumel, rnumel, self.interpret, self.only)
+        if len(cands) == 1:
             return cands[0]
         return self._remembered(digest(self.key, xnumel, rnumel, torch.cuda.get_device_name()), lambda: self._best(
-            self._leaders(self._time(cands, args, xnumel, rnumel)), args, xnumel, rnumel))
+            self._leaders(self._time(cands, args, xnumel, rnumel, stream)), args, xnumel, rnumel, stream))
 
-    def _remembered(self, ckey: str, pick):
+    def _remembered(self, ckey: str, pick) -> Config:
         """The choice stored on disk under `ckey`, or `pick()`'s, stored."""
         saved = self.cache.get_choice(ckey)
         if saved is not None:
-            return saved["variant"], saved["blocks"], saved["num_warps"]
+            try:
+                return Config(Variant(saved["variant"]), **{k: v for k, v in saved.items() if k != "variant"})
+            except (TypeError, ValueError):
+                pass  # written by an older passline: choose again
         best = pick()
-        self.cache.put_choice(ckey, {"variant": best[0], "blocks": best[1], "num_warps": best[2]})
+        self.cache.put_choice(ckey, attrs.asdict(best) | {"variant": str(best.variant)})
         return best
 
-    def _bench(self, c, args, xnumel, rnumel, after=None, rep: int = 20) -> float:
+    # -- launching --------------------------------------------------------------------------------------
+    def launch(self, cfg: Config, stream, args: tuple, xnumel: int, rnumel: int | None):
+        """Launch `cfg` on `args` (the kernel's buffers and sizes in signature order); returns the compiled
+        kernel where this launch compiled it."""
+        full = (*args, xnumel) if rnumel is None else (*args, xnumel, rnumel)
+        grid0 = max(1, -(-xnumel // cfg.per_program))
+        if self.interpret:
+            with interpreting(True):
+                return self.fn(cfg.variant)[(grid0,)](*full, **cfg.blocks(), num_warps=cfg.warps)
+        spec = (cfg, tuple(_spec(full[i]) for i in self.check)) if self.check else cfg
+        found = self.binaries.get(spec)
+        if found is not None:
+            launch, tail = found
+            launch(grid0, stream, *full, *tail)
+            return None
+        fn = self.fn(cfg.variant)
+        compiled = fn[(grid0,)](*full, **cfg.blocks(), num_warps=cfg.warps)
+        launch = compat.binary_launcher(compiled)
+        if launch is not None:  # the rest of the signature: SPLIT and the constexprs, by name
+            blocks = cfg.blocks()
+            self.binaries[spec] = launch, tuple(blocks[n] for n in fn.arg_names[len(full):])
+        return compiled
+
+    def __call__(self, stream, args: tuple, xnumel: int, rnumel: int | None = None) -> None:
+        self.launch(self.config(xnumel, rnumel, args, stream), stream, args, xnumel, rnumel)
+
+    # -- timing (autotune=True) ---------------------------------------------------------------------------
+    def _bench(self, c: Config, args, xnumel, rnumel, stream, after=None, rep: int = 20) -> float:
         from triton.testing import do_bench
 
         def go():
-            self.launch(c, args, xnumel, rnumel)
+            self.launch(c, stream, args, xnumel, rnumel)
             if after is not None:
                 after(c)
         return do_bench(go, warmup=5, rep=rep, return_mode="median")
 
-    def _time(self, cands, args, xnumel, rnumel, after=None, place=None) -> list:
-        """[(seconds, candidate)], fastest first; a configuration that does not compile (too many
-        registers) is no candidate. `place(candidate, compiled)`, where given, gives the candidate to time
+    def _time(self, cands, args, xnumel, rnumel, stream, after=None, place=None) -> list:
+        """[(seconds, config)], fastest first; a configuration that does not compile (too many
+        registers) is no candidate. `place(config, compiled)`, where given, gives the config to time
         once its kernel is compiled (a mix-order kernel's split, from its registers)."""
         timed = []
         for c in cands:
             try:
-                compiled = self.launch(c, args, xnumel, rnumel)
+                compiled = self.launch(c, stream, args, xnumel, rnumel)
                 c = place(c, compiled) if place is not None else c
-                t = self._bench(c, args, xnumel, rnumel, after)
+                t = self._bench(c, args, xnumel, rnumel, stream, after)
             except Exception as e:
-                self.info.timings[f"{c[0]} {c[1]}"] = repr(e)[:80]
+                self.info.timings[str(c)] = repr(e)[:80]
                 continue
             regs = f" regs={getattr(compiled, 'n_regs', '?')} spills={getattr(compiled, 'n_spills', '?')}"
-            self.info.timings[f"{c[0]} {c[1]} w{c[2]}{regs}" + (" +finish" if after else "")] = t
+            self.info.timings[f"{c}{regs}" + (" +finish" if after else "")] = t
             timed.append((t, c))
         if not timed:
             raise RuntimeError(f"no kernel configuration of {self.info.name} ran")
@@ -238,7 +194,7 @@ class _Kernel:
     def _leaders(timed: list) -> list:
         return [c for t, c in timed[:3] if t <= 1.1 * timed[0][0]]
 
-    def _best(self, leaders, args, xnumel, rnumel, after=None):
+    def _best(self, leaders, args, xnumel, rnumel, stream, after=None) -> Config:
         """The first timing pass is short and near-equal configurations swap places from run to run:
         the leaders are timed again, longer and interleaved, and the best median of those runs wins."""
         if len(leaders) == 1:
@@ -246,7 +202,7 @@ class _Kernel:
         again = {i: [] for i in range(len(leaders))}
         for _ in range(3):
             for i, c in enumerate(leaders):
-                again[i].append(self._bench(c, args, xnumel, rnumel, after, rep=30))
+                again[i].append(self._bench(c, args, xnumel, rnumel, stream, after, rep=30))
         return leaders[min(again, key=lambda i: sorted(again[i])[1])]
 
 
@@ -265,89 +221,145 @@ def _resident(regs: int, warps: int, smem: int = 0) -> int:
     return max(1, min(MAX_PROGRAMS_PER_SM, max_warps // warps, per_sm // (per_warp * warps), by_smem))
 
 
-class _MixKernel(_Kernel):
+class MixKernel(Kernel):
     """A mix-order kernel, whose rows per program (SPLIT, a run-time argument) is chosen with its
-    configuration when the node allows it (`MixOrderNode.tune_split`). Each configuration is timed at
-    one whole wave — as many programs as all SMs hold at once, from the compiled kernel's registers, warps
-    and shared memory — and the leaders again at the IR's split and two to four whole waves, each time
-    followed by the finishing kernel, which sums one workspace row per program. (Timed first at the IR's
-    split, the configurations that win at a whole wave were sometimes not among the leaders: 350 or 362
-    µs from one run to the next, bfloat16 LayerNorm backward (576000, 384).) On an H200, bfloat16
-    LayerNorm backward (576000, 384) with the loads of the next rows held in registers (two rows a block,
-    two warps, 8 programs per SM) took 413 µs at 128 rows per program (4500 programs: four waves of 1056
-    and a fifth a quarter full) and 385 µs at 546 (one wave); not rounded to a multiple of 16 (which
-    Triton specializes on): 560 rows took 396 µs. With the loads pipelined through shared memory the
-    split matters less (four rows on two warps, 4 per SM: 329, 330 and 332 µs at one, two and three
-    waves), and fewer, longer programs still make the finishing kernel cheaper."""
+    configuration when the node allows it (`MixOrderNode.tune_split`): by rule, one whole wave — as many
+    programs as all SMs hold at once, from the compiled kernel's registers, warps and shared memory;
+    with autotune=True each configuration is timed at one whole wave and the leaders again at the IR's
+    split and two to four whole waves, each time followed by the finishing kernel, which sums one
+    workspace row per program. A partial last wave leaves SMs idle while the stragglers run: on an H200,
+    bfloat16 LayerNorm backward (576000, 384) with the loads of the next rows held in registers took 413
+    µs at 128 rows per program (4.3 waves) and 385 µs at one wave; pipelined through shared memory the
+    split matters less (329, 330 and 332 µs at one, two and three waves), and fewer, longer programs still
+    make the finishing kernel cheaper."""
 
     def __init__(self, *a, split: int, tune_split: bool, **kw):
         super().__init__(*a, **kw)
         self.split, self.tune_split = split, tune_split
 
-    def _tuned(self) -> bool:
-        return not self.interpret and self.gpu_tune and self.tune_split
-
     def _floor(self, xnumel: int) -> int:
         """The smallest split tried: at most MAX_PROGRAMS_PER_SM programs per SM, never under 16 rows
         (tiny blocks make huge workspaces)."""
-        sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-        return max(16, math.ceil(xnumel / (sms * MAX_PROGRAMS_PER_SM)))
+        return max(16, math.ceil(xnumel / (self.device.sms * MAX_PROGRAMS_PER_SM)))
 
-    def splits(self, xnumel: int, compiled, warps: int) -> list[int]:
+    def waves(self, xnumel: int, compiled, warps: int) -> list[int]:
         """The splits that give one to four whole waves of programs (the first: one wave), from what the
         compiled kernel says of its registers (64, a common figure, if this Triton does not) and its
         shared memory (the pipelined loads' buffers); those under the smallest split allowed are left out."""
-        sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
         regs = getattr(compiled, "n_regs", 0) or 64
         smem = getattr(getattr(compiled, "metadata", None), "shared", 0) or 0
-        wave = sms * _resident(regs, warps, smem)
+        wave = self.device.sms * _resident(regs, warps, smem)
         floor = self._floor(xnumel)
         return [s for s in dict.fromkeys(math.ceil(xnumel / (wave * k)) for k in (1, 2, 3, 4)) if s >= floor]
 
     def workspace_rows(self, xnumel: int) -> int:
-        """Rows of each workspace: one per program at the smallest split that may be tried."""
-        smallest = min(self.split, self._floor(xnumel)) if self._tuned() else self.split
-        return max(1, math.ceil(xnumel / smallest))
+        """Rows of each workspace while timing: one per program at the smallest split that may be tried."""
+        return max(1, math.ceil(xnumel / min(self.split, self._floor(xnumel))))
 
-    def _choose(self, args, xnumel, rnumel, after=None):
-        if not self._tuned():
-            return super()._choose(args, xnumel, rnumel)
-        ckey = digest(self.key, xnumel, rnumel, torch.cuda.get_device_name(), "split")
-        return self._remembered(ckey, lambda: self._pick_split(args, xnumel, rnumel, after))
+    def _tuned(self) -> bool:
+        return not self.interpret and self.tune_split
 
-    def _pick_split(self, args, xnumel, rnumel, after):
+    def _choose(self, args, xnumel, rnumel, stream, after=None) -> Config:
+        if not self._tuned() or args is None:
+            return super()._choose(args, xnumel, rnumel, stream)
+        if self.autotune and not self.mutates:
+            ckey = digest(self.key, xnumel, rnumel, torch.cuda.get_device_name(), "split")
+            return self._remembered(ckey, lambda: self._pick_split(args, xnumel, rnumel, stream, after))
+        # by rule: one whole wave, from what the compiled kernel takes (compiled now, not launched)
+        cfg = self._rule(xnumel, rnumel)
+        compiled = self._compile_only(cfg, args, xnumel, rnumel)
+        waves = self.waves(xnumel, compiled, cfg.warps) if compiled is not None else []
+        return cfg.with_split(waves[0] if waves else self.split)
+
+    def _compile_only(self, cfg: Config, args, xnumel: int, rnumel: int):
+        """`cfg` compiled for these arguments without a launch (the launch that follows finds it in
+        Triton's cache); None where this Triton cannot."""
+        try:
+            compiled = self.fn(cfg.variant).warmup(*args, xnumel, rnumel, grid=(1,), **cfg.blocks(),
+                                                   num_warps=cfg.warps)
+            init = getattr(compiled, "_init_handles", None)
+            if init is not None:
+                init()
+            return compiled
+        except Exception:  # noqa: BLE001 - a Triton without warmup: the IR's split
+            return None
+
+    def _pick_split(self, args, xnumel, rnumel, stream, after) -> Config:
         """Each configuration timed at one whole wave of its programs, the leaders again at the IR's split
         and two to four whole waves; the finishing kernel is timed after each."""
         waves: dict = {}  # configuration (split left out) -> its whole-wave splits
 
-        def config(c) -> tuple:
-            return c[0], tuple((k, x) for k, x in c[1].items() if k != "SPLIT"), c[2]
-
         def one_wave(c, compiled):
-            waves[config(c)] = self.splits(xnumel, compiled, c[2])
-            return c[0], dict(c[1], SPLIT=(waves[config(c)] or [self.split])[0]), c[2]
+            waves[c.with_split(0)] = self.waves(xnumel, compiled, c.warps)
+            return c.with_split((waves[c.with_split(0)] or [self.split])[0])
 
-        first = self._time(self.candidates(xnumel, rnumel), args, xnumel, rnumel, after, one_wave)
+        cands = candidates(self.splits, xnumel, rnumel, self.interpret, self.only)
+        first = self._time(cands, args, xnumel, rnumel, stream, after, one_wave)
         leaders = self._leaders(first)
         timed = [(t, c) for t, c in first if c in leaders]  # each leader's one-wave time is kept
-        for v, b, w in leaders:
-            for split in dict.fromkeys([self.split] + waves[config((v, b, w))]):
-                if split != b["SPLIT"] and b["XBLOCK"] <= split:
-                    c = (v, dict(b, SPLIT=split), w)
-                    t = self._bench(c, args, xnumel, rnumel, after)
-                    self.info.timings[f"{v} {c[1]} w{w} +finish"] = t
+        for c0 in leaders:
+            for split in dict.fromkeys([self.split] + waves[c0.with_split(0)]):
+                if split != c0.split and c0.xblock <= split:
+                    c = c0.with_split(split)
+                    t = self._bench(c, args, xnumel, rnumel, stream, after)
+                    self.info.timings[f"{c} +finish"] = t
                     timed.append((t, c))
-        return self._best(self._leaders(sorted(timed, key=lambda tc: tc[0])), args, xnumel, rnumel, after)
+        return self._best(self._leaders(sorted(timed, key=lambda tc: tc[0])), args, xnumel, rnumel, stream, after)
+
+
+class MixStep:
+    """A mix-order node at run time: workspaces for the chosen split, the main kernel, the finishing
+    kernel (a reduction over one workspace row per program), the workspaces freed."""
+
+    def __init__(self, main: MixKernel, finish: Kernel, workspaces: dict, main_slots: dict, finish_slots: dict):
+        self.main, self.finish = main, finish
+        self.workspaces = workspaces  # name -> Layout (dtype, device; rows and columns set per call)
+        self.main_slots, self.finish_slots = main_slots, finish_slots  # workspace name -> argument position
+
+    def _with(self, args: tuple, slots: dict, ws: dict) -> tuple:
+        out = list(args)
+        for name, k in slots.items():
+            out[k] = ws[name]
+        return tuple(out)
+
+    def _alloc(self, rows: int, cols: int) -> dict:
+        return {name: torch.empty((rows, cols), dtype=lay.dtype, device=lay.device)
+                for name, lay in self.workspaces.items()}
+
+    def __call__(self, stream, margs: tuple, fargs: tuple, rows: int, cols: int) -> None:
+        main, finish = self.main, self.finish
+        cfg = main.cached(rows, cols)
+        if cfg is None:  # the first launch at these sizes: choose, with workspaces to time or compile on
+            timing = main.autotune and main._tuned() and not main.mutates
+            ws = self._alloc(main.workspace_rows(rows) if timing else 1, cols)
+            f = self._with(fargs, self.finish_slots, ws)
+
+            def after(c: Config):  # timed after each candidate: the finish for its program count
+                n = max(1, -(-rows // c.split))
+                finish.launch(finish.config(cols, n), stream, f, cols, n)
+
+            cfg = main.config(rows, cols, self._with(margs, self.main_slots, ws), stream, after)
+        else:
+            main.config(rows, cols)  # the report shows the configuration of the latest launch
+        n = max(1, -(-rows // cfg.split))
+        ws = self._alloc(n, cols)
+        main.launch(cfg, stream, self._with(margs, self.main_slots, ws), rows, cols)
+        finish(stream, self._with(fargs, self.finish_slots, ws), cols, n)
 
 
 class TritonRunner:
     """Callable that runs the graph with generated Triton kernels: `runner(*inputs) -> outputs`."""
 
-    def __init__(self, graph, interpret: bool, cache: KernelCache | None = None, variant: str = "auto"):
+    def __init__(self, graph, interpret: bool, cache: KernelCache | None = None, variant: str = "auto",
+                 autotune: bool = False):
+        from .wrapper import write_call
+
         self.graph = graph
         self.interpret = interpret
+        self.autotune = autotune and not interpret
         self.variant = None if variant == "auto" else variant
         self.cache = cache or KernelCache()
+        self.device = Device() if interpret else Device.current()
         self.reference = ReferenceRunner(graph)
         self.buffers = graph.buffers()
         self.kernels: list[KernelInfo] = []
@@ -362,27 +374,84 @@ class TritonRunner:
             except Unsupported as e:
                 self.fallbacks[node.name] = str(e)
                 self.steps.append(("reference", node, None))
-        self._plan_memory()
-        self._bind = None  # static shapes: the first call's binding, reused by every call
         self._binds: dict = {}  # dynamic shapes: recent bindings by their sizes (a training loop repeats them)
-        self._ws_layouts: dict = {}  # (mix kernel, rows) -> its workspaces' layouts
+        self._bind = None
+        self.source, self.call = write_call(self)
+        self.compile_seconds = 0.0
+        if not self.interpret and not self.autotune:
+            self._precompile()
+
+    def _precompile(self, workers: int = 8) -> None:
+        """Compile, before the first call, every kernel whose sizes are known (static shapes) with the
+        configuration its rule picks, several at once: Triton's compiler spends much of its time
+        outside the GIL (LLVM, ptxas), and the first launch then finds the binary in Triton's cache.
+        Pointer arguments stand in by dtype (aligned, as inputs are made). Mix-order kernels, whose
+        split follows from their compiled registers, and kernels of dynamic shapes compile at their
+        first launch. Anything that fails here is left to that first launch, which reports it."""
+        import sys
+        import time
+        from concurrent.futures import ThreadPoolExecutor, as_completed
+
+        jobs = []
+        for kind, _, data in self.steps:
+            if kind != "kernel":
+                continue
+            k = data[0]
+            src = next(iter(k.info.variants.values()))
+            try:
+                xn = int(src.xnumel)
+                rn = int(src.rnumel) if src.rnumel is not None else None
+                args = [self.buffers[v].layout.dtype if kind_ == "buffer" else int(v) for kind_, v in src.args]
+            except TypeError:  # sizes that are symbols: chosen and compiled per call
+                continue
+            if xn == 0 or rn == 0:
+                continue
+            cfg = k.config(xn, rn)
+            jobs.append((k.fn(cfg.variant), cfg, [*args, xn] + ([rn] if rn is not None else [])))
+        if not jobs:
+            return
+        t0 = time.perf_counter()
+
+        def build(job):
+            fn, cfg, args = job
+            fn.warmup(*args, grid=(1,), **cfg.blocks(), num_warps=cfg.warps)
+
+        done, shown = 0, 0.0
+        with ThreadPoolExecutor(max_workers=min(workers, len(jobs))) as pool:
+            for f in as_completed([pool.submit(build, j) for j in jobs]):
+                done += 1
+                try:
+                    f.result()
+                except Exception:  # noqa: BLE001 - compiled (and reported) at the first launch instead
+                    pass
+                now = time.perf_counter() - t0
+                if now > 1.0 and (now - shown > 0.25 or done == len(jobs)):  # past a second: progress
+                    shown = now
+                    print(f"\rpassline: compiled {done}/{len(jobs)} kernels", end="", file=sys.stderr, flush=True)
+        self.compile_seconds = time.perf_counter() - t0
+        if self.compile_seconds > 1.0:
+            print(f" ({self.compile_seconds:.1f} s)", file=sys.stderr, flush=True)
 
     # -- compile ------------------------------------------------------------------------------------
     def _key(self, node, stored) -> str:
-        from . import kernel, printer
-
-        return digest(__version__, self.interpret, repr(node), repr(node.members() if hasattr(node, "members") else node),
+        return digest(__version__, self.interpret, repr(node), repr(members(node)),
                       repr(getattr(node, "ranges", None)), repr(getattr(node, "reduction_ranges", None)),
                       sorted(stored), _SOURCE_HASH)
 
-    def _kernel(self, node, kind: str, variants: dict, stored, cls=_Kernel, **extra) -> _Kernel:
-        info = KernelInfo(next(iter(variants.values())).name, node.name, kind, variants)
+    def _kernel(self, node, kind: str, variants: dict, stored, cls=Kernel, **extra) -> Kernel:
+        first = next(iter(variants.values()))
+        # every variant takes the same arguments (kernel.ordered_args), so the wrapper passes one list
+        variants = {v: src for v, src in variants.items() if src.args == first.args}
+        info = KernelInfo(first.name, node.name, kind, variants)
         r, w = node_bytes(self.graph, node) if not kind.startswith("mix_finish") else (0, 0)
         info.bytes = r + w
         self.kernels.append(info)
-        # PASSLINE_AUTOTUNE=0: take each kernel's first candidate instead of timing them (quick GPU checks)
-        gpu_tune = not self.interpret and os.environ.get("PASSLINE_AUTOTUNE", "1") != "0"
-        return cls(info, self.cache, self.interpret, gpu_tune, self._key(node, stored), self.variant, **extra)
+        k = cls(info, self.cache, self.interpret, self.autotune, self._key(node, stored), self.variant, self.device,
+                kgen.rows_contiguous(node) if kind == "reduction" else True, **extra)
+        # writes a graph input, or writes in place (a scatter's atomic adds): launched once a call, never timed
+        inputs = set(self.graph.input_buffers())
+        k.mutates = bool(set(node.output_names()) & inputs) or bool(getattr(node, "mutates", ()))
+        return k
 
     def _compile(self, node):
         if isinstance(node, MixOrderNode):
@@ -391,18 +460,18 @@ class TritonRunner:
                 raise Unsupported(f"mix-order column reduction {bad[0]}")
             blocks = {"XBLOCK": 1, "RBLOCK": 1, "SPLIT": int(node.split_rows)}
             main, finish = kgen.generate_mix(node, self.graph, self.interpret, blocks)
-            variants = {"mix_order": main}
-            for form in kgen.MIX_FORMS[1:]:  # more multi-kernel candidates (on the CPU: when forced)
+            variants = {Variant.MIX_ORDER: main}
+            for form in MIX_FORMS[1:]:  # more multi-kernel candidates (on the CPU: when forced)
                 variants[form] = kgen.generate_mix(node, self.graph, self.interpret, blocks, form)[0]
             stored = kgen._stored(node, self.graph)
-            k_main = self._kernel(node, "mix_order", variants, stored, _MixKernel, split=int(node.split_rows),
+            k_main = self._kernel(node, "mix_order", variants, stored, MixKernel, split=int(node.split_rows),
                                   tune_split=node.tune_split)
             fin_stored = kgen._stored(finish, self.graph) & set(finish.output_names())
             k_fin = self._kernel(finish, "mix_finish", self._variants(finish, fin_stored), fin_stored)
             return ("mix", node, (k_main, main, k_fin, finish, kgen.workspace_layouts(node)))
         stored = kgen._stored(node, self.graph)
         variants = self._variants(node, stored)
-        k = self._kernel(node, "pointwise" if "pointwise" in variants else "reduction", variants, stored)
+        k = self._kernel(node, "pointwise" if Variant.POINTWISE in variants else "reduction", variants, stored)
         return ("kernel", node, (k, variants))
 
     def _variants(self, node, stored) -> dict:
@@ -410,142 +479,52 @@ class TritonRunner:
         # reduction loop of size 1, so it is a reduction kernel with RBLOCK, not a pointwise one
         red = kgen._group(node)[2]
         if not red:
-            return {"pointwise": kgen.generate(node, self.graph, self.interpret, "pointwise", {}, stored)}
-        return {v: kgen.generate(node, self.graph, self.interpret, v, {}, stored) for v in ("persistent", "looped")}
-
-    # -- memory -------------------------------------------------------------------------------------
-    def _plan_memory(self) -> None:
-        keep = self.graph.output_names() | set(self.graph.input_buffers())
-        last: dict = {}
-        for k, (_, node, _) in enumerate(self.steps):
-            for b in node.read_names():
-                last[b] = k
-        self.free_after: dict = {}
-        for b, k in last.items():
-            if b not in keep:
-                self.free_after.setdefault(k, []).append(b)
-
-    def _alloc(self, layout, bind: _Bindings, pool: dict, owned: dict, name: str):
-        plan = bind.plans.get(name)  # a binding is reused for the same sizes: so is its plan
-        if plan is None:
-            size, stride = bind.ints(layout.size), bind.ints(layout.stride)
-            span = 1 + sum((s - 1) * st for s, st in zip(size, stride)) if all(size) else 0
-            plan = bind.plans[name] = size, stride, span * layout.dtype.itemsize
-        size, stride, nbytes = plan
-        if not nbytes:
-            return torch.empty_strided(size, stride, dtype=layout.dtype, device=layout.device)
-        key = (layout.device, nbytes)
-        flat = pool[key].pop() if pool.get(key) else torch.empty(nbytes, dtype=torch.uint8, device=layout.device)
-        owned[name] = key, flat
-        return flat.view(layout.dtype).as_strided(size, stride)
-
-    def _release(self, name: str, env: dict, pool: dict, owned: dict) -> None:
-        env.pop(name, None)
-        if name in owned:
-            key, flat = owned.pop(name)
-            pool.setdefault(key, []).append(flat)
+            return {Variant.POINTWISE: kgen.generate(node, self.graph, self.interpret, Variant.POINTWISE, {}, stored)}
+        return {v: kgen.generate(node, self.graph, self.interpret, v, {}, stored)
+                for v in (Variant.PERSISTENT, Variant.LOOPED)}
 
     # -- run ----------------------------------------------------------------------------------------
-    def _binding(self, args) -> _Bindings:
-        """The sizes of this call. A binding memoizes its sympy -> int conversions, so calls with sizes
-        seen before reuse theirs instead of evaluating every size expression again."""
+    def binding(self, args) -> _Bindings:
+        """The sizes of this call, for what the generated call leaves to the reference backend (nodes it
+        could not generate, nodes with no points). A binding memoizes its sympy -> int conversions, so
+        calls with sizes seen before reuse theirs."""
         bind = _Bindings(self.graph, args)
         if not bind.values:
-            self._bind = bind
-            return bind
+            self._bind = self._bind or bind
+            return self._bind
         key = tuple(bind.values.items())
         if key not in self._binds and len(self._binds) >= 16:
             self._binds.clear()
         return self._binds.setdefault(key, bind)
 
-    def __call__(self, *args):
-        # static shapes (nothing to bind): one binding for every call, its sympy -> int conversions
-        # memoized (the wrapper's Python time runs before the first kernel and between kernels)
-        bind = self._bind or self._binding(args)
-        env: dict = {}
-        pool: dict = {}
-        owned: dict = {}
-        for inp, arg in zip(self.graph.inputs, args):
-            if inp.buffer is not None:
-                env[inp.name] = arg
-        for k, (kind, node, data) in enumerate(self.steps):
-            if kind == "extern":
-                self.reference._extern(node, env, bind)
-            elif kind == "reference":
-                for m in node.members() if hasattr(node, "members") else (node,):
-                    env[m.output.name] = self.reference._loop(m, env, bind)
-            elif kind == "kernel":
-                k_obj, _ = data
-                self._launch(k_obj, node, env, bind, pool, owned)
-            elif bind.int(data[1].xnumel) == 0 or bind.int(data[1].rnumel) == 0:
-                # a mix-order node with no rows or no columns: nothing to launch (and a finish kernel
-                # would sum a workspace nobody wrote); the column sums over no rows are 0
-                self._empty(node, env, bind)
-            else:
-                k_main, main, k_fin, finish, workspaces = data
-                rows = bind.int(main.xnumel)
-                for name, layout in self._workspaces(k_main, workspaces, rows).items():
-                    env[name] = self._alloc(layout, bind, pool, owned, name)
-                after = None
-                if k_main.chosen(rows, bind.int(main.rnumel)) is None:
-                    # being tuned: each candidate is timed with the finish after it
-                    fin_args, ncols = self._args(k_fin, env, bind, pool, owned), bind.int(finish.numel)
-
-                    def after(cand):  # the finish's first candidate, for the candidate's program count
-                        n = max(1, math.ceil(rows / cand[1]["SPLIT"]))
-                        k_fin.launch(k_fin.candidates(ncols, n)[0], fin_args, ncols, n)
-
-                self._launch(k_main, node, env, bind, pool, owned, after=after)
-                split = k_main.choice[1]["SPLIT"] if k_main.choice else k_main.split
-                self._launch(k_fin, finish, env, bind, pool, owned, rnumel=max(1, math.ceil(rows / split)))
-                for name in workspaces:
-                    self._release(name, env, pool, owned)
-            for b in self.free_after.get(k, ()):
-                self._release(b, env, pool, owned)
-        return [self.reference._output(o, env, bind) for o in self.graph.outputs]
-
-    def _workspaces(self, k_main: "_MixKernel", workspaces: dict, rows: int) -> dict:
-        """Name -> Layout [programs, columns] of a mix-order node's workspaces for `rows` rows (the split
-        is chosen at run time); built once per row count, off the per-call path."""
-        key = (k_main.info.name, rows)
-        if key not in self._ws_layouts:
-            n = k_main.workspace_rows(rows)
-            self._ws_layouts[key] = {name: Layout.contiguous([n, layout.size[1]], layout.dtype, layout.device)
-                                     for name, layout in workspaces.items()}
-        return self._ws_layouts[key]
-
-    def _args(self, k: _Kernel, env, bind: _Bindings, pool, owned):
-        """`args(variant)`: the kernel's arguments, allocating outputs on first use."""
-        def args(variant: str) -> list:
-            out = []
-            for kind, value in k.info.variants[variant].args:
-                if kind == "buffer":
-                    if value not in env:
-                        env[value] = self._alloc(self.buffers[value].layout, bind, pool, owned, value)
-                    out.append(env[value])
-                else:
-                    out.append(bind.int(value))
-            return out
-        return args
-
-    def _launch(self, k: _Kernel, node, env, bind: _Bindings, pool, owned, rnumel: int | None = None,
-                after=None) -> None:
-        src = next(iter(k.info.variants.values()))
-        xnumel = bind.int(src.xnumel)
-        if rnumel is None:
-            rnumel = bind.int(src.rnumel) if src.rnumel is not None else None
-        if xnumel == 0 or rnumel == 0:
-            self._empty(node, env, bind)
-            return
-        k.run(self._args(k, env, bind, pool, owned), xnumel, rnumel, after)
-
-    def _empty(self, node, env, bind: _Bindings) -> None:
-        """A node with no points to compute (zero-size output) or reducing over none: no kernel is
-        launched (a grid of zero programs is an error on a GPU); the reference backend allocates each
-        member's output with its layout (shape, strides, dtype) and writes a reduction's identity where
-        rows exist but are empty."""
-        for m in node.members() if hasattr(node, "members") else (node,):
+    def run_reference(self, node, env: dict, bind: _Bindings) -> dict:
+        """Run `node`'s members on the reference backend: `env` holds what it reads; returns its outputs.
+        Also how a node with no points is run: the reference allocates each member's output with its
+        layout and writes a reduction's identity where rows exist but are empty."""
+        for m in members(node):
             env[m.output.name] = self.reference._loop(m, env, bind)
+        return env
+
+    def __call__(self, *args):
+        return self.call(list(args))
+
+
+def conform_result(node, r, size, stride, dtype) -> torch.Tensor:
+    """An extern's result with the shape, strides and dtype the IR recorded for it. The IR indexes the
+    buffer with the recorded strides and reads it with the recorded dtype (a generated kernel's loads take
+    the tensor's dtype): the storage must match both. The dtypes differ where an op's CPU kernel disagrees
+    with its meta function (bfloat16 _batch_norm_with_update returns bfloat16 statistics; its meta says
+    float32)."""
+    if list(r.shape) != list(size):
+        raise RuntimeError(f"{node.name}: {node.op} returned shape {list(r.shape)}, expected {list(size)}")
+    if r.dtype != dtype or (r.numel() > 1 and any(st != want for s, st, want in zip(size, r.stride(), stride)
+                                                  if s > 1)):
+        if getattr(node, "comm", None) == "collective":
+            # a copy before the wait would read a buffer the collective is still writing
+            raise RuntimeError(f"{node.name}: collective {node.op} returned strides {r.stride()} / {r.dtype}, "
+                               f"the graph expects {tuple(stride)} / {dtype}")
+        r = torch.empty_strided(size, stride, dtype=dtype, device=r.device).copy_(r)
+    return r
 
 
 def _source_hash() -> str:

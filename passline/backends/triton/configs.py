@@ -1,0 +1,212 @@
+"""Kernel configurations: the candidates a kernel can run with, and the rule that picks one untimed.
+
+A kernel node has one or more *variants* (pointwise; persistent or looped reduction; the two mix-order
+forms), each a source generated once. A `Config` is one way to launch a variant: its block sizes, warps,
+pipeline stages and, for a mix-order kernel, rows per program. By default (`autotune=False`) `rule` picks
+a configuration from the sizes, the dtype-free shape of the work and the device, with no timing, as
+Inductor's heuristics do; `passline.backend(autotune=True)` times the `candidates` instead.
+"""
+from __future__ import annotations
+
+import attrs
+
+from ..variants import MIX_FORMS
+from ..variants import KernelVariant as Variant
+
+GPU_PERSISTENT_MAX = 16384  # elements of a reduced row kept in registers
+INTERP_PERSISTENT_MAX = 1 << 16
+INTERP_BLOCK = 1 << 17  # interpreter cost grows with programs x ops: few, large programs
+MIX_STAGES = (3, 4)  # pipelined row loops timed on a GPU (1: not pipelined, the baseline)
+
+
+@attrs.frozen
+class Config:
+    """One launch configuration of a kernel variant."""
+
+    variant: Variant
+    xblock: int
+    rblock: int | None = None  # None: a pointwise kernel
+    warps: int = 4
+    stages: int = 1  # mix-order only: the row loop's pipeline depth
+    split: int | None = None  # mix-order only: rows per program (a run-time argument)
+
+    @property
+    def per_program(self) -> int:
+        """Rows (or elements) one program covers: the grid is cdiv(xnumel, per_program)."""
+        return self.split if self.variant in MIX_FORMS else self.xblock
+
+    def blocks(self) -> dict:
+        """The kernel's block arguments by name (constexprs, and SPLIT)."""
+        out = {"XBLOCK": self.xblock}
+        if self.rblock is not None:
+            out["RBLOCK"] = self.rblock
+        if self.variant in MIX_FORMS:
+            out |= {"SPLIT": self.split, "STAGES": self.stages}
+        return out
+
+    def with_split(self, split: int) -> Config:
+        return attrs.evolve(self, split=split)
+
+    def __str__(self) -> str:
+        blocks = " ".join(f"{k}={v}" for k, v in self.blocks().items())
+        return f"{self.variant} {blocks} warps={self.warps}"
+
+
+def pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def _clamp(x: int, lo: int, hi: int) -> int:
+    return max(lo, min(hi, x))
+
+
+def _warps(elements: int) -> tuple:
+    """Warp counts to try for a block of `elements` reduced along rows: the usual one (about 8-16
+    elements per thread) and half of it. Fewer warps per row means a cheaper cross-thread reduction: on
+    an H200 a bfloat16 LayerNorm forward (576000, 384) ran at copy speed (212 µs) with 4 rows on 2 warps
+    and 280 µs with the usual 4 warps."""
+    w = 2 if elements <= 512 else 4 if elements <= 2048 else 8 if elements <= 8192 else 16
+    return (w, w // 2) if w > 1 else (w,)
+
+
+# -- candidates (timed with autotune=True) -------------------------------------------------------------
+def candidates(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, only: str | None = None) -> list:
+    """Configs to time for a kernel whose variants are `variants` (Variant -> the IR's split, or None)."""
+    out: list[Config] = []
+    for variant, split in variants.items():
+        if only in variants and variant != only:
+            continue  # a forced variant, where this kernel has it
+        if variant == Variant.POINTWISE:
+            if interpret:
+                out.append(Config(variant, min(pow2(xnumel), INTERP_BLOCK)))
+            else:
+                out += [Config(variant, x, warps=w) for x, w in ((1024, 4), (2048, 8), (512, 4))]
+        elif variant == Variant.PERSISTENT:
+            rb = pow2(rnumel)
+            if rb > (INTERP_PERSISTENT_MAX if interpret else GPU_PERSISTENT_MAX):
+                continue
+            if interpret:
+                out.append(Config(variant, max(1, min(pow2(xnumel), INTERP_BLOCK // rb)), rb))
+            else:  # row blocks from one row per program to about 16k elements
+                for xb in (1, 2, 4, 8, 16, 32, 64):
+                    if xb * rb <= 16384 and xb <= pow2(xnumel) and (xb == 1 or xb * rb >= 512):
+                        out += [Config(variant, xb, rb, w) for w in _warps(xb * rb)]
+        elif variant == Variant.LOOPED:
+            if interpret:
+                rb = min(pow2(rnumel), 4096)
+                out.append(Config(variant, max(1, min(pow2(xnumel), INTERP_BLOCK // rb)), rb))
+            else:
+                # long rows: one row per program; reductions over a strided dim (columns): wide
+                # blocks of columns so that each load is coalesced
+                found = [Config(variant, xb, rb, 4 if xb * rb <= 1024 else 8)
+                         for xb, rb in ((1, 2048), (4, 512), (64, 64), (128, 32))
+                         if rb <= pow2(rnumel) and xb <= pow2(xnumel)]
+                out += found or [Config(variant, 1, min(2048, pow2(rnumel)))]
+        elif variant in MIX_FORMS:
+            out += mix_candidates(variant, pow2(rnumel), split, interpret)
+    if interpret:  # the interpreter's cost is per program and op: prefer persistent
+        out.sort(key=lambda c: c.variant != Variant.PERSISTENT)
+        return out[:1]
+    return out
+
+
+def mix_candidates(form: Variant, rb: int, split: int, interpret: bool) -> list:
+    """Configs of a mix-order kernel whose rows are `rb` (a power of two) wide.
+
+    Under the interpreter: one large block, not pipelined. On a GPU, each configuration with its row loop
+    pipelined three and four stages deep (see kernel.generate_mix), and one row per block unpipelined as
+    the baseline that always compiles. Row blocks: one row on the usual warps, half and twice as many;
+    two rows with the one-row accumulator only where each thread holds its columns of both rows (rows
+    spread over warps make the per-block column sum cross warps: 2.8 ms instead of 0.36 on an H200 at
+    (576000, 384)) and at most 32 elements of a block per thread; `mix_order_acc2d` tiles of two to
+    eight rows (up to 8192 elements) on the usual warps and half as many. On an H200 the best bfloat16
+    LayerNorm backwards were acc2d with four rows on two warps, four stages (576000, 384: 329 µs), and
+    acc2d with two rows on sixteen warps, four stages (32768, 4096: 207 µs); all fast configurations
+    were within 3% of those."""
+    def cand(xb, w, stages):
+        return Config(form, xb, rb, w, stages, split)
+
+    xbs = [xb for xb in (1, 2, 4, 8, 16) if xb <= pow2(split)]
+    if interpret:
+        xb = max([x for x in xbs if x * rb <= INTERP_BLOCK] or [1])
+        return [cand(xb, 4 if xb * rb <= 2048 else 8, 1)]
+    configs = []  # (rows per block, warps)
+    if form == Variant.MIX_ORDER:
+        usual = _warps(rb)
+        configs += [(1, w) for w in dict.fromkeys(usual + (min(16, 2 * usual[0]),))]
+        if 2 in xbs:  # 8 bf16 columns per thread per load (16 bytes): rb / 8 threads along a row
+            configs += [(2, w) for w in (1, 2, 4, 8, 16) if 2 * rb <= 32 * 32 * w and rb // 8 >= 32 * w]
+    else:
+        configs += [(xb, w) for xb in xbs if 2 <= xb <= 8 and xb * rb <= 8192 for w in _warps(xb * rb)]
+    out = [cand(xb, w, st) for xb, w in configs for st in MIX_STAGES]
+    if form == Variant.MIX_ORDER:
+        out.append(cand(1, _warps(rb)[0], 1))
+    return out
+
+
+# -- the rule (the default: nothing timed) -----------------------------------------------------------
+@attrs.frozen
+class Device:
+    """What the rules need to know of the GPU."""
+
+    sms: int = 132
+
+    @staticmethod
+    def current() -> Device:
+        import torch
+
+        if not torch.cuda.is_available():
+            return Device()
+        return Device(torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count)
+
+
+def rule(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, device: Device,
+         rows_contiguous: bool = True, only: str | None = None) -> Config:
+    """The configuration to launch with when nothing is timed, derived from the sizes and the device.
+
+    - pointwise: blocks of 1024 elements on 4 warps (fewer for small tensors), as Inductor's default;
+    - a reduction along contiguous rows that fit in registers (<= 16384 elements after rounding up to a
+      power of two) is persistent, with as many rows per block as make about 2048 elements, but fewer
+      when that would leave under two programs per SM; about 16 elements per thread;
+    - longer rows loop over 2048-element chunks, one row per program; a reduction over a strided dim
+      (column sums) loops over chunks of up to 256 rows of a column block 16 to 128 columns wide (the
+      widest that still gives two programs per SM), so loads are coalesced;
+    - a mix-order kernel takes the two-dimensional accumulator with enough rows per block for about
+      2048 elements (two at least), pipelined four stages deep, on 2 warps up to 2048 elements a block,
+      16 from 8192 (the best measured configurations, see mix_candidates); rows wider than 4096 take
+      the one-row form. Its rows per program are the IR's split.
+    Under the interpreter the one candidate (few, large programs) is the rule.
+    """
+    if interpret:
+        return candidates(variants, xnumel, rnumel, interpret, only)[0]
+    kinds = [v for v in variants if only not in variants or v == only]
+    if Variant.POINTWISE in kinds:
+        xb = min(1024, pow2(xnumel))
+        return Config(Variant.POINTWISE, xb, warps=_clamp(xb // 256, 1, 4))
+    rb = pow2(rnumel)
+    if any(v in MIX_FORMS for v in kinds):
+        split = variants[kinds[0]]
+        if Variant.MIX_ORDER_ACC2D in kinds and rb <= 4096 and pow2(split) >= 2:
+            xb = _clamp(2048 // rb, 2, min(8, pow2(split)))
+            elements = xb * rb
+            return Config(Variant.MIX_ORDER_ACC2D, xb, rb, 2 if elements <= 2048 else 16 if elements >= 8192 else 8,
+                          4, split)
+        form = Variant.MIX_ORDER if Variant.MIX_ORDER in kinds else kinds[0]
+        return Config(form, 1, rb, _warps(rb)[0], 4, split)
+    persistent = Variant.PERSISTENT in kinds and rb <= GPU_PERSISTENT_MAX
+    if persistent and (rows_contiguous or Variant.LOOPED not in kinds):
+        xb = _clamp(2048 // rb, 1, pow2(xnumel))
+        while xb > 1 and -(-xnumel // xb) < 2 * device.sms:
+            xb //= 2
+        return Config(Variant.PERSISTENT, xb, rb, _clamp(pow2(xb * rb) // 512, 1, 16))
+    if rows_contiguous:
+        rbl = min(2048, rb)
+        return Config(Variant.LOOPED, 1, rbl, _clamp(rbl // 256, 1, 8))
+    # a strided reduction (column sums): wide enough column blocks for whole 32-byte sectors (16
+    # columns), narrower than 128 while that leaves under two programs per SM (a (8192, 3072) bias
+    # gradient at 128 columns a block ran on 24 programs: 234 µs, 20x its copy time on an H200)
+    xb = min(128, pow2(xnumel))
+    while xb > 16 and -(-xnumel // xb) < 2 * device.sms:
+        xb //= 2
+    rbl = _clamp(4096 // xb, 1, min(256, rb))
+    return Config(Variant.LOOPED, xb, rbl, _clamp(xb * rbl // 512, 1, 8))

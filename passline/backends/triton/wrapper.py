@@ -1,0 +1,411 @@
+"""The launch plan: one generated Python function `call(args)` per graph.
+
+What can be decided at compile time is: sizes, strides and element counts are literals for static
+shapes, and Python expressions over the input sizes (evaluated once per call, at the top) for dynamic
+ones; each buffer is allocated (`torch.empty_strided`, PyTorch's caching allocator) right before the
+step that first writes it and `del`eted after its last reader, so no pool is kept between calls; an
+extern is a direct call of its aten op on views built in place; a kernel is `K3(stream, (args...),
+xnumel, rnumel)`, which launches its chosen configuration through the compiled binary. The source is kept
+on the runner (`runner.source`) and is what a reader debugging a graph reads first.
+"""
+from __future__ import annotations
+
+import math
+import re
+
+import sympy
+import torch
+
+from ...ir import TensorArg
+from ...ir.index import FloorDiv, ModularIndexing
+from ...lowering.sizes import runtime_value
+
+
+class _Unprintable(Exception):
+    pass
+
+
+def _ident(name: str, prefix: str) -> str:
+    return prefix + re.sub(r"\W", "_", name)
+
+
+class CallWriter:
+    def __init__(self, runner):
+        self.runner = runner
+        self.graph = runner.graph
+        self.buffers = runner.buffers
+        self.lines: list[str] = []
+        self.ns: dict = {"torch": torch, "empty_strided": torch.empty_strided, "runner": runner,
+                         "as_strided": _as_strided, "runtime_value": runtime_value, "first": _first}
+        self.names: dict = {}  # buffer name -> identifier
+        self.syms: dict = {}  # size symbol -> identifier
+        self.owned: set = set()  # buffers this call allocates (aligned: never re-checked at launch)
+        self.dynamic = False
+        self.needs_bind = False
+        self.maybe_misaligned: set = set()  # buffers returned by an extern that may return a view
+        self.allocators: dict = {}  # device -> name of its allocation function in the call
+        self.prologue: list = []  # lines the call runs first (after binding sizes)
+
+    # -- names and constants ------------------------------------------------------------------------------
+    def name(self, buf: str) -> str:
+        if buf not in self.names:
+            ident = _ident(buf, "b_")
+            while ident in self.names.values():
+                ident += "_"
+            self.names[buf] = ident
+        return self.names[buf]
+
+    def const(self, value, hint: str = "c") -> str:
+        """A name in the call's namespace bound to `value` (aten ops, devices, anything not a literal)."""
+        simple = isinstance(value, (torch.device, torch.dtype))
+        for k, v in self.ns.items():
+            if k.startswith(hint) and (v is value or (simple and type(v) is type(value) and v == value)):
+                return k
+        key = f"{hint}{len(self.ns)}"
+        self.ns[key] = value
+        return key
+
+    def emit(self, line: str, indent: int = 1) -> None:
+        self.lines.append("    " * indent + line)
+
+    # -- sizes --------------------------------------------------------------------------------------------
+    def py(self, e) -> str:
+        """Python source for an integer size expression."""
+        if isinstance(e, (int, bool)):
+            return str(int(e))
+        e = sympy.sympify(e)
+        if not e.free_symbols:
+            return str(int(e))
+        try:
+            return self._print(e)
+        except _Unprintable:  # evaluated from the bound values (rare: the printer knows size arithmetic)
+            self.needs_bind = True
+            return f"bind.int({self.const(e, 'e')})"
+
+    def _print(self, e) -> str:
+        if e.is_Integer:
+            return str(int(e))
+        if e.is_Symbol:
+            if e not in self.syms:
+                raise _Unprintable(e)
+            return self.syms[e]
+        args = [self._print(a) for a in e.args] if not (e.is_Mul or e.is_Add) else None
+        if isinstance(e, FloorDiv):
+            return f"({args[0]} // {args[1]})"
+        if isinstance(e, ModularIndexing):
+            return f"(({args[0]} // {args[1]}) % {args[2]})"
+        if e.is_Add:
+            return "(" + " + ".join(self._print(a) for a in e.args) + ")"
+        if e.is_Mul:
+            if any(a.is_Number and not a.is_Integer for a in e.args):
+                raise _Unprintable(e)
+            return "(" + " * ".join(self._print(a) for a in e.args) + ")"
+        if e.is_Pow and e.exp.is_Integer and int(e.exp) >= 0:
+            return f"({args[0]} ** {args[1]})"
+        if isinstance(e, sympy.Max):
+            return f"max({', '.join(args)})"
+        if isinstance(e, sympy.Min):
+            return f"min({', '.join(args)})"
+        raise _Unprintable(e)
+
+    def ints(self, es) -> str:
+        return "(" + "".join(self.py(e) + ", " for e in es) + ")"
+
+    def bind_sizes(self) -> None:
+        """Size symbols from the inputs: a SymInt argument, or a tensor's size or stride."""
+        for k, inp in enumerate(self.graph.inputs):
+            if inp.symbol is not None and isinstance(inp.symbol, sympy.Symbol) and inp.symbol not in self.syms:
+                self.syms[inp.symbol] = _ident(inp.symbol.name, "s_")
+                self.emit(f"{self.syms[inp.symbol]} = int(args[{k}])")
+            elif inp.buffer is not None:
+                lay = inp.buffer.layout
+                for d, e in enumerate(lay.size):
+                    if isinstance(e, sympy.Symbol) and e not in self.syms:
+                        self.syms[e] = _ident(e.name, "s_")
+                        self.emit(f"{self.syms[e]} = args[{k}].shape[{d}]")
+                for d, e in enumerate(lay.stride):
+                    if isinstance(e, sympy.Symbol) and e not in self.syms:
+                        self.syms[e] = _ident(e.name, "s_")
+                        self.emit(f"{self.syms[e]} = args[{k}].stride({d})")
+        self.dynamic = bool(self.syms)
+
+    # -- values -------------------------------------------------------------------------------------------
+    def view(self, t: TensorArg) -> str:
+        """A tensor argument: the buffer itself, or a view of it built in place."""
+        lay = self.buffers[t.buffer].layout
+        b = self.name(t.buffer)
+        if list(t.size) == list(lay.size) and list(t.stride) == list(lay.stride) and t.offset == 0:
+            return b
+        return f"as_strided({b}, {self.ints(t.size)}, {self.ints(t.stride)}, {self.py(t.offset)})"
+
+    def value(self, x) -> str:
+        if isinstance(x, TensorArg):
+            return self.view(x)
+        if isinstance(x, sympy.Basic):
+            if isinstance(x, sympy.Expr) and x.is_integer:
+                return self.py(x)
+            if not x.free_symbols:
+                return repr(float(x)) if isinstance(x, sympy.Expr) else repr(bool(x))
+            self.needs_bind = True
+            return f"runtime_value({self.const(x, 'e')}, bind.values)"
+        if isinstance(x, list):
+            return "[" + ", ".join(self.value(y) for y in x) + "]"
+        if isinstance(x, tuple):
+            return "(" + "".join(self.value(y) + ", " for y in x) + ")"
+        if x is None or isinstance(x, (bool, int, str)):
+            return repr(x)
+        if isinstance(x, float) and math.isfinite(x):
+            return repr(x)
+        return self.const(x)
+
+    def alloc(self, buf: str, indent: int = 1) -> None:
+        if buf in self.defined:
+            return
+        lay = self.buffers[buf].layout
+        key = (tuple(lay.size), tuple(lay.stride), lay.dtype, lay.device)
+        dead = self.reusable.get(key)
+        if dead:  # the storage of a buffer that died at the step before, same layout: no allocation
+            old = dead.pop()
+            self.emit(f"{self.name(buf)} = {self.name(old)}; del {self.name(old)}", indent)
+        else:
+            self.emit(f"{self.name(buf)} = {self.empty(lay.device)}({self.ints(lay.size)}, {self.ints(lay.stride)}, "
+                      f"{self.const(lay.dtype, 'dt')})", indent)
+        self.defined.add(buf)
+        self.owned.add(buf)
+
+    def empty(self, device) -> str:
+        """The allocation function of `device`'s buffers, bound once per call (see compat.allocator)."""
+        name = self.allocators.get(device)
+        if name is None:
+            from .compat import allocator
+
+            fast, slow = allocator(device)
+            name = self.allocators[device] = f"empty{len(self.allocators)}"
+            self.ns[f"{name}_fast"], self.ns[f"{name}_slow"] = fast, slow
+            if device.type == "cuda":  # the fast one allocates on the current device
+                self.prologue.append(f"{name} = {name}_fast if torch.cuda.current_device() == {device.index or 0} "
+                                     f"else {name}_slow")
+            else:
+                self.prologue.append(f"{name} = {name}_fast")
+        return name
+
+    # -- steps --------------------------------------------------------------------------------------------
+    def kernel_args(self, k, src, slots=()) -> tuple[str, tuple]:
+        """The source of a kernel's argument tuple (workspace `slots` as None) and the positions whose
+        specialization may change between calls: sizes of dynamic shapes, and results of externs that
+        may be views (inputs are aligned by layouts.conform_inputs, allocations by the allocator)."""
+        parts, check = [], []
+        for i, (kind, value) in enumerate(src.args):
+            if kind == "buffer":
+                if value in slots:
+                    parts.append("None")
+                    continue
+                parts.append(self.name(value))
+                if value in self.maybe_misaligned:
+                    check.append(i)
+            else:
+                parts.append(self.py(value))
+                if sympy.sympify(value).free_symbols:
+                    check.append(i)
+        n = len(src.args)
+        for j, e in enumerate((src.xnumel, src.rnumel)):
+            if e is not None and sympy.sympify(e).free_symbols:
+                check.append(n + j)
+        return "(" + "".join(p + ", " for p in parts) + ")", tuple(check)
+
+    def zero(self, e) -> str | None:
+        """A condition that the count `e` is zero: None where it never is, "True" where it always is."""
+        if e is None:
+            return None
+        e = sympy.sympify(e)
+        if not e.free_symbols:
+            return "True" if int(e) == 0 else None
+        return f"{self.py(e)} == 0"
+
+    def visible(self, node) -> list:
+        """The outputs of a node that other steps or the caller see (a fused member's value that nothing
+        else reads stays inside the kernel); inputs written in place keep their names."""
+        from .kernel import _stored
+
+        return [b for b in node.output_names() if b in _stored(node, self.graph)
+                and b not in self.graph.input_buffers()]
+
+    def on_reference(self, node, outputs, indent: int) -> None:
+        """Run `node` on the reference backend (a node the generator refused, or one with no points)."""
+        self.needs_bind = True
+        reads = ", ".join(f"{b!r}: {self.name(b)}" for b in node.read_names() if b in self.defined)
+        env = f"runner.run_reference({self.const(node, 'node')}, {{{reads}}}, bind)"
+        self.emit(f"env = {env}", indent)
+        for b in outputs:
+            self.emit(f"{self.name(b)} = env[{b!r}]", indent)
+            self.defined.add(b)
+
+    def step_extern(self, node) -> None:
+        args = ", ".join(self.value(a) for a in node.args)
+        kwargs = ", ".join(f"{k}={self.value(v)}" for k, v in node.kwargs)
+        call = f"{self.const(node.op, 'op')}({args}{', ' if args and kwargs else ''}{kwargs})"
+        outs = [(i, b) for i, b in enumerate(node.outputs) if b is not None]
+        if not outs:
+            self.emit(call)
+            return
+        self.emit(f"r = {call}")
+        single = len(node.outputs) == 1
+        if _may_alias(node.op):
+            self.maybe_misaligned.update(b.name for _, b in outs)
+        for i, b in outs:
+            lay = b.layout
+            result = "first(r)" if single else f"r[{i}]"
+            self.emit(f"{self.name(b.name)} = conform({self.const(node, 'node')}, {result}, "
+                      f"{self.ints(lay.size)}, {self.ints(lay.stride)}, {self.const(lay.dtype, 'dt')})")
+            self.defined.add(b.name)
+
+    def step_kernel(self, node, k) -> None:
+        src = next(iter(k.info.variants.values()))
+        for kind, value in src.args:
+            if kind == "buffer":
+                self.alloc(value)
+        empty = [c for c in (self.zero(src.xnumel), self.zero(src.rnumel)) if c is not None]
+        args, k.check = self.kernel_args(k, src)
+        launch = f"{self.const(k, 'K')}(stream, {args}, {self.py(src.xnumel)}" + \
+                 (f", {self.py(src.rnumel)})" if src.rnumel is not None else ")")
+        self.guarded(node, empty, launch, self.visible(node))
+
+    def guarded(self, node, empty: list, launch: str, outputs) -> None:
+        """`launch`, or the reference backend where the node has no points to compute (a zero-size
+        output, or rows over nothing: no kernel is launched — a grid of zero programs is an error on a
+        GPU — and the outputs still get their layouts and a reduction's identity)."""
+        if "True" in empty:
+            self.on_reference(node, outputs, 1)
+        elif empty:
+            self.emit(f"if {' or '.join(empty)}:")
+            self.on_reference(node, outputs, 2)
+            self.emit("else:")
+            self.emit(launch, 2)
+        else:
+            self.emit(launch)
+
+    def step_mix(self, node, data) -> None:
+        from .runner import MixStep
+
+        k_main, main, k_fin, finish, workspaces = data
+        fin_src = next(iter(k_fin.info.variants.values()))
+        for src in (main, fin_src):
+            for kind, value in src.args:
+                if kind == "buffer" and value not in workspaces:
+                    self.alloc(value)
+        def slots(src) -> dict:  # workspace name -> its position among the kernel's arguments
+            return {v: i for i, (kind, v) in enumerate(src.args) if kind == "buffer" and v in workspaces}
+
+        step = MixStep(k_main, k_fin, workspaces, slots(main), slots(fin_src))
+        margs, k_main.check = self.kernel_args(k_main, main, workspaces)
+        fargs, k_fin.check = self.kernel_args(k_fin, fin_src, workspaces)
+        # the finish's count of programs changes with the split chosen at run time: always checked
+        k_fin.check = tuple(sorted(set(k_fin.check) | {len(fin_src.args) + 1}))
+        empty = [c for c in (self.zero(main.xnumel), self.zero(main.rnumel)) if c is not None]
+        launch = f"{self.const(step, 'M')}(stream, {margs}, {fargs}, {self.py(main.xnumel)}, {self.py(main.rnumel)})"
+        self.guarded(node, empty, launch, self.visible(node))
+
+    def output(self, o) -> str:
+        if isinstance(o, TensorArg):
+            b = self.name(o.buffer)
+            lay = self.buffers[o.buffer].layout
+            if list(o.size) == list(lay.size) and list(o.stride) == list(lay.stride) and o.offset == 0:
+                return b
+            return f"as_strided({b}, {self.ints(o.size)}, {self.ints(o.stride)}, {self.py(o.offset)})"
+        return self.value(o)
+
+    # -- the function ---------------------------------------------------------------------------------------
+    def write(self) -> str:
+        runner, graph = self.runner, self.graph
+        self.defined: set = set()
+        body_start = len(self.lines)
+        self.bind_sizes()
+        for k, inp in enumerate(graph.inputs):
+            if inp.buffer is not None:
+                self.emit(f"{self.name(inp.name)} = args[{k}]")
+                self.defined.add(inp.name)
+        devices = {b.layout.device for b in self.buffers.values() if b.layout.device.type == "cuda"}
+        if devices and not runner.interpret:
+            self.emit(f"stream = current_stream({next(iter(devices)).index or 0})")
+            from .compat import current_stream
+
+            self.ns["current_stream"] = current_stream
+        else:
+            self.emit("stream = None")
+        # last reader of each buffer: deleted after it (outputs and inputs are the caller's)
+        keep = graph.output_names() | set(graph.input_buffers())
+        last: dict = {}
+        for i, (_, node, _) in enumerate(runner.steps):
+            for b in (*node.read_names(), *node.output_names()):
+                last[b] = i
+        free: dict = {}
+        for b, i in last.items():
+            if b not in keep:
+                free.setdefault(i, []).append(b)
+        # a buffer this call allocated, dead after step i, lends its storage to step i + 1's allocations
+        # of the same layout (what is not taken then is deleted): one allocation instead of two, and no
+        # storage held longer than one step. Not one read by an extern whose result may be a view of it.
+        extern_read = {b for kind, node, _ in runner.steps if kind == "extern" and _may_alias(node.op)
+                       for b in node.read_names()}
+        self.reusable: dict = {}
+        for i, (kind, node, data) in enumerate(runner.steps):
+            self.emit(f"# {node.name}")
+            lent = self.reusable  # alloc() takes from it
+            if kind == "extern":
+                self.step_extern(node)
+            elif kind == "reference":
+                self.on_reference(node, self.visible(node), 1)
+            elif kind == "kernel":
+                self.step_kernel(node, data[0])
+            else:
+                self.step_mix(node, data)
+            dead = [b for b in free.get(i, ()) if b in self.defined]
+            unused = [b for names in lent.values() for b in names]
+            gone = [b for b in dead if b not in self.owned or b in extern_read] + unused
+            if gone:
+                self.emit(f"del {', '.join(self.name(b) for b in gone)}")
+            self.reusable = {}
+            for b in dead:
+                if b in self.owned and b not in extern_read:
+                    lay = self.buffers[b].layout
+                    self.reusable.setdefault((tuple(lay.size), tuple(lay.stride), lay.dtype, lay.device), []).append(b)
+            self.defined -= set(dead)
+        leftover = [b for names in self.reusable.values() for b in names]
+        if leftover:
+            self.emit(f"del {', '.join(self.name(b) for b in leftover)}")
+        self.emit("return [" + "".join(self.output(o) + ", " for o in graph.outputs) + "]")
+        head = ["def call(args):"]
+        if self.needs_bind:
+            head.append("    bind = runner.binding(args)")
+        head += ["    " + line for line in self.prologue]
+        self.lines[body_start:body_start] = head
+        return "\n".join(self.lines) + "\n"
+
+
+def _as_strided(t: torch.Tensor, size, stride, offset: int) -> torch.Tensor:
+    return t.as_strided(size, stride, t.storage_offset() + offset)
+
+
+def _may_alias(op) -> bool:
+    """Whether an op's results may share storage with its arguments (a view op's schema says so)."""
+    schema = getattr(op, "_schema", None)
+    if schema is None:
+        return True
+    return any(r.alias_info is not None for r in schema.returns)
+
+
+def _first(r):
+    """An op with one tensor output may still return it in a tuple."""
+    return r[0] if isinstance(r, (tuple, list)) else r
+
+
+def write_call(runner):
+    """(source, call): the graph's generated `call(args)` and the function itself."""
+    from .runner import conform_result
+
+    writer = CallWriter(runner)
+    writer.ns["conform"] = conform_result
+    source = writer.write()
+    code = compile(source, f"<passline call {runner.graph.name if hasattr(runner.graph, 'name') else ''}>", "exec")
+    exec(code, writer.ns)
+    return source, writer.ns["call"]

@@ -1,0 +1,60 @@
+"""benchmarks/models.py: its smoke run (tiny GPT-2, LLaMA and ResNet training steps, eager and passline
+through Triton's interpreter) exits 0 with every check passing; its check's verdict; its option errors."""
+import importlib.util
+import json
+import math
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+import torch
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "models.py"
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location("benchmarks_models", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_smoke_run_passes_every_check(tmp_path):
+    out = tmp_path / "models.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    cmd = [sys.executable, str(SCRIPT), "--smoke", "--device", "cpu", "--no-inductor", "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    assert "| model | contender | check |" in proc.stdout and "checks: all passed" in proc.stdout
+    rows = json.loads(out.read_text())["rows"]
+    passline_rows = {r["model"]: r for r in rows if r["contender"] == "passline"}
+    assert set(passline_rows) == {"gpt2", "llama", "resnet"}
+    for model, r in passline_rows.items():
+        assert r["passed"] and r["check"] == "ok", (model, r)
+        assert r["passline_codegen"] == ["triton"], (model, r["passline_codegen"])  # the interpreter, not the oracle
+        assert not r["passline_failures"] and r["passline_kernels"] > 0, (model, r)
+        assert {k.rstrip("0123456789") for k in r["passline_graphs"]} == {"forward", "backward"}, r["passline_graphs"]
+
+
+def test_verdict_is_relative_to_eager_error():
+    mod = _module()
+    eager = {"loss": 1e-3, "w": 5e-3, "b": 0.2}
+    assert mod.verdict({"loss": 2e-3, "w": 1e-2, "b": 0.7}, eager, torch.bfloat16)[0]
+    passed, worst, where = mod.verdict({"loss": 2e-3, "w": 3e-2, "b": 0.1}, eager, torch.bfloat16)
+    assert not passed and where == "w"  # 3e-2 > max(1e-2, 4 * 5e-3)
+    assert not mod.verdict({"loss": math.nan, "w": 0.0, "b": 0.0}, eager, torch.bfloat16)[0]
+    assert not mod.verdict({"loss": 0.0, "w": math.inf, "b": 0.0}, eager, torch.bfloat16)[0]  # a missing gradient
+    assert not mod.verdict({"loss": 2e-4, "w": 0.0}, {"loss": 0.0, "w": 0.0}, torch.float32)[0]  # floor 1e-4
+
+
+@pytest.mark.parametrize("option, message", [("nonsense=1", "unknown passline option(s) nonsense"),
+                                             ("kernel_variant=bogus", "kernel_variant must be one of"),
+                                             ("fallback=eager", "always uses fallback='raise'")])
+def test_bad_passline_option_is_a_clear_error(option, message, monkeypatch, capsys):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # main() sets it for --device cpu: undone after the test
+    with pytest.raises(SystemExit) as exit_:
+        _module().main(["--device", "cpu", "--keep-caches", "--passline-option", option])
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
