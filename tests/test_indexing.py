@@ -452,3 +452,14 @@ def test_gpu_kernels_compile_with_their_asserts_and_atomics(tmp_path, monkeypatc
             assert "__assertfail" in compiled.asm["ptx"]
             seen.add("atomic" if "tl.atomic_add" in src.source else "gather")
     assert seen == {"gather", "atomic"}
+
+
+def test_position_embedding_at_an_arange_is_proven_in_range():
+    # GPT's position embedding: embedding(weight, arange(T)); the arange's values lie in [0, T) by
+    # construction (its body is the bare loop variable), so no bounds check is generated
+    w = torch.randn(10, 4, device=DEVICE, requires_grad=True)
+    be = assert_matches_eager(lambda w: F.embedding(torch.arange(6, device=w.device), w), [w])
+    assert [r.externs for r in be.reports] == [0, 0]
+    (fw,) = [r for r in be.reports if r.name.startswith("forward")]
+    indirect = [b for n in fw.graph.nodes() for m in members(n) for ld in loads(m.body) for b in ld.indirect]
+    assert indirect and all(b.proven for b in indirect)

@@ -47,9 +47,11 @@ def proven_in_range(ctx, index: TensorRef, bound) -> bool:
         body = node.body.value if isinstance(node.body, Cast) else node.body
         if isinstance(body, IndexValue) and not body.indirect and body.expr.free_symbols <= set(node.vars):
             # an affine arange start + step * i: its extremes are at the ends of its range
-            ends = [body.expr.xreplace({v: (0 if hi else s - 1) for v, s in zip(node.vars, node.ranges)})
+            # (sympified: an arange's body is the bare loop variable, which xreplace turns into a plain int)
+            ends = [sympy.sympify(body.expr.xreplace({v: (s - 1 if hi else 0) for v, s in zip(node.vars, node.ranges)}))
                     for hi in (False, True)]
-            if all(e.is_number for e in ends) and all(r.is_number for r in node.ranges):
+            bound = sympy.sympify(bound)
+            if all(e.is_number for e in ends) and all(sympy.sympify(r).is_number for r in node.ranges):
                 return bool(0 <= min(ends) and max(ends) < bound) if bound.is_number else False
     return False
 
