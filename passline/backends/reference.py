@@ -205,22 +205,8 @@ class ReferenceRunner:
         for buf, r in zip(node.outputs, results):
             if buf is None:
                 continue
-            size, stride = bind.ints(buf.layout.size), bind.ints(buf.layout.stride)
-            if list(r.shape) != size:
-                raise RuntimeError(f"{node.name}: {node.op} returned shape {list(r.shape)}, expected {size}")
-            dtype = buf.layout.dtype
-            if r.dtype != dtype or (r.numel() > 1 and any(st != want for s, st, want in zip(size, r.stride(), stride)
-                                                          if s > 1)):
-                # the IR indexes this buffer with the recorded strides and reads it with the recorded dtype
-                # (a generated kernel's loads take the tensor's dtype): make the storage match both. The
-                # dtypes differ where an op's CPU kernel disagrees with its meta function (bfloat16
-                # _batch_norm_with_update returns bfloat16 statistics; its meta says float32).
-                if node.comm == "collective":  # a copy now would read what the collective is still writing
-                    raise RuntimeError(f"{node.name}: {node.op} returned {r.dtype} strides {r.stride()}, not the "
-                                       f"{dtype} {tuple(stride)} it was lowered with; it cannot be copied before "
-                                       f"its wait")
-                r = torch.empty_strided(size, stride, dtype=dtype, device=r.device).copy_(r)
-            env[buf.name] = r
+            env[buf.name] = conform_result(node, r, bind.ints(buf.layout.size), bind.ints(buf.layout.stride),
+                                           buf.layout.dtype)
 
     def _loop(self, node: Pointwise | Reduction | Scatter, env, bind: _Bindings) -> torch.Tensor:
         if isinstance(node, Scatter):
@@ -285,6 +271,24 @@ class ReferenceRunner:
                 r = _torch_op(v.name)(*[vals[id(a)] for a in v.args])
                 vals[id(v)] = r if r.dtype == v.dtype else r.to(v.dtype)
         return vals[id(root)]
+
+
+def conform_result(node: Extern, r: torch.Tensor, size, stride, dtype) -> torch.Tensor:
+    """An extern's result with the shape, strides and dtype the IR recorded for it (both backends). The IR
+    indexes the buffer with the recorded strides and reads it with the recorded dtype (a generated kernel's
+    loads take the tensor's dtype): the storage must match both. The dtypes differ where an op's CPU kernel
+    disagrees with its meta function (bfloat16 _batch_norm_with_update returns bfloat16 statistics; its
+    meta says float32)."""
+    if list(r.shape) != list(size):
+        raise RuntimeError(f"{node.name}: {node.op} returned shape {list(r.shape)}, expected {list(size)}")
+    if r.dtype != dtype or (r.numel() > 1 and any(st != want for s, st, want in zip(size, r.stride(), stride)
+                                                  if s > 1)):
+        if node.comm == "collective":  # a copy now would read what the collective is still writing
+            raise RuntimeError(f"{node.name}: {node.op} returned {r.dtype} strides {r.stride()}, not the "
+                               f"{dtype} {tuple(stride)} it was lowered with; it cannot be copied before "
+                               f"its wait")
+        r = torch.empty_strided(size, stride, dtype=dtype, device=r.device).copy_(r)
+    return r
 
 
 def _reduce(rtype: str, x: torch.Tensor) -> torch.Tensor:

@@ -509,24 +509,6 @@ class TritonRunner:
         return self.call(list(args))
 
 
-def conform_result(node, r, size, stride, dtype) -> torch.Tensor:
-    """An extern's result with the shape, strides and dtype the IR recorded for it. The IR indexes the
-    buffer with the recorded strides and reads it with the recorded dtype (a generated kernel's loads take
-    the tensor's dtype): the storage must match both. The dtypes differ where an op's CPU kernel disagrees
-    with its meta function (bfloat16 _batch_norm_with_update returns bfloat16 statistics; its meta says
-    float32)."""
-    if list(r.shape) != list(size):
-        raise RuntimeError(f"{node.name}: {node.op} returned shape {list(r.shape)}, expected {list(size)}")
-    if r.dtype != dtype or (r.numel() > 1 and any(st != want for s, st, want in zip(size, r.stride(), stride)
-                                                  if s > 1)):
-        if getattr(node, "comm", None) == "collective":
-            # a copy before the wait would read a buffer the collective is still writing
-            raise RuntimeError(f"{node.name}: collective {node.op} returned strides {r.stride()} / {r.dtype}, "
-                               f"the graph expects {tuple(stride)} / {dtype}")
-        r = torch.empty_strided(size, stride, dtype=dtype, device=r.device).copy_(r)
-    return r
-
-
 def _source_hash() -> str:
     """Generated code changes with the generator: its source is part of every cache key."""
     import inspect

@@ -19,6 +19,7 @@ import torch
 from ...ir import TensorArg
 from ...ir.index import FloorDiv, ModularIndexing
 from ...lowering.sizes import runtime_value
+from ..reference import conform_result
 
 
 class _Unprintable(Exception):
@@ -35,7 +36,7 @@ class CallWriter:
         self.graph = runner.graph
         self.buffers = runner.buffers
         self.lines: list[str] = []
-        self.ns: dict = {"torch": torch, "empty_strided": torch.empty_strided, "runner": runner,
+        self.ns: dict = {"torch": torch, "runner": runner, "conform": conform_result,
                          "as_strided": _as_strided, "runtime_value": runtime_value, "first": _first}
         self.names: dict = {}  # buffer name -> identifier
         self.syms: dict = {}  # size symbol -> identifier
@@ -401,10 +402,7 @@ def _first(r):
 
 def write_call(runner):
     """(source, call): the graph's generated `call(args)` and the function itself."""
-    from .runner import conform_result
-
     writer = CallWriter(runner)
-    writer.ns["conform"] = conform_result
     source = writer.write()
     code = compile(source, f"<passline call {runner.graph.name if hasattr(runner.graph, 'name') else ''}>", "exec")
     exec(code, writer.ns)
