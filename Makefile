@@ -25,8 +25,13 @@ demo: venv
 lint: venv
 	$(PY) -m ruff check .
 
+# One pytest-xdist worker per core (-n auto): the interpreter runs Python, one core per process, so
+# a second worker on CI's 2 cores nearly halves the wall time. worksteal: an idle worker takes tests
+# queued on the other, so the long tests (doc examples, the model smoke run) do not leave one core idle
+# at the end. PYTEST_WORKERS=0 runs in one process.
+PYTEST_WORKERS ?= auto
 test: lint
-	TRITON_INTERPRET=1 $(PY) -m pytest -q $(PYTEST_ARGS)
+	TRITON_INTERPRET=1 $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 # A long randomized campaign (hypothesis profile "fuzz": 10,000 examples a property); failing
 # examples are saved as reproducers in fuzz_failures/ and in hypothesis' database.
