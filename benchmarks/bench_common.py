@@ -92,21 +92,29 @@ def fresh(inputs):
     return [x.detach().clone().requires_grad_(x.requires_grad) for x in inputs]
 
 
+def differentiated(fn, ins) -> list:
+    """What a training step's backward computes: the inputs that require grad, then the module's parameters
+    (a LayerNorm's weight and bias gradients are column sums, mix-order reduction's work)."""
+    params = list(fn.parameters()) if isinstance(fn, torch.nn.Module) else []
+    return [x for x in ins if x.requires_grad] + params
+
+
 def grads(fn, inputs, dy_dtype=None, dy_seed=0):
-    """(output, input gradients) of one forward and backward. The cotangent is drawn in float32 and rounded
-    to dy_dtype (default: the output's dtype), so a float64 reference given the contender's dtype gets
-    exactly the cotangent the contender got."""
+    """(output, gradients of differentiated()) of one forward and backward. The cotangent is drawn in
+    float32 and rounded to dy_dtype (default: the output's dtype), so a float64 reference given the
+    contender's dtype gets exactly the cotangent the contender got."""
     ins = fresh(inputs)
     y = fn(*ins)
     g = torch.Generator(device=y.device).manual_seed(dy_seed)
     dy = torch.randn(y.shape, device=y.device, dtype=torch.float32, generator=g)
     dy = dy.to(dy_dtype or y.dtype).to(y.dtype)
-    gs = torch.autograd.grad(y, [x for x in ins if x.requires_grad], dy)
+    gs = torch.autograd.grad(y, differentiated(fn, ins), dy)
     return y.detach(), gs
 
 
 def reference(case: Case, dtype):
-    """(output, gradients) of the case in float64 on the same (dtype-rounded) inputs and weights."""
+    """(output, gradients) of the case in float64 on the same (dtype-rounded) inputs and weights (a
+    compiled module's parameters are its original's, in the same order)."""
     fn = copy.deepcopy(case.fn).double() if isinstance(case.fn, torch.nn.Module) else case.fn
     ins = [x.detach().double().requires_grad_(x.requires_grad) if x.is_floating_point() else x
            for x in case.inputs]

@@ -28,7 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import bench, copy_bandwidth, errors, grads, make_case, passed, reference  # noqa: E402
+from bench_common import bench, copy_bandwidth, differentiated, errors, grads, make_case, passed, reference  # noqa: E402
 
 import passline  # noqa: E402
 
@@ -62,7 +62,7 @@ def run_case(name, m, n, dtype, copy_gbs, rows, out_dir):
                 ins = [x.detach().clone().requires_grad_(x.requires_grad) for x in inputs]
                 y = f(*ins)
                 dy = torch.randn_like(y)
-                wrt = [x for x in ins if x.requires_grad]
+                wrt = differentiated(f, ins)
                 times[label] = bench(lambda y=y, wrt=wrt, dy=dy: torch.autograd.grad(y, wrt, dy, retain_graph=True))
                 del y, ins
         gbs = nbytes / (times["passline"] * 1e-3) / 1e9

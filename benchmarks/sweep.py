@@ -44,7 +44,18 @@ import torch  # (does not import triton: TRITON_INTERPRET is set in main(), befo
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import SWEEP_CASES, bench, copy_bandwidth, errors, fresh, grads, make_case, passed, reference  # noqa: E402,I001
+from bench_common import (  # noqa: E402
+    SWEEP_CASES,
+    bench,
+    copy_bandwidth,
+    differentiated,
+    errors,
+    fresh,
+    grads,
+    make_case,
+    passed,
+    reference,
+)
 
 DIRECTIONS = ("fwd", "fwd_train", "bwd")
 DTYPES = ("float32", "bfloat16")
@@ -115,7 +126,7 @@ def time_directions(fn, case, directions, device, reps_ms) -> dict:
             ins = fresh(case.inputs)
             y = fn(*ins)
             dy = torch.randn_like(y)
-            wrt = [x for x in ins if x.requires_grad]
+            wrt = differentiated(fn, ins)
             out[d] = bench(lambda y=y, wrt=wrt, dy=dy: torch.autograd.grad(y, wrt, dy, retain_graph=True),
                            reps_ms, device)
             del y, dy, wrt, ins
@@ -232,7 +243,7 @@ def progress(r: dict) -> str:
     if r.get("passline_over_inductor"):
         text += f" ({fmt(r['passline_over_inductor'])}x Inductor)"
     if r.get("passline_pct_copy") is not None:
-        text += f" {r['passline_pct_copy']:.0f}% copy"
+        text += f" {fmt(r['passline_pct_copy'])}% copy"
     return f"{text} {r['check']}"
 
 
@@ -249,10 +260,13 @@ def summary(rows: list[dict], header: str, skipped: list[str]) -> str:
              f"{len(rows)} rows; passline checks: {sum(r['check'] == 'ok' for r in rows)} ok, "
              f"{sum(r['check'] == 'MISMATCH' for r in rows)} mismatched, "
              f"{sum(r['check'] == 'FAILED' for r in rows)} failed.", "",
-             "## passline / Inductor, geometric mean (below 1: passline faster)", "",
-             f"All points: **{geomean(r['passline_over_inductor'] for r in ratio):.3f}** ({len(ratio)} points)", "",
-             "| case | " + " | ".join(dirs) + " | all |", "|---|" + "---|" * (len(dirs) + 1)]
-    for c in cases:
+             "## passline / Inductor, geometric mean (below 1: passline faster)", ""]
+    if not ratio:
+        lines.append("No point has both times (Inductor off, or every point failed).")
+    else:
+        lines += [f"All points: **{geomean(r['passline_over_inductor'] for r in ratio):.3f}** ({len(ratio)} points)",
+                  "", "| case | " + " | ".join(dirs) + " | all |", "|---|" + "---|" * (len(dirs) + 1)]
+    for c in cases if ratio else ():
         cells = [geomean(r["passline_over_inductor"] for r in ratio if r["case"] == c and r["direction"] == d)
                  for d in dirs]
         cells.append(geomean(r["passline_over_inductor"] for r in ratio if r["case"] == c))
