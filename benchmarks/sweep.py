@@ -271,6 +271,17 @@ def summary(rows: list[dict], header: str, skipped: list[str]) -> str:
                  for d in dirs]
         cells.append(geomean(r["passline_over_inductor"] for r in ratio if r["case"] == c))
         lines.append(f"| {c} | " + " | ".join(f"{x:.3f}" for x in cells) + " |")
+    if ratio:
+        by_dtype = {dt: geomean(r["passline_over_inductor"] for r in ratio if r["dtype"] == dt)
+                    for dt in dict.fromkeys(r["dtype"] for r in ratio)}
+        lines += ["", "By dtype: " + ", ".join(f"{dt} {g:.3f}" for dt, g in by_dtype.items())]
+    # compile seconds per point (each point's rows repeat them: one per point)
+    per_point = {(r["case"], r["dtype"], r["shape"]): r for r in rows}.values()
+    for label in ("passline", "inductor"):
+        secs = sorted(r[f"compile_s_{label}"] for r in per_point if r.get(f"compile_s_{label}"))
+        if secs:
+            lines.append(f"\nCompile seconds per point, {label}: median "
+                         f"{secs[len(secs) // 2]:.1f}, max {secs[-1]:.1f}, total {sum(secs):.0f}")
     cols = "| case | direction | dtype | shape | Inductor ms | passline ms | passline / Inductor | % of copy | check |"
     sep = "|---|---|---|---|---|---|---|---|---|"
 
@@ -386,6 +397,11 @@ def parse(argv):
         args.inductor = args.device == "cuda"
     if args.device == "cuda" and not torch.cuda.is_available() and not args.plot:
         ap.error("--device cuda, but torch sees no CUDA device (use --smoke --device cpu)")
+    try:  # a malformed width is an error now, not after the copy measurement
+        for dt in args.dtypes.split(","):
+            list(points(args.widths, getattr(torch, dt, torch.float32), 2**20))
+    except ValueError as e:
+        ap.error(f"--widths {args.widths!r}: {e}")
     for what, given, known in (("case", args.cases, SWEEP_CASES), ("direction", args.directions, DIRECTIONS),
                                ("dtype", args.dtypes, ("float32", "bfloat16", "float16"))):
         unknown = [x for x in given.split(",") if x not in known]

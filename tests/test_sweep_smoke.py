@@ -58,11 +58,25 @@ def test_points_and_summary():
     assert [mod.shape_class(*s) for s in ((4096, 1024), (1000, 1000), (64, 30000))] == ["tall", "square", "wide"]
     assert mod.geomean([2.0, 0.5, None]) == pytest.approx(1.0) and math.isnan(mod.geomean([]))
     row = dict(case="softmax", direction="bwd", dtype="float32", shape="8x64", kind="sized", check="ok", error="",
-               passline_ms=2.0, inductor_ms=1.0, passline_over_inductor=2.0, passline_pct_copy=40.0)
-    fast = dict(row, case="rms_norm", passline_ms=0.5, passline_over_inductor=0.5, passline_pct_copy=90.0)
+               passline_ms=2.0, inductor_ms=1.0, passline_over_inductor=2.0, passline_pct_copy=40.0,
+               compile_s_passline=3.0)
+    fast = dict(row, case="rms_norm", passline_ms=0.5, passline_over_inductor=0.5, passline_pct_copy=90.0,
+                compile_s_passline=1.0)
     text = mod.summary([row, fast], "# header", [])
     assert "All points: **1.000** (2 points)" in text  # sqrt(2.0 * 0.5)
+    assert "| softmax | 2.000 | 2.000 |" in text and "By dtype: float32 1.000" in text
     assert "slower than 1.05x Inductor (1)" in text and "under 85% of copy bandwidth (1)" in text
+    assert "passline: median 3.0, max 3.0, total 4" in text
+    assert "No point has both times" in mod.summary([dict(row, passline_over_inductor=None)], "# h", [])
+
+
+def test_bad_arguments_are_refused_before_running(capsys):
+    mod = _module()
+    for argv, message in ((["--widths", "64,wide"], "--widths '64,wide'"), (["--cases", "lay_norm"], "unknown case"),
+                          (["--directions", "backward"], "unknown direction")):
+        with pytest.raises(SystemExit) as exit_:
+            mod.parse(["--device", "cpu", *argv])
+        assert exit_.value.code == 2 and message in capsys.readouterr().err
 
 
 def test_plot_writes_one_svg_per_case(tmp_path):
