@@ -176,8 +176,8 @@ def run_point(name, m, n, dtype, directions, contenders, device, reps_ms):
                 res["reports"] = {r.name.rstrip("0123456789"): (r.codegen, r.kernels, r.externs) for r in be.reports}
         except Exception as e:  # one failing point must not hide the others
             res["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
-            if os.environ.get("SWEEP_TRACEBACK"):
-                traceback.print_exc()
+            print(f"{name} {m}x{n} {dtype}: {label} failed", file=sys.stderr)
+            traceback.print_exc()  # the CSV keeps the first line; the log the whole story
         finally:
             fn = be = None
             torch._dynamo.reset()
