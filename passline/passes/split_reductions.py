@@ -319,6 +319,8 @@ def split_reductions(graph, ctx, *,
         if not (X.is_number and R.is_number) or int(R) < 2:
             continue  # symbolic sizes: left alone (documented)
         X, R = int(X), int(R)
+        if not splits and (-(-X // COLUMN_BLOCK) >= programs_per_sm * gpu_sms or R < min_reduced):
+            continue  # busy enough even as a column reduction, or too short: no need to look closer
         reductions = [m for m in members if isinstance(m, Reduction)]
         try:
             bodies = _inline(members, len(outer))
