@@ -12,11 +12,13 @@ A node the generator cannot handle runs on the reference backend, and the report
 from __future__ import annotations
 
 import math
+import threading
 
 import attrs
 import torch
 
 from ... import __version__
+from ...config import current_settings
 from ...ir import Extern, MixOrderNode, members
 from ...pipeline.metrics import node_bytes
 from ..reference import ReferenceRunner, _Bindings
@@ -381,55 +383,98 @@ class TritonRunner:
         if not self.interpret and not self.autotune:
             self._precompile()
 
-    def _precompile(self, workers: int = 8) -> None:
-        """Compile, before the first call, every kernel whose sizes are known (static shapes) with the
-        configuration its rule picks, several at once: Triton's compiler spends much of its time
-        outside the GIL (LLVM, ptxas), and the first launch then finds the binary in Triton's cache.
-        Pointer arguments stand in by dtype (aligned, as inputs are made). Mix-order kernels, whose
-        split follows from their compiled registers, and kernels of dynamic shapes compile at their
-        first launch. Anything that fails here is left to that first launch, which reports it."""
-        import sys
-        import time
-        from concurrent.futures import ThreadPoolExecutor, as_completed
+    def precompile_jobs(self) -> list:
+        """What `_precompile` compiles: every kernel whose sizes are known (static shapes) with the
+        configuration its rule picks, as `precompile.Job`s (pointer arguments by dtype, aligned as the
+        call's own allocations are); a mix-order kernel with the IR's split, as its first launch compiles it
+        to read its registers. Kernels of symbolic sizes are chosen and compiled per call."""
+        from .precompile import Job
 
+        self._job_fns, self._dtypes = {}, {}
         jobs = []
         for kind, _, data in self.steps:
-            if kind != "kernel":
+            if kind == "kernel":
+                pairs = [(data[0], next(iter(data[0].info.variants.values())))]
+            elif kind == "mix":
+                k_main, main, k_fin, finish, _ = data
+                pairs = [(k_main, main)]  # the finishing kernel's sizes depend on the split: its first launch
+            else:
                 continue
-            k = data[0]
-            src = next(iter(k.info.variants.values()))
-            try:
-                xn = int(src.xnumel)
-                rn = int(src.rnumel) if src.rnumel is not None else None
-                args = [self.buffers[v].layout.dtype if kind_ == "buffer" else int(v) for kind_, v in src.args]
-            except TypeError:  # sizes that are symbols: chosen and compiled per call
-                continue
-            if xn == 0 or rn == 0:
-                continue
-            cfg = k.config(xn, rn)
-            jobs.append((k.fn(cfg.variant), cfg, [*args, xn] + ([rn] if rn is not None else [])))
+            for k, src in pairs:
+                try:
+                    xn = int(src.xnumel)
+                    rn = int(src.rnumel) if src.rnumel is not None else None
+                    args = [("ptr", str(self.buffers[v].layout.dtype).removeprefix("torch."))
+                            if kind_ == "buffer" else int(v) for kind_, v in src.args]
+                except (TypeError, KeyError):  # sizes that are symbols, or a workspace: per call
+                    continue
+                if xn == 0 or rn == 0:
+                    continue
+                cfg = k.config(xn, rn) if kind == "kernel" else k._rule(xn, rn)
+                fn_args = [*args, xn] + ([rn] if rn is not None else [])
+                blocks = cfg.blocks()
+                fn = k.fn(cfg.variant)  # its source file, written to the cache
+                # the keyword arguments of the launch (Kernel.launch): blocks (SPLIT too) and warps
+                kwargs = tuple(sorted({**blocks, "num_warps": cfg.warps}.items()))
+                path = self.cache.source_path(digest(k.key, cfg.variant))
+                job = Job(str(path), src.fn_name, tuple(fn_args), kwargs)
+                jobs.append(job)
+                self._job_fns[job] = fn
+                for a in args:
+                    if isinstance(a, tuple):
+                        self._dtypes[a[1]] = getattr(torch, a[1])
+        return jobs
+
+    def _precompile(self) -> None:
+        """Compile, before the first call, what `precompile_jobs` lists, for this GPU into Triton's caches,
+        where the first launch finds it: in threads of this process by default (Triton's compiler spends
+        most of its time outside the GIL), or in worker processes (backends/triton/precompile.py) with
+        `compile_in="processes"`. A progress line on stderr once it takes more than a second. Anything
+        that fails here is left to its first launch, which compiles it here and reports any error."""
+        import sys
+        import time
+        from concurrent.futures import ThreadPoolExecutor
+
+        from triton.runtime.driver import driver
+
+        from .precompile import compile_jobs, default_workers
+
+        how = current_settings().compile_in
+        jobs = self.precompile_jobs() if how != "off" else []
         if not jobs:
             return
         t0 = time.perf_counter()
+        done, shown = [0], [0.0]
+        lock = threading.Lock()
 
-        def build(job):
-            fn, cfg, args = job
-            fn.warmup(*args, grid=(1,), **cfg.blocks(), num_warps=cfg.warps)
-
-        done, shown = 0, 0.0
-        with ThreadPoolExecutor(max_workers=min(workers, len(jobs))) as pool:
-            for f in as_completed([pool.submit(build, j) for j in jobs]):
-                done += 1
-                try:
-                    f.result()
-                except Exception:  # noqa: BLE001 - compiled (and reported) at the first launch instead
-                    pass
+        def progress():  # called from the pool's threads, one at a time per finished job
+            with lock:
+                done[0] += 1
                 now = time.perf_counter() - t0
-                if now > 1.0 and (now - shown > 0.25 or done == len(jobs)):  # past a second: progress
-                    shown = now
-                    print(f"\rpassline: compiled {done}/{len(jobs)} kernels", end="", file=sys.stderr, flush=True)
+                if now > 1.0 and (now - shown[0] > 0.25 or done[0] == len(jobs)):
+                    shown[0] = now
+                    print(f"\rpassline: compiled {done[0]}/{len(jobs)} kernels", end="", file=sys.stderr,
+                          flush=True)
+
+        def warm(job):  # the very JITFunction the launch uses, so its in-memory cache is hit too
+            try:
+                fn = self._job_fns[job]
+                fn.warmup(*[self._dtypes[a[1]] if isinstance(a, tuple) else a for a in job.args], grid=(1,),
+                          **dict(job.kwargs))
+            except Exception:  # noqa: BLE001 - compiled (and reported) at its first launch instead
+                pass
+            progress()
+
+        try:
+            if how == "processes":
+                compile_jobs(jobs, "pool", target=driver.active.get_current_target(), done=progress)
+            else:
+                with ThreadPoolExecutor(max_workers=min(default_workers(), len(jobs))) as pool:
+                    list(pool.map(warm, jobs))
+        except Exception:  # noqa: BLE001 - no pool here: every kernel compiles at its first launch
+            pass
         self.compile_seconds = time.perf_counter() - t0
-        if self.compile_seconds > 1.0:
+        if shown[0]:
             print(f" ({self.compile_seconds:.1f} s)", file=sys.stderr, flush=True)
 
     # -- compile ------------------------------------------------------------------------------------
@@ -467,20 +512,23 @@ class TritonRunner:
             k_main = self._kernel(node, "mix_order", variants, stored, MixKernel, split=int(node.split_rows),
                                   tune_split=node.tune_split)
             fin_stored = kgen._stored(finish, self.graph) & set(finish.output_names())
-            k_fin = self._kernel(finish, "mix_finish", self._variants(finish, fin_stored), fin_stored)
+            # the splits it sums follow the main kernel's SPLIT, chosen at the first launch
+            runtime = frozenset({"rnumel"})
+            k_fin = self._kernel(finish, "mix_finish", self._variants(finish, fin_stored, runtime), fin_stored)
             return ("mix", node, (k_main, main, k_fin, finish, kgen.workspace_layouts(node)))
         stored = kgen._stored(node, self.graph)
         variants = self._variants(node, stored)
         k = self._kernel(node, "pointwise" if Variant.POINTWISE in variants else "reduction", variants, stored)
         return ("kernel", node, (k, variants))
 
-    def _variants(self, node, stored) -> dict:
+    def _variants(self, node, stored, runtime: frozenset = frozenset()) -> dict:
         # the generator's own loop nest: a reduction over no dims (a 0-dim tensor's sum) still has one
         # reduction loop of size 1, so it is a reduction kernel with RBLOCK, not a pointwise one
         red = kgen._group(node)[2]
         if not red:
-            return {Variant.POINTWISE: kgen.generate(node, self.graph, self.interpret, Variant.POINTWISE, {}, stored)}
-        return {v: kgen.generate(node, self.graph, self.interpret, v, {}, stored)
+            return {Variant.POINTWISE: kgen.generate(node, self.graph, self.interpret, Variant.POINTWISE, {}, stored,
+                                                     runtime)}
+        return {v: kgen.generate(node, self.graph, self.interpret, v, {}, stored, runtime)
                 for v in (Variant.PERSISTENT, Variant.LOOPED)}
 
     # -- run ----------------------------------------------------------------------------------------
