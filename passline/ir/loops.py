@@ -222,3 +222,43 @@ def group_problem(group) -> str | None:
         seen.add(m.output.name)
     problem = access_problem(group.nodes, group.nodes, outer, red)
     return f"{problem[0]}: {problem[1]}" if problem else None
+
+
+def split_pointwise(node: Pointwise, target: tuple) -> Pointwise | None:
+    """The same node with its loops split into `target`'s: each of its loops of size > 1 becomes a run
+    of consecutive target loops whose sizes multiply to its size (i = j_1 * (t_2 ... t_m) + ... + j_m, no
+    division), size-1 loops go; its output buffer is described with the split dims (same storage, same
+    addresses). None when `target` (sizes > 1) does not refine the node's loops this way, or the loops
+    were reordered. Used by fuse to line a flat pointwise node up with the loop nest it fuses into."""
+    if tuple(node.permutation) != tuple(range(len(node.ranges))):
+        return None
+    target = tuple(sympy.sympify(t) for t in target)
+    new_vars = loop_vars(VarKind.OUTER, len(target))
+    mapping, size, stride = {}, [], []
+    lay = node.output.layout
+    j = 0
+    for k, (v, n) in enumerate(zip(node.vars, node.ranges)):
+        if n == 1:
+            mapping[v] = sympy.S.Zero
+            continue
+        run = []
+        prod = sympy.S.One
+        while j < len(target) and sympy.expand(prod - n) != 0:
+            run.append(j)
+            prod *= target[j]
+            j += 1
+        if not run or sympy.expand(prod - n) != 0:
+            return None
+        expr, inner, strides = sympy.S.Zero, sympy.S.One, []
+        for t in reversed(run):  # innermost first: j_m, then j_(m-1) * t_m, ...
+            expr += new_vars[t] * inner
+            strides.append(lay.stride[k] * inner)
+            inner *= target[t]
+        mapping[v] = expr
+        size += [target[t] for t in run]
+        stride += reversed(strides)
+    if j != len(target):
+        return None
+    out = attrs.evolve(node.output, layout=attrs.evolve(lay, size=tuple(size), stride=tuple(stride)))
+    return attrs.evolve(node, ranges=target, body=substitute_index(node.body, mapping), output=out,
+                        permutation=tuple(range(len(target))))

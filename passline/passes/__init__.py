@@ -4,6 +4,7 @@ from . import (  # noqa: F401
     fuse,
     inline_pointwise,
     memory_order,
+    merge_loops,
     mix_order_reduction,
     reorder_loops,
     sink_waits,

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from ..ir import Extern, FusedNode
-from ..ir.loops import members
+from ..ir import Extern, FusedNode, Pointwise
+from ..ir.loops import members, shape, split_pointwise
 from ..pipeline.registry import register_pass
 from .legality import can_fuse, fuse_nodes, saved_bytes
 
@@ -71,6 +71,36 @@ def _candidates(graph, vertical: bool, horizontal: bool, window: int, dirty):
     return pairs, order
 
 
+def _split(graph, node, target: tuple, fixed: set):
+    """`node` (a Pointwise node, or a group of Pointwise nodes over the same loops) with its loops split
+    into `target`'s, or None. merge_loops leaves pointwise work as flat as its indices allow, so a flat
+    node meets a loop nest it can fuse into (a cast over [B*T*V] before a reduction over [B*T | V]) by
+    splitting its loops, which is exact (no division)."""
+    group = members(node)
+    if not all(type(m) is Pointwise and m.output.name not in fixed for m in group):
+        return None
+    split = [split_pointwise(m, target) for m in group]
+    if any(m is None for m in split):
+        return None
+    if not isinstance(node, FusedNode):
+        return split[0]
+    return FusedNode(node.name, tuple(split), target, (), node.origins)
+
+
+def _lined_up(graph, na, nb, fixed: set):
+    """(a, b) with one side's loops split to the other's nest, where that makes them fusable; or None."""
+    for x, y in ((na, nb), (nb, na)):
+        outer, red = shape(y)
+        if shape(x)[1] or outer + red == shape(x)[0]:
+            continue
+        new = _split(graph, x, outer + red, fixed) or (_split(graph, x, outer, fixed) if red else None)
+        if new is not None:
+            verdict = can_fuse(graph, *((new, y) if x is na else (y, new)))
+            if verdict.ok:
+                return new, verdict
+    return None
+
+
 @register_pass("fuse", provides={"fused"})
 def fuse(graph, ctx, *,
          max_nodes: Annotated[int, "most nodes in one fused kernel"] = 64,
@@ -81,6 +111,7 @@ def fuse(graph, ctx, *,
     """Fuse producer/consumer and sibling nodes into single kernels, best memory savings first."""
     refused: set = set()
     dirty = None
+    fixed = set(graph.input_buffers()) | graph.mutated_names()  # buffers whose layout is not ours to describe
     for _ in range(max_rounds):
         pairs, order = _candidates(graph, vertical, horizontal, window, dirty)
         outputs = graph.output_names()
@@ -100,6 +131,13 @@ def fuse(graph, ctx, *,
             if len(members(na)) + len(members(nb)) > max_nodes:
                 continue  # the cap: not worth a refusal record per pair, counted once below
             verdict = can_fuse(graph, na, nb, max_nodes)
+            if not verdict.ok and verdict.reason == "loop structure":
+                lined = _lined_up(graph, na, nb, fixed)
+                if lined is not None:
+                    new, verdict = lined
+                    graph.replace_node(new.name, new)
+                    na, nb = (new, nb) if new.name == na.name else (na, new)
+                    ctx.count("split_loops")
             if not verdict.ok:
                 if (a, b) not in refused:
                     refused.add((a, b))
