@@ -35,18 +35,9 @@ def _reductions(group) -> list:
     return [m for m in members(group) if isinstance(m, Reduction)]
 
 
-def _reordered(m) -> bool:
-    perm = tuple(getattr(m, "permutation", ()))
-    return perm != tuple(range(len(perm)))
-
-
 def _problem(graph, row, col, max_columns, min_rows, types, max_reads, rows, cols) -> str | None:
     if isinstance(col, (Extern, MixOrderNode)) or isinstance(row, Extern):
         return "extern or mix-order"
-    if any(_reordered(m) for g in (row, col) for m in members(g)):
-        # the Triton mix-order generator computed wrong gradients with such members (RMSNorm backward
-        # on a transposed input, loops put in memory order); kept apart, each runs as its own kernel
-        return "a member's loops are reordered"
     if not rows == () and not cols:
         return "no reduction"
     ncol, nrow = product(cols), product(rows)
@@ -67,12 +58,16 @@ def _problem(graph, row, col, max_columns, min_rows, types, max_reads, rows, col
     reads = set(row.read_names()) | (set(col.read_names()) - row_outs)
     if len(reads) > max_reads:
         return f"{len(reads)} buffers read > max_reads={max_reads}"
-    # column side: in-loop members must not need a finished column result
+    # column side: the row loop computes only the in-loop members (and partial sums of the reductions);
+    # a column result and every epilogue member run in the finishing kernel, after all rows. An in-loop
+    # member may read neither, directly or not (a normalization's dx over a transposed view reads
+    # rsqrt(mean)/n through two epilogue members: read in the loop, it would be a buffer not yet written)
     outer, red = cols, rows
-    results = {m.output.name for m in _reductions(col)}
+    finished = {m.output.name for m in members(col) if role(m, outer, red) is not Role.INNER}
     for m in members(col):
-        if role(m, outer, red) in (Role.INNER, Role.REDUCTION) and results & set(m.read_names()):
-            return f"{m.name} needs a finished column result inside the row loop"
+        late = finished & set(m.read_names()) if role(m, outer, red) in (Role.INNER, Role.REDUCTION) else ()
+        if late:
+            return f"{m.name} needs a finished column result inside the row loop ({sorted(late)[0]})"
     # reads of row-side values must meet them at the same (row, column) point
     writers = {m.output.name: m for m in members(row)}
     row_outer = len(shape(row)[0])
