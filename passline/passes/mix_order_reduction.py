@@ -16,8 +16,9 @@ instead of being read back by a reduction with one program per few columns.
 Gates (options): columns ≤ max_columns; rows ≥ min_rows; column reductions only of `reduction_types`
 (comma-separated; partial results must combine by the same reduction); at most `max_reads` distinct
 buffers read. Refuses: sides that do not share a buffer; a column side whose per-point work needs a
-finished column result; a column side the row side depends on; another path between them (a cycle).
-"""
+finished column result or any column epilogue (the finishing kernel computes those, after all rows); a
+column side the row side depends on; another path between them (a cycle). Members with permuted loops
+(memory_order, reorder_loops) are mixed like any other."""
 from __future__ import annotations
 
 from typing import Annotated
