@@ -18,7 +18,6 @@ written once).
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import sys
@@ -28,95 +27,17 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_common import bench, copy_bandwidth, differentiated, errors, grads, make_case, passed, reference  # noqa: E402
+
 import passline  # noqa: E402
-
-
-class RMSNorm(torch.nn.Module):
-    def __init__(self, n, dtype):
-        super().__init__()
-        self.weight = torch.nn.Parameter(torch.rand(n, dtype=dtype, device="cuda") + 0.5)
-
-    def forward(self, x):
-        xf = x.float()
-        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype) * self.weight
-
-
-def make_case(name: str, m: int, n: int, dtype):
-    """(module or fn, inputs, bytes forward, bytes backward)."""
-    es = torch.tensor([], dtype=dtype).element_size()
-    x = torch.randn(m, n, device="cuda", dtype=dtype, requires_grad=True)
-    if name == "layer_norm":
-        mod = torch.nn.LayerNorm(n, device="cuda", dtype=dtype)
-        with torch.no_grad():
-            mod.weight.uniform_(0.5, 1.5)
-            mod.bias.uniform_(-0.5, 0.5)
-        return mod, [x], 2 * m * n * es, 3 * m * n * es
-    if name == "rms_norm":
-        return RMSNorm(n, dtype), [x], 2 * m * n * es, 3 * m * n * es
-    if name == "softmax":
-        return (lambda x: torch.softmax(x, -1)), [x], 2 * m * n * es, 3 * m * n * es
-    if name == "gelu_epilogue":  # the epilogue of an MLP's first matmul: bias add + GELU
-        b = torch.randn(n, device="cuda", dtype=dtype, requires_grad=True)
-        return (lambda h, b: torch.nn.functional.gelu(h + b)), [x, b], 2 * m * n * es, 3 * m * n * es
-    if name == "cross_entropy":
-        t = torch.randint(0, n, (m,), device="cuda")
-        return (lambda x, t: torch.nn.functional.cross_entropy(x.float(), t)), [x, t], m * n * es, 2 * m * n * es
-    if name == "cross_entropy_native":  # the logits' own dtype (the decomposition computes in float32)
-        t = torch.randint(0, n, (m,), device="cuda")
-        t[::7] = -100  # some ignored rows
-        return (lambda x, t: torch.nn.functional.cross_entropy(x, t)), [x, t], m * n * es, 2 * m * n * es
-    if name == "embedding":  # m tokens of an n-wide table of EMBEDDING_VOCAB rows; the backward sums duplicates
-        w = torch.randn(EMBEDDING_VOCAB, n, device="cuda", dtype=dtype, requires_grad=True)
-        i = torch.randint(0, EMBEDDING_VOCAB, (m,), device="cuda")
-        return (lambda i, w: torch.nn.functional.embedding(i, w)), [i, w], 2 * m * n * es, \
-            (m + EMBEDDING_VOCAB) * n * es
-    raise ValueError(name)
-
-
-EMBEDDING_VOCAB = 32768
-
-
-def rel_err(a, b) -> float:
-    a, b = a.double(), b.double()
-    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
-
-
-def grads(fn, inputs, dy_seed=0):
-    ins = [x.detach().clone().requires_grad_(x.requires_grad) for x in inputs]
-    y = fn(*ins)
-    g = torch.Generator(device="cuda").manual_seed(dy_seed)
-    # drawn in float32 for every dtype, so the float64 reference gets the same cotangent
-    dy = torch.randn(y.shape, device="cuda", dtype=torch.float32, generator=g).to(y.dtype)
-    gs = torch.autograd.grad(y, [x for x in ins if x.requires_grad], dy)
-    return y.detach(), gs
-
-
-def bench(fn, reps_ms=200) -> float:
-    from triton.testing import do_bench
-
-    return do_bench(fn, warmup=25, rep=reps_ms, return_mode="median")
-
-
-def copy_bandwidth() -> float:
-    x = torch.randn(1 << 28, device="cuda")
-    y = torch.empty_like(x)
-    t = bench(functools.partial(y.copy_, x))
-    del x, y
-    return 2 * (1 << 28) * 4 / (t * 1e-3) / 1e9
 
 
 def run_case(name, m, n, dtype, copy_gbs, rows, out_dir):
     torch.manual_seed(0)
-    fn, inputs, bytes_f, bytes_b = make_case(name, m, n, dtype)
-    tol = 2e-2 if dtype == torch.bfloat16 else 1e-4
-    # float64 reference on the same inputs
-    ref_fn = fn
-    if isinstance(fn, torch.nn.Module):
-        import copy
-
-        ref_fn = copy.deepcopy(fn).double()
-    ref_in = [x.detach().double().requires_grad_(x.requires_grad) if x.is_floating_point() else x for x in inputs]
-    y_ref, g_ref = grads(ref_fn, ref_in)
+    case = make_case(name, m, n, dtype)
+    fn, inputs = case.fn, case.inputs
+    ref = reference(case, dtype)  # float64 on the same inputs
     compiled = {}
     be = passline.backend()
     for label, backend in (("inductor", "inductor"), ("passline", be)):
@@ -125,14 +46,12 @@ def run_case(name, m, n, dtype, copy_gbs, rows, out_dir):
         t0 = time.time()
         grads(compiled[label], inputs)  # compile forward and backward
         compiled[label + "_s"] = time.time() - t0
-    y_p, g_p = grads(compiled["passline"], inputs)
-    y_e, g_e = grads(fn, inputs)
-    errs = [rel_err(y_p, y_ref)] + [rel_err(a, b) for a, b in zip(g_p, g_ref)]
-    eager_errs = [rel_err(y_e, y_ref)] + [rel_err(a, b) for a, b in zip(g_e, g_ref)]
-    ok = all(e <= max(tol, 4 * ee) for e, ee in zip(errs, eager_errs))
+    errs = errors(*grads(compiled["passline"], inputs), ref)
+    eager_errs = errors(*grads(fn, inputs), ref)
+    ok = passed(errs, eager_errs, dtype)
     # forward (inference) and backward timings
     det = [x.detach() for x in inputs]
-    for phase, nbytes in (("fwd", bytes_f), ("bwd", bytes_b)):
+    for phase, nbytes in (("fwd", case.fwd_bytes), ("bwd", case.bwd_bytes)):
         times = {}
         for label, f in (("eager", fn), ("inductor", compiled["inductor"]), ("passline", compiled["passline"])):
             if phase == "fwd":
@@ -143,7 +62,7 @@ def run_case(name, m, n, dtype, copy_gbs, rows, out_dir):
                 ins = [x.detach().clone().requires_grad_(x.requires_grad) for x in inputs]
                 y = f(*ins)
                 dy = torch.randn_like(y)
-                wrt = [x for x in ins if x.requires_grad]
+                wrt = differentiated(f, ins)
                 times[label] = bench(lambda y=y, wrt=wrt, dy=dy: torch.autograd.grad(y, wrt, dy, retain_graph=True))
                 del y, ins
         gbs = nbytes / (times["passline"] * 1e-3) / 1e9
@@ -159,7 +78,7 @@ def run_case(name, m, n, dtype, copy_gbs, rows, out_dir):
         if out_dir:
             with open(Path(out_dir) / "results.jsonl", "a") as f:
                 f.write(json.dumps(row) + "\n")
-    del fn, inputs, compiled
+    del fn, inputs, case, ref, compiled
     torch.cuda.empty_cache()
 
 

@@ -20,6 +20,7 @@ from ..pipeline.graph import SchedulerGraph
 from ..pipeline.manager import PassManager
 from ..pipeline.metrics import Metrics
 from ..pipeline.report import CompileReport, set_last_report
+from ..pipeline.target import Target
 from ..pipeline.text import Pipeline
 from .check import checked
 from .layouts import conform_inputs
@@ -28,7 +29,8 @@ from .variants import AUTO, FORCEABLE, KernelVariant
 
 CODEGENS = ("auto", "triton", "reference")
 # The pipeline `passline.backend()` runs when none is given, in one place.
-DEFAULT_PIPELINE = "dce, inline_pointwise, memory_order, repeat(fuse, reorder_loops; max_iter=4), mix_order_reduction"
+DEFAULT_PIPELINE = ("dce, inline_pointwise, memory_order, repeat(fuse, reorder_loops; max_iter=4), "
+                    "mix_order_reduction, split_reductions")
 
 
 class Backend:
@@ -144,7 +146,8 @@ class Backend:
         t1 = time.perf_counter()
         metrics = Metrics(enabled=self.metric_tables)
         nodes_before = len(graph)
-        graph, records = self.manager.run(graph, metrics, name)
+        # the passes may decide by the device the graph runs on (split_reductions: its SM count)
+        graph, records = self.manager.run(graph, metrics, name, Target.of(graph))
         t2 = time.perf_counter()
         codegen, reason = choose_codegen(self.codegen, graph)
         if codegen == "triton":

@@ -20,6 +20,7 @@ from .graph import SchedulerGraph
 from .instruments import PassInstrument, PipelineRun, as_instrument, builtin_instruments
 from .metrics import Metrics
 from .registry import current_registry
+from .target import Target
 from .text import PassCall, Pipeline, Repeat
 
 
@@ -69,11 +70,13 @@ class PassRecord:
 
 
 class PassContext:
-    """Handed to each pass: counted decisions, stats and the compile's metrics."""
+    """Handed to each pass: counted decisions, stats, the compile's metrics and the `target` the graph
+    will run on (pipeline/target.py; the CPU when the caller names none)."""
 
     def __init__(self, record: PassRecord, metrics: Metrics, graph_name: str = "",
-                 decision_limit: int | None = None):
+                 decision_limit: int | None = None, target: Target | None = None):
         self.record = record
+        self.target = target if target is not None else Target.cpu()
         self.metrics = metrics
         self.graph_name = graph_name
         self.decision_limit = decision_limit
@@ -158,10 +161,13 @@ class PassManager:
         """Every instrument of a run, outermost first: yours, then the built-in ones."""
         return [*self.instruments, *builtin_instruments(self.verify, self.dump_dir)]
 
-    def run(self, graph: SchedulerGraph, metrics: Metrics | None = None, graph_name: str = "graph"):
+    def run(self, graph: SchedulerGraph, metrics: Metrics | None = None, graph_name: str = "graph",
+            target: Target | None = None):
         """Run the pipeline; returns (final graph, list of PassRecord). `self.records` and
-        `self.graph_name` describe the latest run even when a pass raised."""
+        `self.graph_name` describe the latest run even when a pass raised. `target`: the machine the
+        graph will run on, for passes that decide by it (default: the CPU)."""
         self.records: list[PassRecord] = []
+        self.target = target if target is not None else Target.cpu()
         self._records = self.records
         self._metrics = metrics if metrics is not None else Metrics()
         self._graph_name = self.graph_name = graph_name
@@ -198,7 +204,7 @@ class PassManager:
         record = PassRecord(index, call.name, str(call), iteration, nodes_before=len(graph),
                             edges_before=graph.num_edges())
         self._records.append(record)
-        ctx = PassContext(record, self._metrics, self._graph_name, self.decision_limits.get(index))
+        ctx = PassContext(record, self._metrics, self._graph_name, self.decision_limits.get(index), self.target)
         for ins in self._outer_first:
             ins.before_pass(call, graph)
         try:

@@ -381,55 +381,72 @@ class TritonRunner:
         if not self.interpret and not self.autotune:
             self._precompile()
 
-    def _precompile(self, workers: int = 8) -> None:
-        """Compile, before the first call, every kernel whose sizes are known (static shapes) with the
-        configuration its rule picks, several at once: Triton's compiler spends much of its time
-        outside the GIL (LLVM, ptxas), and the first launch then finds the binary in Triton's cache.
-        Pointer arguments stand in by dtype (aligned, as inputs are made). Mix-order kernels, whose
-        split follows from their compiled registers, and kernels of dynamic shapes compile at their
-        first launch. Anything that fails here is left to that first launch, which reports it."""
-        import sys
-        import time
-        from concurrent.futures import ThreadPoolExecutor, as_completed
+    def precompile_jobs(self) -> list:
+        """What `_precompile` compiles: every kernel whose sizes are known (static shapes) with the
+        configuration its rule picks, as `precompile.Job`s (pointer arguments by dtype, aligned as the
+        call's own allocations are); a mix-order kernel with the IR's split, as its first launch compiles it
+        to read its registers. Kernels of symbolic sizes are chosen and compiled per call."""
+        from .precompile import Job
 
         jobs = []
         for kind, _, data in self.steps:
-            if kind != "kernel":
+            if kind == "kernel":
+                pairs = [(data[0], next(iter(data[0].info.variants.values())))]
+            elif kind == "mix":
+                k_main, main, k_fin, finish, _ = data
+                pairs = [(k_main, main)]  # the finishing kernel's sizes depend on the split: its first launch
+            else:
                 continue
-            k = data[0]
-            src = next(iter(k.info.variants.values()))
-            try:
-                xn = int(src.xnumel)
-                rn = int(src.rnumel) if src.rnumel is not None else None
-                args = [self.buffers[v].layout.dtype if kind_ == "buffer" else int(v) for kind_, v in src.args]
-            except TypeError:  # sizes that are symbols: chosen and compiled per call
-                continue
-            if xn == 0 or rn == 0:
-                continue
-            cfg = k.config(xn, rn)
-            jobs.append((k.fn(cfg.variant), cfg, [*args, xn] + ([rn] if rn is not None else [])))
+            for k, src in pairs:
+                try:
+                    xn = int(src.xnumel)
+                    rn = int(src.rnumel) if src.rnumel is not None else None
+                    args = [("ptr", str(self.buffers[v].layout.dtype).removeprefix("torch."))
+                            if kind_ == "buffer" else int(v) for kind_, v in src.args]
+                except (TypeError, KeyError):  # sizes that are symbols, or a workspace: per call
+                    continue
+                if xn == 0 or rn == 0:
+                    continue
+                cfg = k.config(xn, rn) if kind == "kernel" else k._rule(xn, rn)
+                fn_args = [*args, xn] + ([rn] if rn is not None else [])
+                blocks = cfg.blocks()
+                k.fn(cfg.variant)  # its source file, written to the cache
+                # the keyword arguments of the launch (Kernel.launch): blocks (SPLIT too) and warps
+                kwargs = tuple(sorted({**blocks, "num_warps": cfg.warps}.items()))
+                path = self.cache.source_path(digest(k.key, cfg.variant))
+                jobs.append(Job(str(path), src.fn_name, tuple(fn_args), kwargs))
+        return jobs
+
+    def _precompile(self) -> None:
+        """Compile, before the first call, what `precompile_jobs` lists, in worker processes
+        (backends/triton/precompile.py), for this GPU's target into Triton's cache, where the first launch
+        finds it. A progress line on stderr once it takes more than a second. Anything that fails there is
+        left to its first launch, which compiles it here and reports any error."""
+        import sys
+        import time
+
+        from triton.runtime.driver import driver
+
+        from .precompile import compile_jobs
+
+        jobs = self.precompile_jobs()
         if not jobs:
             return
         t0 = time.perf_counter()
+        done, shown = [0], [0.0]
 
-        def build(job):
-            fn, cfg, args = job
-            fn.warmup(*args, grid=(1,), **cfg.blocks(), num_warps=cfg.warps)
-
-        done, shown = 0, 0.0
-        with ThreadPoolExecutor(max_workers=min(workers, len(jobs))) as pool:
-            for f in as_completed([pool.submit(build, j) for j in jobs]):
-                done += 1
-                try:
-                    f.result()
-                except Exception:  # noqa: BLE001 - compiled (and reported) at the first launch instead
-                    pass
-                now = time.perf_counter() - t0
-                if now > 1.0 and (now - shown > 0.25 or done == len(jobs)):  # past a second: progress
-                    shown = now
-                    print(f"\rpassline: compiled {done}/{len(jobs)} kernels", end="", file=sys.stderr, flush=True)
+        def progress():  # called from the pool's threads, one at a time per finished job
+            done[0] += 1
+            now = time.perf_counter() - t0
+            if now > 1.0 and (now - shown[0] > 0.25 or done[0] == len(jobs)):
+                shown[0] = now
+                print(f"\rpassline: compiled {done[0]}/{len(jobs)} kernels", end="", file=sys.stderr, flush=True)
+        try:
+            compile_jobs(jobs, "pool", target=driver.active.get_current_target(), done=progress)
+        except Exception:  # noqa: BLE001 - no pool here: every kernel compiles at its first launch
+            pass
         self.compile_seconds = time.perf_counter() - t0
-        if self.compile_seconds > 1.0:
+        if shown[0]:
             print(f" ({self.compile_seconds:.1f} s)", file=sys.stderr, flush=True)
 
     # -- compile ------------------------------------------------------------------------------------

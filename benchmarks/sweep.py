@@ -1,0 +1,473 @@
+"""Sweep: every case over many row widths, both dtypes, three directions: eager, Inductor and passline.
+
+    python benchmarks/sweep.py [--quick] [--cases ...] [--dtypes ...] [--widths ...] [--directions ...]
+                               [--target-mb 256] [--max-minutes M] [--out DIR]
+    python benchmarks/sweep.py --smoke --device cpu [--out DIR]   # tiny sizes, Triton's interpreter
+    python benchmarks/sweep.py --plot DIR/sweep.csv [--plot-dir docs/img]   # needs matplotlib
+
+benchmarks/gpu_suite.py times two shapes; this times the norms (LayerNorm, RMSNorm), softmax, log-softmax,
+a bias add + GELU epilogue and cross-entropy over row widths from 64 to 65536 (powers of two and not).
+A width alone (`4096`) is measured at a memory-bound size: its rows are derived from the width and
+--target-mb (the input's size), so narrow widths are tall, middle ones square and wide ones have few rows
+but as many bytes. `ROWSxWIDTH` (`64x30000`) gives the rows: the "few rows" points.
+
+Directions: fwd (inference: no input requires grad), fwd_train (inputs require grad, so the forward also
+writes what the backward saves) and bwd (the backward alone, replayed from one forward with
+retain_graph=True). Each (case, shape, dtype) compiles separately (dynamic=False) for Inductor
+(`torch.compile` default) and for passline (`passline.backend(fallback="raise")`), after
+`torch._dynamo.reset()`; the compile seconds are the first training call (forward and backward) plus the
+first inference call, synchronized.
+
+Check: passline's output (inference and training forward) and input gradients against a float64 reference
+on the same inputs; each relative error must be within max(the dtype's floor, 4 x eager's own error):
+benchmarks/bench_common.py. The script exits 1 when a passline check fails or a point fails to run.
+
+Writes DIR/sweep.csv (one row per case, direction, dtype and shape, written as each point finishes) and
+DIR/sweep.md (geometric mean of passline/Inductor over all points and per case, points slower than 1.05x,
+memory-bound points under 85% of copy bandwidth); docs/benchmarks.md explains the columns.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import gc
+import math
+import os
+import platform
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch  # (does not import triton: TRITON_INTERPRET is set in main(), before anything does)
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_common import (  # noqa: E402
+    SWEEP_CASES,
+    bench,
+    copy_bandwidth,
+    differentiated,
+    errors,
+    fresh,
+    grads,
+    make_case,
+    passed,
+    reference,
+)
+
+DIRECTIONS = ("fwd", "fwd_train", "bwd")
+DTYPES = ("float32", "bfloat16")
+# The issue's widths: powers of two and not, from 64 to 65536, and few-rows points of wide rows.
+ALL_WIDTHS = "64,100,384,1000,1024,3000,4096,8192,12345,30000,65536,64x8192,64x30000,64x65536"
+# The default: 9 shapes x 6 cases x 2 dtypes = 108 points, ~15 minutes on an H200 (docs/benchmarks.md).
+DEFAULT_WIDTHS = "64,384,1000,4096,8192,12345,30000,65536,64x30000"
+# --quick: the three losses reported in issue 15 (RMSNorm 1000-wide, LayerNorm backward square 8192-wide
+# bf16, softmax 30000-wide few rows) for every case: 18 points, ~3 minutes on an H200.
+QUICK = dict(dtypes="bfloat16", widths="1000,8192,64x30000", max_minutes=3.5)
+# --smoke: shapes small enough for Triton's interpreter on a CPU (a few rows of each width).
+# (The interpreter runs a reduction's combine function in Python, element by element: ~0.1 ms each.)
+SMOKE = dict(widths="64,2x100", target_mb=2 / 1024)
+SLOWER = 1.05  # the summary lists points where passline takes more than this times Inductor's time
+UNDER_COPY_PCT = 85  # ... and memory-bound points under this % of the copy bandwidth
+
+COLUMNS = ("case", "direction", "dtype", "rows", "width", "shape", "shape_class", "kind", "input_mb",
+           "eager_ms", "inductor_ms", "passline_ms", "passline_over_inductor", "passline_gbs",
+           "passline_pct_copy", "inductor_gbs", "inductor_pct_copy", "check", "rel_err", "eager_rel_err",
+           "compile_s_inductor", "compile_s_passline", "passline_codegen", "passline_kernels",
+           "passline_externs", "error")
+
+
+# ---------------------------------------------------------------------------------------------- points
+
+
+def points(widths: str, dtype, target_bytes: float):
+    """(rows, width, kind) per entry: `N` sized (rows = target bytes / row bytes), `RxN` given."""
+    es = torch.tensor([], dtype=dtype).element_size()
+    for w in widths.split(","):
+        w = w.strip()
+        if "x" in w:
+            m, n = map(int, w.split("x"))
+            yield m, n, "given"
+        else:
+            n = int(w)
+            yield max(1, round(target_bytes / (n * es))), n, "sized"
+
+
+def shape_class(m: int, n: int) -> str:
+    """tall: at least 4x more rows than columns; wide: 4x more columns than rows; else square."""
+    return "tall" if m >= 4 * n else "wide" if n >= 4 * m else "square"
+
+
+def sync(device):
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def free(device):
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+
+
+def time_directions(fn, case, directions, device, reps_ms) -> dict:
+    """direction -> ms of one call of `fn` (compiled and warm)."""
+    out = {}
+    for d in directions:
+        if d == "fwd":
+            det = [x.detach() for x in case.inputs]
+            with torch.no_grad():
+                out[d] = bench(lambda det=det: fn(*det), reps_ms, device)
+        elif d == "fwd_train":
+            ins = fresh(case.inputs)
+            out[d] = bench(lambda ins=ins: fn(*ins), reps_ms, device)
+        else:
+            ins = fresh(case.inputs)
+            y = fn(*ins)
+            dy = torch.randn_like(y)
+            wrt = differentiated(fn, ins)
+            out[d] = bench(lambda y=y, wrt=wrt, dy=dy: torch.autograd.grad(y, wrt, dy, retain_graph=True),
+                           reps_ms, device)
+            del y, dy, wrt, ins
+    return out
+
+
+def run_point(name, m, n, dtype, directions, contenders, device, reps_ms):
+    """({contender: {"ms": {direction: ms}, "compile_s", "errors", "error", "reports"}}, eager's errors,
+    {direction: bytes})."""
+    import passline
+
+    torch.manual_seed(0)
+    case = make_case(name, m, n, dtype, device)
+    train = any(d != "fwd" for d in directions)  # fwd_train and bwd run the training graphs
+    ref = reference(case, dtype)
+    eager_errs = errors(*grads(case.fn, case.inputs), ref)
+    results = {}
+    for label in contenders:
+        res = results[label] = {"ms": {}, "compile_s": None, "errors": None, "error": ""}
+        be = None
+        try:
+            torch._dynamo.reset()
+            if label == "eager":
+                fn = case.fn
+            elif label == "inductor":
+                fn = torch.compile(case.fn, dynamic=False)
+            else:
+                be = passline.backend(fallback="raise")
+                fn = torch.compile(case.fn, backend=be, dynamic=False)
+            t0 = time.perf_counter()
+            if train:  # compiles the training forward and the backward
+                y, gs = grads(fn, case.inputs)
+                errs = errors(y, gs, ref)
+                del y, gs
+            else:
+                errs = [math.nan] * len(eager_errs)
+            if "fwd" in directions:  # compiles the inference graph
+                with torch.no_grad():
+                    y = fn(*[x.detach() for x in case.inputs])
+                errs.append(errors(y, [], ref)[0])
+                del y
+            sync(device)
+            res["compile_s"] = time.perf_counter() - t0
+            res["errors"] = errs
+            res["ms"] = time_directions(fn, case, directions, device, reps_ms)
+            if be is not None:
+                res["reports"] = {r.name.rstrip("0123456789"): (r.codegen, r.kernels, r.externs) for r in be.reports}
+        except Exception as e:  # one failing point must not hide the others
+            res["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+            print(f"{name} {m}x{n} {dtype}: {label} failed", file=sys.stderr)
+            traceback.print_exc()  # the CSV keeps the first line; the log the whole story
+        finally:
+            fn = be = None
+            torch._dynamo.reset()
+            free(device)
+    nbytes = {d: case.bytes(d) for d in DIRECTIONS}
+    del case, ref
+    free(device)
+    return results, eager_errs, nbytes
+
+
+def rows_of_point(name, m, n, kind, dtype, directions, results, eager_errs, nbytes, copy_gbs) -> list[dict]:
+    es = torch.tensor([], dtype=dtype).element_size()
+    out = []
+    for d in directions:
+        # the errors this direction is checked on: the inference output, the training output, the gradients
+        pick = {"fwd": lambda e: e[-1:], "fwd_train": lambda e: e[:1], "bwd": lambda e: e[1:len(eager_errs)]}[d]
+        eager_pick = {"fwd": eager_errs[:1], "fwd_train": eager_errs[:1], "bwd": eager_errs[1:]}[d]
+        row = dict(case=name, direction=d, dtype=str(dtype).removeprefix("torch."), rows=m, width=n,
+                   shape=f"{m}x{n}", shape_class=shape_class(m, n), kind=kind, input_mb=m * n * es / 2**20,
+                   eager_rel_err=max(eager_pick))
+        for label in ("eager", "inductor", "passline"):
+            ms = results.get(label, {}).get("ms", {}).get(d)
+            row[f"{label}_ms"] = ms
+            if ms and label != "eager":
+                gbs = nbytes[d] / (ms * 1e-3) / 1e9
+                row[f"{label}_gbs"] = gbs
+                row[f"{label}_pct_copy"] = 100 * gbs / copy_gbs
+        for label in ("inductor", "passline"):
+            row[f"compile_s_{label}"] = results.get(label, {}).get("compile_s")
+        if row.get("passline_ms") and row.get("inductor_ms"):
+            row["passline_over_inductor"] = row["passline_ms"] / row["inductor_ms"]
+        p = results.get("passline")
+        if p is None:
+            row["check"] = "-"
+        elif p["error"] or not p["errors"]:
+            row["check"] = "FAILED"
+        else:
+            errs = pick(p["errors"])
+            row["rel_err"] = max(errs)
+            row["check"] = "ok" if passed(errs, eager_pick, dtype) else "MISMATCH"
+        graph = {"fwd": "inference", "fwd_train": "forward", "bwd": "backward"}[d]
+        if p and graph in p.get("reports", {}):
+            row["passline_codegen"], row["passline_kernels"], row["passline_externs"] = p["reports"][graph]
+        row["error"] = "; ".join(f"{k}: {v['error']}" for k, v in results.items() if v["error"])
+        out.append(row)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- output
+
+
+def fmt(v) -> str:
+    if v is None or v == "":
+        return ""
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def progress(r: dict) -> str:
+    """One direction of a point, for the log: passline's time, against Inductor's, % of copy, check."""
+    text = f"{r['direction']} {fmt(r.get('passline_ms'))} ms"
+    if r.get("passline_over_inductor"):
+        text += f" ({fmt(r['passline_over_inductor'])}x Inductor)"
+    if r.get("passline_pct_copy") is not None:
+        text += f" {fmt(r['passline_pct_copy'])}% copy"
+    return f"{text} {r['check']}"
+
+
+def geomean(xs) -> float:
+    xs = [x for x in xs if x and x > 0]
+    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else math.nan
+
+
+def summary(rows: list[dict], header: str, skipped: list[str]) -> str:
+    ratio = [r for r in rows if r.get("passline_over_inductor")]
+    cases = list(dict.fromkeys(r["case"] for r in rows))
+    dirs = [d for d in DIRECTIONS if any(r["direction"] == d for r in rows)]
+    lines = [header, "",
+             f"{len(rows)} rows; passline checks: {sum(r['check'] == 'ok' for r in rows)} ok, "
+             f"{sum(r['check'] == 'MISMATCH' for r in rows)} mismatched, "
+             f"{sum(r['check'] == 'FAILED' for r in rows)} failed.", "",
+             "## passline / Inductor, geometric mean (below 1: passline faster)", ""]
+    if not ratio:
+        lines.append("No point has both times (Inductor off, or every point failed).")
+    else:
+        lines += [f"All points: **{geomean(r['passline_over_inductor'] for r in ratio):.3f}** ({len(ratio)} points)",
+                  "", "| case | " + " | ".join(dirs) + " | all |", "|---|" + "---|" * (len(dirs) + 1)]
+    for c in cases if ratio else ():
+        cells = [geomean(r["passline_over_inductor"] for r in ratio if r["case"] == c and r["direction"] == d)
+                 for d in dirs]
+        cells.append(geomean(r["passline_over_inductor"] for r in ratio if r["case"] == c))
+        lines.append(f"| {c} | " + " | ".join(f"{x:.3f}" for x in cells) + " |")
+    if ratio:
+        by_dtype = {dt: geomean(r["passline_over_inductor"] for r in ratio if r["dtype"] == dt)
+                    for dt in dict.fromkeys(r["dtype"] for r in ratio)}
+        lines += ["", "By dtype: " + ", ".join(f"{dt} {g:.3f}" for dt, g in by_dtype.items())]
+    # compile seconds per point (each point's rows repeat them: one per point)
+    per_point = {(r["case"], r["dtype"], r["shape"]): r for r in rows}.values()
+    for label in ("passline", "inductor"):
+        secs = sorted(r[f"compile_s_{label}"] for r in per_point if r.get(f"compile_s_{label}"))
+        if secs:
+            lines.append(f"\nCompile seconds per point, {label}: median "
+                         f"{secs[len(secs) // 2]:.1f}, max {secs[-1]:.1f}, total {sum(secs):.0f}")
+    cols = "| case | direction | dtype | shape | Inductor ms | passline ms | passline / Inductor | % of copy | check |"
+    sep = "|---|---|---|---|---|---|---|---|---|"
+
+    def table(rs):
+        return [cols, sep] + [
+            f"| {r['case']} | {r['direction']} | {r['dtype']} | {r['shape']} | {fmt(r.get('inductor_ms'))} | "
+            f"{fmt(r.get('passline_ms'))} | {fmt(r.get('passline_over_inductor'))} | "
+            f"{fmt(r.get('passline_pct_copy'))} | {r['check']} |" for r in rs]
+
+    slow = sorted((r for r in ratio if r["passline_over_inductor"] > SLOWER),
+                  key=lambda r: -r["passline_over_inductor"])
+    lines += ["", f"## Points where passline is slower than {SLOWER}x Inductor ({len(slow)})", ""]
+    lines += table(slow) if slow else ["None."]
+    under = sorted((r for r in rows if r["kind"] == "sized" and r.get("passline_pct_copy") is not None
+                    and r["passline_pct_copy"] < UNDER_COPY_PCT), key=lambda r: r["passline_pct_copy"])
+    lines += ["", f"## Memory-bound (sized) points under {UNDER_COPY_PCT}% of copy bandwidth ({len(under)})", ""]
+    lines += table(under) if under else ["None."]
+    bad = [r for r in rows if r["check"] in ("MISMATCH", "FAILED") or r["error"]]
+    lines += ["", f"## Failed or mismatched ({len(bad)})", ""]
+    lines += [f"- {r['case']} {r['direction']} {r['dtype']} {r['shape']}: {r['check']} "
+              f"(rel err {fmt(r.get('rel_err'))}, eager {fmt(r.get('eager_rel_err'))}) {r['error']}"
+              for r in bad] or ["None."]
+    if skipped:
+        lines += ["", f"## Not run: --max-minutes reached ({len(skipped)} points)", "", ", ".join(skipped)]
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------- plot
+
+
+def plot(csv_path: str, out_dir: str) -> list[Path]:
+    """docs/img/sweep_<case>.svg: % of copy bandwidth against row width (log axis), passline and Inductor,
+    one panel per direction x dtype; sized points as lines, given (few rows) points as hollow markers."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with open(csv_path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for case in dict.fromkeys(r["case"] for r in rows):
+        rs = [r for r in rows if r["case"] == case]
+        dirs = [d for d in DIRECTIONS if any(r["direction"] == d for r in rs)]
+        dtypes = list(dict.fromkeys(r["dtype"] for r in rs))
+        fig, axes = plt.subplots(len(dirs), len(dtypes), figsize=(4.5 * len(dtypes), 3 * len(dirs)),
+                                 squeeze=False, sharex=True, sharey=True)
+        for i, d in enumerate(dirs):
+            for j, dt in enumerate(dtypes):
+                ax = axes[i][j]
+                for label, color in (("passline", "tab:blue"), ("Inductor", "tab:orange")):
+                    col = f"{label.lower()}_pct_copy"
+                    for kind, style in (("sized", dict(marker="o", linestyle="-")),
+                                        ("given", dict(marker="s", linestyle="none", markerfacecolor="none"))):
+                        pts = sorted((int(r["width"]), float(r[col])) for r in rs
+                                     if r["direction"] == d and r["dtype"] == dt and r["kind"] == kind and r[col])
+                        if pts:
+                            ax.plot(*zip(*pts), color=color, markersize=4,
+                                    label=label if kind == "sized" else f"{label}, few rows", **style)
+                ax.set_xscale("log", base=2)
+                ax.set_ylim(bottom=0)
+                ax.set_title(f"{case} {d} {dt}", fontsize=9)
+                ax.grid(True, alpha=0.3)
+                if j == 0:
+                    ax.set_ylabel("% of copy bandwidth")
+                if i == len(dirs) - 1:
+                    ax.set_xlabel("row width")
+        axes[0][0].legend(fontsize=7)
+        fig.tight_layout()
+        path = out / f"sweep_{case}.svg"
+        fig.savefig(path)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+# ---------------------------------------------------------------------------------------------- main
+
+
+def parse(argv):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="\n".join(__doc__.splitlines()[1:]))
+    ap.add_argument("--cases", default=",".join(SWEEP_CASES), help="comma-separated (default: all)")
+    ap.add_argument("--dtypes", help=f"comma-separated (default: {','.join(DTYPES)})")
+    ap.add_argument("--widths", help=f"WIDTH or ROWSxWIDTH, comma-separated, or 'all' ({ALL_WIDTHS}); "
+                                     f"default {DEFAULT_WIDTHS}")
+    ap.add_argument("--directions", default=",".join(DIRECTIONS), help="comma-separated (default: all)")
+    ap.add_argument("--target-mb", type=float, help="input size of a width's sized point (default 256)")
+    ap.add_argument("--out", default=os.environ.get("OUT") or "sweep_out", help="directory for sweep.csv, sweep.md")
+    ap.add_argument("--quick", action="store_true",
+                    help=f"a subset: {QUICK['dtypes']}, widths {QUICK['widths']}, every case; "
+                         f"stops starting points after {QUICK['max_minutes']} minutes")
+    ap.add_argument("--smoke", action="store_true", help=f"tiny sizes (widths {SMOKE['widths']}, a few rows each)")
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--inductor", action=argparse.BooleanOptionalAction,
+                    help="time Inductor (default: on CUDA; off on the CPU, where its C++ compile takes minutes)")
+    ap.add_argument("--reps-ms", type=float, default=100, help="do_bench's rep per timing (default 100)")
+    ap.add_argument("--max-minutes", type=float, help="start no new point after this many minutes")
+    ap.add_argument("--plot", metavar="CSV", help="only plot a sweep.csv (matplotlib) and exit")
+    ap.add_argument("--plot-dir", default=str(Path(__file__).resolve().parents[1] / "docs" / "img"))
+    args = ap.parse_args(argv)
+    preset = QUICK if args.quick else SMOKE if args.smoke else {}
+    args.dtypes = args.dtypes or preset.get("dtypes") or ",".join(DTYPES)
+    args.widths = args.widths or preset.get("widths") or DEFAULT_WIDTHS
+    if args.widths == "all":
+        args.widths = ALL_WIDTHS
+    args.target_mb = args.target_mb or preset.get("target_mb") or 256
+    args.max_minutes = args.max_minutes or preset.get("max_minutes")
+    if args.inductor is None:
+        args.inductor = args.device == "cuda"
+    if args.device == "cuda" and not torch.cuda.is_available() and not args.plot:
+        ap.error("--device cuda, but torch sees no CUDA device (use --smoke --device cpu)")
+    try:  # a malformed width is an error now, not after the copy measurement
+        for dt in args.dtypes.split(","):
+            list(points(args.widths, getattr(torch, dt, torch.float32), 2**20))
+    except ValueError as e:
+        ap.error(f"--widths {args.widths!r}: {e}")
+    for what, given, known in (("case", args.cases, SWEEP_CASES), ("direction", args.directions, DIRECTIONS),
+                               ("dtype", args.dtypes, ("float32", "bfloat16", "float16"))):
+        unknown = [x for x in given.split(",") if x not in known]
+        if unknown:
+            ap.error(f"unknown {what}(s) {', '.join(unknown)}; choose from {', '.join(known)}")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
+    if args.plot:
+        for p in plot(args.plot, args.plot_dir):
+            print(p)
+        return 0
+    if args.device == "cpu":
+        os.environ["TRITON_INTERPRET"] = "1"  # passline's Triton kernels on CPU tensors; before triton's import
+    import triton
+
+    import passline
+
+    # bwd replays one backward with retain_graph=True, which donated buffers forbid
+    torch._functorch.config.donated_buffer = False
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    copy_gbs = copy_bandwidth(args.device, numel=1 << 28 if args.device == "cuda" else 1 << 20)
+    device = torch.cuda.get_device_name() if args.device == "cuda" else \
+        f"CPU ({platform.machine()}, {os.cpu_count()} cores)"
+    header = (f"# passline sweep, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}\n\n"
+              f"{device}, torch {torch.__version__}, triton {triton.__version__}, passline {passline.__version__}; "
+              f"device-to-device copy {copy_gbs:.3g} GB/s\n\n"
+              f"`python benchmarks/sweep.py {' '.join(argv if argv is not None else sys.argv[1:])}`")
+    print(header, flush=True)
+    contenders = ["eager"] + (["inductor"] if args.inductor else []) + ["passline"]
+    directions = args.directions.split(",")
+    csv_path = out / "sweep.csv"
+    rows, skipped = [], []
+    start = time.perf_counter()
+    with open(csv_path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        writer.writeheader()
+        for dt_name in args.dtypes.split(","):
+            dtype = getattr(torch, dt_name)
+            for m, n, kind in points(args.widths, dtype, args.target_mb * 2**20):
+                for name in args.cases.split(","):
+                    label = f"{name} {dt_name} {m}x{n}"
+                    if args.max_minutes and time.perf_counter() - start > 60 * args.max_minutes:
+                        skipped.append(label)
+                        continue
+                    t0 = time.perf_counter()
+                    results, eager_errs, nbytes = run_point(name, m, n, dtype, directions, contenders,
+                                                            args.device, args.reps_ms)
+                    new = rows_of_point(name, m, n, kind, dtype, directions, results, eager_errs, nbytes,
+                                        copy_gbs)
+                    for r in new:
+                        writer.writerow({k: fmt(r.get(k)) for k in COLUMNS})
+                    f.flush()
+                    rows += new
+                    print(f"{label}: " + ", ".join(progress(r) for r in new)
+                          + (f" [{new[0]['error']}]" if new[0]["error"] else "")
+                          + f" — {time.perf_counter() - t0:.1f} s", flush=True)
+    text = summary(rows, header, skipped)
+    (out / "sweep.md").write_text(text)
+    print("\n" + text)
+    print(f"wrote {csv_path} and {out / 'sweep.md'} in {(time.perf_counter() - start) / 60:.1f} minutes")
+    return 1 if any(r["check"] in ("MISMATCH", "FAILED") or r["error"] for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,267 @@
+"""Compiling a graph's kernels ahead of their first launch, in worker processes.
+
+`triton.compile` needs no GPU, only the target (`GPUTarget("cuda", 90, 32)` for an H100/H200): what
+needs one is the launch. So before a graph's first call the runner hands every kernel whose
+configuration is known (static sizes, the rule's configuration) to a pool of worker processes, which
+compile them for the parent's target into Triton's on-disk cache (`$TRITON_CACHE_DIR`, default
+`~/.triton/cache`). The first launch in the parent goes through `JITFunction.run` as before and finds the
+binary there: it builds the same cache key, because the worker runs the same code path — the kernel's
+own `JITFunction.warmup` with the same arguments — under a stand-in driver that answers the parent's
+target (`offline`). Nothing is compiled twice (tests/test_precompile.py checks the key with Triton's
+compilation listener).
+
+Why processes: Triton's compile holds the GIL for much of its time (the MLIR passes are driven from
+Python, and LLVM's and ptxas's parts are short for small kernels), so threads hardly overlap
+(docs/backends.md has the figures). A worker is a plain `python -c` subprocess, not a multiprocessing
+child, so a user's script without an `if __name__ == "__main__"` guard is never re-run in it and nothing
+forks a process that holds CUDA or locks; it imports Triton, not torch (pointer arguments travel as dtype
+names), and starts in a fraction of a second. The pool is started once per process, by the first graph
+that has kernels to compile, and reused.
+
+Failures never reach the user's call: a job that fails, a worker that dies, a pool that cannot start —
+each leaves that kernel to be compiled at its first launch, in the parent, as without the pool.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import pickle
+import queue
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+
+import attrs
+
+
+@attrs.frozen
+class Job:
+    """One kernel to compile: its module file, its function, the arguments it is specialized on (a
+    pointer as its dtype's name: `"bfloat16"`; integers as they are) and the keyword arguments of the
+    launch (block constexprs, `num_warps`, ...), sorted."""
+
+    path: str
+    fn_name: str
+    args: tuple
+    kwargs: tuple
+
+    def kwargs_key(self) -> tuple:
+        return self.args, self.kwargs
+
+
+class _DType:
+    """A torch dtype as Triton's specialization reads it (`str(dtype)`), without importing torch."""
+
+    __module__ = "torch"
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __str__(self) -> str:
+        return f"torch.{self.name}"
+
+    __repr__ = __str__
+
+    def __eq__(self, other):
+        return str(self) == str(other)
+
+    def __hash__(self):
+        return hash(str(self))
+
+
+_DType.__name__ = _DType.__qualname__ = "dtype"  # what MockTensor.wrap_dtype looks for
+
+
+class _OfflineDriver:
+    """What `JITFunction.run(warmup=True)` asks of Triton's driver, answered without a GPU."""
+
+    def __init__(self, target):
+        self.target = target
+
+    def get_current_target(self):
+        return self.target
+
+    def get_current_device(self) -> int:
+        return 0
+
+    def get_current_stream(self, device=None) -> int:
+        return 0
+
+
+class offline:
+    """Within: Triton's active driver is a stand-in that answers `target` (compile only; no launch)."""
+
+    def __init__(self, target):
+        self.target = target
+
+    def __enter__(self):
+        from triton.runtime.driver import driver
+
+        self.saved = driver._active
+        driver.set_active(_OfflineDriver(self.target))
+
+    def __exit__(self, *exc):
+        from triton.runtime.driver import driver
+
+        driver._active = self.saved
+
+
+def _args(job: Job) -> list:
+    from triton.runtime.jit import MockTensor
+
+    return [MockTensor(_DType(a[1])) if isinstance(a, tuple) else a for a in job.args]
+
+
+def compile_job(job: Job, target) -> None:
+    """Compile `job` for `target` into Triton's cache, in this process, within `offline(target)`."""
+    from .cache import load_kernel
+
+    fn = load_kernel(Path(job.path), job.fn_name, False)
+    cached = fn.device_caches.get(0)  # the stand-in device is always 0: a binder for another target goes
+    if cached is not None and target not in cached:
+        fn.device_caches.pop(0, None)
+    fn.warmup(*_args(job), grid=(1,), **dict(job.kwargs))
+
+
+# -- the worker ------------------------------------------------------------------------------------------
+def _serve() -> None:
+    """A worker's loop: (job, target) in on stdin, (ok, seconds, error) out on the protocol pipe."""
+    out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # anything printed while compiling goes to stderr, never into the protocol
+    inp = sys.stdin.buffer
+    while True:
+        try:
+            job, target = pickle.load(inp)
+        except EOFError:
+            return
+        t0 = time.perf_counter()
+        try:
+            with offline(target):
+                compile_job(job, target)
+            result = (True, time.perf_counter() - t0, None)
+        except Exception as e:  # noqa: BLE001 - reported to the parent, which compiles it itself later
+            result = (False, time.perf_counter() - t0, f"{type(e).__name__}: {e}"[:500])
+        pickle.dump(result, out)
+        out.flush()
+
+
+class _Worker:
+    def __init__(self):
+        root = str(Path(__file__).resolve().parents[3])  # the directory holding the passline package
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+        env.pop("TRITON_INTERPRET", None)  # workers compile for the GPU
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", "from passline.backends.triton.precompile import _serve; _serve()"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+
+    def compile(self, job: Job, target) -> tuple:
+        pickle.dump((job, target), self.proc.stdin)
+        self.proc.stdin.flush()
+        return pickle.load(self.proc.stdout)
+
+    def close(self) -> None:
+        try:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=5)
+        except Exception:  # noqa: BLE001 - a worker that will not stop is killed
+            self.proc.kill()
+
+
+class Pool:
+    """Worker processes that compile kernels; `run(jobs, target, done)` -> [ok per job]."""
+
+    def __init__(self, workers: int):
+        self.size = workers
+        self.idle: queue.Queue = queue.Queue()
+        self.started = 0
+        self.lock = threading.Lock()
+
+    def _take(self) -> _Worker:
+        try:
+            return self.idle.get_nowait()
+        except queue.Empty:
+            with self.lock:
+                if self.started < self.size:
+                    self.started += 1
+                    return _Worker()
+            return self.idle.get()
+
+    def _one(self, job: Job, target) -> bool:
+        w = self._take()
+        try:
+            ok, _, _ = w.compile(job, target)
+        except Exception:  # noqa: BLE001 - the worker died: replaced at the next job
+            w.proc.kill()
+            with self.lock:
+                self.started -= 1
+            return False
+        self.idle.put(w)
+        return ok
+
+    def run(self, jobs: list, target, done=None) -> list:
+        results = [False] * len(jobs)
+        with ThreadPoolExecutor(max_workers=min(self.size, len(jobs)) or 1) as ex:
+            futures = {ex.submit(self._one, j, target): i for i, j in enumerate(jobs)}
+            for f in as_completed(futures):
+                results[futures[f]] = f.result()
+                if done is not None:
+                    done()
+        return results
+
+    def close(self) -> None:
+        while True:
+            try:
+                self.idle.get_nowait().close()
+            except queue.Empty:
+                return
+
+
+_POOL: Pool | None = None
+
+
+def pool(workers: int | None = None) -> Pool:
+    """The process's pool of compile workers (started once, reused)."""
+    global _POOL
+    if _POOL is None:
+        _POOL = Pool(workers or default_workers())
+        atexit.register(_POOL.close)
+    return _POOL
+
+
+def default_workers() -> int:
+    """One worker per core the process may use, at most 8 (Inductor's default is the same bound)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count() or 1
+    return max(1, min(8, cores))
+
+
+def compile_jobs(jobs: list, how: str = "pool", workers: int | None = None, target=None, done=None) -> list:
+    """Compile `jobs` for `target` (default: sm_90) `how`: "serial", "threads" (in this process) or
+    "pool" (worker processes); [ok per job]."""
+    if target is None:
+        from triton.backends.compiler import GPUTarget
+
+        target = GPUTarget("cuda", 90, 32)
+    if how == "pool":
+        return pool(workers).run(jobs, target, done)
+
+    def one(job):
+        try:
+            compile_job(job, target)
+            return True
+        except Exception:  # noqa: BLE001
+            return False
+        finally:
+            if done is not None:
+                done()
+    with offline(target):  # one stand-in driver for every thread (the driver is global)
+        if how == "serial":
+            return [one(j) for j in jobs]
+        with ThreadPoolExecutor(max_workers=workers or default_workers()) as ex:
+            return list(ex.map(one, jobs))

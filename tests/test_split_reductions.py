@@ -1,0 +1,184 @@
+"""split_reductions: reductions with few outputs over a long range, split into partial and finishing
+reductions — against eager on both backends, the rule on a GPU target, and what it must leave alone."""
+import pytest
+import sympy
+import torch
+
+import passline
+from passline.ir import Buffer, FusedNode, Layout, Load, MixOrderNode, Op, Reduction, TensorArg, loop_vars, walk
+from passline.lowering import GraphInput, Program
+from passline.pipeline import SchedulerGraph
+from passline.pipeline.registry import PipelineError
+from passline.pipeline.target import Target
+from passline.testing import assert_matches_eager
+
+BOTH = ["reference", "triton"]
+
+
+def pipeline(**options) -> str:
+    opts = ", ".join(f"{k}={v}" for k, v in options.items())
+    return passline.DEFAULT_PIPELINE.replace("split_reductions", f"split_reductions({opts})")
+
+
+def split_count(be) -> int:
+    return sum(p.stats.get("num_split_reductions", 0) for r in be.reports for p in r.passes)
+
+
+def partials(be) -> list:
+    return [m for r in be.reports for m in r.graph.leaf_nodes() if m.name.endswith("_partial")]
+
+
+def cl(*shape, dtype=torch.float32):
+    return torch.randn(*shape, dtype=dtype).to(memory_format=torch.channels_last)
+
+
+# fn, inputs, reductions split (splits=4): every kind the pass combines, in both layouts and dtypes
+CASES = {
+    "full_sum": (lambda x: x.sum(), lambda: [torch.randn(37, 29)], 1),
+    "column_sum": (lambda x: x.sum(0), lambda: [torch.randn(600, 8)], 1),
+    "column_sum_bf16": (lambda x: x.sum(0), lambda: [torch.randn(600, 8, dtype=torch.bfloat16)], 1),
+    "channels_last_stats": (lambda x: x.sum((0, 2, 3)), lambda: [cl(4, 8, 9, 9)], 1),
+    # reduced dims with a kept dim between them: the flat index is split back with FloorDiv/ModularIndexing
+    "gapped_dims": (lambda x: x.sum((0, 2)), lambda: [torch.randn(6, 4, 50)], 1),
+    "gapped_masked": (lambda x: x.sum((0, 2)), lambda: [torch.randn(7, 3, 11)], 1),
+    "long_rows": (lambda x: x.sum(1), lambda: [torch.randn(3, 1000)], 1),
+    "prime_column": (lambda x: x.sum(0), lambda: [torch.randn(997, 4)], 1),  # 997 points: a masked last chunk
+    "max_min": (lambda x: (x.amax(0), x.amin(1)), lambda: [torch.randn(3, 501)], 2),
+    "max_bf16": (lambda x: x.amax(), lambda: [torch.randn(523, dtype=torch.bfloat16)], 1),
+    "prod_any_all": (lambda x: ((x * 0.01 + 1).prod(0), (x > 2).any(0), (x > -3).all(1)),
+                     lambda: [torch.randn(301, 3)], 3),
+}
+
+
+@pytest.mark.parametrize("codegen", BOTH)
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_split_matches_eager(name, codegen):
+    fn, inputs, n = CASES[name]
+    be = assert_matches_eager(fn, inputs(), pipeline=pipeline(splits=4), codegen=codegen)
+    assert split_count(be) == n
+    if codegen == "triton":
+        assert "reference backend" not in be.reports[0].codegen_reason  # every kernel ran on Triton
+
+
+def test_prime_range_is_masked_and_never_read_past_its_end():
+    be = assert_matches_eager(lambda x: x.sum(0), [torch.randn(997, 4)], pipeline=pipeline(splits=4),
+                              codegen="reference")
+    (p,) = partials(be)
+    # 997 = 4 chunks of 250 (the last one 3 short): the points past the end add 0, and the index is clamped
+    assert p.reduction_ranges == (250,) and p.ranges == (4, 4)
+    assert any(isinstance(v, Op) and v.name == "where" for v in walk(p.body))
+    (ld,) = [v for v in walk(p.body) if isinstance(v, Load)]
+    assert ld.index.has(sympy.Min)
+
+
+def test_batchnorm_training_step_channels_last():
+    # conv -> BN -> ReLU: the forward's mean and sum of squares, the backward's two column sums
+    block = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU())
+    block = block.to(memory_format=torch.channels_last)
+    x = cl(4, 3, 16, 16).requires_grad_()
+    for codegen in BOTH:
+        be = assert_matches_eager(block, [x], pipeline=pipeline(splits=4), codegen=codegen)
+        forward, _ = be.reports
+        assert [sum(p.stats.get("num_split_reductions", 0) for p in r.passes) for r in be.reports] == [2, 2]
+        # the epilogue stays with the finishing reduction: the mean's division is in the mean's group
+        groups = [n for n in forward.graph.nodes() if isinstance(n, FusedNode) and n.reduction_ranges == (4,)]
+        assert any({"buf2", "buf3"} <= set(g.member_names()) for g in groups), forward.graph.format()
+        # the column sums read channels_last memory with the columns contiguous: (S, C) partial outputs
+        for p in partials(be):
+            assert p.ranges == (4, 8)
+
+
+def test_layernorm_backward_keeps_mix_order():
+    be = assert_matches_eager(torch.nn.LayerNorm(48), [torch.randn(300, 48, requires_grad=True)],
+                              pipeline=pipeline(splits=4), codegen="reference")
+    backward = be.reports[-1].graph
+    assert any(isinstance(n, MixOrderNode) for n in backward.nodes()), backward.format()
+    assert not any(m.name.endswith("_partial") for m in backward.leaf_nodes())
+
+
+def test_argmax_is_refused():
+    be = assert_matches_eager(lambda x: x.argmax(0), [torch.randn(400, 3)], pipeline=pipeline(splits=4),
+                              codegen="reference")
+    assert split_count(be) == 0
+    assert sum(p.stats.get("split_reductions_refused", 0) for r in be.reports for p in r.passes) == 1
+
+
+def test_inner_member_read_outside_stays_a_node():
+    # relu(x) is both returned and summed: it stays a pointwise node, and is recomputed in the partials
+    be = assert_matches_eager(lambda x: (torch.relu(x), torch.relu(x).sum(1)), [torch.randn(3, 1000)],
+                              pipeline=pipeline(splits=4), codegen="reference")
+    assert split_count(be) == 1
+    graph = be.reports[0].graph
+    assert [n.kind for n in graph.nodes()] == ["pointwise", "reduction", "reduction"], graph.format()
+    assert set(partials(be)[0].read_names()) == {"arg0_1"}
+
+
+def test_cpu_target_splits_nothing_by_default():
+    be = assert_matches_eager(lambda x: x.sum(), [torch.randn(1 << 16)], codegen="reference")
+    assert "split_reductions" in str(be.pipeline) and split_count(be) == 0
+
+
+# -- the rule, on a GPU target (the IR only: nothing runs) ------------------------------------------
+i0, = loop_vars("i", 1)
+r0, = loop_vars("r", 1)
+
+
+def column_sum_graph(rows: int, cols: int) -> SchedulerGraph:
+    """out[c] = sum over rows of x[r, c] (x row-major: a channels_last activation viewed as (N*H*W, C))."""
+    x = GraphInput("x", buffer=Buffer("x", Layout.contiguous([rows, cols], torch.float32)))
+    red = Reduction("s", (cols,), (rows,), "sum", Load("x", i0 + cols * r0, torch.float32),
+                    Buffer("s", Layout.contiguous([cols], torch.float32)))
+    return SchedulerGraph.from_program(Program((x,), (red,), (TensorArg("s", (cols,), (1,)),)))
+
+
+def programs(node) -> int:
+    """Programs of a reduction kernel under the Triton rule on an H200-like GPU (132 SMs)."""
+    from passline.backends.triton.configs import Device, Variant, rule
+    from passline.backends.triton.kernel import rows_contiguous
+
+    xnumel, rnumel = int(node.numel), int(node.reduction_numel)
+    cfg = rule({Variant.PERSISTENT: None, Variant.LOOPED: None}, xnumel, rnumel, False, Device(132),
+               rows_contiguous(node))
+    return -(-xnumel // cfg.xblock)
+
+
+def test_rule_on_a_gpu_target_splits_batchnorm_statistics():
+    gpu = Target("cuda", 132, interpreted=False)
+    g = column_sum_graph(401408, 64)  # ResNet's first BatchNorm: 64 channels over 256 x 56 x 28 rows
+    before = programs(g.node("s"))
+    out, (rec,) = passline.PassManager("split_reductions").run(g, target=gpu)
+    assert rec.stats == {"num_split_reductions": 1}
+    partial, finish = out.nodes()
+    # 4 column blocks of 16 want 66 splits for 2 programs per SM; 64 divides 401408 (no mask)
+    assert partial.ranges == (64, 64) and partial.reduction_ranges == (6272,)
+    assert not any(isinstance(v, Op) for v in walk(partial.body))
+    assert finish.reduction_ranges == (64,)
+    assert (before, programs(partial)) == (4, 256)
+    # the same graph on the CPU target, or with enough programs already: left alone
+    _, (rec,) = passline.PassManager("split_reductions").run(column_sum_graph(401408, 64))
+    assert rec.stats == {}
+    _, (rec,) = passline.PassManager("split_reductions").run(column_sum_graph(4096, 8192), target=gpu)
+    assert rec.stats == {}
+
+
+def test_rule_with_sms_option_and_no_divisor():
+    # 4099 is prime: no divisor near the 8 splits wanted for 4 SMs, so 4 chunks (min_chunk 1024), masked
+    be = assert_matches_eager(lambda x: x.sum(), [torch.randn(4099)], pipeline=pipeline(sms=4),
+                              codegen="reference")
+    (p,) = partials(be)
+    assert p.ranges == (4,) and p.reduction_ranges == (1025,)
+    be = assert_matches_eager(lambda x: x.sum(), [torch.randn(50000)], pipeline=pipeline(sms=4), codegen="reference")
+    (p,) = partials(be)
+    assert p.ranges == (8,) and p.reduction_ranges == (6250,)  # 8 divides 50000
+
+
+@pytest.mark.parametrize("option", ["splits=1", "splits=-2", "programs_per_sm=0", "min_chunk=0"])
+def test_bad_options_are_clear_errors(option):
+    with pytest.raises(PipelineError, match=option.split("=")[0]):
+        passline.PassManager(f"split_reductions({option})").run(column_sum_graph(64, 4))
+
+
+def test_target_validates():
+    with pytest.raises(ValueError):
+        Target("cuda", 0, interpreted=False)
+    assert str(Target()) == "cpu (interpreted)"

@@ -1,0 +1,96 @@
+"""benchmarks/sweep.py: its smoke run (two cases, two widths, every direction, through Triton's interpreter)
+writes one CSV row per case, direction and shape with passline's checks passed; its summary's arithmetic."""
+import csv
+import importlib.util
+import math
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "sweep.py"
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location("benchmarks_sweep", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_smoke_run_writes_checked_rows(tmp_path):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    cmd = [sys.executable, str(SCRIPT), "--smoke", "--device", "cpu", "--cases", "softmax,rms_norm",
+           "--widths", "64,2x100", "--dtypes", "float32", "--out", str(tmp_path)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    with open(tmp_path / "sweep.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    # 2 cases x 2 shapes x 3 directions; the sized width's rows derived from --smoke's target (2 KiB): 8 x 64
+    keys = {(r["case"], r["shape"], r["direction"]) for r in rows}
+    assert len(rows) == 12 and keys == {(c, s, d) for c in ("softmax", "rms_norm") for s in ("8x64", "2x100")
+                                        for d in ("fwd", "fwd_train", "bwd")}
+    assert {r["kind"] for r in rows if r["shape"] == "8x64"} == {"sized"}
+    assert {r["kind"] for r in rows if r["shape"] == "2x100"} == {"given"}
+    for r in rows:
+        assert r["check"] == "ok" and not r["error"], r
+        assert float(r["rel_err"]) <= 1e-4, r  # float32's floor (eager's own error is far below it)
+        assert r["passline_codegen"] == "triton" and int(r["passline_kernels"]) >= 1, r  # the interpreter ran
+        assert float(r["passline_ms"]) > 0 and float(r["eager_ms"]) > 0 and float(r["compile_s_passline"]) > 0, r
+        assert r["inductor_ms"] == "" and r["passline_over_inductor"] == "", r  # --device cpu: no Inductor
+        nbytes = {"fwd": 2, "fwd_train": 2, "bwd": 3}[r["direction"]] * int(r["rows"]) * int(r["width"]) * 4
+        if r["case"] == "rms_norm" and r["direction"] == "fwd_train":
+            nbytes += int(r["rows"]) * 4  # its saved rstd, a float32 per row
+        assert float(r["passline_gbs"]) == pytest.approx(nbytes / (float(r["passline_ms"]) * 1e-3) / 1e9, rel=1e-3)
+    summary = (tmp_path / "sweep.md").read_text()
+    assert "12 rows; passline checks: 12 ok, 0 mismatched, 0 failed." in summary
+
+
+def test_points_and_summary():
+    import torch
+
+    mod = _module()
+    pts = list(mod.points("1000,64x30000", torch.bfloat16, 256 * 2**20))
+    assert pts == [(134218, 1000, "sized"), (64, 30000, "given")]  # 256 MiB / (1000 x 2 bytes), rounded
+    assert [mod.shape_class(*s) for s in ((4096, 1024), (1000, 1000), (64, 30000))] == ["tall", "square", "wide"]
+    assert mod.geomean([2.0, 0.5, None]) == pytest.approx(1.0) and math.isnan(mod.geomean([]))
+    row = dict(case="softmax", direction="bwd", dtype="float32", shape="8x64", kind="sized", check="ok", error="",
+               passline_ms=2.0, inductor_ms=1.0, passline_over_inductor=2.0, passline_pct_copy=40.0,
+               compile_s_passline=3.0)
+    fast = dict(row, case="rms_norm", passline_ms=0.5, passline_over_inductor=0.5, passline_pct_copy=90.0,
+                compile_s_passline=1.0)
+    text = mod.summary([row, fast], "# header", [])
+    assert "All points: **1.000** (2 points)" in text  # sqrt(2.0 * 0.5)
+    assert "| softmax | 2.000 | 2.000 |" in text and "By dtype: float32 1.000" in text
+    assert "slower than 1.05x Inductor (1)" in text and "under 85% of copy bandwidth (1)" in text
+    assert "passline: median 3.0, max 3.0, total 4" in text
+    assert "No point has both times" in mod.summary([dict(row, passline_over_inductor=None)], "# h", [])
+
+
+def test_bad_arguments_are_refused_before_running(capsys):
+    mod = _module()
+    for argv, message in ((["--widths", "64,wide"], "--widths '64,wide'"), (["--cases", "lay_norm"], "unknown case"),
+                          (["--directions", "backward"], "unknown direction")):
+        with pytest.raises(SystemExit) as exit_:
+            mod.parse(["--device", "cpu", *argv])
+        assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_plot_writes_one_svg_per_case(tmp_path):
+    pytest.importorskip("matplotlib")  # the `bench` extra, not the test one
+    mod = _module()
+    path = tmp_path / "sweep.csv"
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=mod.COLUMNS)
+        w.writeheader()
+        for case in ("softmax", "layer_norm"):
+            for d in mod.DIRECTIONS:
+                for width, kind in ((64, "sized"), (4096, "sized"), (30000, "given")):
+                    w.writerow(dict(case=case, direction=d, dtype="bfloat16", width=width, kind=kind,
+                                    passline_pct_copy=50, inductor_pct_copy=""))  # a missing value is skipped
+    written = mod.plot(str(path), str(tmp_path / "img"))
+    assert sorted(p.name for p in written) == ["sweep_layer_norm.svg", "sweep_softmax.svg"]
+    assert all(p.read_text().lstrip().startswith("<?xml") for p in written)
