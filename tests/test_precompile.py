@@ -122,9 +122,10 @@ def test_a_failing_job_or_a_dying_worker_is_reported_not_raised(tmp_path, target
         pytest.skip("Triton cannot compile for CUDA here (no ptxas?)")
 
 
-def test_precompile_never_fails_the_call(tmp_path, monkeypatch):
-    # whatever goes wrong in the pool (here: it cannot start), the runner's _precompile returns and the
-    # kernels are left to their first launch
+@pytest.mark.parametrize("compile_in", ["processes", "threads"])
+def test_precompile_never_fails_the_call(tmp_path, monkeypatch, compile_in):
+    # whatever goes wrong (the pool cannot start; a thread's warmup finds no usable driver), the runner's
+    # _precompile returns and the kernels are left to their first launch
     runner = _runner(tmp_path, monkeypatch, lambda x: x.exp() + 1, [torch.randn(8, 8)])
     monkeypatch.undo()  # the real _precompile
     assert runner.precompile_jobs()
@@ -136,7 +137,8 @@ def test_precompile_never_fails_the_call(tmp_path, monkeypatch):
     from triton.runtime.driver import driver
 
     monkeypatch.setattr(driver, "_active", _FakeDriver())
-    runner._precompile()
+    with passline.settings(compile_in=compile_in):
+        runner._precompile()
     assert runner.compile_seconds >= 0
 
 

@@ -219,3 +219,28 @@ def test_configuration_rules_follow_from_sizes_and_device():
     assert rule(mix, 1000, 8192, False, gpu).variant == Variant.MIX_ORDER  # too wide for two rows a block
     # a forced variant wins where the kernel has it
     assert rule(red, 576000, 384, False, gpu, only="looped").variant == Variant.LOOPED
+
+
+def test_static_counts_are_literals_but_a_tuned_split_reaches_the_finishing_kernel(monkeypatch):
+    """Static element counts are written into kernel bodies (Triton then proves the vector width of masked
+    loads), except where the launch sets another value: a mix-order node's finishing kernel sums as many
+    workspace rows as the main kernel's SPLIT gives, and on a GPU that split is chosen at the first launch.
+    Here the split is forced to a third of the IR's, so the finishing kernel sees three times the IR's
+    splits; with its count written in, LayerNorm's weight and bias gradients summed only the first third."""
+    from passline.backends.triton import runner as triton_runner
+
+    def other_split(self, args, xnumel, rnumel, stream, after=None):
+        cfg = self._rule(xnumel, rnumel)
+        return cfg.with_split(max(1, self.split // 3))
+
+    monkeypatch.setattr(triton_runner.MixKernel, "_choose", other_split)
+    torch.manual_seed(0)
+    ln = torch.nn.LayerNorm(40)
+    with torch.no_grad():
+        ln.weight.uniform_(0.5, 1.5)
+    pipeline = passline.DEFAULT_PIPELINE.replace("mix_order_reduction", "mix_order_reduction(split_rows=64)")
+    be = assert_matches_eager(ln, [torch.randn(301, 40, requires_grad=True)], codegen="triton", pipeline=pipeline)
+    kernels = {k.kind: k.source for r in be.reports for k in r.runner.kernels}
+    assert "mix_order" in kernels and "mix_finish" in kernels
+    assert "    xnumel = 301" in kernels["mix_order"]
+    assert "    rnumel = " not in kernels["mix_finish"]

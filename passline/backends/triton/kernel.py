@@ -124,8 +124,9 @@ class _Scope:
 
 class KernelWriter:
     def __init__(self, name: str, nodes, outer, red, stored: set, buffers: dict, interpret: bool,
-                 swap: set = frozenset()):
+                 swap: set = frozenset(), runtime: frozenset = frozenset()):
         self.name = name
+        self.runtime = runtime  # element counts passed at run time even where the IR's are numbers
         self.nodes = list(nodes)
         self.outer, self.red = tuple(outer), tuple(red)
         self.stored = stored
@@ -341,7 +342,7 @@ class KernelWriter:
         # `rindex < rnumel` was loaded one element at a time (bfloat16 LayerNorm forward (134218, 1000) on
         # an H200: 0.52 ms against Inductor's 0.13); against the literal 1000 it is loaded 8 at a time.
         for numel, size in (("xnumel", product(self.outer)), ("rnumel", product(self.red) if self.two_d else None)):
-            if size is not None and sympy.sympify(size).is_Integer:
+            if size is not None and sympy.sympify(size).is_Integer and numel not in self.runtime:
                 head.append(f"    {numel} = {int(size)}")
         return head
 
@@ -709,12 +710,15 @@ def _group(node):
     return (node,), outer, red
 
 
-def generate(node, graph, interpret: bool, variant: str, blocks: dict, stored: set | None = None) -> KernelSource:
-    """Triton source for a Pointwise, Reduction or FusedNode scheduler node."""
+def generate(node, graph, interpret: bool, variant: str, blocks: dict, stored: set | None = None,
+             runtime: frozenset = frozenset()) -> KernelSource:
+    """Triton source for a Pointwise, Reduction or FusedNode scheduler node. `runtime`: element counts
+    ("xnumel", "rnumel") the launch may set to other values than the IR's (a mix-order finishing node's
+    splits, when the split is tuned), never written into the source."""
     members, outer, red = _group(node)
     stored = _stored(node, graph) if stored is None else stored
     name = f"k_{_sanitize(node.name)}"[:60]
-    writer = KernelWriter(name, members, outer, red, stored, graph.buffers(), interpret)
+    writer = KernelWriter(name, members, outer, red, stored, graph.buffers(), interpret, runtime=runtime)
     # a kernel with device asserts is compiled with debug=True, which also makes Triton check every int32
     # add, sub and mul for overflow (an assert each); int64 index math is not checked
     int64 = _int64(graph, node) or (not interpret and _checks_indices(members))

@@ -12,11 +12,13 @@ A node the generator cannot handle runs on the reference backend, and the report
 from __future__ import annotations
 
 import math
+import threading
 
 import attrs
 import torch
 
 from ... import __version__
+from ...config import current_settings
 from ...ir import Extern, MixOrderNode, members
 from ...pipeline.metrics import node_bytes
 from ..reference import ReferenceRunner, _Bindings
@@ -388,6 +390,7 @@ class TritonRunner:
         to read its registers. Kernels of symbolic sizes are chosen and compiled per call."""
         from .precompile import Job
 
+        self._job_fns, self._dtypes = {}, {}
         jobs = []
         for kind, _, data in self.steps:
             if kind == "kernel":
@@ -410,39 +413,64 @@ class TritonRunner:
                 cfg = k.config(xn, rn) if kind == "kernel" else k._rule(xn, rn)
                 fn_args = [*args, xn] + ([rn] if rn is not None else [])
                 blocks = cfg.blocks()
-                k.fn(cfg.variant)  # its source file, written to the cache
+                fn = k.fn(cfg.variant)  # its source file, written to the cache
                 # the keyword arguments of the launch (Kernel.launch): blocks (SPLIT too) and warps
                 kwargs = tuple(sorted({**blocks, "num_warps": cfg.warps}.items()))
                 path = self.cache.source_path(digest(k.key, cfg.variant))
-                jobs.append(Job(str(path), src.fn_name, tuple(fn_args), kwargs))
+                job = Job(str(path), src.fn_name, tuple(fn_args), kwargs)
+                jobs.append(job)
+                self._job_fns[job] = fn
+                for a in args:
+                    if isinstance(a, tuple):
+                        self._dtypes[a[1]] = getattr(torch, a[1])
         return jobs
 
     def _precompile(self) -> None:
-        """Compile, before the first call, what `precompile_jobs` lists, in worker processes
-        (backends/triton/precompile.py), for this GPU's target into Triton's cache, where the first launch
-        finds it. A progress line on stderr once it takes more than a second. Anything that fails there is
-        left to its first launch, which compiles it here and reports any error."""
+        """Compile, before the first call, what `precompile_jobs` lists, for this GPU into Triton's caches,
+        where the first launch finds it: in threads of this process by default (Triton's compiler spends
+        most of its time outside the GIL), or in worker processes (backends/triton/precompile.py) with
+        `compile_in="processes"`. A progress line on stderr once it takes more than a second. Anything
+        that fails here is left to its first launch, which compiles it here and reports any error."""
         import sys
         import time
+        from concurrent.futures import ThreadPoolExecutor
 
         from triton.runtime.driver import driver
 
-        from .precompile import compile_jobs
+        from .precompile import compile_jobs, default_workers
 
-        jobs = self.precompile_jobs()
+        how = current_settings().compile_in
+        jobs = self.precompile_jobs() if how != "off" else []
         if not jobs:
             return
         t0 = time.perf_counter()
         done, shown = [0], [0.0]
+        lock = threading.Lock()
 
         def progress():  # called from the pool's threads, one at a time per finished job
-            done[0] += 1
-            now = time.perf_counter() - t0
-            if now > 1.0 and (now - shown[0] > 0.25 or done[0] == len(jobs)):
-                shown[0] = now
-                print(f"\rpassline: compiled {done[0]}/{len(jobs)} kernels", end="", file=sys.stderr, flush=True)
+            with lock:
+                done[0] += 1
+                now = time.perf_counter() - t0
+                if now > 1.0 and (now - shown[0] > 0.25 or done[0] == len(jobs)):
+                    shown[0] = now
+                    print(f"\rpassline: compiled {done[0]}/{len(jobs)} kernels", end="", file=sys.stderr,
+                          flush=True)
+
+        def warm(job):  # the very JITFunction the launch uses, so its in-memory cache is hit too
+            try:
+                fn = self._job_fns[job]
+                fn.warmup(*[self._dtypes[a[1]] if isinstance(a, tuple) else a for a in job.args], grid=(1,),
+                          **dict(job.kwargs))
+            except Exception:  # noqa: BLE001 - compiled (and reported) at its first launch instead
+                pass
+            progress()
+
         try:
-            compile_jobs(jobs, "pool", target=driver.active.get_current_target(), done=progress)
+            if how == "processes":
+                compile_jobs(jobs, "pool", target=driver.active.get_current_target(), done=progress)
+            else:
+                with ThreadPoolExecutor(max_workers=min(default_workers(), len(jobs))) as pool:
+                    list(pool.map(warm, jobs))
         except Exception:  # noqa: BLE001 - no pool here: every kernel compiles at its first launch
             pass
         self.compile_seconds = time.perf_counter() - t0
@@ -484,20 +512,23 @@ class TritonRunner:
             k_main = self._kernel(node, "mix_order", variants, stored, MixKernel, split=int(node.split_rows),
                                   tune_split=node.tune_split)
             fin_stored = kgen._stored(finish, self.graph) & set(finish.output_names())
-            k_fin = self._kernel(finish, "mix_finish", self._variants(finish, fin_stored), fin_stored)
+            # the splits it sums follow the main kernel's SPLIT, chosen at the first launch
+            runtime = frozenset({"rnumel"})
+            k_fin = self._kernel(finish, "mix_finish", self._variants(finish, fin_stored, runtime), fin_stored)
             return ("mix", node, (k_main, main, k_fin, finish, kgen.workspace_layouts(node)))
         stored = kgen._stored(node, self.graph)
         variants = self._variants(node, stored)
         k = self._kernel(node, "pointwise" if Variant.POINTWISE in variants else "reduction", variants, stored)
         return ("kernel", node, (k, variants))
 
-    def _variants(self, node, stored) -> dict:
+    def _variants(self, node, stored, runtime: frozenset = frozenset()) -> dict:
         # the generator's own loop nest: a reduction over no dims (a 0-dim tensor's sum) still has one
         # reduction loop of size 1, so it is a reduction kernel with RBLOCK, not a pointwise one
         red = kgen._group(node)[2]
         if not red:
-            return {Variant.POINTWISE: kgen.generate(node, self.graph, self.interpret, Variant.POINTWISE, {}, stored)}
-        return {v: kgen.generate(node, self.graph, self.interpret, v, {}, stored)
+            return {Variant.POINTWISE: kgen.generate(node, self.graph, self.interpret, Variant.POINTWISE, {}, stored,
+                                                     runtime)}
+        return {v: kgen.generate(node, self.graph, self.interpret, v, {}, stored, runtime)
                 for v in (Variant.PERSISTENT, Variant.LOOPED)}
 
     # -- run ----------------------------------------------------------------------------------------
