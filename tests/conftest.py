@@ -2,6 +2,7 @@ import json
 import os
 
 import pytest
+import torch
 from hypothesis import HealthCheck, settings
 
 # ci: derandomized and bounded, for make test. fuzz: a long randomized campaign, for make fuzz.
@@ -11,24 +12,37 @@ settings.register_profile("fuzz", deadline=None, print_blob=True, max_examples=1
                           suppress_health_check=list(HealthCheck))
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
+# Under pytest-xdist (make test: a worker per core) each worker gets its share of the cores for torch's
+# own thread pool, so the workers' threads do not outnumber the cores and spin against each other.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+
 
 # -- conformance (tests/test_conformance.py): outcomes per op_db entry, counted at the end of the run --
+# Each row travels on its test's report (user_properties), not in a module global: under pytest-xdist
+# (make test runs a worker per core) the tests run in worker processes and only their reports reach the process that
+# prints the summary.
 _CONFORMANCE: list = []
 
 
 @pytest.fixture
-def conformance_results():
+def conformance_results(request):
     """A list each conformance test appends its outcome to; PASSLINE_CONFORMANCE_LOG=path also appends
     it there as a JSON line, as soon as it is known (a long run that is cut off keeps what it did)."""
     class Results(list):
         def append(self, row):
-            _CONFORMANCE.append(row)
+            request.node.user_properties.append(("conformance", row))
             path = os.environ.get("PASSLINE_CONFORMANCE_LOG")
             if path:
-                with open(path, "a") as f:
+                with open(path, "a") as f:  # one short O_APPEND write a row: workers do not interleave
                     f.write(json.dumps(row) + "\n")
 
     return Results()
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "call":
+        _CONFORMANCE.extend(row for key, row in report.user_properties if key == "conformance")
 
 
 def pytest_terminal_summary(terminalreporter):

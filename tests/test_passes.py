@@ -211,8 +211,13 @@ def minimum_bytes(report) -> int:
     return inputs + outputs + workspace
 
 
+# Many short rows, and few long ones (one block of 16 split rows). The interpreter's reductions cost a
+# Python call per element, so the shapes are small (once (512, 64) and (16, 1024)), and odd against the
+# blocks: 100 rows are not a whole number of 16-row splits, 48 and 200 columns are not powers of two
+# (masked tiles). Not fewer rows: at 12 the weight and workspace bytes, per column, make the unmixed
+# pipeline's extra reads of x and dy under half of the minimum (bfloat16 RMSNorm: 1.48x, 1.52x at 16).
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("shape", [(512, 64), (16, 1024)])
+@pytest.mark.parametrize("shape", [(100, 48), (16, 200)])
 @pytest.mark.parametrize("norm", ["layer_norm", "rms_norm"])
 def test_norm_backward_mix_order(norm, shape, dtype):
     rows, cols = shape
@@ -230,7 +235,7 @@ def test_norm_backward_mix_order(norm, shape, dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("shape", [(512, 64), (4, 32, 48)])
+@pytest.mark.parametrize("shape", [(100, 48), (3, 20, 48)])  # small: see test_norm_backward_mix_order
 def test_bias_gradient_mixes_with_the_pointwise_gradient(shape, dtype):
     # gelu(h + b) backward: dh is pointwise over rows x columns and db is its sum over the rows; as one
     # mix-order node (no row reduction) h and dy are read once, dh written once, db summed on the way

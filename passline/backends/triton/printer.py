@@ -292,6 +292,10 @@ def _check_index(value, ok, mask, what, bound):
         raise IndexError(f"index {int(bad)} is out of bounds for {what} with size {int(size)}")
 ''' + _COMMON + '''
 
+# Triton's interpreter sums with numpy when the combine function is its own, and otherwise calls ours once
+# per element and step (most of the CPU test suite's time in reductions)
+_sum_combine = tl.standard._sum_combine
+
 @triton.jit
 def _to_bf16(x):
     # float32 -> bfloat16 rounding to nearest even on the bits: the interpreter's own cast truncates
