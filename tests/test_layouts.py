@@ -10,6 +10,7 @@ import os
 
 import pytest
 import torch
+from modules import RMSNorm
 
 import passline
 from passline.testing import tolerance
@@ -33,15 +34,16 @@ def _leaf(x: torch.Tensor) -> torch.Tensor:
     return y.detach().requires_grad_(x.is_floating_point())
 
 
-def train_and_compare(fn, inputs, codegen, model=None):
-    """One training step of `fn` (an nn.Module when `model` is given) with passline and eager:
-    outputs, their strides, and the accumulated .grad of every input and parameter, with its strides."""
+def train_and_compare(fn, inputs, codegen, model=None, **options):
+    """One training step of `fn` (an nn.Module when `model` is given) with passline (`options` go to
+    passline.backend) and eager: outputs, their strides, and the accumulated .grad of every input and
+    parameter, with its strides."""
     torch._dynamo.reset()
     ours_in, eager_in = [_leaf(x) for x in inputs], [_leaf(x) for x in inputs]
     if model is not None:
         model = model.to(DEVICE)
     ours_fn, eager_fn = (copy.deepcopy(model), model) if model is not None else (fn, fn)
-    be = passline.backend(codegen=codegen, fallback="raise")
+    be = passline.backend(codegen=codegen, fallback="raise", **options)
     ours = torch.compile(ours_fn, backend=be)(*ours_in)
     eager = eager_fn(*eager_in)
     ours = (ours,) if isinstance(ours, torch.Tensor) else ours
@@ -136,6 +138,47 @@ def test_channels_last_resnet_block_trains_like_eager(codegen):
     model = ConvBlock().to(memory_format=torch.channels_last)
     x = torch.randn(2, 4, 6, 5).to(memory_format=torch.channels_last)
     train_and_compare(None, [x], codegen, model=model)
+
+
+def _channels_last(*shape):
+    return torch.randn(*shape).to(memory_format=torch.channels_last)
+
+
+# norm backwards whose loops memory_order reorders: (model, input, what mix_order_reduction makes of it)
+REORDERED = {
+    "layer_norm-transposed": (lambda: torch.nn.LayerNorm(16), lambda: torch.randn(16, 24).t(), "mixed"),
+    "layer_norm-channels_last": (lambda: torch.nn.LayerNorm(16), lambda: _channels_last(2, 3, 4, 16), "mixed"),
+    # dx reads rsqrt(mean)^3 * sum / n, epilogues of the column side here: it cannot run in the row loop
+    "rms_norm-transposed": (lambda: RMSNorm(16), lambda: torch.randn(16, 24).t(),
+                            "needs a finished column result inside the row loop"),
+    "batch_norm-channels_last": (lambda: torch.nn.BatchNorm2d(4).to(memory_format=torch.channels_last),
+                                 lambda: _channels_last(2, 4, 6, 5), "mixed, reordered"),
+    "conv_bn-channels_last": (lambda: ConvBlock(4).to(memory_format=torch.channels_last),
+                              lambda: _channels_last(3, 4, 5, 7), "mixed, reordered"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REORDERED))
+def test_mix_order_kernels_with_reordered_loops_train_like_eager(name, monkeypatch):
+    """Mix-order kernels whose members' loops memory_order put in memory order (channels_last BatchNorm's
+    epilogues: ResNet's backward), launched as on a GPU: under the interpreter, row blocks of a few rows,
+    several per program, and several programs with a ragged last one."""
+    from passline.backends.triton import configs
+    from passline.ir import MixOrderNode
+
+    make_model, make_input, expect = REORDERED[name]
+    monkeypatch.setattr(configs, "INTERP_BLOCK", 64)  # 4 rows of 16 columns a block; 8 of BatchNorm's 4 channels
+    pipeline = passline.DEFAULT_PIPELINE.replace("mix_order_reduction", "mix_order_reduction(split_rows=8)")
+    torch.manual_seed(0)
+    be = train_and_compare(None, [make_input()], "triton", model=make_model(), pipeline=pipeline)
+    mixes = [n for r in be.reports for n in r.graph.nodes() if isinstance(n, MixOrderNode)]
+    reordered = [m for n in mixes for m in n.members() if list(m.permutation) != sorted(m.permutation)]
+    if expect.startswith("mixed"):
+        assert mixes, [r.graph.format() for r in be.reports]
+        assert bool(reordered) == expect.endswith("reordered")
+    else:  # refused, for that reason
+        assert not mixes
+        assert any(expect in f.detail for r in be.reports for f in r.metrics.refusals)
 
 
 class TransposedMLP(torch.nn.Module):

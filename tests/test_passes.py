@@ -252,6 +252,29 @@ def test_bias_gradient_mixes_with_the_pointwise_gradient(shape, dtype):
     assert plain.bytes_accessed - bwd.bytes_accessed == h.numel() * h.element_size() - workspace
 
 
+def test_mix_order_never_reads_a_column_epilogue_inside_the_row_loop():
+    # x * exp(x.sum(0)) on a transposed x: memory_order runs the product's loops column-first, so it fits
+    # the column side of a mix with x.sum(1); but it reads exp(x.sum(0)), an epilogue of the column sum
+    # that only the finishing kernel computes (kept: the backward saves it). Merged so, the main kernel
+    # loaded that buffer before any kernel had written it (every element of the product wrong). The
+    # other pairing is right: the sum over x's columns as the row side, whose epilogue runs per row
+    from passline.backends.triton.kernel import generate_mix
+    from passline.backends.triton.printer import Unsupported
+
+    fn = lambda x: (x.sum(1), x * x.sum(0).exp())
+    be = assert_matches_eager(fn, [torch.randn(12, 16).t().requires_grad_()], codegen="triton")
+    forward = be.reports[0]
+    (mix,) = [n for n in forward.graph.nodes() if isinstance(n, MixOrderNode)]
+    assert {m.body.name for m in mix.row.members() if isinstance(m, Pointwise) and isinstance(m.body, Op)} >= {"exp"}
+    assert any("needs a finished column result inside the row loop" in f.detail
+               for f in forward.metrics.refusals if f.pass_name == "mix_order_reduction")
+    # the generator refuses the wrong pairing too, should one reach it
+    (column,) = mix.column_groups
+    with pytest.raises(Unsupported, match="computed only after the row loop"):
+        generate_mix(MixOrderNode("wrong", column, (mix.row,), 16), forward.graph, True,
+                     {"XBLOCK": 16, "RBLOCK": 16, "SPLIT": 16})
+
+
 def test_transpose_fuses_only_with_reorder_loops():
     fn = lambda x: (x.exp().t() + 1).sin()
     x = torch.randn(16, 24)

@@ -16,8 +16,9 @@ instead of being read back by a reduction with one program per few columns.
 Gates (options): columns ≤ max_columns; rows ≥ min_rows; column reductions only of `reduction_types`
 (comma-separated; partial results must combine by the same reduction); at most `max_reads` distinct
 buffers read. Refuses: sides that do not share a buffer; a column side whose per-point work needs a
-finished column result; a column side the row side depends on; another path between them (a cycle).
-"""
+finished column result or any column epilogue (the finishing kernel computes those, after all rows); a
+column side the row side depends on; another path between them (a cycle). Members with permuted loops
+(memory_order, reorder_loops) are mixed like any other."""
 from __future__ import annotations
 
 from typing import Annotated
@@ -35,18 +36,9 @@ def _reductions(group) -> list:
     return [m for m in members(group) if isinstance(m, Reduction)]
 
 
-def _reordered(m) -> bool:
-    perm = tuple(getattr(m, "permutation", ()))
-    return perm != tuple(range(len(perm)))
-
-
 def _problem(graph, row, col, max_columns, min_rows, types, max_reads, rows, cols) -> str | None:
     if isinstance(col, (Extern, MixOrderNode)) or isinstance(row, Extern):
         return "extern or mix-order"
-    if any(_reordered(m) for g in (row, col) for m in members(g)):
-        # the Triton mix-order generator computed wrong gradients with such members (RMSNorm backward
-        # on a transposed input, loops put in memory order); kept apart, each runs as its own kernel
-        return "a member's loops are reordered"
     if not rows == () and not cols:
         return "no reduction"
     ncol, nrow = product(cols), product(rows)
@@ -67,12 +59,16 @@ def _problem(graph, row, col, max_columns, min_rows, types, max_reads, rows, col
     reads = set(row.read_names()) | (set(col.read_names()) - row_outs)
     if len(reads) > max_reads:
         return f"{len(reads)} buffers read > max_reads={max_reads}"
-    # column side: in-loop members must not need a finished column result
+    # column side: the row loop computes only the in-loop members (and partial sums of the reductions);
+    # a column result and every epilogue member run in the finishing kernel, after all rows. An in-loop
+    # member may read neither, directly or not (a normalization's dx over a transposed view reads
+    # rsqrt(mean)/n through two epilogue members: read in the loop, it would be a buffer not yet written)
     outer, red = cols, rows
-    results = {m.output.name for m in _reductions(col)}
+    finished = {m.output.name for m in members(col) if role(m, outer, red) is not Role.INNER}
     for m in members(col):
-        if role(m, outer, red) in (Role.INNER, Role.REDUCTION) and results & set(m.read_names()):
-            return f"{m.name} needs a finished column result inside the row loop"
+        late = finished & set(m.read_names()) if role(m, outer, red) in (Role.INNER, Role.REDUCTION) else ()
+        if late:
+            return f"{m.name} needs a finished column result inside the row loop ({sorted(late)[0]})"
     # reads of row-side values must meet them at the same (row, column) point
     writers = {m.output.name: m for m in members(row)}
     row_outer = len(shape(row)[0])

@@ -793,11 +793,13 @@ def generate_mix(mix: MixOrderNode, graph, interpret: bool, blocks: dict,
     row_members = members(mix.row)
     col_members = [m for g in mix.column_groups for m in members(g)]
     in_loop_cols = [m for m in col_members if role(m, cols, rows) in (Role.INNER, Role.REDUCTION)]
-    if any(_permuted(m) for m in (*row_members, *col_members)):
-        # members whose loops were put in another order (memory_order, reorder_loops): with them this
-        # generator computed wrong gradients (an RMSNorm backward on a transposed input) while the
-        # reference backend ran the same graph right; until found, such a node runs on the reference
-        raise Unsupported("mix-order node with reordered loops")
+    # column results and their epilogues exist only after the finishing kernel: a member of this kernel
+    # reading one would load a buffer nobody has written yet (mix_order_reduction refuses such pairs)
+    finished = {m.output.name for m in col_members if role(m, cols, rows) is not Role.INNER}
+    for m in (*row_members, *in_loop_cols):
+        late = finished & set(m.read_names())
+        if late:
+            raise Unsupported(f"mix-order member {m.name} reads {sorted(late)[0]}, computed only after the row loop")
     stored = _stored(mix, graph) | {b for b in finish_reads if b in mix.output_names()}
     stored -= {m.output.name for m in col_members if role(m, cols, rows) != Role.INNER}
     name = f"k_{_sanitize(mix.name)}"[:60]
@@ -850,10 +852,6 @@ def generate_mix(mix: MixOrderNode, graph, interpret: bool, blocks: dict,
     src = KernelSource(name, _source(prelude, body), name, w.ordered_args() + sizes, product(rows),
                        product(cols), form, constants, blocks.get("num_warps", 4), "SPLIT")
     return src, finish
-
-
-def _permuted(m) -> bool:
-    return tuple(getattr(m, "permutation", ())) != tuple(range(len(getattr(m, "permutation", ()))))
 
 
 def _has_outer(expr) -> bool:
