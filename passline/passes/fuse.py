@@ -88,16 +88,15 @@ def _split(graph, node, target: tuple, fixed: set):
 
 
 def _lined_up(graph, na, nb, fixed: set):
-    """(a, b) with one side's loops split to the other's nest, where that makes them fusable; or None."""
+    """(the node split, the verdict on the pair with it) for the first side whose loops split to the
+    other's nest; None when neither does. A refusal then gives the deeper reason (an indexing mismatch)."""
     for x, y in ((na, nb), (nb, na)):
         outer, red = shape(y)
         if shape(x)[1] or outer + red == shape(x)[0]:
             continue
         new = _split(graph, x, outer + red, fixed) or (_split(graph, x, outer, fixed) if red else None)
         if new is not None:
-            verdict = can_fuse(graph, *((new, y) if x is na else (y, new)))
-            if verdict.ok:
-                return new, verdict
+            return new, can_fuse(graph, *((new, y) if x is na else (y, new)))
     return None
 
 
@@ -133,11 +132,13 @@ def fuse(graph, ctx, *,
             verdict = can_fuse(graph, na, nb, max_nodes)
             if not verdict.ok and verdict.reason == "loop structure":
                 lined = _lined_up(graph, na, nb, fixed)
-                if lined is not None:
+                if lined is not None and lined[1].ok:
                     new, verdict = lined
                     graph.replace_node(new.name, new)
                     na, nb = (new, nb) if new.name == na.name else (na, new)
                     ctx.count("split_loops")
+                elif lined is not None:
+                    verdict = lined[1]
             if not verdict.ok:
                 if (a, b) not in refused:
                     refused.add((a, b))

@@ -336,14 +336,16 @@ class KernelWriter:
         sig += list(extra)
         sig += [f"{c}: tl.constexpr" for c in constexprs]
         head = ["@triton.jit(debug=True)" if self.debug else "@triton.jit", f"def {self.name}({', '.join(sig)}):"]
-        # A static element count is also written into the body as a literal (the argument stays, so every
+        # A static element count is written into the body as a literal (the argument stays, so every
         # variant and size is launched alike). Triton proves vector widths from what it knows of a mask's
         # bound: a run-time count is assumed divisible by 16 only when it is, so a 1000-wide row masked by
         # `rindex < rnumel` was loaded one element at a time (bfloat16 LayerNorm forward (134218, 1000) on
         # an H200: 0.52 ms against Inductor's 0.13); against the literal 1000 it is loaded 8 at a time.
+        # (Substituted, not assigned: `rnumel = 1000` in the body does not compile with debug=True.)
         for numel, size in (("xnumel", product(self.outer)), ("rnumel", product(self.red) if self.two_d else None)):
             if size is not None and sympy.sympify(size).is_Integer and numel not in self.runtime:
-                head.append(f"    {numel} = {int(size)}")
+                pattern = re.compile(rf"\b{numel}\b")
+                self.lines = [pattern.sub(str(int(size)), line) for line in self.lines]
         return head
 
     def pointwise(self, int64: bool) -> list[str]:
