@@ -177,7 +177,7 @@ def test_rule_with_sms_option_and_no_divisor():
     assert p.ranges == (8,) and p.reduction_ranges == (6250,)  # 8 divides 50000
 
 
-@pytest.mark.parametrize("option", ["splits=1", "splits=-2", "programs_per_sm=0", "min_chunk=0"])
+@pytest.mark.parametrize("option", ["splits=-2", "programs_per_sm=0", "min_chunk=0"])
 def test_bad_options_are_clear_errors(option):
     with pytest.raises(PipelineError, match=option.split("=")[0]):
         passline.PassManager(f"split_reductions({option})").run(column_sum_graph(64, 4))

@@ -29,7 +29,7 @@ from .variants import AUTO, FORCEABLE, KernelVariant
 
 CODEGENS = ("auto", "triton", "reference")
 # The pipeline `passline.backend()` runs when none is given, in one place.
-DEFAULT_PIPELINE = ("dce, inline_pointwise, merge_loops, memory_order, repeat(fuse, reorder_loops; max_iter=4), "
+DEFAULT_PIPELINE = ("dce, inline_pointwise, memory_order, merge_loops, repeat(fuse, reorder_loops; max_iter=4), "
                     "mix_order_reduction, split_reductions")
 
 

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from ..ir import Extern, FusedNode, Pointwise
-from ..ir.loops import members, shape, split_pointwise
+from ..ir import Extern, FusedNode
+from ..ir.loops import members, shape
 from ..pipeline.registry import register_pass
-from .legality import can_fuse, fuse_nodes, saved_bytes
+from .legality import accesses_agree, can_fuse, fuse_nodes, saved_bytes, split_group
 
 
 def _name(graph, a, b) -> str:
@@ -71,22 +71,6 @@ def _candidates(graph, vertical: bool, horizontal: bool, window: int, dirty):
     return pairs, order
 
 
-def _split(graph, node, target: tuple, fixed: set):
-    """`node` (a Pointwise node, or a group of Pointwise nodes over the same loops) with its loops split
-    into `target`'s, or None. merge_loops leaves pointwise work as flat as its indices allow, so a flat
-    node meets a loop nest it can fuse into (a cast over [B*T*V] before a reduction over [B*T | V]) by
-    splitting its loops, which is exact (no division)."""
-    group = members(node)
-    if not all(type(m) is Pointwise and m.output.name not in fixed for m in group):
-        return None
-    split = [split_pointwise(m, target) for m in group]
-    if any(m is None for m in split):
-        return None
-    if not isinstance(node, FusedNode):
-        return split[0]
-    return FusedNode(node.name, tuple(split), target, (), node.origins)
-
-
 def _lined_up(graph, na, nb, fixed: set):
     """(the node split, the verdict on the pair with it) for the first side whose loops split to the
     other's nest; None when neither does. A refusal then gives the deeper reason (an indexing mismatch)."""
@@ -94,7 +78,12 @@ def _lined_up(graph, na, nb, fixed: set):
         outer, red = shape(y)
         if shape(x)[1] or outer + red == shape(x)[0]:
             continue
-        new = _split(graph, x, outer + red, fixed) or (_split(graph, x, outer, fixed) if red else None)
+        for target in ((outer + red, outer) if red else (outer,)):
+            new = split_group(x, target, fixed)
+            if new is not None and accesses_agree(new, y, len(outer)):
+                break
+        else:
+            new = None
         if new is not None:
             return new, can_fuse(graph, *((new, y) if x is na else (y, new)))
     return None

@@ -9,9 +9,9 @@ from typing import NamedTuple
 
 import sympy
 
-from ..ir import Extern, FusedNode, MixOrderNode, Scatter
+from ..ir import Extern, FusedNode, MixOrderNode, Pointwise, Scatter
 from ..ir.index import product
-from ..ir.loops import access_problem, members, shape
+from ..ir.loops import access_problem, canonical_map, members, shape, split_pointwise
 
 REASONS = {
     "extern": "one of them is an extern call (aten runs it, nothing to fuse)",
@@ -161,3 +161,41 @@ def saved_bytes(graph, a: str, b: str, io: dict, nbytes: dict, outputs) -> int:
         return total
     total = sympy.sympify(total)  # symbolic sizes: rank by the expression at size 64
     return int(total.subs({s: 64 for s in total.free_symbols}))
+
+
+def split_group(node, target: tuple, fixed: set):
+    """`node` (a Pointwise node, or a group of Pointwise nodes over the same loops) with its loops split
+    into `target`'s, or None. merge_loops leaves pointwise work as flat as its indices allow, so a flat
+    node meets a loop nest it can join (a cast over [B*T*V] before a reduction over [B*T | V], in fuse; a
+    mix-order row side) by splitting its loops, which is exact (no division). `fixed`: buffers whose
+    layout is not the graph's to re-describe (inputs, buffers written in place)."""
+    group = members(node)
+    if not all(type(m) is Pointwise and m.output.name not in fixed for m in group):
+        return None
+    split = [split_pointwise(m, target) for m in group]
+    if any(m is None for m in split):
+        return None
+    if not isinstance(node, FusedNode):
+        return split[0]
+    return FusedNode(node.name, tuple(split), target, (), node.origins)
+
+
+def _accesses(node, n_outer: int) -> dict:
+    """{buffer: indices at which `node`'s members read or write it}, in the canonical loop variables of
+    a nest with `n_outer` outer loops."""
+    out: dict = {}
+    for m in members(node):
+        cm = canonical_map(m, n_outer)
+        for b in m.read_names():
+            out.setdefault(b, set()).update(sympy.expand(e.xreplace(cm)) for e in m.load_indices(b))
+        out.setdefault(m.output.name, set()).add(sympy.expand(m.store_index().xreplace(cm)))
+    return out
+
+
+def accesses_agree(a, b, n_outer: int) -> bool:
+    """Every buffer both touch is touched by both at one same point of the shared nest: splitting a flat
+    node to a nest that walks a shared buffer in another order (a column sum's) is exact but fuses
+    nothing worth having (no value passes in registers, no load is shared)."""
+    pa, pb = _accesses(a, n_outer), _accesses(b, n_outer)
+    shared = pa.keys() & pb.keys()
+    return bool(shared) and all(pa[k] & pb[k] for k in shared)

@@ -17,9 +17,11 @@ address it by storage offsets and the graph's outputs by their own sizes and str
 Size-1 loops go first (they address nothing). Symbolic ranges merge when the condition holds as sympy
 expressions.
 
-Leaves alone: loops whose order was changed (a permutation), nodes that write a buffer another node also
-writes (a scatter into it, a mutation), graph inputs written in place, scatters, mix-order and fused nodes
-(this runs before fusion), indices not affine in the two loops (views through floor/mod). Stat:
+A node whose loops were reordered (memory_order runs first, so loops are in memory order) has its output
+re-described in loop order first, after which its loops merge like anyone's. Leaves alone: nodes that
+write a buffer another node also writes (a scatter into it, a mutation), graph inputs written in place,
+scatters, mix-order and fused nodes (this runs before fusion), indices not affine in the two loops (views
+through floor/mod). Stat:
 `merged_loops` (loops removed).
 """
 from __future__ import annotations
@@ -89,9 +91,26 @@ def _output_layout(lay: Layout, k: int, unit: bool) -> Layout:
     return attrs.evolve(lay, size=size, stride=stride)
 
 
+def _in_loop_order(node):
+    """A node whose loops were reordered (memory_order), with its output described in loop order: the
+    same stores, and the permutation gone, so its loops can merge like anyone's."""
+    perm = tuple(node.permutation)
+    if perm == tuple(range(len(perm))):
+        return node
+    lay = node.output.layout
+    # store_order(vars)[d] = vars[perm[d]]: output dim d is walked by loop perm[d]
+    dim_of = {loop: d for d, loop in enumerate(perm)}
+    size = tuple(lay.size[dim_of[k]] for k in range(len(perm)))
+    stride = tuple(lay.stride[dim_of[k]] for k in range(len(perm)))
+    out = attrs.evolve(node.output, layout=attrs.evolve(lay, size=size, stride=stride))
+    return attrs.evolve(node, output=out, permutation=tuple(range(len(perm))))
+
+
 def _simplify(node):
     """`node` with its loops merged as far as they go; None when nothing merges."""
-    changed = False
+    start = node
+    node = _in_loop_order(node)
+    changed = node is not start
     while True:
         step = _one_step(node)
         if step is None:
@@ -140,8 +159,6 @@ def _rebuilt(node, mapping: dict, ranges, reduction_ranges, layout):
 
 def _eligible(node, inputs: set, mutated: set) -> bool:
     if type(node) not in (Pointwise, Reduction):
-        return False
-    if tuple(node.permutation) != tuple(range(len(node.ranges))):
         return False
     out = node.output.name
     if out in inputs or out in mutated:

@@ -29,7 +29,7 @@ from ..ir import Extern, FusedNode, MixOrderNode, Pointwise, Reduction
 from ..ir.index import product
 from ..ir.loops import Role, canonical_map, members, role, shape, transposed
 from ..pipeline.registry import register_pass
-from .legality import other_path
+from .legality import other_path, split_group
 
 
 def _reductions(group) -> list:
@@ -90,7 +90,7 @@ def _problem(graph, row, col, max_columns, min_rows, types, max_reads, rows, col
     return None
 
 
-def _row_group(base, rows, cols, col):
+def _row_group(base, rows, cols, col, fixed: set):
     """The row side `base` as the transpose of column reduction `col`, or None. A reduction (or fused
     group) over (rows | columns) is itself; pointwise work over rows + columns is viewed as a group over
     (rows | columns) with every member inside the column loop, where `col` splits its loops so (a bias
@@ -98,8 +98,12 @@ def _row_group(base, rows, cols, col):
     c_cols, c_rows = shape(col)
     if cols:
         return base if (c_cols, c_rows) == (cols, rows) else None
-    if not c_rows or tuple(rows) != tuple(c_rows) + tuple(c_cols):
+    if not c_rows:
         return None
+    if tuple(rows) != tuple(c_rows) + tuple(c_cols):  # flat pointwise work (merge_loops): split to the nest
+        base = split_group(base, tuple(c_rows) + tuple(c_cols), fixed)
+        if base is None:
+            return None
     return FusedNode(base.name, members(base), c_rows, c_cols)
 
 
@@ -125,6 +129,7 @@ def mix_order_reduction(graph, ctx, *,
     """Merge a row reduction, or pointwise work over rows x columns, with transposed column reductions of
     the same data into one kernel."""
     types = {t.strip() for t in reduction_types.split(",") if t.strip()}
+    fixed = set(graph.input_buffers()) | graph.mutated_names()  # buffers whose layout is not ours to describe
     changed = True
     while changed:
         changed = False
@@ -137,7 +142,7 @@ def mix_order_reduction(graph, ctx, *,
             for col in nodes:
                 if col is row or col.name not in graph or row.name not in graph:
                     continue
-                group = _row_group(base, rows, cols, col)
+                group = _row_group(base, rows, cols, col, fixed)
                 if group is None:
                     continue
                 g_rows, g_cols = shape(group)

@@ -295,7 +295,7 @@ def _fresh(graph, name: str) -> str:
 
 @register_pass("split_reductions", provides={"split_reductions"})
 def split_reductions(graph, ctx, *,
-                     splits: Annotated[int, "chunks per reduction on any target (0: by the rule)"] = 0,
+                     splits: Annotated[int, "chunks per reduction on any target (0: by the rule; 1: none)"] = 0,
                      sms: Annotated[int, "SMs to plan for (0: the target's; none on a CPU target)"] = 0,
                      programs_per_sm: Annotated[int, "programs per SM the rule aims for"] = 2,
                      min_reduced: Annotated[int, "shortest reduced range the rule splits"] = 4096,
@@ -306,7 +306,7 @@ def split_reductions(graph, ctx, *,
         if value < low:
             raise PipelineError(f"option {name!r} of pass 'split_reductions' must be >= {low}, got {value}")
     if splits == 1:
-        raise PipelineError("option 'splits' of pass 'split_reductions' must be 0 (the rule) or >= 2, got 1")
+        return graph  # one chunk per reduction: nothing to split
     gpu_sms = sms or (ctx.target.sms if not ctx.target.interpreted else 0)
     if not splits and not gpu_sms:
         return graph  # a CPU target: more programs only cost (see the module docstring)

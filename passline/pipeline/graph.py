@@ -475,7 +475,11 @@ _VERIFIED_MAX = 1 << 16
 def _check_node(node, buffers: dict) -> None:
     names = {b for m in members(node) for b in (*m.read_names(), *m.output_names())}
     key = (node, tuple(sorted((b, buffers.get(b)) for b in names)))
-    if key in _VERIFIED:
+    try:
+        if key in _VERIFIED:
+            return
+    except TypeError:  # a node built by hand with a list among its arguments: checked, not remembered
+        _check_node_once(node, buffers)
         return
     _check_node_once(node, buffers)
     if len(_VERIFIED) >= _VERIFIED_MAX:
