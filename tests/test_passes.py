@@ -322,3 +322,41 @@ def test_memory_order_walks_channels_last_outputs_in_memory_order():
     x = torch.randn(2, 4, 6, 6).to(memory_format=torch.channels_last).requires_grad_()
     be = assert_matches_eager(block, [x])
     assert sum(r.metrics.counters["num_memory_order"] for r in be.reports) > 0
+
+
+WITHOUT_MERGE = passline.DEFAULT_PIPELINE.replace("merge_loops, ", "")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_merge_loops_lets_a_flattened_view_fuse_and_trains_like_eager(dtype):
+    """GPT's loss: cross-entropy of a float32 cast over [B, T, V] viewed as [B*T, V]. Without merge_loops
+    the cast and the log-softmax's reductions over [B*T | V] differ in loop structure, and as the target
+    gather reads the cast too it is not inlined: its full-size float32 output is written and read back.
+    With it the cast is merged to [B*T*V], split to [B*T, V] and fused with the reductions."""
+    def fn(x, t):
+        return torch.nn.functional.cross_entropy(x.float().flatten(0, 1), t.flatten())
+
+    x = torch.randn(2, 3, 40, dtype=dtype, requires_grad=True)
+    t = torch.randint(0, 40, (2, 3))
+    be = assert_matches_eager(fn, [x, t], codegen="triton")
+    new = be.reports[0]
+    assert new.metrics.counters["merged_loops"] >= 1 and new.metrics.counters["split_loops"] >= 1
+    old = assert_matches_eager(fn, [x, t], codegen="reference", pipeline=WITHOUT_MERGE).reports[0]
+    refusals = {r.reason for r in old.metrics.refusals}
+    assert "loop structure" in refusals and "loop structure" not in {r.reason for r in new.metrics.refusals}
+    assert len(new.graph.nodes()) < len(old.graph.nodes())
+    assert new.metrics.counters["num_bytes_accessed"] < old.metrics.counters["num_bytes_accessed"]
+
+
+def test_merge_loops_merges_only_what_walks_memory_as_one():
+    """(2, 3, 4) contiguous, read plain and through a transpose of its last two dims: dims 0 and 1 walk
+    memory as one loop in every index (coefficients 12 and 4, 12 == 4 * 3) and merge; dims 1 and 2 do not,
+    as the transposed read gives dim 2 the larger stride."""
+    def fn(x):
+        return x * 2 + x.transpose(1, 2).contiguous().transpose(1, 2)
+
+    be = assert_matches_eager(fn, [torch.randn(2, 3, 4)], codegen="reference", pipeline="merge_loops")
+    sizes = sorted(tuple(int(s) for s in n.ranges) for n in be.reports[0].graph.nodes())
+    assert (6, 4) in sizes or (24,) in sizes, be.reports[0].graph.format()
+    merged = be.reports[0].metrics.counters["merged_loops"]
+    assert merged >= 1

@@ -22,7 +22,7 @@ from typing import Annotated
 from ..ir import Extern, FusedNode
 from ..ir.loops import members, shape
 from ..pipeline.registry import register_pass
-from .legality import accesses_agree, can_fuse, fuse_nodes, saved_bytes, split_group
+from .legality import accesses_agree, can_fuse, fuse_nodes, refuse, saved_bytes, split_group
 
 
 def _name(graph, a, b) -> str:
@@ -78,14 +78,20 @@ def _lined_up(graph, na, nb, fixed: set):
         outer, red = shape(y)
         if shape(x)[1] or outer + red == shape(x)[0]:
             continue
+        first = None
         for target in ((outer + red, outer) if red else (outer,)):
             new = split_group(x, target, fixed)
-            if new is not None and accesses_agree(new, y, len(outer)):
-                break
-        else:
-            new = None
-        if new is not None:
-            return new, can_fuse(graph, *((new, y) if x is na else (y, new)))
+            if new is None:
+                continue
+            verdict = can_fuse(graph, *((new, y) if x is na else (y, new)))
+            if verdict.ok and not accesses_agree(new, y, len(outer)):
+                # exact, but the two would walk what they share at other points: nothing gained
+                verdict = refuse("indexing mismatch", f"split to {list(target)}, shared buffers meet at other points")
+            if verdict.ok:
+                return new, verdict
+            first = first or (new, verdict)
+        if first is not None:
+            return first
     return None
 
 
