@@ -90,6 +90,7 @@ def test_edge_cases_match_eager(name):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_low_precision_reads(dtype):
+    torch.manual_seed(0)  # low-precision sums of duplicate rows: a fixed draw, not whatever the worker left
     assert_matches_eager(lambda i, w, x, j: (F.embedding(i, w) * 2, torch.gather(x, 1, j)),
                          [_ints(0, 10, 3, 8), _g(10, 6, dtype=dtype), _g(4, 9, dtype=dtype), _ints(0, 9, 4, 5)],
                          codegen="triton")
