@@ -79,6 +79,9 @@ def _lined_up(graph, na, nb, fixed: set):
         if shape(x)[1] or outer + red == shape(x)[0]:
             continue
         first = None
+        # the nest itself, or its rows alone (an epilogue). Not a column reduction's nest walked in
+        # memory order: a column reduction fused with its producers that way is no longer the column side
+        # mix_order_reduction pairs with the row work (channels_last BatchNorm backward)
         for target in ((outer + red, outer) if red else (outer,)):
             new = split_group(x, target, fixed)
             if new is None:
@@ -86,7 +89,7 @@ def _lined_up(graph, na, nb, fixed: set):
             verdict = can_fuse(graph, *((new, y) if x is na else (y, new)))
             if verdict.ok and not accesses_agree(new, y, len(outer)):
                 # exact, but the two would walk what they share at other points: nothing gained
-                verdict = refuse("indexing mismatch", f"split to {list(target)}, shared buffers meet at other points")
+                verdict = refuse("indexing mismatch", f"split to {list(target)}: shared buffers meet at other points")
             if verdict.ok:
                 return new, verdict
             first = first or (new, verdict)

@@ -90,7 +90,7 @@ def _problem(graph, row, col, max_columns, min_rows, types, max_reads, rows, col
     return None
 
 
-def _row_group(base, rows, cols, col, fixed: set):
+def _row_group(base, rows, cols, col, fixed: set, splits: dict):
     """The row side `base` as the transpose of column reduction `col`, or None. A reduction (or fused
     group) over (rows | columns) is itself; pointwise work over rows + columns is viewed as a group over
     (rows | columns) with every member inside the column loop, where `col` splits its loops so (a bias
@@ -100,8 +100,14 @@ def _row_group(base, rows, cols, col, fixed: set):
         return base if (c_cols, c_rows) == (cols, rows) else None
     if not c_rows:
         return None
-    if tuple(rows) != tuple(c_rows) + tuple(c_cols):  # flat pointwise work (merge_loops): split to the nest
-        base = split_group(base, tuple(c_rows) + tuple(c_cols), fixed)
+    target = tuple(c_rows) + tuple(c_cols)
+    if tuple(rows) != target:  # flat pointwise work (merge_loops): split to the nest
+        if sympy.expand(product(rows) - product(target)) != 0:
+            return None  # not the same points: no split can line them up
+        key = (base, target)
+        if key not in splits:  # the same pair is looked at again after every merge of the pass
+            splits[key] = split_group(base, target, fixed)
+        base = splits[key]
         if base is None:
             return None
     return FusedNode(base.name, members(base), c_rows, c_cols)
@@ -130,6 +136,7 @@ def mix_order_reduction(graph, ctx, *,
     the same data into one kernel."""
     types = {t.strip() for t in reduction_types.split(",") if t.strip()}
     fixed = set(graph.input_buffers()) | graph.mutated_names()  # buffers whose layout is not ours to describe
+    splits: dict = {}
     changed = True
     while changed:
         changed = False
@@ -142,7 +149,7 @@ def mix_order_reduction(graph, ctx, *,
             for col in nodes:
                 if col is row or col.name not in graph or row.name not in graph:
                     continue
-                group = _row_group(base, rows, cols, col, fixed)
+                group = _row_group(base, rows, cols, col, fixed, splits)
                 if group is None:
                     continue
                 g_rows, g_cols = shape(group)
