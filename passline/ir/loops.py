@@ -232,6 +232,8 @@ def split_pointwise(node: Pointwise, target: tuple) -> Pointwise | None:
     were reordered. Used by fuse to line a flat pointwise node up with the loop nest it fuses into."""
     if tuple(node.permutation) != tuple(range(len(node.ranges))):
         return None
+    if len(node.output.layout.size) != len(node.ranges):
+        return None  # the output's dims are not one per loop
     target = tuple(sympy.sympify(t) for t in target)
     new_vars = loop_vars(VarKind.OUTER, len(target))
     mapping, size, stride = {}, [], []

@@ -193,9 +193,10 @@ def _accesses(node, n_outer: int) -> dict:
 
 
 def accesses_agree(a, b, n_outer: int) -> bool:
-    """Every buffer both touch is touched by both at one same point of the shared nest: splitting a flat
-    node to a nest that walks a shared buffer in another order (a column sum's) is exact but fuses
-    nothing worth having (no value passes in registers, no load is shared)."""
+    """Each buffer both touch is touched by both at one point at least that is the same in the shared
+    nest (a profitability filter: can_fuse decides legality). Splitting a flat node to a nest that walks a
+    shared buffer in another order (a column sum's) is exact but fuses nothing worth having: no value
+    passes in registers, no load is shared."""
     pa, pb = _accesses(a, n_outer), _accesses(b, n_outer)
     shared = pa.keys() & pb.keys()
     return bool(shared) and all(pa[k] & pb[k] for k in shared)

@@ -46,14 +46,17 @@ def _indices(node) -> list:
     return out
 
 
-def _mergeable(exprs, vars, ranges, k: int) -> bool:
-    """Loops k and k+1 (of `vars` over `ranges`) merge in every expression of `exprs`."""
+def _mergeable(exprs, vars, ranges, k: int, loops: set) -> bool:
+    """Loops k and k+1 (of `vars` over `ranges`) merge in every expression of `exprs`; `loops`: every loop
+    variable of the node (a coefficient holding one, `i0*i2`, is not a stride)."""
     a, b = vars[k], vars[k + 1]
     for e in exprs:
         form = as_strided_form(e, (a, b))
         if form is None:
             return False
         ca, cb = form[0]
+        if (ca.free_symbols | cb.free_symbols) & loops:
+            return False
         if sympy.expand(ca - cb * ranges[k + 1]) != 0:
             return False
     return True
@@ -122,13 +125,14 @@ def _one_step(node):
     outer = list(node.vars)
     exprs = _indices(node)
     store = node.store_index()
+    loops = set(node.vars) | set(getattr(node, "reduction_vars", ()))
     # outer loops: the store index and the output's dims change with them
     for k in range(len(node.ranges)):
         if node.ranges[k] == 1 and len(node.ranges) > 1:
             mapping, ranges = _drop_unit(tuple(outer), node.ranges, k, VarKind.OUTER)
             return _rebuilt(node, mapping, ranges, None, _output_layout(node.output.layout, k, True))
     for k in range(len(node.ranges) - 1):
-        if _mergeable([*exprs, store], outer, node.ranges, k):
+        if _mergeable([*exprs, store], outer, node.ranges, k, loops):
             mapping, ranges = _merge(tuple(outer), node.ranges, k, VarKind.OUTER)
             return _rebuilt(node, mapping, ranges, None, _output_layout(node.output.layout, k, False))
     if isinstance(node, Reduction):
@@ -139,7 +143,7 @@ def _one_step(node):
                 mapping, ranges = _drop_unit(red, rr, k, VarKind.REDUCTION)
                 return _rebuilt(node, mapping, None, ranges, None)
         for k in range(len(rr) - 1):
-            if _mergeable(exprs, red, rr, k):
+            if _mergeable(exprs, red, rr, k, loops):
                 mapping, ranges = _merge(red, rr, k, VarKind.REDUCTION)
                 return _rebuilt(node, mapping, None, ranges, None)
     return None
@@ -160,6 +164,8 @@ def _rebuilt(node, mapping: dict, ranges, reduction_ranges, layout):
 def _eligible(node, inputs: set, mutated: set) -> bool:
     if type(node) not in (Pointwise, Reduction):
         return False
+    if len(node.output.layout.size) != len(node.ranges):
+        return False  # the output's dims are not one per loop: nothing here to re-describe by
     out = node.output.name
     if out in inputs or out in mutated:
         return False
