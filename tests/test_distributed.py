@@ -12,7 +12,6 @@ graphs; none ran eagerly).
 from __future__ import annotations
 
 import datetime
-import importlib.util
 import json
 import os
 import subprocess
@@ -26,6 +25,7 @@ import attrs
 import pytest
 import torch
 import torch.distributed as dist
+from modules import benchmark_script
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import passline
@@ -337,15 +337,9 @@ def test_two_ranks_match_eager(distributed_results, case):
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "distributed.py"
 
 
-def _bench_module():
-    spec = importlib.util.spec_from_file_location("benchmarks_distributed", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
 
 def test_benchmark_flags_losses_that_differ_from_eager():
-    mod = _bench_module()
+    mod = benchmark_script("distributed")
 
     def run(*losses):
         return dict(losses=list(losses), first_s=2.0, step_ms=10.0, peak_gib=None, graphs=2, fallbacks=0)

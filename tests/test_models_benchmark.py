@@ -1,6 +1,5 @@
 """benchmarks/models.py: its smoke run (tiny GPT-2, LLaMA and ResNet training steps, eager and passline
 through Triton's interpreter) exits 0 with every check passing; its check's verdict; its option errors."""
-import importlib.util
 import json
 import math
 import os
@@ -10,16 +9,11 @@ import sys
 
 import pytest
 import torch
+from modules import benchmark_script
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "models.py"
 
-
-def _module():
-    spec = importlib.util.spec_from_file_location("benchmarks_models", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def test_smoke_run_passes_every_check(tmp_path):
@@ -40,7 +34,7 @@ def test_smoke_run_passes_every_check(tmp_path):
 
 
 def test_verdict_is_relative_to_eager_error():
-    mod = _module()
+    mod = benchmark_script("models")
     eager = {"loss": 1e-3, "w": 5e-3, "b": 0.2}
     assert mod.verdict({"loss": 2e-3, "w": 1e-2, "b": 0.7}, eager, torch.bfloat16)[0]
     passed, worst, where = mod.verdict({"loss": 2e-3, "w": 3e-2, "b": 0.1}, eager, torch.bfloat16)
@@ -56,5 +50,5 @@ def test_verdict_is_relative_to_eager_error():
 def test_bad_passline_option_is_a_clear_error(option, message, monkeypatch, capsys):
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # main() sets it for --device cpu: undone after the test
     with pytest.raises(SystemExit) as exit_:
-        _module().main(["--device", "cpu", "--keep-caches", "--passline-option", option])
+        benchmark_script("models").main(["--device", "cpu", "--keep-caches", "--passline-option", option])
     assert exit_.value.code == 2 and message in capsys.readouterr().err

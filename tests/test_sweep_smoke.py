@@ -1,7 +1,6 @@
 """benchmarks/sweep.py: its smoke run (two cases, two widths, every direction, through Triton's interpreter)
 writes one CSV row per case, direction and shape with passline's checks passed; its summary's arithmetic."""
 import csv
-import importlib.util
 import math
 import os
 import pathlib
@@ -9,16 +8,11 @@ import subprocess
 import sys
 
 import pytest
+from modules import benchmark_script
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "sweep.py"
 
-
-def _module():
-    spec = importlib.util.spec_from_file_location("benchmarks_sweep", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def test_smoke_run_writes_checked_rows(tmp_path):
@@ -52,7 +46,7 @@ def test_smoke_run_writes_checked_rows(tmp_path):
 def test_points_and_summary():
     import torch
 
-    mod = _module()
+    mod = benchmark_script("sweep")
     pts = list(mod.points("1000,64x30000", torch.bfloat16, 256 * 2**20))
     assert pts == [(134218, 1000, "sized"), (64, 30000, "given")]  # 256 MiB / (1000 x 2 bytes), rounded
     assert [mod.shape_class(*s) for s in ((4096, 1024), (1000, 1000), (64, 30000))] == ["tall", "square", "wide"]
@@ -71,7 +65,7 @@ def test_points_and_summary():
 
 
 def test_bad_arguments_are_refused_before_running(capsys):
-    mod = _module()
+    mod = benchmark_script("sweep")
     for argv, message in ((["--widths", "64,wide"], "--widths '64,wide'"), (["--cases", "lay_norm"], "unknown case"),
                           (["--directions", "backward"], "unknown direction")):
         with pytest.raises(SystemExit) as exit_:
@@ -81,7 +75,7 @@ def test_bad_arguments_are_refused_before_running(capsys):
 
 def test_plot_writes_one_svg_per_case(tmp_path):
     pytest.importorskip("matplotlib")  # the `bench` extra, not the test one
-    mod = _module()
+    mod = benchmark_script("sweep")
     path = tmp_path / "sweep.csv"
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=mod.COLUMNS)
