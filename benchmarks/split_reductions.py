@@ -12,36 +12,15 @@ Results are checked against eager before timing.
 from __future__ import annotations
 
 import argparse
+import copy
 import time
 
 import torch
+from bench_common import errors, grads  # benchmarks/ is the script's directory
 
 import passline
 
 WITHOUT = passline.DEFAULT_PIPELINE.replace(", split_reductions", "")
-
-
-def block64(m):
-    import copy
-
-    return copy.deepcopy(m).double()
-
-
-def grads(fn, x) -> dict:
-    """Output and every gradient of one training step (loss: the float sum of the output)."""
-    x = x.detach().clone().requires_grad_()
-    params = list(fn.parameters()) if hasattr(fn, "parameters") else []
-    for p in params:
-        p.grad = None
-    out = fn(x)
-    out.float().sum().backward() if out.dtype != torch.float64 else out.sum().backward()
-    got = {"out": out.detach().double(), "x.grad": x.grad.double()}
-    got |= {f"param{k}.grad": p.grad.double() for k, p in enumerate(params)}
-    return got
-
-
-def errors(got: dict, ref: dict) -> dict:
-    return {k: float((got[k] - ref[k]).norm() / ref[k].norm().clamp_min(1e-30)) for k in ref}
 
 
 def block(channels: int, dtype, device):
@@ -82,14 +61,16 @@ def main():
     m = block(args.channels, dtype, args.device)
     x = torch.randn(args.batch, args.channels, args.size, args.size, device=args.device, dtype=dtype)
     x = x.to(memory_format=torch.channels_last).requires_grad_()
-    reference = grads(block64(m), x.detach().double().requires_grad_())
-    eager_err = errors(grads(m, x), reference)
+    # float64 reference on the same (dtype-rounded) weights and input, given the same cotangent
+    reference = grads(copy.deepcopy(m).double(), [x.detach().double().requires_grad_()], dy_dtype=dtype)
+    names = ["out", "x.grad"] + [f"param{k}.grad" for k in range(len(list(m.parameters())))]
+    eager_err = dict(zip(names, errors(*grads(m, [x]), reference)))
     for name, pipeline in (("without split_reductions", WITHOUT), ("default (split_reductions)", None)):
         be = passline.backend(pipeline=pipeline, fallback="raise")
         step = torch.compile(m, backend=be)
         # checked first against a float64 run: a sum over N*H*W (400k) elements differs from eager's by
         # its order alone more than an elementwise tolerance allows, so errors are compared with eager's
-        err = errors(grads(step, x), reference)
+        err = dict(zip(names, errors(*grads(step, [x]), reference)))
         bad = [k for k in err if err[k] > max(1e-4 if dtype == torch.float32 else 1e-2, 4 * eager_err[k])]
         if bad:
             raise SystemExit(f"{name}: {bad[0]} rel. error {err[bad[0]]:.2e} (eager {eager_err[bad[0]]:.2e})")
