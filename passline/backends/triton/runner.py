@@ -390,7 +390,7 @@ class TritonRunner:
         to read its registers. Kernels of symbolic sizes are chosen and compiled per call."""
         from .precompile import Job
 
-        self._job_fns, self._dtypes = {}, {}
+        self._job_fns = {}
         jobs = []
         for kind, _, data in self.steps:
             if kind == "kernel":
@@ -420,9 +420,6 @@ class TritonRunner:
                 job = Job(str(path), src.fn_name, tuple(fn_args), kwargs)
                 jobs.append(job)
                 self._job_fns[job] = fn
-                for a in args:
-                    if isinstance(a, tuple):
-                        self._dtypes[a[1]] = getattr(torch, a[1])
         return jobs
 
     def _precompile(self) -> None:
@@ -459,7 +456,7 @@ class TritonRunner:
         def warm(job):  # the very JITFunction the launch uses, so its in-memory cache is hit too
             try:
                 fn = self._job_fns[job]
-                fn.warmup(*[self._dtypes[a[1]] if isinstance(a, tuple) else a for a in job.args], grid=(1,),
+                fn.warmup(*[getattr(torch, a[1]) if isinstance(a, tuple) else a for a in job.args], grid=(1,),
                           **dict(job.kwargs))
             except Exception:  # noqa: BLE001 - compiled (and reported) at its first launch instead
                 pass
