@@ -22,7 +22,7 @@ from typing import Annotated
 from ..ir import Extern, FusedNode
 from ..ir.loops import members, shape
 from ..pipeline.registry import register_pass
-from .legality import accesses_agree, can_fuse, fuse_nodes, refuse, saved_bytes, split_group
+from .legality import accesses_agree, can_fuse, fixed_layouts, fuse_nodes, refuse, saved_bytes, split_group
 
 
 def _name(graph, a, b) -> str:
@@ -108,7 +108,7 @@ def fuse(graph, ctx, *,
     """Fuse producer/consumer and sibling nodes into single kernels, best memory savings first."""
     refused: set = set()
     dirty = None
-    fixed = set(graph.input_buffers()) | graph.mutated_names()  # buffers whose layout is not ours to describe
+    fixed = fixed_layouts(graph)
     for _ in range(max_rounds):
         pairs, order = _candidates(graph, vertical, horizontal, window, dirty)
         outputs = graph.output_names()

@@ -163,6 +163,12 @@ def saved_bytes(graph, a: str, b: str, io: dict, nbytes: dict, outputs) -> int:
     return int(total.subs({s: 64 for s in total.free_symbols}))
 
 
+def fixed_layouts(graph) -> set:
+    """Buffers whose layout is not the graph's to re-describe (merge_loops, split_group): its inputs, and
+    buffers written in place (a scatter's, a mutated input's), whose other writers keep the old one."""
+    return set(graph.input_buffers()) | graph.mutated_names()
+
+
 def split_group(node, target: tuple, fixed: set):
     """`node` (a Pointwise node, or a group of Pointwise nodes over the same loops) with its loops split
     into `target`'s, or None. merge_loops leaves pointwise work as flat as its indices allow, so a flat

@@ -33,6 +33,7 @@ from ..ir import Layout, Pointwise, Reduction
 from ..ir.body import IndexValue, Load, substitute_index, walk
 from ..ir.index import VarKind, as_strided_form, loop_vars
 from ..pipeline.registry import register_pass
+from .legality import fixed_layouts
 
 
 def _indices(node) -> list:
@@ -161,13 +162,13 @@ def _rebuilt(node, mapping: dict, ranges, reduction_ranges, layout):
     return attrs.evolve(node, **changes)
 
 
-def _eligible(node, inputs: set, mutated: set) -> bool:
+def _eligible(node, fixed: set) -> bool:
     if type(node) not in (Pointwise, Reduction):
         return False
     if len(node.output.layout.size) != len(node.ranges):
         return False  # the output's dims are not one per loop: nothing here to re-describe by
     out = node.output.name
-    if out in inputs or out in mutated:
+    if out in fixed:
         return False
     return True
 
@@ -175,9 +176,9 @@ def _eligible(node, inputs: set, mutated: set) -> bool:
 @register_pass("merge_loops", provides={"loops_merged"})
 def merge_loops(graph, ctx):
     """Merge adjacent loops that address memory as one, so that views do not keep neighbours apart."""
-    inputs, mutated = set(graph.input_buffers()), graph.mutated_names()
+    fixed = fixed_layouts(graph)
     for node in list(graph.nodes()):
-        if not _eligible(node, inputs, mutated):
+        if not _eligible(node, fixed):
             continue
         new = _simplify(node)
         if new is None or not ctx.decide("merge_loops", node):

@@ -29,7 +29,7 @@ from ..ir import Extern, FusedNode, MixOrderNode, Pointwise, Reduction
 from ..ir.index import product
 from ..ir.loops import Role, canonical_map, members, role, shape, transposed
 from ..pipeline.registry import register_pass
-from .legality import other_path, split_group
+from .legality import fixed_layouts, other_path, split_group
 
 
 def _reductions(group) -> list:
@@ -135,7 +135,7 @@ def mix_order_reduction(graph, ctx, *,
     """Merge a row reduction, or pointwise work over rows x columns, with transposed column reductions of
     the same data into one kernel."""
     types = {t.strip() for t in reduction_types.split(",") if t.strip()}
-    fixed = set(graph.input_buffers()) | graph.mutated_names()  # buffers whose layout is not ours to describe
+    fixed = fixed_layouts(graph)
     splits: dict = {}
     changed = True
     while changed:
