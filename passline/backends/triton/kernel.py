@@ -335,23 +335,23 @@ class KernelWriter:
             sig.append("rnumel")
         sig += list(extra)
         sig += [f"{c}: tl.constexpr" for c in constexprs]
-        head = ["@triton.jit(debug=True)" if self.debug else "@triton.jit", f"def {self.name}({', '.join(sig)}):"]
-        # A static element count is written into the body as a literal (the argument stays, so every
-        # variant and size is launched alike). Triton proves vector widths from what it knows of a mask's
-        # bound: a run-time count is assumed divisible by 16 only when it is, so a 1000-wide row masked by
-        # `rindex < rnumel` was loaded one element at a time (bfloat16 LayerNorm forward (134218, 1000) on
-        # an H200: 0.52 ms against Inductor's 0.13); against the literal 1000 it is loaded 8 at a time.
-        # (Substituted, not assigned: `rnumel = 1000` in the body does not compile with debug=True.)
-        for numel, size in (("xnumel", product(self.outer)), ("rnumel", product(self.red) if self.two_d else None)):
-            if size is not None and sympy.sympify(size).is_Integer and numel not in self.runtime:
-                pattern = re.compile(rf"\b{numel}\b")
-                self.lines = [pattern.sub(str(int(size)), line) for line in self.lines]
-        return head
+        return ["@triton.jit(debug=True)" if self.debug else "@triton.jit", f"def {self.name}({', '.join(sig)}):"]
+
+    def numel(self, which: str) -> str:
+        """How the body names the element count `which` ("xnumel", "rnumel"): the literal where the IR's
+        is a number the launch passes as it is (the argument stays, so every variant and size is launched
+        alike). Triton proves vector widths from what it knows of a mask's bound: a run-time count is
+        assumed divisible by 16 only when it is, so a 1000-wide row masked by `rindex < rnumel` was loaded
+        one element at a time (bfloat16 LayerNorm forward (134218, 1000) on an H200: 0.52 ms against
+        Inductor's 0.13); against the literal 1000 it is loaded 8 at a time. (Written in, not assigned:
+        `rnumel = 1000` in the body does not compile with debug=True.)"""
+        size = sympy.sympify(product(self.outer) if which == "xnumel" else product(self.red))
+        return str(int(size)) if size.is_Integer and which not in self.runtime else which
 
     def pointwise(self, int64: bool) -> list[str]:
         pid = "tl.program_id(0).to(tl.int64)" if int64 else "tl.program_id(0)"
         self.emit(f"xindex = {pid} * XBLOCK + tl.arange(0, XBLOCK)")
-        self.emit("xmask = xindex < xnumel")
+        self.emit(f"xmask = xindex < {self.numel('xnumel')}")
         for name, src in _decompose("o", self.outer, "xindex", self.sizes):
             self.emit(f"{name} = {src}")
         scope = _Scope()
@@ -385,13 +385,13 @@ class KernelWriter:
     def _xr(self, int64: bool):
         pid = "tl.program_id(0).to(tl.int64)" if int64 else "tl.program_id(0)"
         self.emit(f"xindex = {pid} * XBLOCK + tl.arange(0, XBLOCK)[:, None]")
-        self.emit("xmask = xindex < xnumel")
+        self.emit(f"xmask = xindex < {self.numel('xnumel')}")
         for name, src in _decompose("o", self.outer, "xindex", self.sizes):
             self.emit(f"{name} = {src}")
 
     def _rindex(self, base: str) -> None:
         self.emit(f"rindex = {base}tl.arange(0, RBLOCK)[None, :]")
-        self.emit("rmask = rindex < rnumel")
+        self.emit(f"rmask = rindex < {self.numel('rnumel')}")
         for name, src in _decompose("q", self.red, "rindex", self.sizes):
             self.emit(f"{name} = {src}")
 
@@ -585,7 +585,7 @@ class KernelWriter:
             if not needed:
                 continue
             accs = {m.name: self._acc_init(m) for m in reds}
-            self.emit("for roffset in range(0, rnumel, RBLOCK):")
+            self.emit(f"for roffset in range(0, {self.numel('rnumel')}, RBLOCK):")
             self.indent += 1
             self._rindex("roffset + ")
             scope = _Scope(outer_scope)
@@ -836,7 +836,7 @@ def generate_mix(mix: MixOrderNode, graph, interpret: bool, blocks: dict,
     w.emit("for xoffset in tl.range(0, SPLIT, XBLOCK, num_stages=STAGES):")
     w.indent += 1
     w.emit("xindex = row_start + xoffset + tl.arange(0, XBLOCK)[:, None]")
-    w.emit("xmask = (xindex < xnumel) & (xoffset + tl.arange(0, XBLOCK)[:, None] < SPLIT)")
+    w.emit(f"xmask = (xindex < {w.numel('xnumel')}) & (xoffset + tl.arange(0, XBLOCK)[:, None] < SPLIT)")
     for vname, src in _decompose("o", rows, "xindex", w.sizes):
         w.emit(f"{vname} = {src}")
     w.prefetch(scope)
@@ -845,7 +845,7 @@ def generate_mix(mix: MixOrderNode, graph, interpret: bool, blocks: dict,
     for m in in_loop_cols:
         if m.name in accs:
             part = f"{colsum(accs[m.name])}[None, :]" if acc2d else accs[m.name]
-            w.emit(f"tl.store({w.ptr(workspace_name(m))} + {pid} * rnumel + rindex, {part}, rmask)")
+            w.emit(f"tl.store({w.ptr(workspace_name(m))} + {pid} * {w.numel('rnumel')} + rindex, {part}, rmask)")
     # SPLIT (rows per program) is a run-time argument: the autotuner times several without recompiling
     body = w.header(["XBLOCK", "RBLOCK", "STAGES"], int64, extra=["SPLIT"]) + w.lines
     prelude = printer.PRELUDE_INTERPRETER if interpret else printer.PRELUDE_GPU
