@@ -46,6 +46,7 @@ class LoweringContext:
         self._ids = itertools.count()
         self.fx_node: torch.fx.Node | None = None  # the FX node being lowered (provenance)
         self.last_collective: Extern | None = None  # the next collective is ordered after it (extern.py)
+        self.inputs: dict[str, Buffer] = {}  # the graph's tensor inputs by name (what copy_ may overwrite)
 
     def _origins(self) -> tuple:
         return (self.fx_node.name,) if self.fx_node is not None else ()
