@@ -266,6 +266,9 @@ def trace(candidate: Candidate, node: torch.fx.Node) -> torch.fx.GraphModule:
 
     from .decompositions import decomposition_table
 
+    want = node.meta.get("val")
+    if not isinstance(want, torch.Tensor):
+        raise ValueError(f"choices stand in for ops that return one tensor; {node.target} returns {type(want)}")
     args, kwargs = meta_args(node)
     leaves, spec = tree_flatten((args, kwargs))
     where = [k for k, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
@@ -284,7 +287,7 @@ def trace(candidate: Candidate, node: torch.fx.Node) -> torch.fx.GraphModule:
                                          device=leaves[k].device) for k in where]
         gm = make_fx(flat, decomposition_table=decomposition_table(), tracing_mode="fake")(*fakes)
     out = [n for n in gm.graph.nodes if n.op == "output"][0].args[0]
-    got, want = getattr(out, "meta", {}).get("val"), node.meta.get("val")
+    got = getattr(out, "meta", {}).get("val")
     if not isinstance(got, torch.Tensor) or got.shape != want.shape or got.dtype != want.dtype:
         what = f"{tuple(got.shape)} {got.dtype}" if isinstance(got, torch.Tensor) else type(out).__name__
         raise ValueError(f"choice {candidate.name} of {op_name(node.target)} returns {what}; the op returns "
