@@ -242,6 +242,14 @@ def test_timing_picks_the_fastest_and_caches_it(monkeypatch, tmp_path):
     assert be.reports[0].choices[0].how == "override"  # one candidate left: nothing to time
 
 
+def test_a_win_within_the_timing_noise_keeps_the_op(monkeypatch, tmp_path):
+    ms = {"aten": 1.0, "decompose_k(chunks=8)": 0.99, "decompose_k(chunks=4)": 1.5, "decompose_k(chunks=2)": 1.2}
+    _timed(monkeypatch, ms, [])
+    be = assert_matches_eager(torch.mm, [torch.randn(4, 1024), torch.randn(1024, 8)], cache_dir=str(tmp_path))
+    (rec,) = be.reports[0].choices
+    assert (rec.chosen, rec.how, rec.timings) == ("aten", "timed", ms)
+
+
 def test_timing_drops_a_candidate_that_disagrees_with_the_op(monkeypatch, tmp_path):
     calls = []
     # the op and decompose-K's three versions are timed, in this order; "bad" never is
