@@ -24,6 +24,8 @@ Choices need static sizes: a node with a symbolic size or stride keeps the op it
 from __future__ import annotations
 
 import difflib
+import hashlib
+import inspect
 from typing import Callable
 
 import attrs
@@ -46,10 +48,15 @@ class Choice:
     variants: Callable | None = None  # (*args, **kwargs) -> [dict of keyword arguments]; None: one version
 
     def fingerprint(self) -> tuple:
-        """What identifies this choice's code, for keys of choices cached on disk: edited code is timed again."""
+        """What identifies this choice's code, for keys of choices cached on disk: the function's bytecode and
+        its module's source (helpers it calls), so that edited code is timed again."""
         code = getattr(self.fn, "__code__", None)
+        try:
+            module = hashlib.sha256(inspect.getsource(inspect.getmodule(self.fn)).encode()).hexdigest()
+        except (OSError, TypeError):  # defined interactively: its bytecode only
+            module = ""
         return (self.op, self.name, getattr(self.fn, "__qualname__", repr(self.fn)),
-                code.co_code.hex() if code is not None else "")
+                code.co_code.hex() if code is not None else "", module)
 
 
 @attrs.frozen
