@@ -69,7 +69,7 @@ def test_the_sum_and_the_epilogue_fuse_into_one_kernel():
 
 def test_without_a_gpu_the_rule_keeps_the_op_and_records_it():
     a, b = torch.randn(4, 1024), torch.randn(1024, 8)
-    be = assert_matches_eager(torch.mm, [a, b])
+    be = assert_matches_eager(torch.mm, [a, b], device="cpu")  # (on a GPU the candidates are timed)
     (rec,) = be.reports[0].choices
     assert (rec.node, rec.chosen, rec.how, rec.timings) == ("mm", "aten", "rule", {})
     assert [n.op for n in be.reports[0].graph.nodes()] == [aten.mm.default]
@@ -90,7 +90,8 @@ def test_no_record_where_nothing_but_the_op_applies():
     be = assert_matches_eager(torch.mm, [torch.randn(16, 256), torch.randn(256, 16)],
                               choice_overrides={"mm": "decompose_k"})
     assert be.reports[0].choices == []
-    be = assert_matches_eager(torch.mm, [torch.randint(0, 5, (2, 512)), torch.randint(0, 5, (512, 2))])
+    be = assert_matches_eager(torch.mm, [torch.randint(0, 5, (2, 512)), torch.randint(0, 5, (512, 2))],
+                              device="cpu")  # (CUDA has no integer mm)
     assert be.reports[0].choices == []
     torch._dynamo.reset()
     be = passline.backend(choice_overrides={"mm": "decompose_k"}, fallback="raise")
@@ -240,6 +241,11 @@ def test_timing_picks_the_fastest_and_caches_it(monkeypatch, tmp_path):
     be = assert_matches_eager(torch.mm, [torch.randn(2, 1024), b], cache_dir=str(tmp_path),
                               choice_overrides={"mm": "decompose_k(chunks=2)"})
     assert be.reports[0].choices[0].how == "override"  # one candidate left: nothing to time
+    # an override naming a choice of several versions forces its first one: an override is never timed
+    be = assert_matches_eager(torch.mm, [torch.randn(3, 1024), b], cache_dir=str(tmp_path),
+                              choice_overrides={"mm": "decompose_k"})
+    assert (be.reports[0].choices[0].chosen, be.reports[0].choices[0].how) == ("decompose_k(chunks=8)", "override")
+    assert len(calls) == 4
 
 
 def test_a_win_within_the_timing_noise_keeps_the_op(monkeypatch, tmp_path):

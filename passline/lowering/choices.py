@@ -229,7 +229,7 @@ class Rule:
 
     def __call__(self, node: torch.fx.Node, op: str, cands: list[Candidate], args, kwargs):
         pool, how = self.pick(op, cands)
-        if len(pool) > 1:
+        if len(pool) > 1 and how == "rule":  # an override forces (its first version): never timed
             timed = self.time(node, op, pool, args, kwargs)
             if timed is not None:
                 return timed
