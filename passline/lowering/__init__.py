@@ -12,7 +12,7 @@ import torch
 
 from ..ir import Buffer, Layout, TensorArg
 from ..ir.index import sympify
-from . import indexing, pointwise, reductions, views  # noqa: F401  (fill the lowering table)
+from . import cat, indexing, pointwise, reductions, views  # noqa: F401  (fill the lowering table)
 from .context import GraphInput, LoweringContext, Program, dense_order, hint, strides_in_order
 from .decompositions import decomposition_table
 from .extern import lower_extern, touches_complex
