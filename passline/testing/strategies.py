@@ -8,8 +8,8 @@
         assert_matches_eager(program, program.inputs, pipeline=pipeline)
 
 A program is a small DAG of pointwise math, broadcasts, views (permute, slice, reshape, unsqueeze),
-concatenations (cat) and reductions over random dims, on inputs of random shapes (size-1 dims included), random dtypes and
-random memory layouts (LAYOUTS: contiguous, transposed, permuted, sliced, expanded, channels_last,
+concatenations (cat) and reductions over random dims, on inputs of random shapes (size-1 dims included),
+random dtypes and random memory layouts (LAYOUTS: contiguous, transposed, permuted, sliced, expanded, channels_last,
 channels_last_3d). It is written as Input specs and a list of steps, so a failing example prints as
 code that rebuilds it: `eval(repr(program))` with `from passline.testing import TensorProgram, Input`.
 """
