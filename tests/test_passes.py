@@ -285,6 +285,17 @@ def test_transpose_fuses_only_with_reorder_loops():
     assert without.metrics.counters["num_loop_reordering"] == 0
 
 
+def test_reorder_loops_permutes_a_pointwise_group():
+    # fuse makes groups on both sides of the transpose before reorder_loops sees the pair ([exp, mul] over
+    # [16, 24], [add, sin] over [24, 16]): the group's loops are permuted as one, every member alike
+    fn = lambda x: ((x.exp() * 2).t() + 1).sin()
+    x = torch.randn(16, 24)
+    without = assert_matches_eager(fn, [x], pipeline="dce, fuse").reports[0]
+    with_ = assert_matches_eager(fn, [x], pipeline="dce, fuse, reorder_loops, fuse").reports[0]
+    assert [len(n.members()) for n in without.graph.nodes()] == [2, 2]
+    assert with_.kernels == 1 and with_.metrics.counters["num_loop_reordering"] == 1
+
+
 def test_explain_gives_the_recorded_reason():
     fn = lambda x: (x.exp().t() + 1).sin()
     report = assert_matches_eager(fn, [torch.randn(16, 24)], pipeline="dce, fuse").reports[0]

@@ -130,6 +130,9 @@ def _scatter(ctx, node, x, src, dim, hit, src_index):
 
     out = node.meta["val"]
     compute = out.dtype
+    if any(s == 0 for s in src.size):  # nothing is written (a slice of an empty tensor's backward): no
+        # position of src exists to clamp a load into
+        return ctx.pointwise(out.shape, out.dtype, lambda idx: cast(broadcast_load(x, idx, out.dim()), compute))
 
     def inner(idx):
         chosen = src.load(src_index(idx))

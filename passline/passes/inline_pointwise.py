@@ -46,11 +46,72 @@ def _cheap(node: Pointwise, max_loads: int, max_ops: int) -> bool:
     return n_loads <= max_loads and n_ops <= max_ops
 
 
+def _clamp_top(expr, loops: set):
+    """The largest value of a clamp of loop variables, `Min(e, hi)` with `e` provably >= 0 (a cat's
+    position in one input, `Min(Max(i - o, 0), n - 1)`, or in its first, `Min(i, n - 1)`): `hi`, free of
+    loop variables; None for any other expression."""
+    if not isinstance(expr, sympy.Min) or not expr.free_symbols & loops:
+        return None
+    tops = [a for a in expr.args if not a.free_symbols & loops]
+    rest = [a for a in expr.args if a.free_symbols & loops]
+    if len(tops) != 1 or not tops[0].is_nonnegative or not all(_nonnegative(a, loops) for a in rest):
+        return None
+    return tops[0]
+
+
+def _nonnegative(expr, loops: set) -> bool:
+    if expr.is_nonnegative:
+        return True
+    # Max(e, c) >= c
+    return isinstance(expr, sympy.Max) and any(not a.free_symbols & loops and a.is_nonnegative for a in expr.args)
+
+
+def _opaque_clamps(index, var_ranges):
+    """`index` with each clamp of loop variables (see `_clamp_top`) replaced by a new variable ranging
+    over [0, hi], those variables' (variable, range) pairs, and the substitution back; None when a Max or
+    Min of loop variables is not such a clamp. A clamp then addresses a dimension of the node like a loop
+    variable does: every value it takes is a point of that dimension."""
+    loops = {v for v, _ in var_ranges}
+    extra, back = [], {}
+
+    def visit(e):
+        if isinstance(e, (sympy.Min, sympy.Max)) and e.free_symbols & loops:
+            top = _clamp_top(e, loops)
+            if top is None:
+                raise ValueError(e)
+            if e not in back.values():
+                d = sympy.Dummy(f"c{len(extra)}", integer=True, nonnegative=True)
+                extra.append((d, top + 1))
+                back[d] = e
+            return next(d for d, c in back.items() if c == e)
+        if not e.args:
+            return e
+        return e.func(*map(visit, e.args))
+
+    try:
+        return visit(index), tuple(extra), back
+    except ValueError:
+        return None
+
+
 def _point(node: Pointwise, index, var_ranges, flat: bool = False) -> dict | None:
     """{node's loop variable: expression in the consumer's variables} so that the node stores at
-    `index`, or None when that is not provable. `flat`: a node of one loop may be mapped from any index
+    `index`, or None when that is not provable. A clamp of the consumer's variables may address a
+    dimension too (`_opaque_clamps`). `flat`: a node of one loop may be mapped from any index
     that stays inside it (`_flat_point`); only for indirect reads, which fusion can never serve: a direct
     read of a node merge_loops flattened is what fuse splits back to the reader's nest."""
+    if index.has(sympy.Min, sympy.Max):
+        opaque = _opaque_clamps(index, var_ranges)
+        if opaque is None:
+            return None
+        inner, extra, back = opaque
+        mapping = _point(node, inner, tuple(var_ranges) + extra, flat)
+        if mapping is None:
+            return None
+        mapping = {k: v.xreplace(back) for k, v in mapping.items()}
+        if sympy.expand(node.store_index().xreplace(mapping) - index) != 0:
+            return None
+        return mapping
     layout = node.output.layout
     vs = [v for v, _ in var_ranges]
     if flat and len(node.ranges) == 1:

@@ -305,8 +305,9 @@ def split_reductions(graph, ctx, *,
                      min_reduced: Annotated[int, "shortest reduced range the rule splits"] = 4096,
                      min_chunk: Annotated[int, "fewest reduced points per chunk under the rule"] = 1024):
     """Split reductions with few outputs over a long range into partial and finishing reductions."""
+    # min_reduced 1 acts as 2 (a range of one point is never split): accepted, as any positive bound is
     for name, value, low in (("splits", splits, 0), ("sms", sms, 0), ("programs_per_sm", programs_per_sm, 1),
-                             ("min_reduced", min_reduced, 2), ("min_chunk", min_chunk, 1)):
+                             ("min_reduced", min_reduced, 1), ("min_chunk", min_chunk, 1)):
         if value < low:
             raise PipelineError(f"option {name!r} of pass 'split_reductions' must be >= {low}, got {value}")
     if splits == 1:

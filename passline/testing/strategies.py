@@ -7,9 +7,9 @@
     def test_my_pass(program, pipeline):
         assert_matches_eager(program, program.inputs, pipeline=pipeline)
 
-A program is a small DAG of pointwise math, broadcasts, views (permute, slice, reshape, unsqueeze) and
-reductions over random dims, on inputs of random shapes (size-1 dims included), random dtypes and
-random memory layouts (LAYOUTS: contiguous, transposed, permuted, sliced, expanded, channels_last,
+A program is a small DAG of pointwise math, broadcasts, views (permute, slice, reshape, unsqueeze),
+concatenations (cat) and reductions over random dims, on inputs of random shapes (size-1 dims included),
+random dtypes and random memory layouts (LAYOUTS: contiguous, transposed, permuted, sliced, expanded, channels_last,
 channels_last_3d). It is written as Input specs and a list of steps, so a failing example prints as
 code that rebuilds it: `eval(repr(program))` with `from passline.testing import TensorProgram, Input`.
 """
@@ -37,7 +37,7 @@ INT_SAFE = {"neg", "abs", "square"}
 
 @attrs.frozen
 class Step:
-    op: str  # unary/binary/reduce name, or a view: permute, slice, reshape, unsqueeze
+    op: str  # unary/binary/reduce name, a view (permute, slice, reshape, unsqueeze), or cat
     args: tuple  # value indices
     params: tuple = ()
 
@@ -215,6 +215,8 @@ def _apply(step: Step, xs):
         return xs[0].reshape(p)
     if op == "unsqueeze":
         return xs[0].unsqueeze(p[0])
+    if op == "cat":
+        return torch.cat((xs[0], xs[1]), p[0])
     raise ValueError(op)
 
 
@@ -282,7 +284,7 @@ def programs(draw, max_steps: int = 6, max_rank: int = 5, max_size: int = 6,
     for _ in range(draw(st.integers(1, max_steps))):
         i = draw(st.integers(0, len(shapes) - 1))
         s = shapes[i]
-        kinds = ["unary", "binary", "reduce", "view"]
+        kinds = ["unary", "binary", "reduce", "view", "cat"]
         kind = draw(st.sampled_from(kinds))
         if kind == "unary":
             names = sorted(UNARY if dtype.is_floating_point else INT_SAFE)
@@ -318,6 +320,14 @@ def programs(draw, max_steps: int = 6, max_rank: int = 5, max_size: int = 6,
             else:
                 d = draw(st.integers(0, len(s)))
                 step, out = Step("unsqueeze", (i,), (d,)), s[:d] + (1,) + s[d:]
+        elif kind == "cat" and s:
+            # with itself or a value of the same shape but along one dim (the cat dim)
+            d = draw(st.integers(0, len(s) - 1))
+            partners = [j for j, t in enumerate(shapes)
+                        if len(t) == len(s) and all(a == b for k, (a, b) in enumerate(zip(s, t)) if k != d)]
+            j = draw(st.sampled_from(partners))
+            dim = draw(st.sampled_from([d, d - len(s)]))  # negative dims too
+            step, out = Step("cat", (i, j), (dim,)), s[:d] + (s[d] + shapes[j][d],) + s[d + 1:]
         else:
             step, out = Step("neg", (i,)), s
         steps.append(step)
