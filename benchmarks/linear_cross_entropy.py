@@ -12,9 +12,11 @@ backward (no optimizer). Defaults: 8 x 1024 tokens, hidden 768, vocabulary 12825
 logits are 2 GiB in bfloat16 and 4 GiB once upcast, the weight 188 MiB.
 
 Contenders, each on a fresh copy of the same weights, in this process: eager, `torch.compile(model)`
-(Inductor; --no-inductor leaves it out), `passline.backend()` (the default pipeline) and
-`passline.backend(pipeline="fuse_linear_cross_entropy(chunk_rows=N), " + DEFAULT_PIPELINE)`; passline
-with fallback="raise", and the last must report the rewrite (else the script fails).
+(Inductor; --no-inductor leaves it out), `passline.backend()` (the default pipeline), and
+`passline.backend(pipeline="fuse_linear_cross_entropy(chunk_rows=N, grads_in_forward=G), " +
+DEFAULT_PIPELINE)` with the gradients computed with the loss (passline+lce, G=true, the pass's default: 3
+matmuls) and computed again in the backward (passline+lce-recompute, G=false: 4 matmuls); passline with
+fallback="raise", and the last two must report the rewrite (else the script fails).
 
 Check (as benchmarks/models.py): the first step's loss and every gradient (the tied weight, the LayerNorm's,
 h's) against a float64 eager step on the same bfloat16-rounded weights; relative error within
@@ -47,7 +49,7 @@ from models import FACTOR, FLOOR, rel_err  # noqa: E402  (the check benchmarks/m
 
 CONFIG = dict(batch=8, seq=1024, hidden=768, vocab=128256)
 SMOKE = dict(batch=2, seq=16, hidden=32, vocab=512)
-FUSED_PIPELINE = "fuse_linear_cross_entropy(chunk_rows={chunk_rows}), "
+FUSED_PIPELINE = "fuse_linear_cross_entropy(chunk_rows={chunk_rows}, grads_in_forward={grads_in_forward}), "
 
 
 class Head(nn.Module):
@@ -110,7 +112,9 @@ def contenders(args) -> dict:
     if not args.no_inductor:
         out["inductor"] = "inductor"
     out["passline"] = passline.DEFAULT_PIPELINE
-    out["passline+lce"] = FUSED_PIPELINE.format(chunk_rows=args.chunk_rows) + passline.DEFAULT_PIPELINE
+    for name, grads_in_forward in (("passline+lce", "true"), ("passline+lce-recompute", "false")):
+        out[name] = FUSED_PIPELINE.format(chunk_rows=args.chunk_rows, grads_in_forward=grads_in_forward) \
+            + passline.DEFAULT_PIPELINE
     return out
 
 
@@ -258,12 +262,13 @@ def main(argv=None) -> int:
                 break
         failed |= not row["passed"]
         rows.append(row)
-    print("\n".join(["", *table(rows)]))
+    print("\n".join(["", *table(rows), ""]))
     by = {r["contender"]: r for r in rows if "error" not in r}
-    if "inductor" in by and "passline+lce" in by and by["inductor"]["peak_mb"]:
-        share = by["passline+lce"]["peak_mb"] / by["inductor"]["peak_mb"]
-        print(f"\nfuse_linear_cross_entropy: peak {share:.2f} of Inductor's "
-              f"({'at most half: goal met' if share <= 0.5 else 'more than half: goal missed'})")
+    for name in ("passline+lce", "passline+lce-recompute"):
+        if "inductor" in by and name in by and by["inductor"]["peak_mb"]:
+            share = by[name]["peak_mb"] / by["inductor"]["peak_mb"]
+            print(f"{name}: peak {share:.2f} of Inductor's "
+                  f"({'at most half: goal met' if share <= 0.5 else 'more than half: goal missed'})")
     print(f"\nchecks: {'all passed' if not failed else 'FAILED'}")
     if args.out:
         Path(args.out).write_text(json.dumps(dict(config=cfg, device=device, rows=rows), indent=1, default=str))

@@ -12,7 +12,12 @@ from modules import benchmark_script
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import passline
-from passline.ops.linear_cross_entropy import chunked_backward, chunked_forward, default_chunk_rows
+from passline.ops.linear_cross_entropy import (
+    chunked_backward,
+    chunked_forward,
+    chunked_forward_with_grads,
+    default_chunk_rows,
+)
 from passline.testing import assert_matches_eager
 
 VOCAB, HIDDEN = 300, 16
@@ -48,32 +53,40 @@ FORMS = {
                                                            t.view(-1), **o),
     "matmul_untransposed": lambda x, w, b, t, **o: F.cross_entropy((x @ w).view(-1, VOCAB), t.view(-1), **o),
 }
-CASES = [  # every form, both dtypes, every reduction, label smoothing, ignore_index -100 and -1
-    ("linear_view", torch.float32, dict()),
-    ("linear_view", torch.bfloat16, dict(reduction="sum")),  # bfloat16 loss: no upcast
-    ("matmul_T_float_flatten", torch.bfloat16, dict(label_smoothing=0.1)),
-    ("matmul_T_float_flatten", torch.float32, dict(reduction="none", ignore_index=-1)),
-    ("linear_bias_float", torch.bfloat16, dict(reduction="none", label_smoothing=0.2)),
-    ("linear_bias_float", torch.float32, dict(reduction="sum", label_smoothing=0.1)),
-    ("matmul_t_to", torch.float32, dict(label_smoothing=0.05)),
-    ("matmul_untransposed", torch.float32, dict(reduction="sum")),
+CASES = [  # every form, both dtypes, every reduction, label smoothing, ignore_index -100 and -1, both backwards
+    ("linear_view", torch.float32, dict(), True),
+    ("linear_view", torch.float32, dict(), False),
+    ("linear_view", torch.bfloat16, dict(reduction="sum"), True),  # bfloat16 loss: no upcast
+    ("linear_view", torch.bfloat16, dict(reduction="sum"), False),
+    ("matmul_T_float_flatten", torch.bfloat16, dict(label_smoothing=0.1), True),
+    ("matmul_T_float_flatten", torch.bfloat16, dict(label_smoothing=0.1), False),
+    ("matmul_T_float_flatten", torch.float32, dict(reduction="none", ignore_index=-1), True),
+    ("linear_bias_float", torch.bfloat16, dict(reduction="none", label_smoothing=0.2), True),
+    ("linear_bias_float", torch.float32, dict(reduction="sum", label_smoothing=0.1), True),
+    ("linear_bias_float", torch.float32, dict(reduction="mean", label_smoothing=0.1), False),
+    ("matmul_t_to", torch.float32, dict(label_smoothing=0.05), True),
+    ("matmul_untransposed", torch.float32, dict(reduction="sum"), True),
 ]
 
 
-@pytest.mark.parametrize("form,dtype,options", CASES, ids=[f"{f}-{str(d)[6:]}-{o}" for f, d, o in CASES])
-def test_loss_and_gradients_match_eager(form, dtype, options):
+@pytest.mark.parametrize("form,dtype,options,grads_in_forward", CASES,
+                         ids=[f"{f}-{str(d)[6:]}-{o}-{g}" for f, d, o, g in CASES])
+def test_loss_and_gradients_match_eager(form, dtype, options, grads_in_forward):
     x = _leaf(2, 7, HIDDEN, dtype=dtype)
     w = _leaf(*((HIDDEN, VOCAB) if form == "matmul_untransposed" else (VOCAB, HIDDEN)), dtype=dtype, scale=0.5, seed=2)
     b = _leaf(VOCAB, dtype=dtype, seed=3)
     t = _targets(2, 7, ignore=options.get("ignore_index", -100))
     fn = FORMS[form]
-    be = assert_matches_eager(lambda x, w, b, t: fn(x, w, b, t, **options), [x, w, b, t], pipeline=PIPELINE,
+    pipeline = f"fuse_linear_cross_entropy(chunk_rows=4, grads_in_forward={str(grads_in_forward).lower()}), dce"
+    be = assert_matches_eager(lambda x, w, b, t: fn(x, w, b, t, **options), [x, w, b, t], pipeline=pipeline,
                               codegen="reference")
     assert _fired(be) == 1
     forward = be.reports[0]
     assert forward.passes[0].name == "fuse_linear_cross_entropy" and forward.passes[0].stage == "fx"
     ops = {str(n.op) for n in forward.graph.nodes() if isinstance(n, passline.ir.Extern)}
-    assert "passline.linear_cross_entropy.default" in ops, ops
+    # gradients with the loss for a mean or a sum; a per-row loss's backward computes the logits again
+    with_grads = grads_in_forward and options.get("reduction") != "none"
+    assert ops == {f"passline.linear_cross_entropy{'_with_grads' if with_grads else ''}.default"}, ops
 
 
 def test_no_tensor_of_the_logits_size_is_saved_or_made():
@@ -106,9 +119,17 @@ def test_the_op_holds_one_chunk_of_logits_at_a_time():
 
     with Largest():
         loss = chunked_forward(x, w, None, t, -100, 0.1, "mean", True, chunk)
-        chunked_backward(torch.ones(()), x, w, None, t, -100, 0.1, "mean", chunk, True, True, False)
+        grads = chunked_backward(torch.ones(()), x, w, None, t, -100, 0.1, "mean", chunk, True, True, False)
+        loss_and_grads = chunked_forward_with_grads(x, w, None, t, -100, 0.1, "mean", True, chunk, True, True, False)
     assert Largest.largest == max(chunk * VOCAB, VOCAB * HIDDEN) < rows * VOCAB
-    torch.testing.assert_close(loss, F.cross_entropy(x @ w.T, t, label_smoothing=0.1))
+    xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
+    expected = F.cross_entropy(xr @ wr.T, t, label_smoothing=0.1)
+    expected.backward()
+    for got in (loss, loss_and_grads[0]):
+        torch.testing.assert_close(got, expected)
+    for got in (grads, loss_and_grads[1:3]):
+        torch.testing.assert_close(got[0], xr.grad)
+        torch.testing.assert_close(got[1], wr.grad)
 
 
 def test_chunk_rule():
@@ -270,6 +291,23 @@ def test_benchmark_smoke_run(tmp_path, monkeypatch):
     code = benchmark_script("linear_cross_entropy").main(["--smoke", "--device", "cpu", "--no-inductor",
                                                           "--out", str(out)])
     rows = {r["contender"]: r for r in json.loads(out.read_text())["rows"]}
-    assert code == 0 and set(rows) == {"eager", "passline", "passline+lce"}, rows
-    assert rows["passline+lce"]["fused"] == 1 and rows["passline"]["fused"] == 0
+    assert code == 0 and set(rows) == {"eager", "passline", "passline+lce", "passline+lce-recompute"}, rows
+    assert rows["passline+lce"]["fused"] == rows["passline+lce-recompute"]["fused"] == 1
+    assert rows["passline"]["fused"] == 0
     assert all(r["passed"] for r in rows.values())
+
+
+def test_a_frozen_head_and_a_gradient_not_computed():
+    """Gradients with the loss are computed for the inputs autograd will differentiate, as dynamo saw them;
+    a gradient asked for that was not computed is an error, never a zero."""
+    x, t = _leaf(2, 7, HIDDEN), _targets(2, 7)
+    w = _leaf(VOCAB, HIDDEN, scale=0.5).detach()  # a frozen head
+    be = assert_matches_eager(lambda x, w, t: F.cross_entropy(F.linear(x, w).view(-1, VOCAB), t.view(-1)),
+                              [x, w, t], pipeline=PIPELINE, codegen="reference")
+    (op,) = [n for n in be.reports[0].gm.graph.nodes if "with_grads" in str(n.target)]
+    assert op.args[-3:] == (True, False, False)  # need x, not the weight nor a bias
+    loss = torch.ops.passline.linear_cross_entropy_with_grads(x.view(-1, HIDDEN), w.requires_grad_(), None,
+                                                              t.view(-1), -100, 0.0, "mean", True, 4,
+                                                              True, False, False)[0]
+    with pytest.raises(RuntimeError, match="gradient of input 1 was not computed"):
+        loss.backward()

@@ -3,12 +3,18 @@
 
 An LM head's logits are the largest tensor of a training step (8k tokens x 128k vocabulary: 2 GiB in
 bfloat16, twice that once upcast to float32), and autograd keeps them from the forward to the backward.
-Here the rows are taken in chunks. The forward computes each chunk's logits (one matmul, in the input's
-dtype) and their float32 log-softmax, and keeps the chunk's rows of the loss. The backward computes each
-chunk's logits again and their float32 softmax, turns that into the logits' gradient at once (minus the
-smoothed one-hot, times the loss's gradient, written in the logits' dtype) and consumes it into the
-gradients of `x` (the chunk's rows), `weight` and `bias` (summed over chunks in float32). Autograd saves
-`x`, `weight`, `bias` and `target`; the price is the forward's matmul run again in the backward.
+Here the rows are taken in chunks, and each chunk's logits (one matmul, in the input's dtype) are turned at
+once into float32 log-probabilities, the chunk's rows of the loss and, where asked, the logits' gradient
+(softmax minus the smoothed one-hot, times each row's share of the loss's gradient, written once in the
+logits' dtype), which two matmuls consume into the gradients of `x` (the chunk's rows) and `weight` (and a
+sum into `bias`), summed over chunks in float32. Three ops:
+
+- `passline::linear_cross_entropy` (the loss) and `passline::linear_cross_entropy_backward` (its
+  gradients): autograd saves `x`, `weight`, `bias` and `target`, and the backward computes each chunk's
+  logits again — 4 matmuls in all;
+- `passline::linear_cross_entropy_with_grads` (the loss and the gradients for a loss gradient of 1, for a
+  "mean" or "sum" loss, whose gradient only scales them): the backward scales what the forward saved —
+  3 matmuls, and the gradients (float32 for `weight`, as large as it) held from the forward to the backward.
 
 The loss is F.cross_entropy's: `ignore_index` rows count for nothing (and `mean` divides by the rows
 left: all ignored is 0/0, NaN, as eager), `label_smoothing` eps makes a row's loss
@@ -59,29 +65,105 @@ def _check(x, weight, bias, target, reduction):
         raise ValueError(f"linear_cross_entropy: bias of shape {tuple(weight.shape[:1])} expected")
 
 
-def chunked_forward(x, weight, bias, target, ignore_index, label_smoothing, reduction, upcast, chunk_rows):
-    """The loss of cross_entropy(linear(x, weight, bias), target); chunk_rows 0: `default_chunk_rows`. The
-    body of the op `passline::linear_cross_entropy`."""
-    _check(x, weight, bias, target, reduction)
-    rows, vocab = x.shape[0], weight.shape[0]
-    chunk = chunk_rows if chunk_rows > 0 else default_chunk_rows(rows, x.shape[1], vocab)
-    losses = torch.empty(rows, dtype=torch.float32, device=x.device)
+class _Gradients:
+    """dx, dweight and dbias, filled chunk by chunk from each chunk's logits' gradient: dx's rows of the chunk
+    by one matmul, dweight and dbias summed in float32 (each chunk's product is rounded once, as eager's
+    single matmul over all rows is, and the sum adds no rounding of its own)."""
+
+    def __init__(self, x, weight, bias, need_x: bool, need_weight: bool, need_bias: bool):
+        rows, hidden = x.shape
+        vocab = weight.shape[0]
+        self.dx = x.new_empty((rows, hidden) if need_x else (0,))
+        self.dweight = torch.zeros(vocab, hidden, dtype=torch.float32, device=x.device) if need_weight else None
+        self.dbias = torch.zeros(vocab, dtype=torch.float32, device=x.device) if need_bias else None
+        self.need_x = need_x
+
+    def add(self, dz, x, weight, s: int, e: int) -> None:
+        if self.need_x:
+            torch.mm(dz, weight, out=self.dx[s:e])
+        if self.dweight is not None:
+            if dz.dtype == torch.float32:
+                self.dweight.addmm_(dz.t(), x)
+            else:
+                self.dweight.add_(dz.t() @ x)
+        if self.dbias is not None:
+            self.dbias.add_(dz.sum(0, dtype=torch.float32))
+
+    def float32(self, weight):
+        """(dx, dweight, dbias) with the sums in float32; a gradient not needed is an empty tensor."""
+        def empty():  # one each: an op's outputs may not alias each other
+            return weight.new_empty(0, dtype=torch.float32)
+
+        return (self.dx, empty() if self.dweight is None else self.dweight,
+                empty() if self.dbias is None else self.dbias)
+
+
+def _row_scale(valid, reduction: str, grad=None):
+    """Each row's share of the loss's gradient `grad` (1 when None), as a column: 0 for ignored rows,
+    1 / valid rows under "mean"."""
+    scale = torch.ones((), device=valid.device) if grad is None else grad.float()
+    if reduction == "mean":
+        scale = scale / valid.sum()
+    return torch.where(valid, scale, 0.0).expand(valid.shape[0]).unsqueeze(1)
+
+
+def _sweep(x, weight, bias, target, ignore_index, label_smoothing, chunk_rows, losses=None, scale=None,
+           grads: _Gradients | None = None) -> None:
+    """One pass over the rows in chunks, each chunk's logits computed once: with `losses`, the chunk's rows of
+    the loss are written there; with `grads`, the logits' gradient (times `scale`, each row's share of the
+    loss's gradient) is computed at once and consumed into them."""
+    rows, hidden = x.shape
+    vocab = weight.shape[0]
+    chunk = chunk_rows if chunk_rows > 0 else default_chunk_rows(rows, hidden, vocab)
     valid = target != ignore_index
+    # d loss / d logit = scale * (softmax - (1 - eps) * onehot - eps / vocab): the last term, per row
+    shift = scale * (-label_smoothing / vocab) if grads is not None and label_smoothing else None
     for s, e in _chunks(rows, chunk):
-        # eager's log_softmax of the float32 logits, in one kernel that reads them in their dtype: the
-        # chunk's buffers are its logits and one float32 copy
-        logp = torch.log_softmax(_logits(x[s:e], weight, bias), 1, dtype=torch.float32)
-        loss = logp.gather(1, torch.where(valid[s:e], target[s:e], 0).unsqueeze(1)).squeeze(1).neg_()
-        if label_smoothing:
-            loss = (1 - label_smoothing) * loss - label_smoothing * logp.mean(1)
-        losses[s:e] = torch.where(valid[s:e], loss, 0.0)
+        z = _logits(x[s:e], weight, bias)
+        onehot = torch.where(valid[s:e], target[s:e], 0).unsqueeze(1)
+        if losses is not None:
+            # eager's log_softmax of the float32 logits, one kernel reading them in their dtype: the chunk's
+            # buffers are its logits and one float32 tensor, worked on in place from here
+            p = torch.log_softmax(z, 1, dtype=torch.float32)
+            del z
+            loss = p.gather(1, onehot).squeeze(1).neg_()
+            if label_smoothing:
+                loss = (1 - label_smoothing) * loss - label_smoothing * p.mean(1)
+            losses[s:e] = torch.where(valid[s:e], loss, 0.0)
+            if grads is None:
+                continue
+            p.exp_()  # the softmax
+        else:
+            p = torch.softmax(z, 1, dtype=torch.float32)
+            del z
+        p.scatter_add_(1, onehot, p.new_full(onehot.shape, -(1.0 - label_smoothing)))
+        # the logits' gradient, written once in their dtype (as eager's backward of .float() rounds it)
+        dz = p if x.dtype == torch.float32 else torch.empty(p.shape, dtype=x.dtype, device=x.device)
+        if shift is None:
+            torch.mul(p, scale[s:e], out=dz)
+        else:
+            torch.addcmul(shift[s:e], p, scale[s:e], out=dz)
+        del p
+        grads.add(dz, x[s:e], weight, s, e)
+
+
+def _reduce(losses, valid, reduction: str, dtype):
     if reduction == "none":
         out = losses
     else:
         out = losses.sum()
         if reduction == "mean":
             out = out / valid.sum()
-    return out.to(torch.float32 if upcast else x.dtype)
+    return out.to(dtype)
+
+
+def chunked_forward(x, weight, bias, target, ignore_index, label_smoothing, reduction, upcast, chunk_rows):
+    """The loss of cross_entropy(linear(x, weight, bias), target); chunk_rows 0: `default_chunk_rows`. The
+    body of the op `passline::linear_cross_entropy`."""
+    _check(x, weight, bias, target, reduction)
+    losses = torch.empty(x.shape[0], dtype=torch.float32, device=x.device)
+    _sweep(x, weight, bias, target, ignore_index, label_smoothing, chunk_rows, losses=losses)
+    return _reduce(losses, target != ignore_index, reduction, torch.float32 if upcast else x.dtype)
 
 
 linear_cross_entropy = torch.library.custom_op(
@@ -98,47 +180,13 @@ def _(x, weight, bias, target, ignore_index, label_smoothing, reduction, upcast,
 
 def chunked_backward(grad, x, weight, bias, target, ignore_index, label_smoothing, reduction, chunk_rows,
                      need_x, need_weight, need_bias):
-    """(dx, dweight, dbias) of linear_cross_entropy; a gradient not needed is an empty tensor. The body of
-    the op `passline::linear_cross_entropy_backward`."""
-    rows, hidden = x.shape
-    vocab = weight.shape[0]
-    chunk = chunk_rows if chunk_rows > 0 else default_chunk_rows(rows, hidden, vocab)
-    valid = target != ignore_index
-    # each row's share of the loss's gradient: 0 for ignored rows, 1/valid rows under "mean"
-    scale = grad.float()
-    if reduction == "mean":
-        scale = scale / valid.sum()
-    scale = torch.where(valid, scale, 0.0).expand(rows).unsqueeze(1)
-    # d loss / d logit = scale * (softmax - (1 - eps) * onehot - eps / vocab): the last term per row
-    shift = scale * (-label_smoothing / vocab) if label_smoothing else None
-    dx = x.new_empty((rows, hidden) if need_x else (0,))
-    # weight and bias gradients summed over chunks in float32: each chunk's product is rounded once, as
-    # eager's single matmul over all rows is, and the sum adds no rounding of its own
-    dweight = torch.zeros(vocab, hidden, dtype=torch.float32, device=x.device) if need_weight else None
-    dbias = torch.zeros(vocab, dtype=torch.float32, device=x.device) if need_bias else None
-    for s, e in _chunks(rows, chunk):
-        p = torch.softmax(_logits(x[s:e], weight, bias), 1, dtype=torch.float32)
-        onehot = torch.where(valid[s:e], target[s:e], 0).unsqueeze(1)
-        p.scatter_add_(1, onehot, p.new_full(onehot.shape, -(1.0 - label_smoothing)))
-        # the logits' gradient, written once in their dtype (as eager's backward of .float() rounds it)
-        dz = p if x.dtype == torch.float32 else torch.empty(p.shape, dtype=x.dtype, device=x.device)
-        if shift is None:
-            torch.mul(p, scale[s:e], out=dz)
-        else:
-            torch.addcmul(shift[s:e], p, scale[s:e], out=dz)
-        del p
-        if need_x:
-            torch.mm(dz, weight, out=dx[s:e])
-        if need_weight:
-            if dz.dtype == torch.float32:
-                dweight.addmm_(dz.t(), x[s:e])
-            else:
-                dweight.add_(dz.t() @ x[s:e])
-        if need_bias:
-            dbias.add_(dz.sum(0, dtype=torch.float32))
-    dweight = dweight.to(weight.dtype) if need_weight else weight.new_empty(0)
-    dbias = dbias.to(bias.dtype) if need_bias else weight.new_empty(0)
-    return dx, dweight, dbias
+    """(dx, dweight, dbias) of linear_cross_entropy, each chunk's logits computed again; a gradient not needed
+    is an empty tensor. The body of the op `passline::linear_cross_entropy_backward`."""
+    grads = _Gradients(x, weight, bias, need_x, need_weight, need_bias)
+    scale = _row_scale(target != ignore_index, reduction, grad)
+    _sweep(x, weight, bias, target, ignore_index, label_smoothing, chunk_rows, scale=scale, grads=grads)
+    dx, dweight, dbias = grads.float32(weight)
+    return dx, dweight.to(weight.dtype), dbias.to(weight.dtype if bias is None else bias.dtype)
 
 
 linear_cross_entropy_backward = torch.library.custom_op(
@@ -148,13 +196,17 @@ linear_cross_entropy_backward = torch.library.custom_op(
            " -> (Tensor, Tensor, Tensor)")
 
 
+def _fake_grads(x, weight, bias, need_x, need_weight, need_bias, dtype=None):
+    dx = x.new_empty(x.shape if need_x else (0,))
+    dweight = weight.new_empty(weight.shape if need_weight else (0,), dtype=dtype)
+    dbias = weight.new_empty(bias.shape if need_bias else (0,), dtype=dtype or (bias if need_bias else weight).dtype)
+    return dx, dweight, dbias
+
+
 @linear_cross_entropy_backward.register_fake
 def _(grad, x, weight, bias, target, ignore_index, label_smoothing, reduction, chunk_rows, need_x, need_weight,
       need_bias):
-    dx = x.new_empty(x.shape if need_x else (0,))
-    dweight = weight.new_empty(weight.shape if need_weight else (0,))
-    dbias = (bias if need_bias else weight).new_empty(bias.shape if need_bias else (0,))
-    return dx, dweight, dbias
+    return _fake_grads(x, weight, bias, need_x, need_weight, need_bias)
 
 
 def _setup_context(ctx, inputs, output):
@@ -173,3 +225,60 @@ def _backward(ctx, grad):
 
 
 linear_cross_entropy.register_autograd(_backward, setup_context=_setup_context)
+
+
+def chunked_forward_with_grads(x, weight, bias, target, ignore_index, label_smoothing, reduction, upcast,
+                               chunk_rows, need_x, need_weight, need_bias):
+    """(loss, dx, dweight, dbias) for a loss's gradient of 1, each chunk's logits computed once: the loss is
+    a sum or a mean, so its gradient only scales these (the backward of
+    `passline::linear_cross_entropy_with_grads` does, 3 matmuls in all where recomputing takes 4).
+    dweight and dbias are float32 sums (rounded once, in the backward); a gradient not needed is empty."""
+    _check(x, weight, bias, target, reduction)
+    if reduction == "none":
+        raise ValueError("linear_cross_entropy_with_grads: a per-row loss's gradient is not a scale; use "
+                         "linear_cross_entropy")
+    valid = target != ignore_index
+    losses = torch.empty(x.shape[0], dtype=torch.float32, device=x.device)
+    grads = _Gradients(x, weight, bias, need_x, need_weight, need_bias)
+    _sweep(x, weight, bias, target, ignore_index, label_smoothing, chunk_rows, losses=losses,
+           scale=_row_scale(valid, reduction), grads=grads)
+    return (_reduce(losses, valid, reduction, torch.float32 if upcast else x.dtype), *grads.float32(weight))
+
+
+linear_cross_entropy_with_grads = torch.library.custom_op(
+    "passline::linear_cross_entropy_with_grads", chunked_forward_with_grads, mutates_args=(),
+    schema="(Tensor x, Tensor weight, Tensor? bias, Tensor target, int ignore_index, float label_smoothing, "
+           "str reduction, bool upcast, int chunk_rows, bool need_x, bool need_weight, bool need_bias) "
+           "-> (Tensor, Tensor, Tensor, Tensor)")
+
+
+@linear_cross_entropy_with_grads.register_fake
+def _(x, weight, bias, target, ignore_index, label_smoothing, reduction, upcast, chunk_rows, need_x, need_weight,
+      need_bias):
+    _check(x, weight, bias, target, reduction)
+    loss = x.new_empty((), dtype=torch.float32 if upcast else x.dtype)
+    return (loss, *_fake_grads(x, weight, bias, need_x, need_weight, need_bias, torch.float32))
+
+
+def _setup_context_with_grads(ctx, inputs, output):
+    ctx.computed = inputs[-3:]  # need_x, need_weight, need_bias
+    ctx.dtypes = (inputs[1].dtype, None if inputs[2] is None else inputs[2].dtype)
+    ctx.save_for_backward(*output[1:])
+    ctx.mark_non_differentiable(*output[1:])
+
+
+def _backward_with_grads(ctx, grad, *_):
+    missing = [k for k in range(3) if ctx.needs_input_grad[k] and not ctx.computed[k]]
+    if missing:  # the pass read requires_grad from dynamo's example values; never answer zero instead
+        raise RuntimeError(f"linear_cross_entropy_with_grads: the gradient of input {missing[0]} was not "
+                           f"computed in the forward")
+    dx, dweight, dbias = ctx.saved_tensors
+    # the loss's gradient scales the unit gradients: dx (in x's dtype) rounded once more, the float32
+    # sums rounded once, here
+    return (dx * grad if ctx.computed[0] else None,
+            (dweight * grad.float()).to(ctx.dtypes[0]) if ctx.computed[1] else None,
+            (dbias * grad.float()).to(ctx.dtypes[1]) if ctx.computed[2] else None,
+            *[None] * 9)
+
+
+linear_cross_entropy_with_grads.register_autograd(_backward_with_grads, setup_context=_setup_context_with_grads)

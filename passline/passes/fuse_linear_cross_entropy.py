@@ -3,10 +3,13 @@
 `F.cross_entropy(F.linear(x, W, b), target)` makes a `[tokens, vocabulary]` logits tensor (2 GiB in
 bfloat16 for 8k tokens and a 128k vocabulary, and again in float32 when the model upcasts), and autograd
 keeps it, or its log-softmax, from the forward to the backward. This pass replaces the pattern with
-`passline::linear_cross_entropy` (passline/ops/linear_cross_entropy.py), which runs the rows in chunks
-— one matmul per chunk, then its loss; in the backward the chunk's logits again, their gradient, consumed
-at once into the gradients of x, W and b — so that no more than a chunk of logits ever exists, and
-autograd saves only x, W, b and the target.
+one op (passline/ops/linear_cross_entropy.py) that runs the rows in chunks — per chunk one matmul, the
+loss and the logits' gradient, consumed at once by the matmuls that give the gradients of x, W and b — so
+that no more than a chunk of logits ever exists. For a mean or sum loss that autograd will differentiate
+(dynamo's example value of the loss requires grad), `passline::linear_cross_entropy_with_grads` computes the
+gradients with the loss and the backward only scales them (3 matmuls); otherwise (`reduction="none"`, no
+gradient, or `grads_in_forward=false`), `passline::linear_cross_entropy`, whose backward computes each
+chunk's logits again from the saved x, W, b and target (4 matmuls).
 
 It must see the graph before aot_autograd, which would otherwise save the logits for the backward: it is
 an FX-stage pass (registry.STAGES), run by the dynamo backend on each captured graph, first in the
@@ -61,7 +64,10 @@ class _Refused(Exception):
 @register_pass("fuse_linear_cross_entropy", stage="fx", provides={"linear_cross_entropy_fused"})
 def fuse_linear_cross_entropy(gm: torch.fx.GraphModule, ctx, *,
                               chunk_rows: Annotated[int, "rows per chunk (0: the rule of "
-                                                         "ops.linear_cross_entropy.default_chunk_rows)"] = 0):
+                                                         "ops.linear_cross_entropy.default_chunk_rows)"] = 0,
+                              grads_in_forward: Annotated[bool, "a mean or sum loss that autograd will "
+                                                                "differentiate: gradients with the loss, 3 "
+                                                                "matmuls (false: recomputed, 4)"] = True):
     """Compute cross_entropy(linear(x, W), target) in chunks of rows, never the whole logits (FX stage)."""
     graph = gm.graph
     for ce in list(graph.nodes):
@@ -73,7 +79,7 @@ def fuse_linear_cross_entropy(gm: torch.fx.GraphModule, ctx, *,
             ctx.count(f"linear_cross_entropy_refused_{r.reason}")
             continue
         if ctx.decide("fuse", ce.name):
-            _rewrite(graph, ce, match, chunk_rows)
+            _rewrite(graph, ce, match, chunk_rows, grads_in_forward)
             ctx.count("linear_cross_entropy_fused")
     return gm
 
@@ -123,7 +129,7 @@ def _match(ce: torch.fx.Node) -> dict:
     x, weight, bias, transposed = linear
     matrix = z.args[1] if z.target not in _LINEAR else None
     vals = [_val(n) for n in (logits, target, z, x, weight)]
-    if any(v is None for v in vals) or (bias is not None and _val(bias) is None):
+    if any(v is None for v in vals) or (bias is not None and _val(bias) is None) or _val(ce) is None:
         raise _Refused("shapes")
     v_logits, v_target, v_z, v_x, v_w = vals
     if transposed:
@@ -209,15 +215,22 @@ def _check(chain, v_logits, v_target, v_z, v_x, v_w, v_b) -> None:
             raise _Refused("dtypes")
 
 
-def _rewrite(graph: torch.fx.Graph, ce: torch.fx.Node, m: dict, chunk_rows: int) -> None:
+def _rewrite(graph: torch.fx.Graph, ce: torch.fx.Node, m: dict, chunk_rows: int, grads_in_forward: bool) -> None:
     with graph.inserting_before(ce):
         x = m["x"]
         if _val(x).dim() != 2:
             x = graph.call_function(torch.flatten, (x, 0, -2))  # [tokens, hidden]
         weight = graph.call_function(torch.t, (m["weight"],)) if m["transposed"] else m["weight"]
-        loss = graph.call_function(torch.ops.passline.linear_cross_entropy.default,
-                                   (x, weight, m["bias"], m["target"], m["ignore_index"], m["label_smoothing"],
-                                    m["reduction"], m["upcast"], chunk_rows))
+        args = (x, weight, m["bias"], m["target"], m["ignore_index"], m["label_smoothing"], m["reduction"],
+                m["upcast"], chunk_rows)
+        # dynamo's example values say whether autograd will differentiate the loss, and through which
+        # inputs (it guards on requires_grad and the grad mode, so they hold whenever this graph runs)
+        needs = tuple(v is not None and v.requires_grad for v in map(_val, (m["x"], m["weight"], m["bias"])))
+        if grads_in_forward and m["reduction"] != "none" and _val(ce).requires_grad:
+            fused = graph.call_function(torch.ops.passline.linear_cross_entropy_with_grads.default, (*args, *needs))
+            loss = graph.call_function(operator.getitem, (fused, 0))
+        else:
+            loss = graph.call_function(torch.ops.passline.linear_cross_entropy.default, args)
     loss.meta.update(ce.meta)
     ce.replace_all_uses_with(loss)
     graph.erase_node(ce)
