@@ -46,11 +46,15 @@ def _cheap(node: Pointwise, max_loads: int, max_ops: int) -> bool:
     return n_loads <= max_loads and n_ops <= max_ops
 
 
-def _point(node: Pointwise, index, var_ranges) -> dict | None:
+def _point(node: Pointwise, index, var_ranges, flat: bool = False) -> dict | None:
     """{node's loop variable: expression in the consumer's variables} so that the node stores at
-    `index`, or None when that is not provable."""
+    `index`, or None when that is not provable. `flat`: a node of one loop may be mapped from any index
+    that stays inside it (`_flat_point`); only for indirect reads, which fusion can never serve: a direct
+    read of a node merge_loops flattened is what fuse splits back to the reader's nest."""
     layout = node.output.layout
     vs = [v for v, _ in var_ranges]
+    if flat and len(node.ranges) == 1:
+        return _flat_point(node, index, var_ranges)
     form = as_strided_form(index, vs)
     if form is None or form[1] != 0:
         return None
@@ -69,6 +73,28 @@ def _point(node: Pointwise, index, var_ranges) -> dict | None:
     if sympy.expand(node.store_index().xreplace(mapping) - index) != 0:
         return None
     return mapping
+
+
+def _flat_point(node: Pointwise, index, var_ranges) -> dict | None:
+    """`_point` for a node of one loop (merge_loops flattens contiguous pointwise nodes): its variable is
+    the index over the node's stride, when that divides every term and the index stays within the loop
+    for every value of the consumer's variables (each term a positive multiple of one variable, which
+    reaches at most its range - 1)."""
+    (var,), (size,) = node.vars, node.ranges
+    stride = sympy.expand(node.store_index()).coeff(var)
+    if stride == 0 or sympy.expand(node.store_index() - stride * var) != 0:
+        return None
+    expr = sympy.expand(index / stride)
+    ranges = dict(var_ranges)
+    top = sympy.S.Zero
+    for term in sympy.Add.make_args(expr):
+        coeff, rest = term.as_coeff_Mul()
+        if not (coeff.is_Integer and coeff > 0 and rest in ranges):
+            return None  # a constant offset, a product of variables, a fraction: not proved, not inlined
+        top += coeff * (ranges[rest] - 1)
+    if not sympy.expand(size - 1 - top).is_nonnegative:
+        return None
+    return {var: expr}
 
 
 def _inlined(consumer, node: Pointwise):
@@ -103,7 +129,8 @@ def _inlined_indirect(consumer, node: Pointwise):
     def leaf(v):
         if not (isinstance(v, Load) and v.buffer == name and v.indirect):
             return v
-        mapping = _point(node, v.index, tuple(consumer.var_ranges) + tuple((b.symbol, b.bound) for b in v.indirect))
+        mapping = _point(node, v.index, tuple(consumer.var_ranges) + tuple((b.symbol, b.bound) for b in v.indirect),
+                         flat=True)
         if mapping is None:
             return v
 
