@@ -38,7 +38,8 @@ DEFAULT_PIPELINE = ("dce, inline_pointwise, memory_order, merge_loops, inline_po
 class Backend:
     """A configured passline backend: `torch.compile(model, backend=passline.backend(...))`.
 
-    pipeline: text or a Pipeline (default DEFAULT_PIPELINE);
+    pipeline: text or a Pipeline (default DEFAULT_PIPELINE); its FX-stage passes, first (pipelines.md "Stages"),
+    run on each graph dynamo captures, before aot_autograd; the rest on each aten graph it makes;
     codegen: "triton" (generated kernels; on CPU tensors through Triton's interpreter), "reference" (the
     torch oracle) or "auto": triton for CUDA graphs, triton's interpreter for CPU graphs when
     TRITON_INTERPRET=1, else reference — the report's `codegen_reason` says which and why;
