@@ -12,6 +12,7 @@ from .backends.dynamo import DEFAULT_PIPELINE, Backend, backend  # noqa: E402
 from .bisect import BisectReport, bisect, replay  # noqa: E402
 from .config import Settings, settings  # noqa: E402
 from .explain import explain  # noqa: E402
+from .lowering.choices import register_choice, unregister_choice  # noqa: E402
 from .pipeline import CompileReport, SchedulerGraph, VerificationError, last_report  # noqa: E402
 from .pipeline.instruments import PassInstrument  # noqa: E402
 from .pipeline.manager import PassContext, PassManager, PassResult  # noqa: E402
@@ -23,4 +24,5 @@ __version__ = "0.1.0"
 __all__ = ["backend", "Backend", "last_report", "CompileReport", "SchedulerGraph", "VerificationError",
            "Settings", "settings", "PassContext", "PassInstrument", "PassManager", "PassResult", "PassInfo",
            "PipelineError", "Registry", "passes", "register_pass", "unregister_pass", "PassCall", "Pipeline", "Repeat",
-           "repeat", "DEFAULT_PIPELINE", "bisect", "replay", "BisectReport", "explain", "__version__"]
+           "repeat", "DEFAULT_PIPELINE", "bisect", "replay", "BisectReport", "explain", "register_choice",
+           "unregister_choice", "__version__"]

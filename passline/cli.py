@@ -2,6 +2,7 @@
 
     passline passes                                   the registry: passes, doc lines, options
     passline explain FILE.py:FN [--pipeline TEXT] [--shape 8x64 ...] [--dtype float32] [--backward]
+                     [--choice mm=decompose_k]
     passline draw FILE.py:FN --out graph.svg [--graph backward] [...]
     passline bisect FILE.py:FN --pipeline TEXT [...]
 
@@ -73,7 +74,17 @@ def _compile(args, instruments=()):
     fn, factory = _load(args.target)
     inputs = _inputs(args, factory)
     torch._dynamo.reset()
-    be = passline.backend(args.pipeline, codegen=args.codegen, instruments=instruments, fallback="raise")
+    overrides = {}
+    for item in getattr(args, "choice", None) or ():
+        op, sep, name = item.partition("=")
+        if not sep:
+            raise CliError(f"--choice takes OP=NAME (e.g. mm=decompose_k), got {item!r}")
+        overrides[op.strip()] = name.strip()
+    try:
+        be = passline.backend(args.pipeline, codegen=args.codegen, instruments=instruments, fallback="raise",
+                              choice_overrides=overrides)
+    except ValueError as e:  # an unknown op or candidate in --choice
+        raise CliError(str(e)) from None
     out = torch.compile(fn, backend=be)(*inputs)
     if args.backward:
         outs = out if isinstance(out, (tuple, list)) else [out]
@@ -128,6 +139,10 @@ def cmd_explain(args) -> int:
             print(f"   {(r.call + it)[:44]:44s} {r.seconds * 1e3:8.2f} {r.nodes_before:>5}→{r.nodes_after:<5} "
                   f"{'yes' if r.changed else 'no ':7s}  {r.stats or ''}")
         print(f"   kernels: {report.kernels}, extern calls: {report.externs}, bytes accessed: {report.bytes_accessed}")
+        if report.choices:
+            print("   choices (node (op): chosen [how] among candidates; timings):")
+            for c in report.choices:
+                print(f"     {c}")
         seen = {}
         for f in report.metrics.refusals:
             seen.setdefault(f.reason, f)
@@ -154,9 +169,10 @@ def cmd_draw(args) -> int:
     # the graph as lowered, each node coloured by the kernel it ends up in
     from passline.ir import members
     from passline.lowering import lower_graph
+    from passline.lowering.choices import Replay
     from passline.pipeline import SchedulerGraph
 
-    before = SchedulerGraph.from_program(lower_graph(report.gm))
+    before = SchedulerGraph.from_program(lower_graph(report.gm, chooser=Replay(report.choices)))
     palette = ["#8dd3c7", "#ffffb3", "#bebada", "#fb8072", "#80b1d3", "#fdb462", "#b3de69", "#fccde5",
                "#d9d9d9", "#bc80bd", "#ccebc5", "#ffed6f"]
     colors = {}
@@ -200,6 +216,9 @@ def main(argv=None) -> int:
         p.add_argument("--dtype", default="float32")
         p.add_argument("--backward", action="store_true", help="also compile and run the backward")
         p.add_argument("--codegen", default="reference", choices=["auto", "triton", "reference"])
+        if name != "bisect":
+            p.add_argument("--choice", action="append", metavar="OP=NAME", help="implement OP's nodes by "
+                           "candidate NAME where it applies, e.g. mm=decompose_k (repeatable)")
         return p
 
     p = target_parser("explain", "compile FN and show passes, kernels and why pairs were not fused")

@@ -121,6 +121,14 @@ def test_index_width():
     assert not _int64(small, small.nodes()[0])
     big = chain_and_fanout(4, size=(1 << 16, 1 << 16))
     assert _int64(big, big.nodes()[0])
+    # only the kernel's own buffers count: a small node in a graph that also holds a huge buffer keeps
+    # 32-bit offsets (the huge buffer is added to what the graph reports, the node does not touch it)
+    from passline.ir import Buffer, Layout
+
+    huge = Buffer("huge", Layout.contiguous((1 << 16, 1 << 16), torch.float32))
+    buffers = {**small.buffers(), "huge": huge}
+    small.buffers = lambda: buffers
+    assert not _int64(small, small.nodes()[0])
 
 
 def _check_call_liveness(source: str) -> None:

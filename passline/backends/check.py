@@ -4,7 +4,9 @@ On the first call of each compiled graph (forward, backward, inference) the guar
 the reference backend on the same aten graph lowered afresh, before any pass. It compares every output
 (a forward's saved activations included; a backward's are the gradients) with passline.testing's
 dtype-aware tolerances: NaN exactly where the oracle has NaN, integers and bools exact. Lowering is shared
-with the oracle, so the guard checks what comes after it: the pipeline's passes and the code generator.
+with the oracle, so the guard checks what comes after it: the pipeline's passes and the code generator;
+and the chosen implementations of nodes with choices, since the oracle lowers every op by itself
+(lowering/choices.py).
 
 - A match costs nothing afterwards: later calls go straight to the compiled runner.
 - A mismatch warns (naming the graph, the worst output, its error and the tolerance), returns eager
@@ -250,7 +252,8 @@ def bisect_graph(gm, example_inputs, inputs, expected, pipeline, codegen: str = 
     found = locate(lambda n, limits: not prober.probe(n, limits)[0], pipe.max_runs(), decisions_in)
     if found is None:
         return BisectReport(False, text, graph=name, probes=prober.count,
-                            message="no pass: the code generator (the graph is wrong with an empty pipeline)")
+                            message="no pass: the code generator, or a node's chosen implementation (the graph "
+                                    "is wrong with an empty pipeline; report.choices lists the choices)")
     k, limits = found
     _, records, error = prober.probe(k, limits)
     return culprit_report(text, k, limits, records, name, prober.count, error)
@@ -380,7 +383,8 @@ class Guard:
         latest = last_report()
         try:
             found = bisect_graph(self.gm, self.example_inputs, inputs, expected, be.pipeline, be.codegen, name,
-                                 verify=be.verify, kernel_variant=be.kernel_variant, cache_dir=be.cache_dir)
+                                 verify=be.verify, kernel_variant=be.kernel_variant, cache_dir=be.cache_dir,
+                                 choice_overrides=be.choice_overrides)
         except Exception as e:  # the guard must not break the user's program while explaining it
             found = BisectReport(False, str(be.pipeline), graph=name, message=f"bisect failed: {type(e).__name__}: {e}")
         finally:

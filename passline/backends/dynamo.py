@@ -25,6 +25,7 @@ from ..pipeline.report import CompileReport, set_last_report
 from ..pipeline.target import Target
 from ..pipeline.text import Pipeline
 from .check import checked
+from .choosing import TimedChooser
 from .layouts import conform_inputs
 from .reference import ReferenceRunner
 from .variants import AUTO, FORCEABLE, KernelVariant
@@ -47,7 +48,10 @@ class Backend:
     instruments: PassInstruments (before_pass/after_pass hooks) run around every pass, after the built-in ones;
     pass_limit, decision_limits: stop after N pass runs / cap decisions (used by passline.bisect);
     kernel_variant: "auto" (multi-kernel choice), or force "persistent" / "looped" reductions or a mix-order
-    form ("mix_order", "mix_order_acc2d") wherever a kernel has it.
+    form ("mix_order", "mix_order_acc2d") wherever a kernel has it;
+    choice_overrides: op name -> candidate name ({"mm": "decompose_k"}, or one version,
+    "decompose_k(chunks=32)", or "aten"): how nodes of that op are implemented wherever the candidate applies
+    (lowering/choices.py); other nodes with candidates are timed on a GPU, and run as the op on the CPU.
 
     Settings (passline.config; None takes the one in effect when the backend is created: the environment's
     PASSLINE_* variable, or an enclosing `with passline.settings(...)`): dump_dir: write graph dumps for each
@@ -66,7 +70,8 @@ class Backend:
     def __init__(self, pipeline=None, codegen: str = "auto", verify: bool = True, dump_dir=None,
                  metric_tables=None, metric_dir=None, instruments=(), pass_limit=None, decision_limits=None,
                  capture: bool = False, kernel_variant: str = "auto", cache_dir=None, fallback=None,
-                 check: bool | None = None, autotune: bool | None = None, cudagraphs: bool = False):
+                 check: bool | None = None, autotune: bool | None = None, cudagraphs: bool = False,
+                 choice_overrides=None):
         if codegen not in CODEGENS:
             raise ValueError(f"unknown codegen {codegen!r}; choose one of {', '.join(CODEGENS)}")
         self.pipeline = Pipeline.parse(DEFAULT_PIPELINE if pipeline is None else pipeline) \
@@ -90,6 +95,8 @@ class Backend:
         # force one reduction variant (tests, experiments)
         self.kernel_variant = AUTO if kernel_variant == AUTO else KernelVariant(kernel_variant)
         self.autotune = self.settings.autotune
+        self.chooser = TimedChooser(choice_overrides, self)  # checks the overrides' names
+        self.choice_overrides = self.chooser.overrides
         self.cudagraphs = cudagraphs  # capture static-shape GPU graphs and replay them (backends/cudagraphs.py)
         self._pool = None  # one CUDA graph memory pool for every graph this backend captures
         self.reports: list[CompileReport] = []
@@ -165,7 +172,7 @@ class Backend:
     def _compile_aten(self, gm: torch.fx.GraphModule, example_inputs, kind: str, fx: FxStage):
         name = f"{kind}{next(self._ids)}"
         t0 = time.perf_counter()
-        program = lower_graph(gm, example_inputs)
+        program = lower_graph(gm, example_inputs, self.chooser)
         graph = SchedulerGraph.from_program(program)
         if self.verify:
             graph.verify()

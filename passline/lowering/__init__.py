@@ -9,10 +9,11 @@ import operator
 
 import sympy
 import torch
+from torch.utils._pytree import tree_flatten
 
 from ..ir import Buffer, Layout, TensorArg
 from ..ir.index import sympify
-from . import indexing, pointwise, reductions, views  # noqa: F401  (fill the lowering table)
+from . import choices, indexing, pointwise, reductions, views  # noqa: F401  (fill the lowering table)
 from .context import GraphInput, LoweringContext, Program, dense_order, hint, strides_in_order
 from .decompositions import decomposition_table
 from .extern import lower_extern, touches_complex
@@ -28,18 +29,34 @@ class LoweringError(RuntimeError):
     """Lowering failed on one FX node; the message names it."""
 
 
-def lower_graph(gm: torch.fx.GraphModule, example_inputs=None) -> Program:
+def lower_graph(gm: torch.fx.GraphModule, example_inputs=None, chooser=None) -> Program:
+    """`gm` as a Program. `chooser` decides how nodes whose op has registered choices are implemented
+    (lowering/choices.py: `Rule`, or the dynamo backend's timing chooser); None: by the op itself, with no
+    record."""
     ctx = LoweringContext()
+    ctx.chooser = chooser
     env: dict[torch.fx.Node, object] = {}
     inputs: list[GraphInput] = []
-    outputs: tuple = ()
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     for k, n in enumerate(placeholders):
         val = n.meta.get("val", example_inputs[k] if example_inputs is not None else None)
         inputs.append(_input(n.name, val))
         env[n] = TensorRef.of(inputs[-1].buffer) if inputs[-1].buffer is not None else (
             inputs[-1].symbol if inputs[-1].symbol is not None else val)
+    _lower_nodes(ctx, gm, env)
+    ctx.fx_node = None
+    outs = _output_node(gm).args[0]
+    outputs = tuple(_output(ctx, env[o], o.meta.get("val")) if isinstance(o, torch.fx.Node) else o
+                    for o in (outs if isinstance(outs, (tuple, list)) else (outs,)))
+    return Program(tuple(inputs), tuple(ctx.nodes), outputs, tuple(ctx.choices))
 
+
+def _output_node(gm: torch.fx.GraphModule) -> torch.fx.Node:
+    return next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+
+
+def _lower_nodes(ctx: LoweringContext, gm: torch.fx.GraphModule, env: dict) -> None:
+    """Lower every computing node of `gm` into `ctx`, in order; `env` holds the placeholders' values."""
     for n in gm.graph.nodes:
         if n.op == "call_function":
             ctx.fx_node = n
@@ -49,20 +66,32 @@ def lower_graph(gm: torch.fx.GraphModule, example_inputs=None) -> Program:
                 raise
             except Exception as e:
                 raise LoweringError(f"lowering {n.format_node()} failed: {e}") from e
-        elif n.op == "output":
-            ctx.fx_node = None
-            outs = n.args[0]
-            outputs = tuple(_output(ctx, env[o], o.meta.get("val")) if isinstance(o, torch.fx.Node) else o
-                            for o in (outs if isinstance(outs, (tuple, list)) else (outs,)))
         elif n.op == "get_attr" and isinstance(getattr(gm, n.target, None), torch.Tensor):
             # a tensor constant aot_autograd lifted out of the program (an index list, a mask): an extern
             # that hands out a copy of it, so no node's result ever aliases the module's attribute
             ctx.fx_node = n
             value = getattr(gm, n.target)
             env[n] = ctx.extern(TensorConstant(n.target, value), (), {}, value)
-        elif n.op != "placeholder":
+        elif n.op not in ("placeholder", "output"):
             raise LoweringError(f"unsupported FX node kind {n.op!r}: {n.format_node()}")
-    return Program(tuple(inputs), tuple(ctx.nodes), outputs)
+
+
+def _inline(ctx: LoweringContext, node: torch.fx.Node, gm: torch.fx.GraphModule, args, kwargs):
+    """Lower the aten graph `gm` of a chosen candidate (choices.trace) in place of `node`: its placeholders
+    take the lowered tensors among the node's arguments, its nodes join this graph (named after `node` in
+    their origins, so provenance and explain point at the op they implement), and its result is the node's.
+    Ops inside are lowered by themselves: a candidate's own matmul is not offered choices again."""
+    leaves = tree_flatten((args, kwargs))[0]
+    metas = tree_flatten(choices.meta_args(node))[0]
+    tensors = [v for v, m in zip(leaves, metas) if isinstance(m, torch.Tensor)]
+    inner = dict(zip((n for n in gm.graph.nodes if n.op == "placeholder"), tensors))
+    saved = ctx.chooser, ctx.origin
+    ctx.chooser, ctx.origin = None, node.name
+    try:
+        _lower_nodes(ctx, gm, inner)
+    finally:
+        ctx.chooser, ctx.origin = saved
+    return inner[_output_node(gm).args[0]]
 
 
 class TensorConstant:
@@ -98,6 +127,12 @@ def _lower_call(ctx: LoweringContext, n: torch.fx.Node, env):
         return size_value(n)
     args = torch.fx.node.map_arg(n.args, lambda a: env[a])
     kwargs = torch.fx.node.map_arg(n.kwargs, lambda a: env[a])
+    picked = choices.choose(ctx.chooser, n)
+    if picked is not None:
+        record, candidate = picked
+        ctx.choices.append(record)
+        if candidate is not choices.OP:
+            return _inline(ctx, n, choices.trace(candidate, n), args, kwargs)
     fn = LOWERINGS.get(n.target)
     if fn is not None and not touches_complex(n):
         result = fn(ctx, n, *args, **kwargs)

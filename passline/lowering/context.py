@@ -29,6 +29,7 @@ class Program:
     inputs: tuple
     nodes: tuple
     outputs: tuple  # TensorArg (a view of a buffer), sympy.Expr, or a Python value per FX output
+    choices: tuple = ()  # a ChoiceRecord per node whose op had other candidates (lowering/choices.py)
 
 
 def upcast(dtype: torch.dtype) -> torch.dtype:
@@ -46,8 +47,13 @@ class LoweringContext:
         self._ids = itertools.count()
         self.fx_node: torch.fx.Node | None = None  # the FX node being lowered (provenance)
         self.last_collective: Extern | None = None  # the next collective is ordered after it (extern.py)
+        self.chooser = None  # decides among a node's candidates (lowering/choices.py); None: the op itself
+        self.choices: list = []  # ChoiceRecords, in program order
+        self.origin: str | None = None  # while a chosen candidate is lowered: the FX node it implements
 
     def _origins(self) -> tuple:
+        if self.origin is not None:
+            return (self.origin,)
         return (self.fx_node.name,) if self.fx_node is not None else ()
 
     def new_name(self) -> str:

@@ -62,6 +62,8 @@ class SchedulerGraph:
         self._mutators: dict[str, set[str]] = {}  # buffer name -> names of nodes writing it in place
         # the collectives and waits as lowered, in program order: no pass may drop, add or reorder them
         self.comms: tuple[str, ...] = ()
+        # how lowering implemented each node whose op had other candidates (lowering/choices.py)
+        self.choices: tuple = ()
 
     @classmethod
     def from_program(cls, program: Program) -> "SchedulerGraph":
@@ -69,6 +71,7 @@ class SchedulerGraph:
         for node in program.nodes:
             g.add_node(node)
         g.comms = tuple(n.name for n in program.nodes if isinstance(n, Extern) and n.comm)
+        g.choices = program.choices
         return g
 
     # -- queries ----------------------------------------------------------------------------------
@@ -272,7 +275,7 @@ class SchedulerGraph:
 
     def _edge(self, u: str, v: str, buffers) -> None:
         """Add an edge u -> v for `buffers` (a collection of names), or add them to the existing one."""
-        d = self.nx.succ[u].get(v)
+        d = self.nx.get_edge_data(u, v)  # half the cost of succ[u].get (Mapping.get raises KeyError on a miss)
         if d is None:
             self.nx.add_edge(u, v, buffers=set(buffers))
         else:
@@ -313,6 +316,7 @@ class SchedulerGraph:
         g._readers = {b: set(r) for b, r in self._readers.items()}
         g._mutators = {b: set(r) for b, r in self._mutators.items()}
         g.comms = self.comms
+        g.choices = self.choices
         g._order = itertools.count(max((d for _, d in self.nx.nodes(data="order")), default=-1) + 1)
         return g
 
@@ -425,6 +429,7 @@ class SchedulerGraph:
             lines.append(_describe(node))
         outs = ", ".join(repr(o) for o in self.outputs)
         lines.append(f"outputs: {outs}")
+        lines.extend(f"choice {c}" for c in self.choices)
         return "\n".join(lines)
 
     def __repr__(self):

@@ -30,6 +30,12 @@ class CompileReport:
     cudagraphs: str = ""  # with backend(cudagraphs=True): "on: ..." or "off: <why>"
 
     @property
+    def choices(self) -> list:
+        """A ChoiceRecord per node whose op had other candidates than itself (lowering/choices.py): node,
+        candidates, chosen, timings (ms per candidate; empty when nothing was timed), how."""
+        return list(self.graph.choices)
+
+    @property
     def kernel_info(self) -> list:
         """Generated kernels (Triton backend): name, node, kind, chosen variant and blocks, source, bytes."""
         return list(getattr(self.runner, "kernels", []))

@@ -677,10 +677,15 @@ def _stored(node, graph) -> set:
 
 
 def _int64(graph, node) -> bool:
+    """Whether the kernel's offsets need 64 bits: a buffer it reads or writes spans more than int32 can
+    address, or its points do (symbolic spans and counts are taken as large). Only the kernel's own
+    buffers count (every buffer of the graph made this quadratic in the graph's size at compile time)."""
     limit = 2 ** 31 - 1
-    for b in graph.buffers().values():
-        span = b.layout.storage_span
-        if not span.is_number or int(span) > limit:
+    buffers = graph.buffers()
+    names = {n for m in members(node) for n in (*m.read_names(), *m.output_names())}
+    for name in names:
+        span = buffers[name].layout.storage_span if name in buffers else None
+        if span is not None and (not span.is_number or int(span) > limit):
             return True
     from ...ir.loops import shape
 

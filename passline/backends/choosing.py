@@ -1,0 +1,170 @@
+"""The dynamo backend's chooser: on a GPU, a node's candidates are timed when its graph is compiled (the
+graph's first call), and the pick is cached on disk with the kernels' tuning choices.
+
+Lowering asks it about every node whose op has candidates that apply (lowering/choices.py). Overrides
+(`choice_overrides`) narrow the candidates first; one left is taken as it is. Several left, on a CUDA
+device with generated code, are timed:
+
+- inputs: random tensors with the node's shapes, strides and dtypes on its device (the compile's example
+  inputs are fake), from a generator of their own (the user's random state is left alone);
+- the op itself runs as the extern call it would be; every other candidate is compiled by passline as a
+  graph of its own (traced, lowered, the backend's pipeline, the Triton backend), because that is the code
+  that would run: the same kernels, the epilogue fused as it would be. Eager execution of the candidate's
+  torch ops would time other kernels (an unfused sum and cast);
+- each is checked against the op's result first (`choices.agree`): a candidate that disagrees, or fails to
+  compile or run, is dropped with a warning, never chosen;
+- `triton.testing.do_bench` gives each a median in milliseconds; the fastest is chosen, unless the op
+  itself is within `NOISE` of it (then the op: the same speed with one call and no partial results).
+
+The pick is stored under a key of the op, the candidates (their code's fingerprint and versions), the
+arguments' shapes, strides and dtypes, the other arguments, the GPU's name and torch's version
+(`KernelCache.put_choice`); a later compile of the same node reads it back ("cached") without timing.
+Elsewhere (CPU tensors, the reference backend, symbolic sizes) the rule decides: the op itself, or the
+override.
+"""
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from ..lowering import lower_graph
+from ..lowering.choices import ATEN, OP, Candidate, Rule, agree, trace
+from ..pipeline.graph import SchedulerGraph
+from ..pipeline.manager import PassManager
+from ..pipeline.target import Target
+from .triton.cache import KernelCache, digest
+
+# do_bench medians of the same microsecond-scale kernel move by a few percent from run to run: a candidate
+# must beat the op by more than this fraction to be chosen over it.
+NOISE = 0.02
+
+
+class TimedChooser(Rule):
+    """`Rule` with timing on a GPU (see the module doc). `backend`: the Backend whose pipeline, codegen,
+    kernel variant and cache the candidates are compiled with."""
+
+    def __init__(self, overrides, backend):
+        super().__init__(overrides)
+        self.backend = backend
+
+    def can_time(self, tensors: list) -> bool:
+        return (self.backend.codegen != "reference" and bool(tensors) and torch.cuda.is_available()
+                and all(t.device.type == "cuda" for t in tensors))
+
+    def time(self, node, op, cands, args, kwargs):
+        from .. import __version__
+
+        leaves = tree_flatten((args, kwargs))[0]
+        tensors = [v for v in leaves if isinstance(v, torch.Tensor)]
+        if not self.can_time(tensors):
+            return None
+        by_name = {c.name: c for c in cands}
+        key = digest("choice", __version__, torch.__version__, op,
+                     [(c.name, c.choice.fingerprint() if c.choice is not None else None) for c in cands],
+                     [(tuple(t.shape), tuple(t.stride()), str(t.dtype)) for t in tensors],
+                     [v for v in leaves if not isinstance(v, torch.Tensor)], _device_name(tensors[0].device))
+        cache = KernelCache(self.backend.cache_dir)
+        saved = cache.get_choice(key)
+        if saved is not None and saved.get("chosen") in by_name:
+            return by_name[saved["chosen"]], dict(saved.get("timings", {})), "cached"
+        timings = self.measure(node, cands, args, kwargs)
+        if not timings:
+            return None
+        best = min(timings, key=timings.get)
+        if ATEN in timings and timings[ATEN] <= (1 + NOISE) * timings[best]:
+            best = ATEN  # a win within the timing's own spread is none: keep the op (one call, no partials)
+        cache.put_choice(key, {"chosen": best, "timings": timings})
+        return by_name[best], timings, "timed"
+
+    def measure(self, node, cands: list[Candidate], args, kwargs) -> dict[str, float]:
+        """Milliseconds per candidate that agrees with the op (see the module doc)."""
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        timings: dict[str, float] = {}
+        with unset_fake_temporarily(), torch.no_grad():
+            try:
+                real_args, real_kwargs = random_like(args, kwargs)
+            except torch.cuda.OutOfMemoryError:
+                warnings.warn(f"passline: no memory to time the candidates of {node.name}: the op runs as it is",
+                              stacklevel=2)
+                return {}
+            tensors = [v for v in tree_flatten((real_args, real_kwargs))[0] if isinstance(v, torch.Tensor)]
+            want = node.target(*real_args, **real_kwargs)
+            for c in cands:
+                if c is OP:
+                    run = _calling(node.target, real_args, real_kwargs)
+                else:
+                    try:
+                        run = _first_output(self.compile(c, node), tensors)
+                        ok = agree(run(), want, _matmul_precision(want.dtype))
+                    except Exception as e:  # noqa: BLE001 - a candidate that fails is no candidate
+                        warnings.warn(f"passline: choice {c.name} of {node.name} failed ({type(e).__name__}: "
+                                      f"{e}); it is not a candidate", stacklevel=2)
+                        continue
+                    if not ok:
+                        warnings.warn(f"passline: choice {c.name} of {node.name} disagrees with "
+                                      f"{node.target} on random inputs; it is not a candidate", stacklevel=2)
+                        continue
+                timings[c.name] = self.bench(run)
+        return timings
+
+    def compile(self, candidate: Candidate, node):
+        """The candidate on its own, compiled as the backend compiles a graph: traced, lowered (its ops by
+        themselves, no choices), the pipeline, the Triton backend. Returns the runner."""
+        from .triton.runner import TritonRunner
+
+        be = self.backend
+        graph = SchedulerGraph.from_program(lower_graph(trace(candidate, node)))
+        target = Target.of(graph)
+        graph, _ = PassManager(be.pipeline, verify=be.verify).run(graph, None, f"{node.name}:{candidate.name}",
+                                                                    target)
+        return TritonRunner(graph, interpret=target.device != "cuda", variant=be.kernel_variant,
+                            cache=KernelCache(be.cache_dir), autotune=be.autotune)
+
+    @staticmethod
+    def bench(run) -> float:
+        from triton.testing import do_bench
+
+        return float(do_bench(run, return_mode="median"))
+
+
+def random_like(args, kwargs):
+    """(args, kwargs) with each tensor replaced by a random one of its shape, strides, dtype and device:
+    standard normal floats (zeros of other dtypes), from a generator seeded for the purpose."""
+    leaves, spec = tree_flatten((args, kwargs))
+    made = []
+    for v in leaves:
+        if isinstance(v, torch.Tensor):
+            # the storage the strides reach, filled, then viewed: strides with gaps or overlaps included
+            extent = 1 + sum((n - 1) * s for n, s in zip(v.shape, v.stride()) if n > 0)
+            if v.is_floating_point():
+                gen = torch.Generator(device=v.device).manual_seed(0)
+                base = torch.randn(extent, generator=gen, dtype=v.dtype, device=v.device)
+            else:
+                base = torch.zeros(extent, dtype=v.dtype, device=v.device)
+            v = base.as_strided(v.shape, v.stride())
+        made.append(v)
+    return tree_unflatten(made, spec)
+
+
+def _matmul_precision(dtype: torch.dtype) -> torch.dtype:
+    """The dtype whose tolerance a float32 product is checked with: float32 matmuls may run on TF32 (inputs
+    rounded to float16's 10 mantissa bits, `torch.set_float32_matmul_precision("high")`) or on bfloat16
+    ("medium"), in the op and in a candidate alike, each rounding its own way."""
+    if dtype != torch.float32:
+        return dtype
+    return {"high": torch.float16, "medium": torch.bfloat16}.get(torch.get_float32_matmul_precision(), dtype)
+
+
+def _calling(op, args, kwargs):
+    return lambda: op(*args, **kwargs)
+
+
+def _first_output(runner, tensors):
+    return lambda: runner(*tensors)[0]
+
+
+def _device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
