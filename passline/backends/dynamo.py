@@ -123,6 +123,10 @@ class Backend:
             decompositions=decomposition_table(),
             # save few activations; recompute cheap pointwise work in the backward (as Inductor does)
             partition_fn=min_cut_rematerialization_partition,
+            # a mutated graph input (BatchNorm's running statistics) stays in the graph as `copy_`, which
+            # lowering turns into the store of the kernel computing the new value (lowering/mutation.py);
+            # without it aot_autograd applies each mutation after the graph with an eager copy_ (a launch)
+            keep_inference_input_mutations=True,
         )
         try:
             return compiler(gm, example_inputs)

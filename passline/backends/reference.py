@@ -212,7 +212,10 @@ class ReferenceRunner:
         if isinstance(node, Scatter):
             return self._scatter(node, env, bind)
         lay = node.output.layout
-        out = torch.empty_strided(bind.ints(lay.size), bind.ints(lay.stride), dtype=lay.dtype, device=lay.device)
+        if getattr(node, "in_place", False):
+            out = env[node.output.name]  # the graph input it overwrites (after the body read the old values)
+        else:
+            out = torch.empty_strided(bind.ints(lay.size), bind.ints(lay.stride), dtype=lay.dtype, device=lay.device)
         ranges = bind.ints(node.ranges)
         rranges = bind.ints(getattr(node, "reduction_ranges", ()))
         shape = ranges + rranges

@@ -168,7 +168,9 @@ def access_problem(writers, readers, outer, red, written=None):
     """(reason, detail) when a member of `readers` reads a buffer a member of `writers` writes at other
     points than it is written in the loop nest (outer | red), or reads an in-loop value after the
     reductions; None when every such read meets its write point for point. `written` ({buffer: writer
-    member}) may be passed by a caller that already has it."""
+    member}) may be passed by a caller that already has it. A member writing a graph input in place
+    counts as writing it: a reader of the input's old value in its kernel must read it at the point the
+    write overwrites (each program loads it before storing there)."""
     n = len(outer)
     if written is None:
         written = {m.output.name: m for m in writers}
@@ -212,14 +214,14 @@ def group_problem(group) -> str | None:
     after the members it reads, and read them only at the points they write."""
     outer, red = group.ranges, group.reduction_ranges
     seen: set = set()
-    outputs = {m.output.name for m in group.nodes}
+    outputs = {b for m in group.nodes for b in m.output_names()}
     for m in group.nodes:
         if role(m, outer, red) is None:
             return f"member {m.name} {_group_shape(m)} does not fit the loop nest {outer}|{red}"
         early = [b for b in m.read_names() if b in outputs and b not in seen]
         if early:
             return f"member {m.name} reads {early[0]} before the member writing it"
-        seen.add(m.output.name)
+        seen.update(m.output_names())
     problem = access_problem(group.nodes, group.nodes, outer, red)
     return f"{problem[0]}: {problem[1]}" if problem else None
 

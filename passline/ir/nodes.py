@@ -189,6 +189,11 @@ class _LoopNode(_Node):
     def output_names(self) -> tuple[str, ...]:
         return (self.output.name,)
 
+    @property
+    def mutates(self) -> tuple:
+        """Buffers this node writes in place without producing them (see Pointwise.in_place, Scatter)."""
+        return ()
+
     def read_names(self) -> tuple[str, ...]:
         return tuple(self._loads)
 
@@ -207,6 +212,15 @@ def _identity_perm(self):
 
 @attrs.frozen(cache_hash=True, repr=False)
 class Pointwise(_LoopNode):
+    """For each point of `ranges`, store `body` into `output`.
+
+    `in_place`: `output` is a graph input and this node overwrites it (`dst.copy_(src)` of a mutated input,
+    such as BatchNorm's running statistics, which aot_autograd leaves in the graph): like a Scatter it
+    does not produce the buffer (`output_names()` is empty, `mutates` names it), so the graph orders it
+    after every earlier reader of the input's old value and before every later reader. Unlike a Scatter it
+    writes at its loop points, so it fuses into the kernel computing the value it stores; a reader of the
+    old value in the same kernel must read it at the point written (loaded before the store)."""
+
     name: str
     ranges: tuple = attrs.field(converter=_exprs)
     body: Any
@@ -214,13 +228,25 @@ class Pointwise(_LoopNode):
     origins: tuple = ()
     # permutation[k] = which loop variable indexes the output's k-th dimension (loop reordering)
     permutation: tuple = attrs.field(default=attrs.Factory(_identity_perm, takes_self=True))
+    in_place: bool = attrs.field(default=False, kw_only=True)
     _loads: dict = attrs.field(init=False, eq=False, hash=False, repr=False,
                                default=attrs.Factory(lambda self: _body_loads(self.body), takes_self=True))
     _memo: dict = attrs.field(init=False, eq=False, hash=False, repr=False, factory=dict)
 
+    @property
+    def mutates(self) -> tuple:
+        return (self.output.name,) if self.in_place else ()
+
+    def output_buffers(self) -> tuple:
+        return () if self.in_place else (self.output,)
+
+    def output_names(self) -> tuple:
+        return () if self.in_place else (self.output.name,)
+
     def __repr__(self):
+        where = " (in place)" if self.in_place else ""
         return (f"{self.name} = Pointwise(ranges=[{', '.join(map(str, self.ranges))}]) "
-                f"-> {self.output!r}: {self.body!r}")
+                f"-> {self.output!r}{where}: {self.body!r}")
 
 
 @attrs.frozen(cache_hash=True, repr=False)
@@ -396,7 +422,7 @@ def _collect(x, found: list) -> None:
 
 
 def _group_outputs(group) -> tuple:
-    return tuple(m.output.name for m in group.members())
+    return tuple(b for m in group.members() for b in m.output_names())
 
 
 def _group_reads(group) -> tuple:
@@ -422,10 +448,15 @@ class _GroupNode(_Node):
         raise NotImplementedError
 
     def output_buffers(self) -> tuple[Buffer, ...]:
-        return tuple(m.output for m in self.members())
+        return tuple(b for m in self.members() for b in m.output_buffers())
 
     def output_names(self) -> tuple[str, ...]:
         return self._outputs
+
+    @property
+    def mutates(self) -> tuple:
+        """Buffers its members write in place (graph inputs a member overwrites)."""
+        return tuple(dict.fromkeys(b for m in self.members() for b in m.mutates))
 
     def read_names(self) -> tuple[str, ...]:
         return self._reads

@@ -13,7 +13,7 @@ from torch.utils._pytree import tree_flatten
 
 from ..ir import Buffer, Layout, TensorArg
 from ..ir.index import sympify
-from . import choices, indexing, pointwise, reductions, views  # noqa: F401  (fill the lowering table)
+from . import choices, indexing, mutation, pointwise, reductions, views  # noqa: F401  (fill the lowering table)
 from .context import GraphInput, LoweringContext, Program, dense_order, hint, strides_in_order
 from .decompositions import decomposition_table
 from .extern import lower_extern, touches_complex
@@ -41,6 +41,8 @@ def lower_graph(gm: torch.fx.GraphModule, example_inputs=None, chooser=None) -> 
     for k, n in enumerate(placeholders):
         val = n.meta.get("val", example_inputs[k] if example_inputs is not None else None)
         inputs.append(_input(n.name, val))
+        if inputs[-1].buffer is not None:
+            ctx.inputs[n.name] = inputs[-1].buffer
         env[n] = TensorRef.of(inputs[-1].buffer) if inputs[-1].buffer is not None else (
             inputs[-1].symbol if inputs[-1].symbol is not None else val)
     _lower_nodes(ctx, gm, env)

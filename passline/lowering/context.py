@@ -47,6 +47,7 @@ class LoweringContext:
         self._ids = itertools.count()
         self.fx_node: torch.fx.Node | None = None  # the FX node being lowered (provenance)
         self.last_collective: Extern | None = None  # the next collective is ordered after it (extern.py)
+        self.inputs: dict[str, Buffer] = {}  # the graph's tensor inputs by name (what copy_ may overwrite)
         self.chooser = None  # decides among a node's candidates (lowering/choices.py); None: the op itself
         self.choices: list = []  # ChoiceRecords, in program order
         self.origin: str | None = None  # while a chosen candidate is lowered: the FX node it implements

@@ -1,8 +1,9 @@
 """dce — dead-node elimination.
 
 Removes nodes whose results nothing needs: not a graph output, not read by a live node, not writing a
-graph input in place (a scatter is needed when its buffer is read after it or returned), and without
-side effects (an extern that mutates, draws random numbers, or is a collective or its wait, is kept).
+graph input in place (an in-place Pointwise, or a group holding one; a scatter is needed when its
+buffer is read after it or returned), and without side effects (an extern that mutates, draws random
+numbers, or is a collective or its wait, is kept).
 Runs to a fixed point in one sweep, consumers before producers. Refuses nothing else.
 """
 from __future__ import annotations
@@ -40,6 +41,8 @@ def dce(graph, ctx):
     for node in reversed(graph.nodes()):
         if has_side_effects(node) or any(b in keep for b in node.output_names()):
             continue
+        if not isinstance(node, Scatter) and set(node.mutates) & inputs:
+            continue  # overwrites a graph input in place (a running statistic): the caller sees it
         if any(graph.consumers(b) for b in node.output_names()):
             continue
         if isinstance(node, Scatter) and _scatter_needed(graph, node, keep | inputs):

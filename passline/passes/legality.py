@@ -27,6 +27,8 @@ REASONS = {
     "inner read after reduction": "a per-row node would read a value computed inside the reduction loop",
     "cycle": "another path connects them: fusing would create a cycle",
     "mix-order gate": "a row and a column reduction that mix_order_reduction's gates kept apart",
+    "in place": "one overwrites a graph input the other reads after the write, writes too, or reads at "
+                "other points than written",
 }
 
 
@@ -89,9 +91,30 @@ def _reads_from(consumer, producer) -> bool:
 def check_accesses(producer, consumer, outer, red) -> Verdict | None:
     """Every read by `consumer`'s members of a buffer `producer`'s members write must meet the write
     point for point in the fused loop nest; None when they all do."""
-    written = dict(zip(producer.output_names(), members(producer)))
+    written = {b: m for m in members(producer) for b in m.output_names()}
     problem = access_problem(members(producer), members(consumer), outer, red, written)
     return refuse(*problem) if problem else None
+
+
+def _overwrites(writer, reader) -> set:
+    """Graph inputs `writer` overwrites in place that `reader` reads."""
+    return set(writer.mutates) & set(reader.read_names()) if writer.mutates else set()
+
+
+def check_in_place(graph, writer, reader, outer, red) -> Verdict | None:
+    """May `reader` (which reads inputs `writer` overwrites) join `writer`'s kernel? Only as a reader of
+    the old values, running before the write (a path leads from it to the writer), reading each at the
+    point the write overwrites: every program then loads its elements before it stores them. A read of
+    the new value could be issued before the store (loads are prefetched), anywhere else another
+    program may already have overwritten it."""
+    shared = _overwrites(writer, reader)
+    if not shared:
+        return None
+    if not graph.has_path(reader.name, writer.name):
+        return refuse("in place", f"{reader.name} reads {min(shared)} after {writer.name} overwrites it")
+    written = {m.output.name: m for m in members(writer) if m.mutates}
+    problem = access_problem(members(writer), members(reader), outer, red, written)
+    return refuse("in place", problem[1]) if problem else None
 
 
 def other_path(graph, src: str, dst: str, direct_ok: bool = True) -> bool:
@@ -118,12 +141,20 @@ def can_fuse(graph, a, b, max_nodes: int = 64) -> Verdict:
     if isinstance(fs, Verdict):
         return fs
     outer, red = fs
-    a_to_b, b_to_a = _reads_from(b, a), _reads_from(a, b)
+    if set(a.mutates) & set(b.mutates):
+        return refuse("in place", f"both overwrite {min(set(a.mutates) & set(b.mutates))}")
+    for w, r in ((a, b), (b, a)):
+        if _overwrites(w, r) and _reads_from(r, w):  # r runs after w: it would read the new values
+            return refuse("in place", f"{r.name} reads {min(_overwrites(w, r))} after {w.name} overwrites it")
+    # a reader of an input's old value runs before the node overwriting the input: ordered as a producer
+    # before its consumer (check_in_place refuses a reader of the new value)
+    a_to_b, b_to_a = _reads_from(b, a) or bool(_overwrites(b, a)), _reads_from(a, b) or bool(_overwrites(a, b))
     if a_to_b and b_to_a:
         return refuse("cycle", "each reads the other")
     if a_to_b or b_to_a:
         producer, consumer = (a, b) if a_to_b else (b, a)
-        bad = check_accesses(producer, consumer, outer, red)
+        bad = check_accesses(producer, consumer, outer, red) or \
+            check_in_place(graph, consumer, producer, outer, red)
         if bad is not None:
             return bad
         if other_path(graph, producer.name, consumer.name):

@@ -39,6 +39,8 @@ def _reductions(group) -> list:
 def _problem(graph, row, col, max_columns, min_rows, types, max_reads, rows, cols) -> str | None:
     if isinstance(col, (Extern, MixOrderNode)) or isinstance(row, Extern):
         return "extern or mix-order"
+    if row.mutates or col.mutates:  # its finishing kernel would reorder the write against the readers
+        return "writes a graph input in place"
     if not rows == () and not cols:
         return "no reduction"
     ncol, nrow = product(cols), product(rows)

@@ -105,7 +105,10 @@ def _group(node):
         outer, red = shape(node)
         return (node,), outer, red
     if isinstance(node, FusedNode) and node.reduction_ranges:
-        if all(isinstance(m, (Pointwise, Reduction)) for m in node.nodes):
+        # an in-place write (a running statistic's update) is fine as an epilogue, which the finishing
+        # node runs after the partials; inside the reduction loop it would be inlined into the partials
+        if all(isinstance(m, (Pointwise, Reduction)) for m in node.nodes) and \
+                all(role(m, node.ranges, node.reduction_ranges) is Role.OUTER for m in node.nodes if m.mutates):
             return node.nodes, node.ranges, node.reduction_ranges
     return None
 
@@ -251,7 +254,8 @@ def _split_group(graph, node, members, outer, red, splits: int, column: bool, bo
     # epilogue members that nothing reads any more (their readers were inlined into partials) are dropped
     needed = set(outside)
     for m in reversed(members):
-        if not isinstance(m, Reduction) and role(m, outer, red) is Role.OUTER and m.output.name in needed:
+        if not isinstance(m, Reduction) and role(m, outer, red) is Role.OUTER and (m.output.name in needed
+                                                                                   or m.mutates):
             needed |= set(m.read_names())
     reductions = [m for m in members if isinstance(m, Reduction)]
     inner_kept, partials, stages = [], [], [[] for _ in reductions]
@@ -272,7 +276,7 @@ def _split_group(graph, node, members, outer, red, splits: int, column: bool, bo
                 back = {c: v for v, c in canonical_map(m, len(outer)).items() if isinstance(c, sympy.Symbol)}
                 inner_kept.append(Pointwise(m.name, m.ranges, substitute_index(pointwise[m.output.name], back),
                                             m.output, m.origins, m.permutation))
-        elif m.output.name in needed:
+        elif m.output.name in needed or m.mutates:
             stages[k].append(m)  # an epilogue (a prologue over X alone goes with the first finishing node)
     out = list(inner_kept)
     for k, (partial, stage) in enumerate(zip(partials, stages)):

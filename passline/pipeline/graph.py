@@ -257,6 +257,9 @@ class SchedulerGraph:
         for n, old in absorbed:
             for b in old.output_names():
                 producer[b] = new.name
+            for b in getattr(old, "mutates", ()):  # an in-place write fused into the group
+                self._mutators[b].discard(n)
+                self._mutators[b].add(new.name)
             for b in old.read_names():
                 if b in readers:
                     readers[b].discard(n)
@@ -297,15 +300,19 @@ class SchedulerGraph:
         data = self.nx.nodes
         mine = data[me]["order"]
         for b in getattr(node, "mutates", ()):
-            for v in self._readers.get(b, ()):
+            for v in (*self._readers.get(b, ()), *self._mutators.get(b, ())):  # two writers keep their order
                 if v != me and data[v]["order"] < mine:
                     self._edge(v, me, (b,))
                 elif v != me and data[v]["order"] > mine:
                     self._edge(me, v, (b,))
+        # and a reader (re)added around a mutation: after an earlier one, before a later one (a reader of
+        # an input's old value that a pass replaces must still run before the write into the input)
         for b in node.read_names():
             for m in self._mutators.get(b, ()):
                 if m != me and data[m]["order"] < mine:
                     self._edge(m, me, (b,))
+                elif m != me and data[m]["order"] > mine:
+                    self._edge(me, m, (b,))
 
     def copy(self) -> "SchedulerGraph":
         g = SchedulerGraph(self.inputs, self.outputs)
@@ -345,6 +352,7 @@ class SchedulerGraph:
             _check_node(node, buffers)
         self._check_index()
         self._check_mutations()
+        self._check_in_place()
         for o in self.outputs:
             if isinstance(o, TensorArg):
                 if o.buffer not in buffers:
@@ -369,6 +377,28 @@ class SchedulerGraph:
                 if loose:
                     raise VerificationError(f"writes {b} in place but is not ordered with {loose[0]}, which "
                                             f"also touches it", w)
+
+    def _check_in_place(self) -> None:
+        """A Pointwise writing in place overwrites a graph input, with the input's own layout (its kernel
+        stores into the caller's tensor), and no other member of its kernel reads the input after it
+        (a kernel's loads may be issued before its stores: such a read would see the old value)."""
+        inputs = self.input_buffers()
+        for name in self.nx:
+            group = members(self.node(name))
+            for k, m in enumerate(group):
+                if not getattr(m, "in_place", False):
+                    continue
+                b = m.output.name
+                if inputs.get(b) != m.output:
+                    raise VerificationError(f"writes {m.output!r} in place, which is not a graph input "
+                                            f"{inputs.get(b)!r}", name)
+                at = m.store_index()
+                if any(sympy.expand(ix - at) != 0 for ix in m.load_indices(b)):
+                    raise VerificationError(f"reads {b} at other points than it overwrites", name)
+                late = [o.name for o in group[k + 1:] if b in o.read_names() or b in o.mutates]
+                if late:
+                    raise VerificationError(f"member {late[0]} reads {b} after {m.name} overwrites it in "
+                                            f"the same kernel", name)
 
     def _check_index(self) -> None:
         """The producer and reader indexes (kept incrementally by every edit) match the nodes."""
@@ -459,7 +489,7 @@ def _describe(node) -> str:
         if isinstance(node, Reduction):
             ranges += f" {node.reduction_type} over [{', '.join(map(str, node.reduction_ranges))}]"
         reads = ", ".join(map(repr, node.reads()))
-        writes = ", ".join(map(repr, node.writes()))
+        writes = ", ".join(map(repr, node.writes())) + (" in place" if node.mutates else "")
         return f"{head} {ranges}\n    reads  {reads or '-'}\n    writes {writes}\n    body   {node.body!r}"
     if isinstance(node, Extern):
         after = f"\n    after  {', '.join(node.after)}" if node.after else ""

@@ -138,7 +138,9 @@ class KernelWriter:
         self.args: dict = {}  # arg name -> ("buffer", name) | ("size", symbol)
         self.sizes: set = set()
         self._tmp = 0
-        self.by_output = {m.output.name: m for m in self.nodes}
+        # a member writing a graph input in place is not where its kernel's loads of that input come
+        # from: they read the old value, from memory (legality and verify() keep reads after the write out)
+        self.by_output = {m.output.name: m for m in self.nodes if not getattr(m, "in_place", False)}
         self.two_d = bool(self.red)
         self.locals: set = set()  # symbols naming kernel variables (indirect indices), never arguments
         self.debug = False  # a device_assert was emitted: the kernel is compiled with debug=True
@@ -673,7 +675,8 @@ def _result_dtype(m) -> torch.dtype:
 
 def _stored(node, graph) -> set:
     keep = graph.output_names() | graph.mutated_names()
-    return {b for b in node.output_names() if b in keep or graph.readers(b)}
+    in_place = {m.output.name for m in members(node) if getattr(m, "in_place", False)}  # always written
+    return {b for b in node.output_names() if b in keep or graph.readers(b)} | in_place
 
 
 def _int64(graph, node) -> bool:

@@ -234,7 +234,8 @@ class CallWriter:
     def on_reference(self, node, outputs, indent: int) -> None:
         """Run `node` on the reference backend (a node the generator refused, or one with no points)."""
         self.needs_bind = True
-        reads = ", ".join(f"{b!r}: {self.name(b)}" for b in node.read_names() if b in self.defined)
+        touched = dict.fromkeys((*node.read_names(), *node.mutates))  # and the inputs it overwrites
+        reads = ", ".join(f"{b!r}: {self.name(b)}" for b in touched if b in self.defined)
         env = f"runner.run_reference({self.const(node, 'node')}, {{{reads}}}, bind)"
         self.emit(f"env = {env}", indent)
         for b in outputs:
