@@ -105,6 +105,8 @@ def cmd_passes(args) -> int:
                  ("provides", info.provides), ("invalidates", info.invalidates)) if v]
         if facts:
             print(f"    facts: {'; '.join(facts)}")
+        if info.stage != "scheduler":
+            print(f"    stage: {info.stage} (dynamo's FX graph, before aot_autograd; first in a pipeline)")
     return 0
 
 
@@ -133,7 +135,7 @@ def cmd_explain(args) -> int:
         print(f"   pipeline: {report.pipeline}")
         print(f"   {'pass':44s} {'ms':>8} {'nodes':>11} changed  stats")
         for r in report.passes:
-            it = f" #{r.iteration}" if r.iteration else ""
+            it = f" #{r.iteration}" if r.iteration else " [fx]" if r.stage == "fx" else ""
             print(f"   {(r.call + it)[:44]:44s} {r.seconds * 1e3:8.2f} {r.nodes_before:>5}→{r.nodes_after:<5} "
                   f"{'yes' if r.changed else 'no ':7s}  {r.stats or ''}")
         print(f"   kernels: {report.kernels}, extern calls: {report.externs}, bytes accessed: {report.bytes_accessed}")

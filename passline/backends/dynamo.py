@@ -5,11 +5,13 @@ forward and backward graphs; each is lowered, scheduled by the pipeline and run 
 """
 from __future__ import annotations
 
+import copy
 import itertools
 import os
 import time
 import warnings
 
+import attrs
 import torch
 from functorch.compile import make_boxed_func, min_cut_rematerialization_partition
 from torch._dynamo.backends.common import aot_autograd
@@ -37,7 +39,8 @@ DEFAULT_PIPELINE = ("dce, inline_pointwise, memory_order, merge_loops, inline_po
 class Backend:
     """A configured passline backend: `torch.compile(model, backend=passline.backend(...))`.
 
-    pipeline: text or a Pipeline (default DEFAULT_PIPELINE);
+    pipeline: text or a Pipeline (default DEFAULT_PIPELINE); its FX-stage passes, first (pipelines.md "Stages"),
+    run on each graph dynamo captures, before aot_autograd; the rest on each aten graph it makes;
     codegen: "triton" (generated kernels; on CPU tensors through Triton's interpreter), "reference" (the
     torch oracle) or "auto": triton for CUDA graphs, triton's interpreter for CPU graphs when
     TRITON_INTERPRET=1, else reference — the report's `codegen_reason` says which and why;
@@ -101,10 +104,22 @@ class Backend:
         self._ids = itertools.count()
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs):
+        # the FX stage rewrites gm in place: keep a copy to run as captured, should a pass fail half-way
+        as_captured = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph)) if self.pipeline.fx_calls() else gm
+        try:
+            fx = self._run_fx_stage(gm, example_inputs)
+        except Exception as e:
+            # a pass failed on dynamo's graph, which may be half rewritten: run the code dynamo captured
+            if self.fallback == "raise":
+                raise
+            warnings.warn(f"passline's FX-stage passes failed on a graph, which runs eagerly: "
+                          f"{type(e).__name__}: {e}", stacklevel=2)
+            self.failures.append(("fx", e))
+            return as_captured.forward
         compiler = aot_autograd(
-            fw_compiler=self._compiler("forward"),
-            bw_compiler=self._compiler("backward"),
-            inference_compiler=self._compiler("inference"),
+            fw_compiler=self._compiler("forward", fx),
+            bw_compiler=self._compiler("backward", fx),
+            inference_compiler=self._compiler("inference", fx),
             decompositions=decomposition_table(),
             # save few activations; recompute cheap pointwise work in the backward (as Inductor does)
             partition_fn=min_cut_rematerialization_partition,
@@ -127,10 +142,20 @@ class Backend:
             self.failures.append(("aot_autograd", e))
             return gm.forward
 
-    def _compiler(self, kind: str):
+    def _run_fx_stage(self, gm: torch.fx.GraphModule, example_inputs) -> FxStage:
+        """The pipeline's FX-stage passes on dynamo's graph, rewritten in place before aot_autograd traces it."""
+        if not self.pipeline.fx_calls():
+            return FxStage()
+        devices = [x.device for x in example_inputs if isinstance(x, torch.Tensor)]
+        metrics = Metrics(enabled=self.metric_tables)
+        with use_settings(self.settings):
+            _, records = self.manager.run_fx(gm, metrics, f"fx{next(self._ids)}", Target.of_devices(devices))
+        return FxStage(tuple(records), metrics)
+
+    def _compiler(self, kind: str, fx: FxStage):
         def compile_graph(gm: torch.fx.GraphModule, example_inputs):
             try:
-                return make_boxed_func(self.compile_aten(gm, example_inputs, kind))
+                return make_boxed_func(self.compile_aten(gm, example_inputs, kind, fx))
             except Exception as e:
                 if self.fallback == "raise":
                     raise
@@ -142,12 +167,13 @@ class Backend:
 
         return compile_graph
 
-    def compile_aten(self, gm: torch.fx.GraphModule, example_inputs, kind: str = "graph"):
-        """Lower an aten FX graph, run the pipeline, and return a callable taking the graph inputs."""
+    def compile_aten(self, gm: torch.fx.GraphModule, example_inputs, kind: str = "graph", fx: FxStage | None = None):
+        """Lower an aten FX graph, run the pipeline's scheduler stage, and return a callable taking the graph
+        inputs. `fx`: the FX stage that shaped the graph this one comes from (its records open the report's)."""
         with use_settings(self.settings):
-            return self._compile_aten(gm, example_inputs, kind)
+            return self._compile_aten(gm, example_inputs, kind, fx or FxStage())
 
-    def _compile_aten(self, gm: torch.fx.GraphModule, example_inputs, kind: str):
+    def _compile_aten(self, gm: torch.fx.GraphModule, example_inputs, kind: str, fx: FxStage):
         name = f"{kind}{next(self._ids)}"
         t0 = time.perf_counter()
         program = lower_graph(gm, example_inputs, self.chooser)
@@ -156,9 +182,10 @@ class Backend:
             graph.verify()
         t1 = time.perf_counter()
         metrics = Metrics(enabled=self.metric_tables)
+        fx.count_into(metrics)
         nodes_before = len(graph)
         # the passes may decide by the device the graph runs on (split_reductions: its SM count)
-        graph, records = self.manager.run(graph, metrics, name, Target.of(graph))
+        graph, records = self.manager.run(graph, metrics, name, Target.of(graph), before=fx.records)
         t2 = time.perf_counter()
         codegen, reason = choose_codegen(self.codegen, graph)
         if codegen == "triton":
@@ -192,6 +219,24 @@ class Backend:
         if self.capture:
             return _capturing(runner, report)
         return runner
+
+
+@attrs.define
+class FxStage:
+    """What the FX-stage passes did to one captured graph: their records (which open the pass list of every
+    aten graph aot_autograd makes from it) and figures (counted once, in the first of those graphs'
+    metrics: its forward or inference graph, so that a sum over reports counts each rewrite once)."""
+
+    records: tuple = ()
+    metrics: Metrics | None = None
+
+    def count_into(self, metrics: Metrics) -> None:
+        if self.metrics is None:
+            return
+        metrics.counters.update(self.metrics.counters)
+        for table, rows in self.metrics.tables.items():
+            metrics.tables.setdefault(table, []).extend(rows)
+        self.metrics = None
 
 
 def _dynamo_handles(e: Exception) -> bool:

@@ -2,6 +2,7 @@
 from . import (  # noqa: F401
     dce,
     fuse,
+    fuse_linear_cross_entropy,
     inline_pointwise,
     memory_order,
     merge_loops,

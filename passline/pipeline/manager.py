@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import gc
+import time
 from typing import Iterable
 
 import attrs
@@ -59,9 +60,11 @@ class PassRecord:
     claimed_changed: bool | None = None
     stats: dict = attrs.Factory(dict)
     decisions: list = attrs.Factory(list)
+    stage: str = "scheduler"  # "fx": run on dynamo's FX graph (nodes and edges are FX nodes and uses)
 
     def __str__(self):
         it = f" (iteration {self.iteration})" if self.iteration is not None else ""
+        it += " [fx]" if self.stage == "fx" else ""
         return (f"{self.index:3d}. {self.call}{it}: {self.seconds * 1e3:.2f} ms, nodes {self.nodes_before}"
                 f"→{self.nodes_after}, edges {self.edges_before}→{self.edges_after}"
                 f"{', changed' if self.changed else ''}"
@@ -144,7 +147,12 @@ class PassManager:
     """Runs `pipeline` on graphs, under the pass registry in effect when it was made. Around every pass run:
     the built-in instruments (timing, change detection, verification with `verify`, metrics, dumps with
     `dump_dir`), and outside them `instruments` (PassInstruments, the first given outermost; see
-    pipeline/instruments.py)."""
+    pipeline/instruments.py).
+
+    A pipeline has two stages (registry.STAGES): its FX-stage passes, first, rewrite dynamo's graph before
+    aot_autograd (`run_fx`, once per captured graph); the rest run on each lowered graph (`run`). The
+    pass numbering, `pass_limit` and `decision_limits` run through both: `run(..., before=fx_records)`
+    continues after the FX stage's records."""
 
     def __init__(self, pipeline: Pipeline | str = "", *, verify: bool = True, instruments: Iterable = (),
                  pass_limit: int | None = None, decision_limits: dict | None = None,
@@ -162,11 +170,12 @@ class PassManager:
         return [*self.instruments, *builtin_instruments(self.verify, self.dump_dir)]
 
     def run(self, graph: SchedulerGraph, metrics: Metrics | None = None, graph_name: str = "graph",
-            target: Target | None = None):
-        """Run the pipeline; returns (final graph, list of PassRecord). `self.records` and
+            target: Target | None = None, before: Iterable = ()):
+        """Run the pipeline's scheduler stage; returns (final graph, list of PassRecord). `self.records` and
         `self.graph_name` describe the latest run even when a pass raised. `target`: the machine the
-        graph will run on, for passes that decide by it (default: the CPU)."""
-        self.records: list[PassRecord] = []
+        graph will run on, for passes that decide by it (default: the CPU). `before`: the records of the FX
+        stage that made this graph (`run_fx`): they open the returned list and count toward `pass_limit`."""
+        self.records: list[PassRecord] = list(before)
         self.target = target if target is not None else Target.cpu()
         self._records = self.records
         self._metrics = metrics if metrics is not None else Metrics()
@@ -178,7 +187,7 @@ class PassManager:
             for ins in self._outer_first:
                 ins.enter_pipeline(graph, run)
             with _collector_paused():
-                graph, _ = self._run_items(self.pipeline.items, graph, None)
+                graph, _ = self._run_items(self.pipeline.scheduler_items(), graph, None)
             for ins in self._inner_first:
                 ins.exit_pipeline(graph, run)
         return graph, self._records
@@ -224,3 +233,59 @@ class PassManager:
         for ins in self._inner_first:
             ins.after_pass(record, graph)
         return graph, record.changed
+
+    def run_fx(self, gm, metrics: Metrics | None = None, graph_name: str = "graph", target: Target | None = None):
+        """Run the pipeline's FX-stage passes on dynamo's `gm` (a torch.fx.GraphModule, rewritten in place);
+        returns (gm, list of PassRecord). Each pass is timed, its change found by comparing the graph's text,
+        the graph linted (with `verify`) and recompiled after it, and its stats and decisions recorded as for
+        a scheduler pass; PassInstruments and dumps see SchedulerGraphs only and are not run here. A pass that
+        raises may leave `gm.graph` half rewritten (the dynamo backend then runs the code dynamo generated,
+        `gm.forward` bound before this stage)."""
+        self.records = []
+        self.target = target if target is not None else Target.cpu()
+        self.graph_name = graph_name
+        metrics = metrics if metrics is not None else Metrics()
+        with self.registry.active():
+            for call in self.pipeline.fx_calls():
+                if self.pass_limit is not None and len(self.records) >= self.pass_limit:
+                    break
+                gm = self._run_fx_pass(call, gm, metrics, graph_name)
+        return gm, self.records
+
+    def _run_fx_pass(self, call: PassCall, gm, metrics: Metrics, graph_name: str):
+        import torch
+
+        index = len(self.records) + 1
+        text = str(gm.graph)
+        record = PassRecord(index, call.name, str(call), None, nodes_before=len(gm.graph.nodes),
+                            edges_before=_fx_edges(gm.graph), stage="fx")
+        self.records.append(record)
+        ctx = PassContext(record, metrics, graph_name, self.decision_limits.get(index), self.target)
+        t0 = time.perf_counter()
+        try:
+            result = call.info.run(gm, ctx, **call.resolved())
+        except Exception as e:
+            e.add_note(f"in pass {call.name!r} (pipeline step {index}: {call})")
+            raise
+        record.seconds = time.perf_counter() - t0
+        if isinstance(result, PassResult):
+            record.claimed_changed = result.changed
+            ctx.stats.update(result.stats)
+            result = result.graph
+        gm = gm if result is None else result
+        if not isinstance(gm, torch.fx.GraphModule):
+            raise TypeError(f"FX-stage pass {call.name!r} returned {type(gm).__name__}, not a torch.fx.GraphModule")
+        if self.verify:
+            gm.graph.lint()
+        gm.recompile()
+        record.changed = str(gm.graph) != text
+        record.nodes_after, record.edges_after = len(gm.graph.nodes), _fx_edges(gm.graph)
+        record.stats = dict(ctx.stats)
+        metrics.row("pass_stats", graph=graph_name, index=index, pass_name=call.name, seconds=record.seconds,
+                    nodes_before=record.nodes_before, nodes_after=record.nodes_after, changed=record.changed,
+                    decisions=len(record.decisions))
+        return gm
+
+
+def _fx_edges(graph) -> int:
+    return sum(len(n.users) for n in graph.nodes)

@@ -28,6 +28,11 @@ import attrs
 
 ENTRY_POINT_GROUP = "passline.passes"
 OPTION_TYPES = (bool, int, float, str)
+# What a pass works on. "scheduler": the SchedulerGraph of one aten graph, after lowering (almost every
+# pass). "fx": the torch-level FX graph dynamo captured, before aot_autograd splits it into forward and
+# backward — where a rewrite can change what autograd saves (fuse_linear_cross_entropy). FX-stage passes
+# come first in a pipeline; the dynamo backend runs them once per captured graph.
+STAGES = ("scheduler", "fx")
 
 
 class PipelineError(ValueError):
@@ -75,6 +80,7 @@ class PassInfo:
     idempotent: bool = False
     doc: str = ""
     source_of: Any = None  # the function or class whose source keys caches
+    stage: str = "scheduler"  # one of STAGES: run(graph, ...) takes a SchedulerGraph, or ("fx") a GraphModule
 
     @property
     def summary(self) -> str:
@@ -169,10 +175,13 @@ class Registry:
 
     # -- registering --------------------------------------------------------------------------------
     def register(self, name: str | None = None, *, requires=(), provides=(), invalidates=(),
-                 idempotent: bool = False, replace: bool = False):
+                 idempotent: bool = False, replace: bool = False, stage: str = "scheduler"):
         """Decorator: register a pass function `(graph, ctx, **options)`, or a class with an attrs `Options`
         class and a `run(self, graph, ctx, options)` method. Returns the PassInfo (callable like the
-        function)."""
+        function). `stage="fx"`: the pass takes dynamo's torch.fx.GraphModule instead of a SchedulerGraph
+        (see STAGES)."""
+        if stage not in STAGES:
+            raise ValueError(f"a pass's stage is one of {', '.join(STAGES)}, not {stage!r}")
 
         def register(obj):
             pname = name or obj.__name__
@@ -190,7 +199,7 @@ class Registry:
                 raise ValueError(f"a pass named {pname!r} is already registered "
                                  f"(from {old.source_of.__module__}); pass replace=True to override")
             info = PassInfo(pname, run, options, frozenset(requires), frozenset(provides), frozenset(invalidates),
-                            idempotent, inspect.getdoc(obj) or "", obj)
+                            idempotent, inspect.getdoc(obj) or "", obj, stage)
             self._passes[pname] = info
             return info
 
@@ -252,6 +261,8 @@ class Registry:
                     facts.append(f"{label} {', '.join(sorted(group))}")
             lines.append(f"### `{info.name}`\n")
             lines.append(info.summary + "\n")
+            if info.stage == "fx":
+                lines.append("Stage: fx (dynamo's FX graph, before aot_autograd; first in a pipeline).\n")
             if facts:
                 lines.append(f"Facts: {'; '.join(facts)}.\n")
             if info.options:
@@ -295,12 +306,12 @@ def current_registry() -> Registry:
 
 
 def register_pass(name: str | None = None, *, requires=(), provides=(), invalidates=(),
-                  idempotent: bool = False, replace: bool = False):
+                  idempotent: bool = False, replace: bool = False, stage: str = "scheduler"):
     """Register a pass function `(graph, ctx, **options)`, or a class with an attrs `Options` class and
     a `run(self, graph, ctx, options)` method, in the active registry. Returns the PassInfo (callable like
-    the function)."""
+    the function). `stage="fx"`: it runs on dynamo's FX graph before aot_autograd (see STAGES)."""
     return current_registry().register(name, requires=requires, provides=provides, invalidates=invalidates,
-                                       idempotent=idempotent, replace=replace)
+                                       idempotent=idempotent, replace=replace, stage=stage)
 
 
 def unregister_pass(name: str) -> None:

@@ -41,8 +41,12 @@ class Target:
     def of(cls, graph) -> Target:
         """The target a graph's buffers live on: a GPU when any buffer is on CUDA (the backends run such a
         graph's kernels there), else the CPU."""
-        devices = {b.layout.device for b in graph.buffers().values()}
-        cuda = sorted((d for d in devices if d.type == "cuda"), key=lambda d: d.index or 0)
+        return cls.of_devices(b.layout.device for b in graph.buffers().values())
+
+    @classmethod
+    def of_devices(cls, devices) -> Target:
+        """The first CUDA device among `devices` (torch.device), else the CPU."""
+        cuda = sorted({d for d in devices if d.type == "cuda"}, key=lambda d: d.index or 0)
         return cls.cuda(cuda[0].index) if cuda and torch.cuda.is_available() else cls.cpu()
 
     def __str__(self) -> str:

@@ -4,7 +4,8 @@
 
 `Pipeline.parse(text)` builds the object; `str(pipeline)` prints text that parses back to an equal
 pipeline. Both forms are checked against the registry: pass names, option names, types and values,
-and that each pass's `requires` facts are provided earlier. Errors point at the position in the text.
+that each pass's `requires` facts are provided earlier, and that FX-stage passes (registry.STAGES) come
+first. Errors point at the position in the text.
 """
 from __future__ import annotations
 
@@ -107,11 +108,13 @@ class Pipeline:
     items: tuple = attrs.field(default=(), converter=_to_items)
 
     def __attrs_post_init__(self):
+        check_stages(self.items)
         check_facts(self.items)
 
     @classmethod
     def parse(cls, text: str) -> "Pipeline":
         items, positions = _Parser(text).parse()
+        check_stages(items, text, positions)
         check_facts(items, text, positions)
         pipeline = object.__new__(cls)
         object.__setattr__(pipeline, "items", tuple(items))
@@ -128,14 +131,16 @@ class Pipeline:
 
     def calls(self) -> list[PassCall]:
         """Each pass call once, in order, with repeat groups opened."""
-        out: list[PassCall] = []
+        return _opened(self.items)
 
-        def visit(items):
-            for it in items:
-                visit(it.items) if isinstance(it, Repeat) else out.append(it)
+    def fx_calls(self) -> list[PassCall]:
+        """The FX-stage passes (they come first): what the dynamo backend runs on each captured graph before
+        aot_autograd."""
+        return [it for it in self.items if isinstance(it, PassCall) and it.info.stage == "fx"]
 
-        visit(self.items)
-        return out
+    def scheduler_items(self) -> tuple:
+        """The items after the FX-stage passes: what runs on each lowered graph."""
+        return self.items[len(self.fx_calls()):]
 
     def max_runs(self) -> int:
         """An upper bound on pass executions: each repeat group at its max_iter."""
@@ -155,6 +160,33 @@ class Pipeline:
         for call in self.calls():
             h.update(f"{call.name} {sorted(call.resolved().items())!r} {call.info.source_hash()}\n".encode())
         return h.hexdigest()
+
+
+def _opened(items) -> list[PassCall]:
+    out: list[PassCall] = []
+    for it in items:
+        out.extend(_opened(it.items) if isinstance(it, Repeat) else [it])
+    return out
+
+
+def check_stages(items, text: str | None = None, positions: dict | None = None) -> None:
+    """FX-stage passes rewrite dynamo's graph once, before it is split and lowered: each comes before every
+    scheduler pass and outside repeat(...)."""
+    def where(call):
+        return positions.get(id(call)) if positions else None
+
+    first_scheduler = None
+    for it in items:
+        for call in _opened((it,)):
+            if call.info.stage != "fx":
+                first_scheduler = first_scheduler or call
+            elif isinstance(it, Repeat):
+                raise PipelineError(f"pass {call.name!r} works on dynamo's FX graph (stage fx) and runs once per "
+                                    f"captured graph: it cannot be inside repeat(...)", text, where(call))
+            elif first_scheduler is not None:
+                raise PipelineError(f"pass {call.name!r} works on dynamo's FX graph (stage fx), before lowering: "
+                                    f"put it before {first_scheduler.name!r}, which works on the lowered graph",
+                                    text, where(call))
 
 
 def check_facts(items, text: str | None = None, positions: dict | None = None, facts=INITIAL_FACTS) -> frozenset:

@@ -355,13 +355,14 @@ def _broadcast(a, b) -> tuple:
 
 @st.composite
 def pipelines(draw, names=None, max_len: int = 5):
-    """A random valid Pipeline of registered passes (optionally only `names`), with random option
-    values and sometimes a repeat(...) group; invalid orders (unmet `requires`) are not drawn."""
+    """A random valid Pipeline of registered passes (optionally only `names`; by default the scheduler-stage
+    passes: FX-stage ones rewrite dynamo's graphs, not the lowered programs these pipelines run on), with
+    random option values and sometimes a repeat(...) group; invalid orders (unmet `requires`) are not drawn."""
     import passline
     from passline.pipeline.registry import PipelineError
 
     registry = passline.passes()
-    pool = sorted(names or [n for n in registry if not n.startswith("t_")])
+    pool = sorted(names or [n for n, info in registry.items() if not n.startswith("t_") and info.stage == "scheduler"])
     calls = []
     for name in draw(st.lists(st.sampled_from(pool), min_size=0, max_size=max_len)):
         info = registry[name]

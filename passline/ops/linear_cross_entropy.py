@@ -1,0 +1,284 @@
+"""`passline::linear_cross_entropy`: `F.cross_entropy(F.linear(x, weight, bias), target)` whose
+`[rows, vocabulary]` logits never exist whole.
+
+An LM head's logits are the largest tensor of a training step (8k tokens x 128k vocabulary: 2 GiB in
+bfloat16, twice that once upcast to float32), and autograd keeps them from the forward to the backward.
+Here the rows are taken in chunks, and each chunk's logits (one matmul, in the input's dtype) are turned at
+once into float32 log-probabilities, the chunk's rows of the loss and, where asked, the logits' gradient
+(softmax minus the smoothed one-hot, times each row's share of the loss's gradient, written once in the
+logits' dtype), which two matmuls consume into the gradients of `x` (the chunk's rows) and `weight` (and a
+sum into `bias`), summed over chunks in float32. Three ops:
+
+- `passline::linear_cross_entropy` (the loss) and `passline::linear_cross_entropy_backward` (its
+  gradients): autograd saves `x`, `weight`, `bias` and `target`, and the backward computes each chunk's
+  logits again — 4 matmuls in all;
+- `passline::linear_cross_entropy_with_grads` (the loss and the gradients for a loss gradient of 1, for a
+  "mean" or "sum" loss, whose gradient only scales them): the backward scales what the forward saved —
+  3 matmuls, and the gradients (float32 for `weight`, as large as it) held from the forward to the backward.
+
+The loss is F.cross_entropy's: `ignore_index` rows count for nothing (and `mean` divides by the rows
+left: all ignored is 0/0, NaN, as eager), `label_smoothing` eps makes a row's loss
+`(1 - eps) * (lse - z[target]) + eps * (lse - mean(z))`, `reduction` is "mean", "sum" or "none". The
+loss is computed in float32 whatever the input's dtype: `upcast` says whether it is returned in float32
+(the model wrote `cross_entropy(logits.float(), ...)`, or the input is float32) or rounded to the input's
+dtype (eager's bfloat16 cross-entropy rounds every log-probability to bfloat16: ours is closer to exact).
+"""
+import torch
+
+Tensor = torch.Tensor
+
+REDUCTIONS = ("mean", "sum", "none")
+
+
+def default_chunk_rows(rows: int, hidden: int, vocab: int) -> int:
+    """Rows per chunk when none is given: a chunk's logits `[chunk, vocab]` hold at most as many elements
+    as the larger of `weight` `[vocab, hidden]` and `x` `[rows, hidden]`, tensors the step holds anyway
+    (with their gradients), so the chunk's buffers (float32 logits and their gradient) stay a small
+    multiple of them. A wide vocabulary gives chunks of `hidden` rows — a matmul of `hidden` rows by
+    `hidden` by `vocab`, large enough to keep a GPU's tensor cores busy —; a vocabulary narrower than the
+    rows gives one chunk (the logits are no larger than `x`: nothing to save)."""
+    if rows <= 0:
+        return 1
+    budget = max(vocab, rows) * hidden
+    return max(1, min(rows, -(-budget // max(vocab, 1))))
+
+
+def _chunks(rows: int, chunk: int):
+    return ((s, min(rows, s + chunk)) for s in range(0, rows, chunk))
+
+
+def _logits(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    # addmm, as F.linear computes it (one rounding of product plus bias)
+    return x @ weight.t() if bias is None else torch.addmm(bias, x, weight.t())
+
+
+def _check(x, weight, bias, target, reduction):
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"linear_cross_entropy: reduction must be one of {REDUCTIONS}, not {reduction!r}")
+    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
+        raise ValueError(f"linear_cross_entropy: x [rows, hidden] and weight [vocab, hidden] expected, got "
+                         f"{tuple(x.shape)} and {tuple(weight.shape)}")
+    if target.shape != x.shape[:1]:
+        raise ValueError(f"linear_cross_entropy: target of shape {tuple(x.shape[:1])} expected, "
+                         f"got {tuple(target.shape)}")
+    if bias is not None and bias.shape != weight.shape[:1]:
+        raise ValueError(f"linear_cross_entropy: bias of shape {tuple(weight.shape[:1])} expected")
+
+
+class _Gradients:
+    """dx, dweight and dbias, filled chunk by chunk from each chunk's logits' gradient: dx's rows of the chunk
+    by one matmul, dweight and dbias summed in float32 (each chunk's product is rounded once, as eager's
+    single matmul over all rows is, and the sum adds no rounding of its own)."""
+
+    def __init__(self, x, weight, bias, need_x: bool, need_weight: bool, need_bias: bool):
+        rows, hidden = x.shape
+        vocab = weight.shape[0]
+        self.dx = x.new_empty((rows, hidden) if need_x else (0,))
+        self.dweight = torch.zeros(vocab, hidden, dtype=torch.float32, device=x.device) if need_weight else None
+        self.dbias = torch.zeros(vocab, dtype=torch.float32, device=x.device) if need_bias else None
+        self.need_x = need_x
+
+    def add(self, dz, x, weight, s: int, e: int) -> None:
+        if self.need_x:
+            torch.mm(dz, weight, out=self.dx[s:e])
+        if self.dweight is not None:
+            if dz.dtype == torch.float32:
+                self.dweight.addmm_(dz.t(), x)
+            else:
+                self.dweight.add_(dz.t() @ x)
+        if self.dbias is not None:
+            self.dbias.add_(dz.sum(0, dtype=torch.float32))
+
+    def float32(self, weight):
+        """(dx, dweight, dbias) with the sums in float32; a gradient not needed is an empty tensor."""
+        def empty():  # one each: an op's outputs may not alias each other
+            return weight.new_empty(0, dtype=torch.float32)
+
+        return (self.dx, empty() if self.dweight is None else self.dweight,
+                empty() if self.dbias is None else self.dbias)
+
+
+def _row_scale(valid, reduction: str, grad=None):
+    """Each row's share of the loss's gradient `grad` (1 when None), as a column: 0 for ignored rows,
+    1 / valid rows under "mean"."""
+    scale = torch.ones((), device=valid.device) if grad is None else grad.float()
+    if reduction == "mean":
+        scale = scale / valid.sum()
+    return torch.where(valid, scale, 0.0).expand(valid.shape[0]).unsqueeze(1)
+
+
+def _sweep(x, weight, bias, target, ignore_index, label_smoothing, chunk_rows, losses=None, scale=None,
+           grads: _Gradients | None = None) -> None:
+    """One pass over the rows in chunks, each chunk's logits computed once: with `losses`, the chunk's rows of
+    the loss are written there; with `grads`, the logits' gradient (times `scale`, each row's share of the
+    loss's gradient) is computed at once and consumed into them."""
+    rows, hidden = x.shape
+    vocab = weight.shape[0]
+    chunk = chunk_rows if chunk_rows > 0 else default_chunk_rows(rows, hidden, vocab)
+    valid = target != ignore_index
+    # d loss / d logit = scale * (softmax - (1 - eps) * onehot - eps / vocab): the last term, per row
+    shift = scale * (-label_smoothing / vocab) if grads is not None and label_smoothing else None
+    for s, e in _chunks(rows, chunk):
+        z = _logits(x[s:e], weight, bias)
+        onehot = torch.where(valid[s:e], target[s:e], 0).unsqueeze(1)
+        if losses is not None:
+            # eager's log_softmax of the float32 logits, one kernel reading them in their dtype: the chunk's
+            # buffers are its logits and one float32 tensor, worked on in place from here
+            p = torch.log_softmax(z, 1, dtype=torch.float32)
+            del z
+            loss = p.gather(1, onehot).squeeze(1).neg_()
+            if label_smoothing:
+                loss = (1 - label_smoothing) * loss - label_smoothing * p.mean(1)
+            losses[s:e] = torch.where(valid[s:e], loss, 0.0)
+            if grads is None:
+                continue
+            p.exp_()  # the softmax
+        else:
+            p = torch.softmax(z, 1, dtype=torch.float32)
+            del z
+        p.scatter_add_(1, onehot, p.new_full(onehot.shape, -(1.0 - label_smoothing)))
+        # the logits' gradient, written once in their dtype (as eager's backward of .float() rounds it)
+        dz = p if x.dtype == torch.float32 else torch.empty(p.shape, dtype=x.dtype, device=x.device)
+        if shift is None:
+            torch.mul(p, scale[s:e], out=dz)
+        else:
+            torch.addcmul(shift[s:e], p, scale[s:e], out=dz)
+        del p
+        grads.add(dz, x[s:e], weight, s, e)
+
+
+def _reduce(losses, valid, reduction: str, dtype):
+    if reduction == "none":
+        out = losses
+    else:
+        out = losses.sum()
+        if reduction == "mean":
+            out = out / valid.sum()
+    return out.to(dtype)
+
+
+def chunked_forward(x, weight, bias, target, ignore_index, label_smoothing, reduction, upcast, chunk_rows):
+    """The loss of cross_entropy(linear(x, weight, bias), target); chunk_rows 0: `default_chunk_rows`. The
+    body of the op `passline::linear_cross_entropy`."""
+    _check(x, weight, bias, target, reduction)
+    losses = torch.empty(x.shape[0], dtype=torch.float32, device=x.device)
+    _sweep(x, weight, bias, target, ignore_index, label_smoothing, chunk_rows, losses=losses)
+    return _reduce(losses, target != ignore_index, reduction, torch.float32 if upcast else x.dtype)
+
+
+linear_cross_entropy = torch.library.custom_op(
+    "passline::linear_cross_entropy", chunked_forward, mutates_args=(),
+    schema="(Tensor x, Tensor weight, Tensor? bias, Tensor target, int ignore_index, float label_smoothing, "
+           "str reduction, bool upcast, int chunk_rows) -> Tensor")
+
+
+@linear_cross_entropy.register_fake
+def _(x, weight, bias, target, ignore_index, label_smoothing, reduction, upcast, chunk_rows):
+    _check(x, weight, bias, target, reduction)
+    return x.new_empty(x.shape[:1] if reduction == "none" else (), dtype=torch.float32 if upcast else x.dtype)
+
+
+def chunked_backward(grad, x, weight, bias, target, ignore_index, label_smoothing, reduction, chunk_rows,
+                     need_x, need_weight, need_bias):
+    """(dx, dweight, dbias) of linear_cross_entropy, each chunk's logits computed again; a gradient not needed
+    is an empty tensor. The body of the op `passline::linear_cross_entropy_backward`."""
+    grads = _Gradients(x, weight, bias, need_x, need_weight, need_bias)
+    scale = _row_scale(target != ignore_index, reduction, grad)
+    _sweep(x, weight, bias, target, ignore_index, label_smoothing, chunk_rows, scale=scale, grads=grads)
+    dx, dweight, dbias = grads.float32(weight)
+    return dx, dweight.to(weight.dtype), dbias.to(weight.dtype if bias is None else bias.dtype)
+
+
+linear_cross_entropy_backward = torch.library.custom_op(
+    "passline::linear_cross_entropy_backward", chunked_backward, mutates_args=(),
+    schema="(Tensor grad, Tensor x, Tensor weight, Tensor? bias, Tensor target, int ignore_index, "
+           "float label_smoothing, str reduction, int chunk_rows, bool need_x, bool need_weight, bool need_bias)"
+           " -> (Tensor, Tensor, Tensor)")
+
+
+def _fake_grads(x, weight, bias, need_x, need_weight, need_bias, dtype=None):
+    dx = x.new_empty(x.shape if need_x else (0,))
+    dweight = weight.new_empty(weight.shape if need_weight else (0,), dtype=dtype)
+    dbias = weight.new_empty(bias.shape if need_bias else (0,), dtype=dtype or (bias if need_bias else weight).dtype)
+    return dx, dweight, dbias
+
+
+@linear_cross_entropy_backward.register_fake
+def _(grad, x, weight, bias, target, ignore_index, label_smoothing, reduction, chunk_rows, need_x, need_weight,
+      need_bias):
+    return _fake_grads(x, weight, bias, need_x, need_weight, need_bias)
+
+
+def _setup_context(ctx, inputs, output):
+    x, weight, bias, target, ignore_index, label_smoothing, reduction, _upcast, chunk_rows = inputs
+    ctx.save_for_backward(x, weight, bias, target)
+    ctx.options = (ignore_index, label_smoothing, reduction, chunk_rows)
+
+
+def _backward(ctx, grad):
+    x, weight, bias, target = ctx.saved_tensors
+    need_x, need_weight, need_bias = ctx.needs_input_grad[:3]
+    dx, dweight, dbias = linear_cross_entropy_backward(grad, x, weight, bias, target, *ctx.options,
+                                                       need_x, need_weight, need_bias)
+    return (dx if need_x else None, dweight if need_weight else None, dbias if need_bias else None,
+            None, None, None, None, None, None)
+
+
+linear_cross_entropy.register_autograd(_backward, setup_context=_setup_context)
+
+
+def chunked_forward_with_grads(x, weight, bias, target, ignore_index, label_smoothing, reduction, upcast,
+                               chunk_rows, need_x, need_weight, need_bias):
+    """(loss, dx, dweight, dbias) for a loss's gradient of 1, each chunk's logits computed once: the loss is
+    a sum or a mean, so its gradient only scales these (the backward of
+    `passline::linear_cross_entropy_with_grads` does, 3 matmuls in all where recomputing takes 4).
+    dweight and dbias are float32 sums (rounded once, in the backward); a gradient not needed is empty."""
+    _check(x, weight, bias, target, reduction)
+    if reduction == "none":
+        raise ValueError("linear_cross_entropy_with_grads: a per-row loss's gradient is not a scale; use "
+                         "linear_cross_entropy")
+    valid = target != ignore_index
+    losses = torch.empty(x.shape[0], dtype=torch.float32, device=x.device)
+    grads = _Gradients(x, weight, bias, need_x, need_weight, need_bias)
+    _sweep(x, weight, bias, target, ignore_index, label_smoothing, chunk_rows, losses=losses,
+           scale=_row_scale(valid, reduction), grads=grads)
+    return (_reduce(losses, valid, reduction, torch.float32 if upcast else x.dtype), *grads.float32(weight))
+
+
+linear_cross_entropy_with_grads = torch.library.custom_op(
+    "passline::linear_cross_entropy_with_grads", chunked_forward_with_grads, mutates_args=(),
+    schema="(Tensor x, Tensor weight, Tensor? bias, Tensor target, int ignore_index, float label_smoothing, "
+           "str reduction, bool upcast, int chunk_rows, bool need_x, bool need_weight, bool need_bias) "
+           "-> (Tensor, Tensor, Tensor, Tensor)")
+
+
+@linear_cross_entropy_with_grads.register_fake
+def _(x, weight, bias, target, ignore_index, label_smoothing, reduction, upcast, chunk_rows, need_x, need_weight,
+      need_bias):
+    _check(x, weight, bias, target, reduction)
+    loss = x.new_empty((), dtype=torch.float32 if upcast else x.dtype)
+    return (loss, *_fake_grads(x, weight, bias, need_x, need_weight, need_bias, torch.float32))
+
+
+def _setup_context_with_grads(ctx, inputs, output):
+    ctx.computed = inputs[-3:]  # need_x, need_weight, need_bias
+    ctx.dtypes = (inputs[1].dtype, None if inputs[2] is None else inputs[2].dtype)
+    ctx.save_for_backward(*output[1:])
+    ctx.mark_non_differentiable(*output[1:])
+
+
+def _backward_with_grads(ctx, grad, *_):
+    missing = [k for k in range(3) if ctx.needs_input_grad[k] and not ctx.computed[k]]
+    if missing:  # the pass read requires_grad from dynamo's example values; never answer zero instead
+        raise RuntimeError(f"linear_cross_entropy_with_grads: the gradient of input {missing[0]} was not "
+                           f"computed in the forward")
+    dx, dweight, dbias = ctx.saved_tensors
+    # the loss's gradient scales the unit gradients: dx (in x's dtype) rounded once more, the float32
+    # sums rounded once, here
+    return (dx * grad if ctx.computed[0] else None,
+            (dweight * grad.float()).to(ctx.dtypes[0]) if ctx.computed[1] else None,
+            (dbias * grad.float()).to(ctx.dtypes[1]) if ctx.computed[2] else None,
+            *[None] * 9)
+
+
+linear_cross_entropy_with_grads.register_autograd(_backward_with_grads, setup_context=_setup_context_with_grads)
