@@ -161,6 +161,7 @@ def test_the_default_rule_and_a_tied_embedding():
     assert _fired(be) == 1
     # the comparison above can fail on either part: the embedding's part alone is far from the sum
     model.zero_grad()
+    idx, t = idx.to(model.emb.weight.device), t.to(model.emb.weight.device)  # (a GPU run moved the model)
     torch.compile(model, backend=be)(idx, t).backward()
     both = model.emb.weight.grad.clone()
     model.zero_grad()
@@ -206,7 +207,7 @@ def test_left_alone_when_the_logits_are_needed_or_the_loss_is_not_plain():
         "logits_read_elsewhere": lambda x, w, t: (lambda z: (F.cross_entropy(z.view(-1, VOCAB), t.view(-1)), z))(
             F.linear(x, w)),
         "options": lambda x, w, t: F.cross_entropy(F.linear(x, w).view(-1, VOCAB), t.view(-1),
-                                                   weight=torch.ones(VOCAB)),
+                                                   weight=torch.ones(VOCAB, device=x.device)),
         "no_linear": lambda x, w, t: F.cross_entropy((x.view(-1, HIDDEN) * 2).exp(), t.view(-1) % HIDDEN),
         "shapes": lambda x, w, t: F.cross_entropy(F.linear(x[0, 0], w), t[0, 0] % VOCAB),  # one row, unbatched
     }

@@ -15,6 +15,17 @@ CODEGENS = ["reference", "triton"]
 STATS = ("running_mean", "running_var", "num_batches_tracked")
 
 
+@pytest.fixture(autouse=True)
+def _on_the_test_device():
+    """Modules and tensors made here live on $PASSLINE_TEST_DEVICE when it is set (a GPU run)."""
+    device = passline.settings.test_device
+    if not device:
+        yield
+        return
+    with torch.device(device):
+        yield
+
+
 def _in_place(report) -> list:
     """(in-place member, the scheduler node running it) for every write into a graph input."""
     return [(m, n) for n in report.graph.nodes() for m in members(n) if getattr(m, "in_place", False)]
