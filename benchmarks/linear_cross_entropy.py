@@ -45,7 +45,7 @@ from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from models import FACTOR, FLOOR, rel_err  # noqa: E402  (the check benchmarks/models.py uses)
+from models import FACTOR, FLOOR, rel_err, steady_cuda  # noqa: E402  (the check benchmarks/models.py uses)
 
 CONFIG = dict(batch=8, seq=1024, hidden=768, vocab=128256)
 SMOKE = dict(batch=2, seq=16, hidden=32, vocab=512)
@@ -170,16 +170,7 @@ def run_contender(name, how, master, inputs, ref, eager_errors, args) -> tuple[d
         row.update(passed=False, check="FAIL (fuse_linear_cross_entropy did not fire)")
 
     if cuda:  # the steady state: three steps after the first, this contender's model alone on the device
-        gc.collect()
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        for _ in range(3):
-            step()
-        torch.cuda.synchronize()
-        row["peak_mb"] = torch.cuda.max_memory_allocated() / 2**20
-        from triton.testing import do_bench
-
-        row["step_ms"] = do_bench(step, warmup=args.warmup, rep=args.rep, return_mode="median")
+        row["peak_mb"], row["step_ms"] = steady_cuda(step, args.warmup, args.rep)
     else:
         row["peak_mb"] = None
         wall = []

@@ -324,6 +324,20 @@ def cycles_per_ms() -> float:
     return _CYCLES_PER_MS
 
 
+def steady_cuda(step, warmup: int, rep: int) -> tuple[float, float]:
+    """(peak MB over three steps after the first, median step ms by do_bench): the steady state, with only
+    this contender's model on the device."""
+    from triton.testing import do_bench
+
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() / 2**20, do_bench(step, warmup=warmup, rep=rep, return_mode="median")
+
+
 def host_ms_cuda(step, gpu_ms, reps=10):
     """Host time to issue one step while the GPU is busy with a sleep kernel queued first: the host never
     waits for the GPU, unless the step synchronizes or fills the launch queue; then its time reaches the
@@ -405,16 +419,7 @@ def run_contender(name, options, master, dtype, fmt, inputs, ref, eager_result, 
 
     # peak memory: a few steady steps, this contender's model alone on the device
     if cuda:
-        gc.collect()
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        for _ in range(3):
-            step()
-        torch.cuda.synchronize()
-        row["peak_mb"] = torch.cuda.max_memory_allocated() / 2**20
-        from triton.testing import do_bench
-
-        row["step_ms"] = do_bench(step, warmup=args.warmup, rep=args.rep, return_mode="median")
+        row["peak_mb"], row["step_ms"] = steady_cuda(step, args.warmup, args.rep)
         row["cpu_ms"], row["cpu_waited"] = host_ms_cuda(step, row["step_ms"])
     else:
         row["peak_mb"] = None
