@@ -72,6 +72,44 @@ def test_views(name):
         assert not isinstance(r, Extern)
 
 
+SPLITS = {
+    "chunk": lambda x: [t * (k + 1) for k, t in enumerate(x.chunk(3, dim=1))],  # 6 -> 2, 2, 2
+    "chunk_uneven": lambda x: [t.sin() for t in x.chunk(3, dim=-1)],  # 8 -> 3, 3, 2
+    "split_sizes": lambda x: [t.exp() for t in torch.split(x, [1, 3, 2], dim=1)],
+    "split_size": lambda x: [t + 1 for t in x.split(3, dim=0)],  # 4 -> 3, 1
+    "unbind": lambda x: [t.cos() for t in x.unbind(1)],
+    "swiglu": lambda x: (lambda a, b: a * torch.sigmoid(b))(*x.chunk(2, dim=-1)),
+    "transposed": lambda x: [t + 1 for t in x.transpose(0, 2).chunk(4, dim=0)],
+}
+
+
+@pytest.mark.parametrize("codegen", ["triton", "reference"])
+@pytest.mark.parametrize("name", sorted(SPLITS))
+def test_split_chunk_unbind_are_views(name, codegen):
+    """Slices of the input, no extern call (RoPE's and SwiGLU's chunk were one per use); the backward
+    (a cat of the pieces' gradients) too."""
+    be = assert_matches_eager(SPLITS[name], [X.clone().requires_grad_()], codegen=codegen)
+    externs = [str(n.op) for r in be.reports for n in r.graph.nodes() if isinstance(n, Extern)]
+    assert externs == [], externs
+
+
+def test_chunk_of_a_symbolic_size_runs():
+    """chunk's pieces of a dynamic size are floor divisions of it (torch's FloorDiv in the traced shapes):
+    the split stays an extern call, and what reads its pieces evaluates those sizes (it failed at run time)."""
+    torch._dynamo.reset()
+    be = passline.backend(fallback="raise")
+
+    def f(x):
+        a, b = x.chunk(2, dim=-1)
+        return a * torch.sigmoid(b)
+
+    g = torch.compile(f, backend=be, dynamic=True)
+    for n in (4, 6, 10):
+        x = torch.randn(3, 5, 2 * n)
+        torch.testing.assert_close(g(x), f(x))
+    assert len(be.reports) == 1
+
+
 R = torch.randn(5, 6, 7)
 REDUCTIONS = {
     "sum_all": lambda x: x.sum(),

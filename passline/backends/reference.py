@@ -28,7 +28,7 @@ from ..ir import (
     walk,
 )
 from ..ir.index import FloorDiv, ModularIndexing
-from ..lowering.sizes import runtime_value
+from ..lowering.sizes import runtime_value, translate
 from ..pipeline.graph import SchedulerGraph
 
 _TORCH_OPS: dict[str, Callable] = {
@@ -95,6 +95,9 @@ def eval_index(expr: sympy.Expr, env: dict):
         return _fold(torch.maximum, max, args)
     if isinstance(expr, sympy.Min):
         return _fold(torch.minimum, min, args)
+    plain = translate(expr)  # torch's own size functions (a layout taken from a traced value's shape)
+    if plain != expr:
+        return eval_index(plain, env)
     raise NotImplementedError(f"index expression {expr} ({type(expr).__name__})")
 
 

@@ -101,6 +101,31 @@ def known_nonnegative(e) -> bool:
     return e.is_nonnegative is True
 
 
+@lowering(aten.split.Tensor, aten.split_with_sizes.default, aten.unsafe_split.Tensor,
+          aten.unsafe_split_with_sizes.default)
+def lower_split(ctx, node, x, sizes, dim=0):
+    """Consecutive slices along `dim` (views: `chunk` in RoPE and SwiGLU would otherwise be an extern call
+    per use). Each piece's length is the traced value's, so split's last short piece and chunk's rounding
+    are aten's."""
+    dim = _dim(dim, x.ndim)
+    lengths = [sympify(val.shape[dim]) for val in node.meta["val"]]
+    if any(e.atoms(sympy.Function) for e in lengths):
+        return NotImplemented  # chunk of a symbolic size (floor division): the index math has no such form
+    pieces, start = [], sympy.S.Zero
+    for length in lengths:
+        pieces.append(x.slice(dim, start, sympy.S.One, length))
+        start = start + length
+    return pieces
+
+
+@lowering(aten.unbind.int)
+def lower_unbind(ctx, node, x, dim=0):
+    dim = _dim(dim, x.ndim)
+    if not x.size[dim].is_Integer:
+        return NotImplemented  # as many outputs as a symbolic size: not a fixed list
+    return [x.select(dim, sympy.Integer(k)) for k in range(int(x.size[dim]))]
+
+
 @lowering(aten.select.int)
 def lower_select(ctx, node, x, dim, index):
     dim = _dim(dim, x.ndim)
