@@ -252,3 +252,46 @@ def test_static_counts_are_literals_but_a_tuned_split_reaches_the_finishing_kern
     assert "mix_order" in kernels and "mix_finish" in kernels
     assert "xindex < 301" in kernels["mix_order"]  # the rows, written in
     assert "rindex < rnumel" in kernels["mix_finish"]  # the splits, passed at launch
+
+
+_FREED: list = []  # (probe) whether the weakly referenced input was gone when the extern ran
+_REF: list = []
+
+
+@torch.library.custom_op("passline_test::probe_freed", mutates_args=())
+def _probe_freed(x: torch.Tensor) -> torch.Tensor:
+    _FREED.append(_REF[0]() is None)
+    return x.clone()
+
+
+@_probe_freed.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+def test_boxed_inputs_die_at_their_last_use():
+    """aot_autograd hands a compiled graph its inputs in a list it lets go of (a backward's saved
+    activations): the generated call empties that list, so an input held by nothing else is freed after
+    the last kernel that reads it, before the graph's later steps run — as Inductor's calls do."""
+    import weakref
+
+    from passline.backends.dynamo import FxStage
+    from passline.lowering import decomposition_table
+
+    def f(a, b):
+        c = (a * 2).sum()  # a's last reader
+        return torch.ops.passline_test.probe_freed(b + c)  # an extern step after it
+
+    a, b = torch.randn(64, 32), torch.randn(16)
+    _REF[:] = [weakref.ref(b)]  # (alive: tracing and eager call the probe too)
+    gm = torch.fx.experimental.proxy_tensor.make_fx(f, decomposition_table())(a, b)
+    be = passline.backend(codegen="triton", fallback="raise")
+    call = be._compiler("inference", FxStage())(gm, [a, b])
+    want = f(a, b)
+    _REF[:], _FREED[:] = [weakref.ref(a)], []
+    args = [a, b]
+    del a
+    out = call(args)
+    assert args == [] and _FREED == [True], _FREED  # the list emptied; `a` gone when the extern ran
+    torch.testing.assert_close(out[0], want)
+    assert "args.clear()" in be.reports[0].runner.source

@@ -155,7 +155,7 @@ class Backend:
     def _compiler(self, kind: str, fx: FxStage):
         def compile_graph(gm: torch.fx.GraphModule, example_inputs):
             try:
-                return make_boxed_func(self.compile_aten(gm, example_inputs, kind, fx))
+                return _boxed(self.compile_aten(gm, example_inputs, kind, fx))
             except Exception as e:
                 if self.fallback == "raise":
                     raise
@@ -219,6 +219,21 @@ class Backend:
         if self.capture:
             return _capturing(runner, report)
         return runner
+
+
+def _boxed(fn):
+    """`fn` in aot_autograd's boxed calling convention. Where the runner takes the caller's list itself
+    (the generated launch plan empties it), a backward's saved activations are freed at their last use;
+    otherwise (reference backend, CUDA graphs, the accuracy guard) `make_boxed_func`'s unpacking."""
+    boxed = getattr(fn, "boxed", None)
+    if boxed is None:
+        return make_boxed_func(fn)
+
+    def call(args):
+        return boxed(args)
+
+    call._boxed_call = True
+    return call
 
 
 @attrs.define

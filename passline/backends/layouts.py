@@ -79,7 +79,8 @@ def conform_inputs(graph: SchedulerGraph, runner):
     if not expects:
         return runner
 
-    def run(*args):
+    def conformed(args) -> dict | None:
+        """{position: a re-laid-out copy} for the inputs that need one, or None."""
         fixed = None
         for e in expects:
             t = args[e.pos]
@@ -90,6 +91,10 @@ def conform_inputs(graph: SchedulerGraph, runner):
                 fixed = fixed or {}
                 stride = t.stride() if stride is None else stride
                 fixed[e.pos] = torch.empty_strided(t.shape, stride, dtype=t.dtype, device=t.device).copy_(t)
+        return fixed
+
+    def run(*args):
+        fixed = conformed(args)
         if fixed is None:
             return runner(*args)
         out = runner(*[fixed.get(k, a) for k, a in enumerate(args)])
@@ -98,5 +103,21 @@ def conform_inputs(graph: SchedulerGraph, runner):
                 args[e.pos].copy_(fixed[e.pos])
         return out
 
+    def boxed(args: list):
+        """`run` in the boxed convention: the copies replace their inputs in `args`, which the runner
+        empties; the originals of inputs written in place are kept here to copy the result back."""
+        fixed = conformed(args)
+        if fixed is None:
+            return runner.boxed(args)
+        originals = {e.pos: args[e.pos] for e in expects if e.mutated and e.pos in fixed}
+        for k, t in fixed.items():
+            args[k] = t
+        out = runner.boxed(args)
+        for k, original in originals.items():
+            original.copy_(fixed[k])
+        return out
+
     run.runner = runner  # the wrapped runner stays reachable (reports, tests)
+    if hasattr(runner, "boxed"):
+        run.boxed = boxed
     return run

@@ -553,6 +553,11 @@ class TritonRunner:
     def __call__(self, *args):
         return self.call(list(args))
 
+    def boxed(self, args: list):
+        """aot_autograd's boxed convention: the generated call empties `args`, so each input the caller
+        holds only there (a backward's saved activations) dies at its last use."""
+        return self.call(args)
+
 
 def _source_hash() -> str:
     """Generated code changes with the generator: its source is part of every cache key."""

@@ -326,6 +326,9 @@ class CallWriter:
             if inp.buffer is not None:
                 self.emit(f"{self.name(inp.name)} = args[{k}]")
                 self.defined.add(inp.name)
+        # the caller's list (aot_autograd's boxed convention): emptied, so that an input held by nothing
+        # else — a saved activation in a backward — is freed at its last use below, not when the call returns
+        self.emit("args.clear()")
         devices = {b.layout.device for b in self.buffers.values() if b.layout.device.type == "cuda"}
         if devices and not runner.interpret:
             self.emit(f"stream = current_stream({next(iter(devices)).index or 0})")
@@ -334,8 +337,9 @@ class CallWriter:
             self.ns["current_stream"] = current_stream
         else:
             self.emit("stream = None")
-        # last reader of each buffer: deleted after it (outputs and inputs are the caller's)
-        keep = graph.output_names() | set(graph.input_buffers())
+        # last reader of each buffer: deleted after it (outputs are the caller's; so are inputs written in
+        # place, which a step may write after their last reader and which the caller holds anyway)
+        keep = graph.output_names() | graph.mutated_names()
         last: dict = {}
         for i, (_, node, _) in enumerate(runner.steps):
             for b in (*node.read_names(), *node.output_names()):
