@@ -60,9 +60,14 @@ def allocator(device):
 
 
 def current_stream(device_index: int) -> int:
-    """The raw CUDA stream handle Triton launches on for a device."""
+    """The raw CUDA stream handle Triton launches on for a device: torch's C entry point where this build
+    has it (what Inductor's launchers call; `torch.cuda.current_stream` builds a Stream object per call, a
+    few µs on every graph call), else the Stream's handle."""
     import torch
 
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return raw(device_index)
     return torch.cuda.current_stream(device_index).cuda_stream
 
 
