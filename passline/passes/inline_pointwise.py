@@ -112,11 +112,10 @@ def _point(node: Pointwise, index, var_ranges, flat: bool = False) -> dict | Non
         if sympy.expand(node.store_index().xreplace(mapping) - index) != 0:
             return None
         return mapping
-    layout = node.output.layout
-    vs = [v for v, _ in var_ranges]
     if flat and len(node.ranges) == 1:
         return _flat_point(node, index, var_ranges)
-    form = as_strided_form(index, vs)
+    layout = node.output.layout
+    form = as_strided_form(index, [v for v, _ in var_ranges])
     if form is None or form[1] != 0:
         return None
     dims: dict = {}  # output dimension -> consumer variable
