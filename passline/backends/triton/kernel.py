@@ -679,6 +679,68 @@ def _stored(node, graph) -> set:
     return {b for b in node.output_names() if b in keep or graph.readers(b)} | in_place
 
 
+def overwritable(node, graph) -> dict:
+    """{a buffer the kernel stores: the buffers it reads whose storage it may write it into}: the wrapper
+    lets such an output take the storage of a read buffer that dies at this kernel (one allocation less
+    and, for a backward reading a logits-sized activation, one logits-sized buffer less at the peak).
+
+    Writing O over B in place is safe when each element of B is read only by the program, and in the
+    loop, that writes the same element of O, and before it writes it: every load of B is direct and at
+    exactly O's store index (in the kernel's canonical variables), the member storing O computes its value
+    from such a load (so the load is issued, and cached for the kernel's other readers of that address,
+    before the store), and in a looped reduction no loop after O's own loads B again. A pointwise kernel
+    is one pass, a persistent one loads before it computes. Kernels with scatters, in-place members or a
+    mix-order form are left out."""
+    if isinstance(node, MixOrderNode):
+        return {}
+    nodes, outer, red = _group(node)
+    if any(isinstance(m, Scatter) or getattr(m, "in_place", False) for m in nodes):
+        return {}
+    w = KernelWriter("k", nodes, outer, red, _stored(node, graph), graph.buffers(), interpret=True)
+    at: dict = {}  # buffer read from outside -> the indices of its loads (None: an indirect one)
+    readers: dict = {}  # buffer -> members loading it
+    for m in nodes:
+        cmap = w.canon(m)
+        for v in walk(m.body):
+            if isinstance(v, Load) and v.buffer not in w.by_output:
+                at.setdefault(v.buffer, set()).add(None if v.indirect else sympy.expand(v.index.xreplace(cmap)))
+                readers.setdefault(v.buffer, set()).add(m.name)
+    inner = {m.name for m in nodes if not red or w.role(m) == Role.INNER}
+    by_name = {m.name: m for m in nodes}
+
+    def closure(names) -> set:  # members computed for these: their in-kernel inner inputs, transitively
+        out, stack = set(), list(names)
+        while stack:
+            n = stack.pop()
+            if n not in out:
+                out.add(n)
+                stack += [w.by_output[b].name for b in by_name[n].read_names()
+                          if b in w.by_output and w.by_output[b].name in inner]
+        return out
+
+    loops: dict = {}  # looped form: loop -> the members it computes (as `looped` demands them)
+    phase: dict = {}
+    if red:
+        phase = w.phases()[0]
+        for p in set(phase.values()):
+            loops[p] = closure(n for n, q in phase.items() if q == p
+                               and (n not in inner or by_name[n].output.name in w.stored))
+    out: dict = {}
+    for m in nodes:
+        if m.name not in inner or isinstance(m, Reduction) or m.output.name not in w.stored:
+            continue
+        store = sympy.expand(m.store_index().xreplace(w.canon(m)))
+        feeds = closure([m.name])
+        for b, idx in at.items():
+            if idx != {store} or not readers[b] & feeds:
+                continue
+            if red and (any(w.role(by_name[n]) not in (Role.INNER, Role.REDUCTION) for n in readers[b])
+                        or any(p > phase[m.name] for p, ms in loops.items() if ms & readers[b])):
+                continue
+            out.setdefault(m.output.name, []).append(b)
+    return out
+
+
 def _int64(graph, node) -> bool:
     """Whether the kernel's offsets need 64 bits: a buffer it reads or writes spans more than int32 can
     address, or its points do (symbolic spans and counts are taken as large). Only the kernel's own
