@@ -115,13 +115,16 @@ def test_auto_codegen_is_said_in_the_report(monkeypatch):
 
 
 def test_index_width():
-    from passline.backends.triton.kernel import _int64
+    from passline.backends.triton.kernel import index_width
     from passline.testing.synthetic import chain_and_fanout
 
+    def _int64(graph, node):
+        return index_width(graph, node)[0]
+
     small = chain_and_fanout(4)
-    assert not _int64(small, small.nodes()[0])
+    assert _int64(small, small.nodes()[0]) is False
     big = chain_and_fanout(4, size=(1 << 16, 1 << 16))
-    assert _int64(big, big.nodes()[0])
+    assert _int64(big, big.nodes()[0]) is True
     # only the kernel's own buffers count: a small node in a graph that also holds a huge buffer keeps
     # 32-bit offsets (the huge buffer is added to what the graph reports, the node does not touch it)
     from passline.ir import Buffer, Layout
@@ -129,7 +132,9 @@ def test_index_width():
     huge = Buffer("huge", Layout.contiguous((1 << 16, 1 << 16), torch.float32))
     buffers = {**small.buffers(), "huge": huge}
     small.buffers = lambda: buffers
-    assert not _int64(small, small.nodes()[0])
+    assert _int64(small, small.nodes()[0]) is False
+    # an element count set at launch (a mix-order finishing kernel's splits): chosen per launch
+    assert index_width(small, small.nodes()[0], frozenset({"rnumel"})) == (None, ())
 
 
 def _check_call_liveness(source: str) -> None:

@@ -240,6 +240,17 @@ class CallWriter:
                 check.append(n + j)
         return "(" + "".join(p + ", " for p in parts) + ")", tuple(check)
 
+    def wide(self, src) -> str | None:
+        """Where a kernel's index width is chosen per launch (`src.int64` is None): a condition, over this
+        call's sizes, that one of its buffers spans more than int32 addresses (the launch adds its own
+        element counts, `Kernel.constexprs`); None where there is nothing to add, or the width is written
+        in the kernel."""
+        if src.int64 is not None or not src.spans:
+            return None
+        from .kernel import INT32_MAX
+
+        return " or ".join(f"{self.py(s)} > {INT32_MAX}" for s in src.spans)
+
     def zero(self, e) -> str | None:
         """A condition that the count `e` is zero: None where it never is, "True" where it always is."""
         if e is None:
@@ -296,8 +307,10 @@ class CallWriter:
                 self.alloc(value, donors=into.get(value, ()))
         empty = [c for c in (self.zero(src.xnumel), self.zero(src.rnumel)) if c is not None]
         args, k.check = self.kernel_args(k, src)
+        wide = self.wide(src)
         launch = f"{self.const(k, 'K')}(stream, {args}, {self.py(src.xnumel)}" + \
-                 (f", {self.py(src.rnumel)})" if src.rnumel is not None else ")")
+                 (f", {self.py(src.rnumel)}" if src.rnumel is not None else "") + \
+                 (f", wide={wide})" if wide is not None else ")")
         self.guarded(node, empty, launch, self.visible(node))
 
     def guarded(self, node, empty: list, launch: str, outputs) -> None:
@@ -332,7 +345,9 @@ class CallWriter:
         # the finish's count of programs changes with the split chosen at run time: always checked
         k_fin.check = tuple(sorted(set(k_fin.check) | {len(fin_src.args) + 1}))
         empty = [c for c in (self.zero(main.xnumel), self.zero(main.rnumel)) if c is not None]
-        launch = f"{self.const(step, 'M')}(stream, {margs}, {fargs}, {self.py(main.xnumel)}, {self.py(main.rnumel)})"
+        wides = [self.wide(src) or "False" for src in (main, fin_src)]
+        launch = f"{self.const(step, 'M')}(stream, {margs}, {fargs}, {self.py(main.xnumel)}, {self.py(main.rnumel)}" + \
+                 ("".join(f", {w}" for w in wides) if wides != ["False", "False"] else "") + ")"
         self.guarded(node, empty, launch, self.visible(node))
 
     def output(self, o) -> str:
