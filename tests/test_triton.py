@@ -229,6 +229,38 @@ def test_configuration_rules_follow_from_sizes_and_device():
     assert rule(red, 576000, 384, False, gpu, only="looped").variant == Variant.LOOPED
 
 
+def test_persistent_rows_take_32_elements_a_thread_and_few_rows_more_warps():
+    # hand facts of configs.rule on a 132-SM GPU for rows held in registers and rows that loop
+    from passline.backends.triton.configs import Device, Variant, rule
+
+    gpu = Device(sms=132)
+    red = {Variant.PERSISTENT: None, Variant.LOOPED: None}
+
+    def pick(rows, width):
+        c = rule(red, rows, width, False, gpu)
+        return c.variant, c.xblock, c.rblock, c.warps
+
+    # many rows: blocks of about 2048 elements on one warp per 1024 (32 elements a thread)
+    assert pick(576000, 384) == (Variant.PERSISTENT, 4, 512, 2)
+    assert pick(134218, 1000) == (Variant.PERSISTENT, 2, 1024, 2)  # cross-entropy's rows, 1000 wide
+    assert pick(16384, 8192) == (Variant.PERSISTENT, 1, 8192, 8)  # LayerNorm 8192 wide: 8 warps, not 16
+    assert pick(1024, 16384) == (Variant.PERSISTENT, 1, 16384, 16)
+    assert pick(1 << 20, 64) == (Variant.PERSISTENT, 32, 64, 2)
+    # 300 rows: one row a program (two programs per SM), still 32 elements a thread
+    assert pick(300, 384) == (Variant.PERSISTENT, 1, 512, 1)
+    # fewer rows than SMs: each program has an SM to itself, 8 elements a thread (up to 32 warps)
+    assert pick(64, 1000) == (Variant.PERSISTENT, 1, 1024, 4)
+    assert pick(100, 16384) == (Variant.PERSISTENT, 1, 16384, 32)
+    assert pick(131, 4096) == (Variant.PERSISTENT, 1, 4096, 16)
+    assert pick(132, 4096) == (Variant.PERSISTENT, 1, 4096, 4)
+    # rows that loop: chunks of 2048 on 8 warps; with fewer rows than SMs, chunks of 8192 on 32 warps
+    assert pick(4000, 30000) == (Variant.LOOPED, 1, 2048, 8)
+    assert pick(64, 30000) == (Variant.LOOPED, 1, 8192, 32)
+    assert pick(64, 3 << 20) == (Variant.LOOPED, 1, 8192, 32)
+    # a 64-SM GPU: 100 rows are no longer fewer than its SMs
+    assert rule(red, 100, 16384, False, Device(sms=64)).warps == 16
+
+
 def test_static_counts_are_literals_but_a_tuned_split_reaches_the_finishing_kernel(monkeypatch):
     """Static element counts are written into kernel bodies (Triton then proves the vector width of masked
     loads), except where the launch sets another value: a mix-order node's finishing kernel sums as many
