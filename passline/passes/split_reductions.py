@@ -30,12 +30,22 @@ are already split by mix-order (their partial sums share the read of the rows wi
 MixOrderNodes are left alone; run earlier, this pass would take those column sums first and mix-order
 would lose its pattern. Running after `fuse` means splitting fused groups: every non-reduction member
 of a group is inlined (recomputed) into the partial reductions that read it, the reductions become
-partial nodes, and each finishing reduction takes the group's epilogue members after it (as
+partial nodes, and the finishing reductions take the group's epilogue members that read them (as
 `finish_node` in backends/triton/kernel.py does for mix-order), so a finishing reduction and its
 epilogue are still one kernel; a pointwise member inside the reduction loop that something outside the
-group reads is kept as a pointwise node of its own. A group with several reductions in sequence
-(BatchNorm's mean, then the sum of squares around it) gives one partial and one finishing node per
-reduction.
+group reads is kept as a pointwise node of its own.
+
+Reductions of a group that read no result of each other (cross-entropy's sum of losses and count of
+rows) are at one *level*: their partials are one node (one kernel) and their finishing reductions
+another. A reduction that reads another's finished result is a level above it, its partials computed
+only after that result is finished — except two patterns whose chunks can be combined afterwards, which
+stay at the level of the reduction they read (`_pair`): the squared deviations from a group's mean
+(var_mean's second pass: LayerNorm, BatchNorm, GroupNorm), each chunk taken about its own mean and the
+chunks combined by Chan et al.'s parallel formula, and the sum of exp(x - max) after a max (softmax,
+log-softmax, cross-entropy), each chunk against its own max and rescaled to the row's. LayerNorm's
+forward over few long rows is thus three kernels (chunk statistics, their combination, the
+normalization) where a mean, then a variance, each split on its own, made five and read the rows three
+times.
 
 The rule (from the problem and `ctx.target`, never a benchmark shape): the un-split kernel's programs are
 estimated as X for a row reduction and X / 16 for a column reduction (a coalesced column block is at
