@@ -327,3 +327,29 @@ def test_boxed_inputs_die_at_their_last_use():
     assert args == [] and _FREED == [True], _FREED  # the list emptied; `a` gone when the extern ran
     torch.testing.assert_close(out[0], want)
     assert "args.clear()" in be.reports[0].runner.source
+
+
+def test_kernel_probe_compiles_for_sm90_cross_entropy_rows_in_16_byte_loads():
+    """benchmarks/kernel_probe.py (in a process of its own: it patches passline to generate GPU code for CPU
+    graphs): cross-entropy over 4099 rows of 1000 bfloat16 logits compiles, for sm_90, to a row kernel that
+    loads 16 bytes a thread (Triton proves the vector width against the literal 1000) at 32 elements a
+    thread without spilling, and, planned for 2 SMs, a loss partial kernel with one program per chunk (4
+    chunks of 1025 rows, the last clamped: 4099 is prime; read as rows, not as a column sum of 4 chunks a
+    program), then the finishing kernel: 3 kernels."""
+    import subprocess
+    import sys
+
+    from modules import BENCHMARKS
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, str(BENCHMARKS / "kernel_probe.py"), "--case", "cross_entropy",
+                           "--shape", "4099x1000", "--sms", "2"], capture_output=True, text=True, env=env,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert "(3 kernels, 0 extern calls)" in out, out
+    kernels = out.split("\n-- ")[1:]
+    row = next(k for k in kernels if "[4099 x 1000]" in k)
+    assert "XBLOCK=2 RBLOCK=1024 warps=2" in row and "'ld.global.v4.b32': 4" in row and "local 0 B" in row, row
+    partial = next(k for k in kernels if "partial" in k)
+    assert "[4 x 1025]" in partial and "XBLOCK=1 " in partial, partial
