@@ -353,3 +353,36 @@ def test_kernel_probe_compiles_for_sm90_cross_entropy_rows_in_16_byte_loads():
     assert "XBLOCK=2 RBLOCK=1024 warps=2" in row and "'ld.global.v4.b32': 4" in row and "local 0 B" in row, row
     partial = next(k for k in kernels if "partial" in k)
     assert "[4 x 1025]" in partial and "XBLOCK=1 " in partial, partial
+
+
+def test_a_spilling_rule_configuration_gets_twice_the_warps(tmp_path):
+    # what Kernel does once ptxas reports spills for the rule's persistent configuration (on a GPU; here a
+    # stand-in for the compiled kernel): the same block on twice the warps from the next launch, and only
+    # for a rule's persistent choice
+    from types import SimpleNamespace
+
+    from passline.backends.triton.cache import KernelCache
+    from passline.backends.triton.configs import Config, Device, Variant
+    from passline.backends.triton.runner import Kernel, KernelInfo
+
+    def kernel(autotune=False):
+        info = KernelInfo("k", "node", "reduction", {})
+        return Kernel(info, KernelCache(str(tmp_path)), False, autotune, "key", None, Device(132))
+
+    cfg = Config(Variant.PERSISTENT, 1, 8192, 8)  # 32 elements a thread
+    k = kernel()
+    k.choices[k.bucket(16384, 8192)] = cfg
+    k._unspill(cfg, SimpleNamespace(n_spills=0), 16384, 8192)
+    assert k.cached(16384, 8192) == cfg  # no spills: kept
+    k._unspill(cfg, SimpleNamespace(n_spills=64), 16384, 8192)
+    assert k.cached(16384, 8192) == Config(Variant.PERSISTENT, 1, 8192, 16)
+    assert k.info.blocks["num_warps"] == 16
+    # a timed choice, a looped kernel, or a block already one element a thread: left as they are
+    timed = kernel(autotune=True)
+    timed._unspill(cfg, SimpleNamespace(n_spills=64), 16384, 8192)
+    assert timed.cached(16384, 8192) is None
+    looped = Config(Variant.LOOPED, 1, 2048, 8)
+    k._unspill(looped, SimpleNamespace(n_spills=64), 4000, 30000)
+    assert k.cached(4000, 30000) is None
+    k._unspill(Config(Variant.PERSISTENT, 1, 1024, 32), SimpleNamespace(n_spills=64), 64, 1000)
+    assert k.cached(64, 1000) is None
