@@ -414,16 +414,11 @@ def _chunk_points(sp: _Split, s, dtype: torch.dtype):
     return Constant(float(sp.chunk), dtype)
 
 
-def _own_point(node: Reduction):
-    """Where `node` stores, in its own loop variables (a member of the same group reads it there)."""
-    return node.store_index()
-
-
 def _paired_partial(sp: _Split, how: str, body_b, partial_a: Reduction):
     """The canonical body of paired reduction b's partial: its chunk's own statistic, computed from the
     chunk's partial of a (a member of the same partial kernel, read at the point it is written)."""
     dt = body_b.dtype
-    mine = Load(partial_a.output.name, _own_point(partial_a), dt)
+    mine = Load(partial_a.output.name, partial_a.store_index(), dt)  # where it stores: the same point
     if how == "deviation":  # sum over the chunk of (e - s_k / n_k)^2
         d, _ = body_b.args
         e = d.args[0]
