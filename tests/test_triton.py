@@ -3,6 +3,7 @@
 picks the interpreter.)"""
 import os
 import re
+import sys
 
 import pytest
 import torch
@@ -114,13 +115,16 @@ def test_auto_codegen_is_said_in_the_report(monkeypatch):
 
 
 def test_index_width():
-    from passline.backends.triton.kernel import _int64
+    from passline.backends.triton.kernel import index_width
     from passline.testing.synthetic import chain_and_fanout
 
+    def _int64(graph, node):
+        return index_width(graph, node)[0]
+
     small = chain_and_fanout(4)
-    assert not _int64(small, small.nodes()[0])
+    assert _int64(small, small.nodes()[0]) is False
     big = chain_and_fanout(4, size=(1 << 16, 1 << 16))
-    assert _int64(big, big.nodes()[0])
+    assert _int64(big, big.nodes()[0]) is True
     # only the kernel's own buffers count: a small node in a graph that also holds a huge buffer keeps
     # 32-bit offsets (the huge buffer is added to what the graph reports, the node does not touch it)
     from passline.ir import Buffer, Layout
@@ -128,7 +132,9 @@ def test_index_width():
     huge = Buffer("huge", Layout.contiguous((1 << 16, 1 << 16), torch.float32))
     buffers = {**small.buffers(), "huge": huge}
     small.buffers = lambda: buffers
-    assert not _int64(small, small.nodes()[0])
+    assert _int64(small, small.nodes()[0]) is False
+    # an element count set at launch (a mix-order finishing kernel's splits): chosen per launch
+    assert index_width(small, small.nodes()[0], frozenset({"rnumel"})) == (None, ())
 
 
 def _check_call_liveness(source: str) -> None:
@@ -386,3 +392,118 @@ def test_a_spilling_rule_configuration_gets_twice_the_warps(tmp_path):
     assert k.cached(4000, 30000) is None
     k._unspill(Config(Variant.PERSISTENT, 1, 1024, 32), SimpleNamespace(n_spills=64), 64, 1000)
     assert k.cached(64, 1000) is None
+
+
+_PTRS: list = []  # (probe) the data pointer of what the extern was given
+
+
+@torch.library.custom_op("passline_test::probe_ptr", mutates_args=())
+def _probe_ptr(x: torch.Tensor) -> torch.Tensor:
+    _PTRS.append(x.data_ptr())
+    return x.clone()
+
+
+@_probe_ptr.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+def _inference_call(f, example, **options):
+    from passline.backends.dynamo import FxStage
+    from passline.lowering import decomposition_table
+
+    gm = torch.fx.experimental.proxy_tensor.make_fx(f, decomposition_table())(*example)
+    be = passline.backend(codegen="triton", fallback="raise", **options)
+    return be._compiler("inference", FxStage())(gm, list(example)), be
+
+
+def test_a_kernel_writes_its_result_over_an_input_only_it_holds():
+    """A kernel whose output has the layout of an input it reads last, at the same positions, writes the
+    output over that input when nothing else holds it (aot_autograd's list was the last holder of a
+    backward's saved activation): one allocation less. An input the caller still holds is never written."""
+    def f(a):
+        return torch.ops.passline_test.probe_ptr(a.sin() * 2)
+
+    a = torch.randn(64, 32, device=os.environ.get("PASSLINE_TEST_DEVICE", "cpu"))
+    call, be = _inference_call(f, (a,))
+    want, kept = f(a), a.clone()
+    _PTRS[:] = []
+    out = call([a])  # the caller keeps `a`
+    assert torch.equal(a, kept) and _PTRS[0] != a.data_ptr()
+    torch.testing.assert_close(out[0], want)
+    ptr, args = a.data_ptr(), [a]
+    del a
+    _PTRS[:] = []
+    out = call(args)  # the list held it alone
+    assert _PTRS == [ptr], "the kernel's output did not take the dying input's storage"
+    torch.testing.assert_close(out[0], want)
+    assert "if sole(" in be.reports[0].runner.source
+
+
+def test_a_looped_kernel_overwrites_only_what_no_later_loop_reads():
+    """In a looped reduction, `y = 2x` is stored in the first loop and `x` is read again in the second
+    (for `y / sum(y)`): y over x's storage would make the second loop read 2x for x. Only the last loop's
+    output may take x's storage."""
+    from passline.backends.triton.kernel import overwritable
+
+    def f(x):
+        y = x * 2
+        return y, y / y.sum(1, keepdim=True)
+
+    x = torch.randn(6, 300, device=os.environ.get("PASSLINE_TEST_DEVICE", "cpu")) + 3
+    call, be = _inference_call(f, (x,), kernel_variant="looped")
+    want = f(x)
+    report = be.reports[0]
+    kernels = [n for n in report.graph.nodes() if overwritable(n, report.graph)]
+    assert len(kernels) == 1
+    pairs = overwritable(kernels[0], report.graph)
+    assert len(pairs) == 1 and len(next(iter(pairs.values()))) == 1, pairs  # z's buffer, not y's
+    ptr, args = x.data_ptr(), [x]
+    del x
+    out = call(args)
+    torch.testing.assert_close(out[0], want[0])
+    torch.testing.assert_close(out[1], want[1])
+    assert out[1].data_ptr() == ptr and out[0].data_ptr() != ptr
+
+
+def test_a_backward_kept_by_retain_graph_reads_its_saved_activations_intact(monkeypatch):
+    """A backward's saved activation dying at a kernel is overwritten by that kernel's output only when
+    autograd let go of it: with retain_graph=True it keeps them for the next backward, which must see them
+    unchanged (here the second backward would read cos(y) * g for y)."""
+    from passline.backends.triton import compat
+
+    counted, hops = [], []  # what sole() compares, recorded (at the same call depths: counts unchanged)
+
+    def counts(t):
+        c = sys.getrefcount(t), t._use_count(), torch._C._storage_Use_Count(t.untyped_storage()._cdata)
+        counted.append(c)
+        return c
+
+    def hop(o):
+        hops.append(compat._refs(o))
+        return hops[-1]
+
+    monkeypatch.setattr(compat, "_counts", counts)
+    monkeypatch.setattr(compat, "_hop", hop)
+
+    def f(x, w):
+        return (x @ w).sin().sum()
+
+    torch.manual_seed(0)
+    x, w = torch.randn(16, 24, requires_grad=True), torch.randn(24, 32, requires_grad=True)
+    torch._dynamo.reset()
+    compiled = torch.compile(f, backend=passline.backend(codegen="triton", fallback="raise"))
+    grads = []
+    for fn in (f, compiled):
+        xs, ws = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+        fn(xs, ws).backward(retain_graph=True)
+        counted[:], hops[:] = [], []
+        fn(xs, ws).backward()  # a fresh graph: its saved activation may be overwritten
+        donated = any(c == (h, 1, compat.ALONE) for c, h in zip(counted, hops))
+        loss = fn(xs, ws)
+        loss.backward(retain_graph=True)
+        loss.backward()  # the same graph twice
+        grads.append((xs.grad, ws.grad))
+    torch.testing.assert_close(grads[1][0], grads[0][0])
+    torch.testing.assert_close(grads[1][1], grads[0][1])
+    assert donated, "no saved activation was overwritten in a plain backward"

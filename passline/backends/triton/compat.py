@@ -7,6 +7,8 @@ then every argument of the kernel's signature in order, constexprs included (the
 """
 from __future__ import annotations
 
+import sys
+
 import triton
 
 try:  # triton >= 3.4: launch hooks are chains in knobs (empty unless a profiler adds one)
@@ -71,4 +73,48 @@ def current_stream(device_index: int) -> int:
     return torch.cuda.current_stream(device_index).cuda_stream
 
 
+def _counts(t) -> tuple:
+    """References to tensor `t`: Python's to the object, C++'s to its TensorImpl, and to its storage."""
+    import torch
+
+    return sys.getrefcount(t), t._use_count(), torch._C._storage_Use_Count(t.untyped_storage()._cdata)
+
+
+def _hop(o) -> int:
+    return _refs(o)
+
+
+def _refs(o) -> int:
+    return sys.getrefcount(o)
+
+
+def _storage_alone() -> int | None:
+    """The storage count `_counts` gives for a tensor that nothing else shares storage with, on this torch
+    (measured, not assumed); None where torch lacks the counts (nothing is overwritten then)."""
+    import torch
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    try:
+        with _disable_current_modes():  # imported mid-compile: a plain tensor, not a fake one
+            x = torch.empty(1)
+        x._use_count()
+        return torch._C._storage_Use_Count(x.untyped_storage()._cdata) if type(x) is torch.Tensor else None
+    except (AttributeError, RuntimeError):
+        return None
+
+
+def sole(t) -> bool:
+    """Whether one variable of the caller is all that holds tensor `t` and its storage — no other Python
+    reference (a caller's list, the user), no other C++ one (autograd keeping a saved activation for
+    another backward), no view sharing its storage — so that writing a result over it in place cannot be
+    seen. Python's count is compared with a plain object's held by one variable and passed down as many
+    frames, at the same moment: whatever else counts frames' references (a tracer, a debugger, dynamo
+    while compiling) counts both alike."""
+    if ALONE is None:
+        return False
+    o = object()
+    return _counts(t) == (_hop(o), 1, ALONE)
+
+
+ALONE = _storage_alone()
 VERSION = tuple(int(p) for p in triton.__version__.split(".")[:2])

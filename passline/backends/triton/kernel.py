@@ -72,6 +72,11 @@ class KernelSource:
     constants: dict  # constexpr values: XBLOCK, RBLOCK, SPLIT
     num_warps: int = 4
     grid_per_program: str = "XBLOCK"  # grid = cdiv(xnumel, constants[grid_per_program])
+    # index width: True/False where the sizes decide it when the kernel is generated; None where it is
+    # chosen per launch (the kernel takes `INT64: tl.constexpr`), from the launch's element counts and
+    # these buffer spans (sympy, in elements) evaluated at the call's sizes (`index_width`)
+    int64: bool | None = False
+    spans: tuple = ()
 
 
 def _sanitize(name: str) -> str:
@@ -79,11 +84,27 @@ def _sanitize(name: str) -> str:
 
 
 def _decompose(prefix: str, sizes, flat: str, used: set) -> list[tuple[str, str]]:
-    """Canonical variables from a flat index: [(name, source)]. Size symbols the sources use (dynamic
-    shapes) are added to `used`, which makes them kernel arguments."""
+    """Canonical variables from a flat index: [(name, source)] in assignment order. Size symbols the
+    sources use (dynamic shapes) are added to `used`, which makes them kernel arguments.
+
+    With static sizes each variable is its own division of the flat index by constants (the compiler
+    turns those into multiplications). A run-time size is a real division (sm_90 has no integer divide
+    instruction: each is a sequence of some twenty instructions in 32 bits, a call in 64), so when sizes
+    are symbolic the quotients are chained from the innermost variable out (`o2 = x % s; x1 = x // s;
+    o1 = x1 % t; o0 = x1 // t`): one division per run-time size, its remainder from the same quotient,
+    instead of a division per stride and one more per modulo."""
     out = []
     strides = contiguous_strides(sizes)
     used.update(sym for e in (*sizes[1:], *strides[:-1]) for sym in sympy.sympify(e).free_symbols)
+    if len(sizes) > 1 and any(not sympy.sympify(s).is_number for s in sizes[1:]):
+        rest = flat
+        for k in range(len(sizes) - 1, 0, -1):
+            size = printer.index(sympy.sympify(sizes[k]))
+            out.append((f"{prefix}{k}", f"({rest} % {size})"))
+            out.append((f"{prefix}_outer{k}", f"({rest} // {size})"))  # the flat index of loops 0..k-1
+            rest = f"{prefix}_outer{k}"
+        out.append((f"{prefix}0", rest))
+        return out
     for k, (s, st) in enumerate(zip(sizes, strides)):
         name = f"{prefix}{k}"
         if len(sizes) == 1:
@@ -146,6 +167,15 @@ class KernelWriter:
         self.debug = False  # a device_assert was emitted: the kernel is compiled with debug=True
         self.online: dict | None = None  # online_pairs(), computed once
         self._expansions: dict = {}  # _expanded()'s memo
+        self.int64: bool | None = False  # the index width (None: the INT64 constexpr chooses it per launch)
+
+    def pid(self) -> str:
+        """The program id in the kernel's index width: every offset is computed from it (and from sizes,
+        which Triton types int32 when their values fit). With the width chosen per launch the kernel has
+        `INT64: tl.constexpr`, and Triton resolves the conditional when it compiles (one binary per width)."""
+        if self.int64 is None:
+            return "tl.program_id(0).to(tl.int64 if INT64 else tl.int32)"
+        return "tl.program_id(0).to(tl.int64)" if self.int64 else "tl.program_id(0)"
 
     # -- plumbing ----------------------------------------------------------------------------------
     def emit(self, line: str) -> None:
@@ -331,12 +361,12 @@ class KernelWriter:
         passes the same arguments whichever variant runs."""
         return tuple(self.args[k] for k in sorted(self.args))
 
-    def header(self, constexprs, int64: bool, extra=()) -> list[str]:
+    def header(self, constexprs, extra=()) -> list[str]:
         sig = sorted(self.args) + [_sanitize(s.name) for s in sorted(self.sizes, key=str)] + ["xnumel"]
         if self.two_d:
             sig.append("rnumel")
         sig += list(extra)
-        sig += [f"{c}: tl.constexpr" for c in constexprs]
+        sig += [f"{c}: tl.constexpr" for c in (*constexprs, *(["INT64"] if self.int64 is None else []))]
         return ["@triton.jit(debug=True)" if self.debug else "@triton.jit", f"def {self.name}({', '.join(sig)}):"]
 
     def numel(self, which: str) -> str:
@@ -350,9 +380,8 @@ class KernelWriter:
         size = sympy.sympify(product(self.outer) if which == "xnumel" else product(self.red))
         return str(int(size)) if size.is_Integer and which not in self.runtime else which
 
-    def pointwise(self, int64: bool) -> list[str]:
-        pid = "tl.program_id(0).to(tl.int64)" if int64 else "tl.program_id(0)"
-        self.emit(f"xindex = {pid} * XBLOCK + tl.arange(0, XBLOCK)")
+    def pointwise(self) -> list[str]:
+        self.emit(f"xindex = {self.pid()} * XBLOCK + tl.arange(0, XBLOCK)")
         self.emit(f"xmask = xindex < {self.numel('xnumel')}")
         for name, src in _decompose("o", self.outer, "xindex", self.sizes):
             self.emit(f"{name} = {src}")
@@ -363,7 +392,7 @@ class KernelWriter:
                 self.scatter(m, var, scope)
             else:
                 self.store(m, var, "xmask")
-        return self.header(["XBLOCK"], int64) + self.lines
+        return self.header(["XBLOCK"]) + self.lines
 
     def scatter(self, m: Scatter, var: str, scope: _Scope) -> None:
         """Write (tl.store) or add (tl.atomic_add: duplicate positions are summed) a Scatter's value at its
@@ -384,9 +413,8 @@ class KernelWriter:
         else:
             self.emit(f"tl.store({ptr} + {offset}, {val}, xmask)")
 
-    def _xr(self, int64: bool):
-        pid = "tl.program_id(0).to(tl.int64)" if int64 else "tl.program_id(0)"
-        self.emit(f"xindex = {pid} * XBLOCK + tl.arange(0, XBLOCK)[:, None]")
+    def _xr(self):
+        self.emit(f"xindex = {self.pid()} * XBLOCK + tl.arange(0, XBLOCK)[:, None]")
         self.emit(f"xmask = xindex < {self.numel('xnumel')}")
         for name, src in _decompose("o", self.outer, "xindex", self.sizes):
             self.emit(f"{name} = {src}")
@@ -452,13 +480,13 @@ class KernelWriter:
         scope.members[m.output.name] = var
         return var
 
-    def persistent(self, int64: bool) -> list[str]:
-        self._xr(int64)
+    def persistent(self) -> list[str]:
+        self._xr()
         self._rindex("")
         scope = _Scope()
         self.prefetch(scope)
         self.emit_members(scope)
-        return self.header(["XBLOCK", "RBLOCK"], int64) + self.lines
+        return self.header(["XBLOCK", "RBLOCK"]) + self.lines
 
     def emit_members(self, scope: _Scope, column=None) -> None:
         """Every member in order, with whole rows in the tile: reductions reduce the tile, the others are
@@ -561,8 +589,8 @@ class KernelWriter:
         memo[key] = out
         return out
 
-    def looped(self, int64: bool) -> list[str]:
-        self._xr(int64)
+    def looped(self) -> list[str]:
+        self._xr()
         phase, avail = self.phases()
         online = self.online_pairs()
         outer_scope = _Scope()
@@ -602,7 +630,7 @@ class KernelWriter:
                 var = self._reduction_result(m, raw, outer_scope)
                 self.store(m, var, "xmask")
         outer_ready(n_phases + 1)
-        return self.header(["XBLOCK", "RBLOCK"], int64) + self.lines
+        return self.header(["XBLOCK", "RBLOCK"]) + self.lines
 
     def _finish_online(self, acc_s: str, acc_m: str, row_max: str) -> str:
         """An online sum's result: each lane's partial sum rescaled to the row's max, summed. A row of -inf
@@ -679,22 +707,107 @@ def _stored(node, graph) -> set:
     return {b for b in node.output_names() if b in keep or graph.readers(b)} | in_place
 
 
-def _int64(graph, node) -> bool:
-    """Whether the kernel's offsets need 64 bits: a buffer it reads or writes spans more than int32 can
-    address, or its points do (symbolic spans and counts are taken as large). Only the kernel's own
-    buffers count (every buffer of the graph made this quadratic in the graph's size at compile time)."""
-    limit = 2 ** 31 - 1
+def overwritable(node, graph) -> dict:
+    """{a buffer the kernel stores: the buffers it reads whose storage it may write it into}: the wrapper
+    lets such an output take the storage of a read buffer that dies at this kernel (one allocation less
+    and, for a backward reading a logits-sized activation, one logits-sized buffer less at the peak).
+
+    Writing O over B in place is safe when each element of B is read only by the program, and in the
+    loop, that writes the same element of O, and before it writes it: every load of B is direct and at
+    exactly O's store index (in the kernel's canonical variables), the member storing O computes its value
+    from such a load (so the load is issued, and cached for the kernel's other readers of that address,
+    before the store), and in a looped reduction no loop after O's own loads B again. A pointwise kernel
+    is one pass, a persistent one loads before it computes. Kernels with scatters, in-place members or a
+    mix-order form are left out."""
+    if isinstance(node, MixOrderNode):
+        return {}
+    nodes, outer, red = _group(node)
+    if any(isinstance(m, Scatter) or getattr(m, "in_place", False) for m in nodes):
+        return {}
+    w = KernelWriter("k", nodes, outer, red, _stored(node, graph), graph.buffers(), interpret=True)
+    at: dict = {}  # buffer read from outside -> the indices of its loads (None: an indirect one)
+    readers: dict = {}  # buffer -> members loading it
+    for m in nodes:
+        cmap = w.canon(m)
+        for v in walk(m.body):
+            if isinstance(v, Load) and v.buffer not in w.by_output:
+                at.setdefault(v.buffer, set()).add(None if v.indirect else sympy.expand(v.index.xreplace(cmap)))
+                readers.setdefault(v.buffer, set()).add(m.name)
+    inner = {m.name for m in nodes if not red or w.role(m) == Role.INNER}
+    by_name = {m.name: m for m in nodes}
+
+    def closure(names) -> set:  # members computed for these: their in-kernel inner inputs, transitively
+        out, stack = set(), list(names)
+        while stack:
+            n = stack.pop()
+            if n not in out:
+                out.add(n)
+                stack += [w.by_output[b].name for b in by_name[n].read_names()
+                          if b in w.by_output and w.by_output[b].name in inner]
+        return out
+
+    loops: dict = {}  # looped form: loop -> the members it computes (as `looped` demands them)
+    phase: dict = {}
+    if red:
+        phase = w.phases()[0]
+        for p in set(phase.values()):
+            loops[p] = closure(n for n, q in phase.items() if q == p
+                               and (n not in inner or by_name[n].output.name in w.stored))
+    out: dict = {}
+    for m in nodes:
+        if m.name not in inner or isinstance(m, Reduction) or m.output.name not in w.stored:
+            continue
+        store = sympy.expand(m.store_index().xreplace(w.canon(m)))
+        feeds = closure([m.name])
+        for b, idx in at.items():
+            if idx != {store} or not readers[b] & feeds:
+                continue
+            if red and (any(w.role(by_name[n]) not in (Role.INNER, Role.REDUCTION) for n in readers[b])
+                        or any(p > phase[m.name] for p, ms in loops.items() if ms & readers[b])):
+                continue
+            out.setdefault(m.output.name, []).append(b)
+    return out
+
+
+INT32_MAX = 2 ** 31 - 1
+
+
+def index_width(graph, node, runtime: frozenset = frozenset()) -> tuple[bool | None, tuple]:
+    """(int64, spans): whether the kernel's offsets need 64 bits — a buffer it reads or writes spans more
+    than int32 can address, or its points do. True or False where the sizes are numbers; None where a
+    span or count is symbolic (dynamic shapes) or an element count is set at launch (`runtime`), with the
+    symbolic buffer spans: the launch then chooses the width from these spans at the call's sizes and from
+    its own element counts (`runner.Kernel.constexprs`), so a dynamic kernel is compiled with int32 offsets,
+    as its static twin, whenever the call's sizes allow it and never launched so on sizes that do not.
+    Only the kernel's own buffers count (every buffer of the graph made this quadratic in the graph's size
+    at compile time); a mix-order kernel's workspaces are not graph buffers, and span no more than its
+    points."""
     buffers = graph.buffers()
     names = {n for m in members(node) for n in (*m.read_names(), *m.output_names())}
-    for name in names:
+    spans = []
+    for name in sorted(names):
         span = buffers[name].layout.storage_span if name in buffers else None
-        if span is not None and (not span.is_number or int(span) > limit):
-            return True
+        if span is None:
+            continue
+        if not span.is_number:
+            spans.append(span)
+        elif int(span) > INT32_MAX:
+            return True, ()
     from ...ir.loops import shape
 
     outer, red = shape(node)
     total = product(outer) * product(red)
-    return not total.is_number or int(total) > limit
+    if total.is_number and int(total) > INT32_MAX:
+        return True, ()
+    if spans or not total.is_number or runtime:
+        # a span never larger than the points (the launch checks the points it reaches, which are these
+        # unless a count is set at launch) or than another span checks nothing more
+        spans = list(dict.fromkeys(spans))
+        kept = [s for i, s in enumerate(spans) if (runtime or not (total - s).is_nonnegative)
+                and not any((t - s).is_nonnegative and (j < i or not (s - t).is_nonnegative)
+                            for j, t in enumerate(spans) if j != i)]
+        return None, tuple(kept)
+    return False, ()
 
 
 def _checks_indices(members) -> bool:
@@ -731,20 +844,21 @@ def generate(node, graph, interpret: bool, variant: str, blocks: dict, stored: s
     writer = KernelWriter(name, members, outer, red, stored, graph.buffers(), interpret, runtime=runtime)
     # a kernel with device asserts is compiled with debug=True, which also makes Triton check every int32
     # add, sub and mul for overflow (an assert each); int64 index math is not checked
-    int64 = _int64(graph, node) or (not interpret and _checks_indices(members))
+    writer.int64, spans = (True, ()) if not interpret and _checks_indices(members) else \
+        index_width(graph, node, runtime)
     if not red:
-        body = writer.pointwise(int64)
+        body = writer.pointwise()
         variant = KernelVariant.POINTWISE
     elif variant == KernelVariant.PERSISTENT:
-        body = writer.persistent(int64)
+        body = writer.persistent()
     else:
-        body = writer.looped(int64)
+        body = writer.looped()
     prelude = printer.PRELUDE_INTERPRETER if interpret else printer.PRELUDE_GPU
     sizes = tuple(("size", s) for s in sorted(writer.sizes, key=str))
     args = writer.ordered_args() + sizes
     constants = {k: v for k, v in blocks.items() if k in ("XBLOCK", "RBLOCK") and (red or k == "XBLOCK")}
     return KernelSource(name, _source(prelude, body), name, args, product(outer), product(red) if red else None,
-                        variant, constants, blocks.get("num_warps", 4))
+                        variant, constants, blocks.get("num_warps", 4), int64=writer.int64, spans=spans)
 
 
 # -- mix-order reductions ------------------------------------------------------------------------------
@@ -815,8 +929,8 @@ def generate_mix(mix: MixOrderNode, graph, interpret: bool, blocks: dict,
     name = f"k_{_sanitize(mix.name)}"[:60]
     w = KernelWriter(name, list(row_members) + in_loop_cols, rows, cols, stored, graph.buffers(), interpret,
                      swap=set(in_loop_cols))
-    int64 = _int64(graph, mix)
-    pid = "tl.program_id(0).to(tl.int64)" if int64 else "tl.program_id(0)"
+    w.int64, spans = index_width(graph, mix)
+    pid = w.pid()
     acc2d = form == KernelVariant.MIX_ORDER_ACC2D
 
     def colsum(x: str) -> str:
@@ -855,12 +969,12 @@ def generate_mix(mix: MixOrderNode, graph, interpret: bool, blocks: dict,
             part = f"{colsum(accs[m.name])}[None, :]" if acc2d else accs[m.name]
             w.emit(f"tl.store({w.ptr(workspace_name(m))} + {pid} * {w.numel('rnumel')} + rindex, {part}, rmask)")
     # SPLIT (rows per program) is a run-time argument: the autotuner times several without recompiling
-    body = w.header(["XBLOCK", "RBLOCK", "STAGES"], int64, extra=["SPLIT"]) + w.lines
+    body = w.header(["XBLOCK", "RBLOCK", "STAGES"], extra=["SPLIT"]) + w.lines
     prelude = printer.PRELUDE_INTERPRETER if interpret else printer.PRELUDE_GPU
     sizes = tuple(("size", s) for s in sorted(w.sizes, key=str))
     constants = {k: blocks[k] for k in ("XBLOCK", "RBLOCK", "SPLIT")} | {"STAGES": blocks.get("STAGES", 1)}
     src = KernelSource(name, _source(prelude, body), name, w.ordered_args() + sizes, product(rows),
-                       product(cols), form, constants, blocks.get("num_warps", 4), "SPLIT")
+                       product(cols), form, constants, blocks.get("num_warps", 4), "SPLIT", w.int64, spans)
     return src, finish
 
 

@@ -66,10 +66,14 @@ class Kernel:
         self.device, self.rows_contiguous = device, rows_contiguous
         self.fns: dict = {}
         self.choices: dict = {}  # size bucket -> Config
-        self.binaries: dict = {}  # (Config, specialization) -> (launch, constexpr tail)
+        self.binaries: dict = {}  # Config, or (Config, INT64, specialization) -> (launch, constexpr tail)
         self.check: tuple = ()  # positions of arguments that may change between calls (set by the wrapper)
         self.last = None  # (xnumel, rnumel, Config) of the latest launch: static shapes skip the lookup
         self.mutates = False  # writes a graph input: never launched more than once per call (no timing)
+        # variants whose index width is chosen per launch (kernel.index_width), and whether this call's
+        # buffers span more than int32 addresses (the generated call sets it from the sizes, per call)
+        self.per_launch = {v for v, src in info.variants.items() if src.int64 is None}
+        self.wide = False
 
     @property
     def splits(self) -> dict:
@@ -137,29 +141,45 @@ class Kernel:
         return best
 
     # -- launching --------------------------------------------------------------------------------------
+    def constexprs(self, cfg: Config, xnumel: int, rnumel: int | None) -> dict:
+        """The launch's constexprs (and SPLIT) by name: `cfg`'s blocks and, where the variant's index width
+        is chosen per launch, INT64: set when a buffer spans past int32 (`wide`) or the points the
+        programs reach do — the counts rounded up to whole blocks, since masked-off lanes compute offsets
+        too and must not wrap into the mask — else int32 offsets, as a static kernel of these sizes has."""
+        blocks = cfg.blocks()
+        if cfg.variant in self.per_launch:
+            reach_x = -(-xnumel // cfg.per_program) * cfg.per_program + cfg.xblock
+            reach_r = 1 if rnumel is None else -(-rnumel // (cfg.rblock or 1)) * (cfg.rblock or 1)
+            blocks["INT64"] = self.wide or reach_x * reach_r > kgen.INT32_MAX
+        return blocks
+
     def launch(self, cfg: Config, stream, args: tuple, xnumel: int, rnumel: int | None):
         """Launch `cfg` on `args` (the kernel's buffers and sizes in signature order); returns the compiled
-        kernel where this launch compiled it."""
+        kernel where this launch compiled it. Binaries are keyed by everything they were compiled
+        assuming: the configuration, the index width and the specialization of what may change."""
         full = (*args, xnumel) if rnumel is None else (*args, xnumel, rnumel)
         grid0 = max(1, -(-xnumel // cfg.per_program))
+        consts = self.constexprs(cfg, xnumel, rnumel)
         if self.interpret:
             with interpreting(True):
-                return self.fn(cfg.variant)[(grid0,)](*full, **cfg.blocks(), num_warps=cfg.warps)
-        spec = (cfg, tuple(_spec(full[i]) for i in self.check)) if self.check else cfg
+                return self.fn(cfg.variant)[(grid0,)](*full, **consts, num_warps=cfg.warps)
+        spec = cfg
+        if self.check or "INT64" in consts:
+            spec = (cfg, consts.get("INT64"), tuple(_spec(full[i]) for i in self.check))
         found = self.binaries.get(spec)
         if found is not None:
             launch, tail = found
             launch(grid0, stream, *full, *tail)
             return None
         fn = self.fn(cfg.variant)
-        compiled = fn[(grid0,)](*full, **cfg.blocks(), num_warps=cfg.warps)
+        compiled = fn[(grid0,)](*full, **consts, num_warps=cfg.warps)
         launch = compat.binary_launcher(compiled)
         if launch is not None:  # the rest of the signature: SPLIT and the constexprs, by name
-            blocks = cfg.blocks()
-            self.binaries[spec] = launch, tuple(blocks[n] for n in fn.arg_names[len(full):])
+            self.binaries[spec] = launch, tuple(consts[n] for n in fn.arg_names[len(full):])
         return compiled
 
-    def __call__(self, stream, args: tuple, xnumel: int, rnumel: int | None = None) -> None:
+    def __call__(self, stream, args: tuple, xnumel: int, rnumel: int | None = None, wide: bool = False) -> None:
+        self.wide = wide
         cfg = self.config(xnumel, rnumel, args, stream)
         compiled = self.launch(cfg, stream, args, xnumel, rnumel)
         if compiled is not None and not self.interpret:
@@ -296,8 +316,8 @@ class MixKernel(Kernel):
         """`cfg` compiled for these arguments without a launch (the launch that follows finds it in
         Triton's cache); None where this Triton cannot."""
         try:
-            compiled = self.fn(cfg.variant).warmup(*args, xnumel, rnumel, grid=(1,), **cfg.blocks(),
-                                                   num_warps=cfg.warps)
+            compiled = self.fn(cfg.variant).warmup(*args, xnumel, rnumel, grid=(1,),
+                                                   **self.constexprs(cfg, xnumel, rnumel), num_warps=cfg.warps)
             init = getattr(compiled, "_init_handles", None)
             if init is not None:
                 init()
@@ -347,8 +367,10 @@ class MixStep:
         return {name: torch.empty((rows, cols), dtype=lay.dtype, device=lay.device)
                 for name, lay in self.workspaces.items()}
 
-    def __call__(self, stream, margs: tuple, fargs: tuple, rows: int, cols: int) -> None:
+    def __call__(self, stream, margs: tuple, fargs: tuple, rows: int, cols: int, wide: bool = False,
+                 wide_finish: bool = False) -> None:
         main, finish = self.main, self.finish
+        main.wide, finish.wide = wide, wide_finish
         cfg = main.cached(rows, cols)
         if cfg is None:  # the first launch at these sizes: choose, with workspaces to time or compile on
             timing = main.autotune and main._tuned() and not main.mutates
@@ -365,7 +387,7 @@ class MixStep:
         n = max(1, -(-rows // cfg.split))
         ws = self._alloc(n, cols)
         main.launch(cfg, stream, self._with(margs, self.main_slots, ws), rows, cols)
-        finish(stream, self._with(fargs, self.finish_slots, ws), cols, n)
+        finish(stream, self._with(fargs, self.finish_slots, ws), cols, n, wide_finish)
 
 
 class TritonRunner:
@@ -420,6 +442,8 @@ class TritonRunner:
             else:
                 continue
             for k, src in pairs:
+                if src.int64 is None:  # its index width follows the call's sizes: compiled at its first launch
+                    continue
                 try:
                     xn = int(src.xnumel)
                     rn = int(src.rnumel) if src.rnumel is not None else None

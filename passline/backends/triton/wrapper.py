@@ -17,9 +17,10 @@ import sympy
 import torch
 
 from ...ir import TensorArg
-from ...ir.index import FloorDiv, ModularIndexing
+from ...ir.index import FloorDiv, ModularIndexing, product
 from ...lowering.sizes import runtime_value
 from ..reference import conform_result
+from .kernel import overwritable
 
 
 class _Unprintable(Exception):
@@ -159,18 +160,43 @@ class CallWriter:
             return repr(x)
         return self.const(x)
 
-    def alloc(self, buf: str, indent: int = 1) -> None:
+    def alloc(self, buf: str, indent: int = 1, donors=()) -> None:
+        """Bind `buf` to storage before the step writing it: a dead buffer's of the same layout (lent by
+        the step before), a `donors` buffer's (read by this step, dying at it, and safe to overwrite in
+        place: kernel.overwritable), else a new allocation."""
         if buf in self.defined:
             return
         lay = self.buffers[buf].layout
-        key = (tuple(lay.size), tuple(lay.stride), lay.dtype, lay.device)
+        key = _key(lay)
         dead = self.reusable.get(key)
+        new = f"{self.empty(lay.device)}({self.ints(lay.size)}, {self.ints(lay.stride)}, {self.const(lay.dtype, 'dt')})"
+        donor = next((d for d in donors if d in self.defined and d not in self.donated
+                      and _fits(self.buffers[d].layout, lay)), None)
+        if donor is not None:  # the kernel writes buf at the offsets it reads donor at: the same storage
+            same = self.name(donor) if _key(self.buffers[donor].layout) == key else \
+                f"as_strided({self.name(donor)}, {self.ints(lay.size)}, {self.ints(lay.stride)}, 0)"
         if dead:  # the storage of a buffer that died at the step before, same layout: no allocation
             old = dead.pop()
             self.emit(f"{self.name(buf)} = {self.name(old)}; del {self.name(old)}", indent)
+        elif donor is not None and donor in self.owned and donor not in self.extern_read:
+            self.emit(f"{self.name(buf)} = {same}  # in place", indent)
+            self.donated.add(donor)
+        elif donor is not None:
+            # an input or an extern's result: overwritten only where nothing else can see it (not the
+            # caller, nor autograd keeping a saved activation for another backward, nor a view)
+            self.emit(f"{self.name(buf)} = {same} if sole({self.name(donor)}) else {new}", indent)
+            from .compat import sole
+
+            self.ns["sole"] = sole
+            self.donated.add(donor)
+            self.defined.add(buf)
+            if donor in self.maybe_misaligned:  # an extern's result (else an input: aligned, see layouts)
+                self.maybe_misaligned.add(buf)
+            else:
+                self.owned.add(buf)  # either way, storage no one else holds
+            return
         else:
-            self.emit(f"{self.name(buf)} = {self.empty(lay.device)}({self.ints(lay.size)}, {self.ints(lay.stride)}, "
-                      f"{self.const(lay.dtype, 'dt')})", indent)
+            self.emit(f"{self.name(buf)} = {new}", indent)
         self.defined.add(buf)
         self.owned.add(buf)
 
@@ -213,6 +239,17 @@ class CallWriter:
             if e is not None and sympy.sympify(e).free_symbols:
                 check.append(n + j)
         return "(" + "".join(p + ", " for p in parts) + ")", tuple(check)
+
+    def wide(self, src) -> str | None:
+        """Where a kernel's index width is chosen per launch (`src.int64` is None): a condition, over this
+        call's sizes, that one of its buffers spans more than int32 addresses (the launch adds its own
+        element counts, `Kernel.constexprs`); None where there is nothing to add, or the width is written
+        in the kernel."""
+        if src.int64 is not None or not src.spans:
+            return None
+        from .kernel import INT32_MAX
+
+        return " or ".join(f"{self.py(s)} > {INT32_MAX}" for s in src.spans)
 
     def zero(self, e) -> str | None:
         """A condition that the count `e` is zero: None where it never is, "True" where it always is."""
@@ -263,13 +300,17 @@ class CallWriter:
 
     def step_kernel(self, node, k) -> None:
         src = next(iter(k.info.variants.values()))
+        dying = self.dying
+        into = {o: [b for b in bs if b in dying] for o, bs in overwritable(node, self.graph).items()} if dying else {}
         for kind, value in src.args:
             if kind == "buffer":
-                self.alloc(value)
+                self.alloc(value, donors=into.get(value, ()))
         empty = [c for c in (self.zero(src.xnumel), self.zero(src.rnumel)) if c is not None]
         args, k.check = self.kernel_args(k, src)
+        wide = self.wide(src)
         launch = f"{self.const(k, 'K')}(stream, {args}, {self.py(src.xnumel)}" + \
-                 (f", {self.py(src.rnumel)})" if src.rnumel is not None else ")")
+                 (f", {self.py(src.rnumel)}" if src.rnumel is not None else "") + \
+                 (f", wide={wide})" if wide is not None else ")")
         self.guarded(node, empty, launch, self.visible(node))
 
     def guarded(self, node, empty: list, launch: str, outputs) -> None:
@@ -304,7 +345,9 @@ class CallWriter:
         # the finish's count of programs changes with the split chosen at run time: always checked
         k_fin.check = tuple(sorted(set(k_fin.check) | {len(fin_src.args) + 1}))
         empty = [c for c in (self.zero(main.xnumel), self.zero(main.rnumel)) if c is not None]
-        launch = f"{self.const(step, 'M')}(stream, {margs}, {fargs}, {self.py(main.xnumel)}, {self.py(main.rnumel)})"
+        wides = [self.wide(src) or "False" for src in (main, fin_src)]
+        launch = f"{self.const(step, 'M')}(stream, {margs}, {fargs}, {self.py(main.xnumel)}, {self.py(main.rnumel)}" + \
+                 ("".join(f", {w}" for w in wides) if wides != ["False", "False"] else "") + ")"
         self.guarded(node, empty, launch, self.visible(node))
 
     def output(self, o) -> str:
@@ -351,12 +394,15 @@ class CallWriter:
         # a buffer this call allocated, dead after step i, lends its storage to step i + 1's allocations
         # of the same layout (what is not taken then is deleted): one allocation instead of two, and no
         # storage held longer than one step. Not one read by an extern whose result may be a view of it.
-        extern_read = {b for kind, node, _ in runner.steps if kind == "extern" and _may_alias(node.op)
-                       for b in node.read_names()}
+        extern_read = self.extern_read = {b for kind, node, _ in runner.steps
+                                          if kind == "extern" and _may_alias(node.op) for b in node.read_names()}
         self.reusable: dict = {}
+        self.donated: set = set()  # buffers whose storage a later-defined buffer took (kernel.overwritable)
         for i, (kind, node, data) in enumerate(runner.steps):
             self.emit(f"# {node.name}")
+            self.dying = set(free.get(i, ()))
             lent = self.reusable  # alloc() takes from it
+            start = len(self.lines)
             if kind == "extern":
                 self.step_extern(node)
             elif kind == "reference":
@@ -365,16 +411,19 @@ class CallWriter:
                 self.step_kernel(node, data[0])
             else:
                 self.step_mix(node, data)
-            dead = [b for b in free.get(i, ()) if b in self.defined]
+            # what the step did not take of the storage lent to it goes before the step, not after: a
+            # dead buffer is not held through the next step's run (its allocations may be the peak)
             unused = [b for names in lent.values() for b in names]
-            gone = [b for b in dead if b not in self.owned or b in extern_read] + unused
+            if unused:
+                self.lines.insert(start, "    del " + ", ".join(self.name(b) for b in unused))
+            dead = [b for b in free.get(i, ()) if b in self.defined]
+            lends = [b for b in dead if b in self.owned and b not in extern_read and b not in self.donated]
+            gone = [b for b in dead if b not in lends]
             if gone:
                 self.emit(f"del {', '.join(self.name(b) for b in gone)}")
             self.reusable = {}
-            for b in dead:
-                if b in self.owned and b not in extern_read:
-                    lay = self.buffers[b].layout
-                    self.reusable.setdefault((tuple(lay.size), tuple(lay.stride), lay.dtype, lay.device), []).append(b)
+            for b in lends:
+                self.reusable.setdefault(_key(self.buffers[b].layout), []).append(b)
             self.defined -= set(dead)
         leftover = [b for names in self.reusable.values() for b in names]
         if leftover:
@@ -386,6 +435,19 @@ class CallWriter:
         head += ["    " + line for line in self.prologue]
         self.lines[body_start:body_start] = head
         return "\n".join(self.lines) + "\n"
+
+
+def _key(lay) -> tuple:
+    """Buffers with equal keys can share one storage."""
+    return tuple(lay.size), tuple(lay.stride), lay.dtype, lay.device
+
+
+def _fits(donor, lay) -> bool:
+    """Whether a buffer of layout `lay` can live in the storage of one of layout `donor`: same dtype and
+    device and the same storage span, `lay` dense (its elements fill the span)."""
+    return (donor.dtype == lay.dtype and donor.device == lay.device
+            and sympy.simplify(donor.storage_span - lay.storage_span) == 0
+            and sympy.simplify(lay.storage_span - product(lay.size)) == 0)
 
 
 def _as_strided(t: torch.Tensor, size, stride, offset: int) -> torch.Tensor:
