@@ -68,8 +68,8 @@ def run(args, root) -> int:
     compile_aten = passline.Backend.compile_aten
     times = {"aot+passline(fw)": 0.0, "run": 0.0}
 
-    def eager_compile_aten(self, gm, example_inputs, kind="graph"):
-        compile_aten(self, gm, example_inputs, kind)  # timed in its report
+    def eager_compile_aten(self, gm, example_inputs, kind="graph", fx=None):
+        compile_aten(self, gm, example_inputs, kind, fx)  # timed in its report
 
         def run_eagerly(*a):
             t = time.perf_counter()
