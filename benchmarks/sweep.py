@@ -133,7 +133,7 @@ def time_directions(fn, case, directions, device, reps_ms) -> dict:
     return out
 
 
-def run_point(name, m, n, dtype, directions, contenders, device, reps_ms):
+def run_point(name, m, n, dtype, directions, contenders, device, reps_ms, pipeline=None):
     """({contender: {"ms": {direction: ms}, "compile_s", "errors", "error", "reports"}}, eager's errors,
     {direction: bytes})."""
     import passline
@@ -154,7 +154,7 @@ def run_point(name, m, n, dtype, directions, contenders, device, reps_ms):
             elif label == "inductor":
                 fn = torch.compile(case.fn, dynamic=False)
             else:
-                be = passline.backend(fallback="raise")
+                be = passline.backend(pipeline=pipeline, fallback="raise")
                 fn = torch.compile(case.fn, backend=be, dynamic=False)
             t0 = time.perf_counter()
             if train:  # compiles the training forward and the backward
@@ -382,6 +382,8 @@ def parse(argv):
     ap.add_argument("--inductor", action=argparse.BooleanOptionalAction,
                     help="time Inductor (default: on CUDA; off on the CPU, where its C++ compile takes minutes)")
     ap.add_argument("--reps-ms", type=float, default=100, help="do_bench's rep per timing (default 100)")
+    ap.add_argument("--pipeline", help="passline's pipeline (default passline.DEFAULT_PIPELINE): to compare a "
+                                       "pass's options, e.g. without split_reductions; --no-inductor then")
     ap.add_argument("--max-minutes", type=float, help="start no new point after this many minutes")
     ap.add_argument("--plot", metavar="CSV", help="only plot a sweep.csv (matplotlib) and exit")
     ap.add_argument("--plot-dir", default=str(Path(__file__).resolve().parents[1] / "docs" / "img"))
@@ -452,7 +454,7 @@ def main(argv=None) -> int:
                         continue
                     t0 = time.perf_counter()
                     results, eager_errs, nbytes = run_point(name, m, n, dtype, directions, contenders,
-                                                            args.device, args.reps_ms)
+                                                            args.device, args.reps_ms, args.pipeline)
                     new = rows_of_point(name, m, n, kind, dtype, directions, results, eager_errs, nbytes,
                                         copy_gbs)
                     for r in new:

@@ -187,3 +187,109 @@ def test_target_validates():
     with pytest.raises(ValueError):
         Target("cuda", 0, interpreted=False)
     assert str(Target()) == "cpu (interpreted)"
+
+
+# -- reductions that read another's result: split beside it, one partial and one finishing kernel ----
+def ce(x, t):
+    return torch.nn.functional.cross_entropy(x.float(), t)
+
+
+# fn, inputs(dtype): widths that 4 chunks divide (1000) and that leave a short last chunk (1001, 999)
+PAIRED = {
+    "layer_norm": (lambda: torch.nn.LayerNorm(1001), lambda dt: [torch.randn(3, 1001, dtype=dt) * 2 + 3]),
+    "layer_norm_even": (lambda: torch.nn.LayerNorm(1000), lambda dt: [torch.randn(2, 1000, dtype=dt)]),
+    "softmax": (lambda: (lambda x: torch.softmax(x * 4, -1)), lambda dt: [torch.randn(3, 1001, dtype=dt)]),
+    "log_softmax": (lambda: (lambda x: torch.log_softmax(x, -1)), lambda dt: [torch.randn(2, 1000, dtype=dt)]),
+    "cross_entropy": (lambda: ce, lambda dt: [torch.randn(3, 999, dtype=dt), torch.tensor([0, 998, 5])]),
+    "var_mean_column": (lambda: (lambda x: torch.var_mean(x, 0)), lambda dt: [torch.randn(1001, 3, dtype=dt)]),
+}
+
+
+def groups_of_partials(graph) -> list:
+    return [n for n in graph.nodes() if isinstance(n, FusedNode) and all(m.name.endswith("_partial") for m in n.nodes)]
+
+
+@pytest.mark.parametrize("codegen", BOTH)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name", sorted(PAIRED))
+def test_paired_reductions_split_beside_each_other(name, dtype, codegen):
+    """var_mean's squared deviations and softmax's sum of exponentials read the finished mean or max: each
+    chunk computes its own pair (deviations about its own mean, exponentials against its own max) in one
+    partial kernel, and the finishing kernel combines them; forward and backward against eager."""
+    make_fn, make_inputs = PAIRED[name]
+    inputs = [x.requires_grad_() if x.is_floating_point() else x for x in make_inputs(dtype)]
+    be = assert_matches_eager(make_fn(), inputs, pipeline=pipeline(splits=4), codegen=codegen)
+    forward = be.reports[0].graph
+    # the pair's partial group: its second reduction reads the first one's chunk result, not a finished one
+    (group,) = [g for g in groups_of_partials(forward) if set(g.nodes[1].read_names()) & {g.nodes[0].output.name}]
+    kinds = [m.reduction_type for m in group.nodes]
+    assert kinds in (["sum", "sum"], ["max", "sum"]), forward.format()
+    # and no partial reduction of the forward stands alone (each pair's partials share one kernel)
+    assert not any(isinstance(n, Reduction) and n.name.endswith("_partial") for n in forward.nodes()), forward.format()
+    if codegen == "triton":
+        assert "reference backend" not in be.reports[0].codegen_reason
+
+
+def test_deviations_about_each_chunk_mean_keep_large_means_exact():
+    # a mean of 1000 and a spread of 1: the sum of squares less the squared sum would lose about 6% of the
+    # variance to float32 rounding (1e6 * 6e-8); deviations about each chunk's mean match eager's Welford
+    x = (torch.randn(4, 1001) + 1000).requires_grad_()
+    be = assert_matches_eager(torch.nn.LayerNorm(1001), [x], pipeline=pipeline(splits=4), codegen="reference")
+    assert len(groups_of_partials(be.reports[0].graph)) == 1
+
+
+@pytest.mark.parametrize("codegen", BOTH)
+def test_rescaled_chunks_propagate_inf_and_nan_like_eager(codegen):
+    x = torch.randn(5, 1001)
+    x[0] = float("-inf")  # a row of -inf: NaN, as eager's exp(-inf - -inf)
+    x[1, :300] = float("-inf")  # a whole chunk of -inf in a finite row adds 0
+    x[2, 5] = float("inf")
+    x[3, 700] = float("nan")
+    for fn in (lambda x: torch.softmax(x, -1), lambda x: torch.log_softmax(x, -1)):
+        be = passline.backend(pipeline=pipeline(splits=4), codegen=codegen, fallback="raise")
+        torch._dynamo.reset()
+        torch.testing.assert_close(torch.compile(fn, backend=be)(x), fn(x), equal_nan=True)
+        assert len(groups_of_partials(be.reports[0].graph)) == 1
+
+
+def test_rule_on_a_gpu_target_few_long_rows():
+    """LayerNorm over 64 rows of 30000 on a 132-SM GPU: 64 row programs would leave half the SMs idle, so
+    the rows are split in 5 chunks of 6000 (264 programs wanted, 5 divides 30000): one partial kernel of
+    320 programs computing each chunk's sum and squared deviations, one finishing kernel, then the
+    normalization, 3 kernels instead of the 5 of a mean, then a variance, each split on its own."""
+    from passline.backends.triton.configs import Device, Variant, rule
+    from passline.backends.triton.kernel import rows_contiguous
+
+    ln = torch.nn.LayerNorm(30000)
+    be = assert_matches_eager(ln, [torch.randn(64, 30000, requires_grad=True)], pipeline=pipeline(sms=132),
+                              codegen="reference")
+    forward = be.reports[0].graph
+    (group,) = groups_of_partials(forward)
+    assert (group.ranges, group.reduction_ranges, len(group.nodes)) == ((64, 5), (6000,), 2)
+    assert len(forward) == 3, forward.format()
+    # the partial kernel under the Triton rule: a 6000-wide chunk held in registers (block 8192), one per
+    # program, 8 warps for 32 elements a thread (320 programs: more than the SMs)
+    cfg = rule({Variant.PERSISTENT: None, Variant.LOOPED: None}, 320, 6000, False, Device(132), rows_contiguous(group))
+    assert (cfg.variant, cfg.xblock, cfg.rblock, cfg.warps) == (Variant.PERSISTENT, 1, 8192, 8)
+
+
+def test_independent_reductions_share_their_partial_and_finishing_kernels():
+    """Cross-entropy's mean over rows sums the losses and counts the rows not ignored: two reductions that
+    read no result of each other are split into one partial kernel and one finishing kernel (with the
+    division), not two each; the clamped last chunk (4099 rows is prime) still reads its rows contiguously,
+    so the Triton rule gives the partial kernel one program per chunk, not blocks of 16 chunks."""
+    from passline.backends.triton.kernel import rows_contiguous
+
+    x, t = torch.randn(4099, 10), torch.randint(0, 10, (4099,))
+    t[::5] = -100
+    be = assert_matches_eager(torch.nn.functional.cross_entropy, [x, t], pipeline=pipeline(sms=132),
+                              codegen="reference")
+    graph = be.reports[0].graph
+    (group,) = groups_of_partials(graph)
+    assert sorted(m.reduction_type for m in group.nodes) == ["sum", "sum"]
+    assert group.ranges == (4,) and group.reduction_ranges == (1025,)
+    assert any(isinstance(v, Load) and v.index.has(sympy.Min) for m in group.nodes for v in walk(m.body))
+    assert rows_contiguous(group)
+    (finish,) = [n for n in graph.nodes() if isinstance(n, FusedNode) and n.reduction_ranges == (4,)]
+    assert sum(isinstance(m, Reduction) for m in finish.nodes) == 2
+    assert len(graph) == 3, graph.format()  # the row statistics, the partials, the finish

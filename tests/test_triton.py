@@ -235,6 +235,38 @@ def test_configuration_rules_follow_from_sizes_and_device():
     assert rule(red, 576000, 384, False, gpu, only="looped").variant == Variant.LOOPED
 
 
+def test_persistent_rows_take_32_elements_a_thread_and_few_rows_more_warps():
+    # hand facts of configs.rule on a 132-SM GPU for rows held in registers and rows that loop
+    from passline.backends.triton.configs import Device, Variant, rule
+
+    gpu = Device(sms=132)
+    red = {Variant.PERSISTENT: None, Variant.LOOPED: None}
+
+    def pick(rows, width):
+        c = rule(red, rows, width, False, gpu)
+        return c.variant, c.xblock, c.rblock, c.warps
+
+    # many rows: blocks of about 2048 elements on one warp per 1024 (32 elements a thread)
+    assert pick(576000, 384) == (Variant.PERSISTENT, 4, 512, 2)
+    assert pick(134218, 1000) == (Variant.PERSISTENT, 2, 1024, 2)  # cross-entropy's rows, 1000 wide
+    assert pick(16384, 8192) == (Variant.PERSISTENT, 1, 8192, 8)  # LayerNorm 8192 wide: 8 warps, not 16
+    assert pick(1024, 16384) == (Variant.PERSISTENT, 1, 16384, 16)
+    assert pick(1 << 20, 64) == (Variant.PERSISTENT, 32, 64, 2)
+    # 300 rows: one row a program (two programs per SM), still 32 elements a thread
+    assert pick(300, 384) == (Variant.PERSISTENT, 1, 512, 1)
+    # fewer rows than SMs: each program has an SM to itself, 8 elements a thread (up to 32 warps)
+    assert pick(64, 1000) == (Variant.PERSISTENT, 1, 1024, 4)
+    assert pick(100, 16384) == (Variant.PERSISTENT, 1, 16384, 32)
+    assert pick(131, 4096) == (Variant.PERSISTENT, 1, 4096, 16)
+    assert pick(132, 4096) == (Variant.PERSISTENT, 1, 4096, 4)
+    # rows that loop: chunks of 2048 on 8 warps; with fewer rows than SMs, chunks of 8192 on 32 warps
+    assert pick(4000, 30000) == (Variant.LOOPED, 1, 2048, 8)
+    assert pick(64, 30000) == (Variant.LOOPED, 1, 8192, 32)
+    assert pick(64, 3 << 20) == (Variant.LOOPED, 1, 8192, 32)
+    # a 64-SM GPU: 100 rows are no longer fewer than its SMs
+    assert rule(red, 100, 16384, False, Device(sms=64)).warps == 16
+
+
 def test_static_counts_are_literals_but_a_tuned_split_reaches_the_finishing_kernel(monkeypatch):
     """Static element counts are written into kernel bodies (Triton then proves the vector width of masked
     loads), except where the launch sets another value: a mix-order node's finishing kernel sums as many
@@ -301,6 +333,65 @@ def test_boxed_inputs_die_at_their_last_use():
     assert args == [] and _FREED == [True], _FREED  # the list emptied; `a` gone when the extern ran
     torch.testing.assert_close(out[0], want)
     assert "args.clear()" in be.reports[0].runner.source
+
+
+def test_kernel_probe_compiles_for_sm90_cross_entropy_rows_in_16_byte_loads():
+    """benchmarks/kernel_probe.py (in a process of its own: it patches passline to generate GPU code for CPU
+    graphs): cross-entropy over 4099 rows of 1000 bfloat16 logits compiles, for sm_90, to a row kernel that
+    loads 16 bytes a thread (Triton proves the vector width against the literal 1000) at 32 elements a
+    thread without spilling, and, planned for 2 SMs, a loss partial kernel with one program per chunk (4
+    chunks of 1025 rows, the last clamped: 4099 is prime; read as rows, not as a column sum of 4 chunks a
+    program), then the finishing kernel: 3 kernels."""
+    import subprocess
+    import sys
+
+    from modules import BENCHMARKS
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, str(BENCHMARKS / "kernel_probe.py"), "--case", "cross_entropy",
+                           "--shape", "4099x1000", "--sms", "2"], capture_output=True, text=True, env=env,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert "(3 kernels, 0 extern calls)" in out, out
+    kernels = out.split("\n-- ")[1:]
+    row = next(k for k in kernels if "[4099 x 1000]" in k)
+    assert "XBLOCK=2 RBLOCK=1024 warps=2" in row and "'ld.global.v4.b32': 4" in row and "local 0 B" in row, row
+    partial = next(k for k in kernels if "partial" in k)
+    assert "[4 x 1025]" in partial and "XBLOCK=1 " in partial, partial
+
+
+def test_a_spilling_rule_configuration_gets_twice_the_warps(tmp_path):
+    # what Kernel does once ptxas reports spills for the rule's persistent configuration (on a GPU; here a
+    # stand-in for the compiled kernel): the same block on twice the warps from the next launch, and only
+    # for a rule's persistent choice
+    from types import SimpleNamespace
+
+    from passline.backends.triton.cache import KernelCache
+    from passline.backends.triton.configs import Config, Device, Variant
+    from passline.backends.triton.runner import Kernel, KernelInfo
+
+    def kernel(autotune=False):
+        info = KernelInfo("k", "node", "reduction", {})
+        return Kernel(info, KernelCache(str(tmp_path)), False, autotune, "key", None, Device(132))
+
+    cfg = Config(Variant.PERSISTENT, 1, 8192, 8)  # 32 elements a thread
+    k = kernel()
+    k.choices[k.bucket(16384, 8192)] = cfg
+    k._unspill(cfg, SimpleNamespace(n_spills=0), 16384, 8192)
+    assert k.cached(16384, 8192) == cfg  # no spills: kept
+    k._unspill(cfg, SimpleNamespace(n_spills=64), 16384, 8192)
+    assert k.cached(16384, 8192) == Config(Variant.PERSISTENT, 1, 8192, 16)
+    assert k.info.blocks["num_warps"] == 16
+    # a timed choice, a looped kernel, or a block already one element a thread: left as they are
+    timed = kernel(autotune=True)
+    timed._unspill(cfg, SimpleNamespace(n_spills=64), 16384, 8192)
+    assert timed.cached(16384, 8192) is None
+    looped = Config(Variant.LOOPED, 1, 2048, 8)
+    k._unspill(looped, SimpleNamespace(n_spills=64), 4000, 30000)
+    assert k.cached(4000, 30000) is None
+    k._unspill(Config(Variant.PERSISTENT, 1, 1024, 32), SimpleNamespace(n_spills=64), 64, 1000)
+    assert k.cached(64, 1000) is None
 
 
 _PTRS: list = []  # (probe) the data pointer of what the extern was given

@@ -30,12 +30,22 @@ are already split by mix-order (their partial sums share the read of the rows wi
 MixOrderNodes are left alone; run earlier, this pass would take those column sums first and mix-order
 would lose its pattern. Running after `fuse` means splitting fused groups: every non-reduction member
 of a group is inlined (recomputed) into the partial reductions that read it, the reductions become
-partial nodes, and each finishing reduction takes the group's epilogue members after it (as
+partial nodes, and the finishing reductions take the group's epilogue members that read them (as
 `finish_node` in backends/triton/kernel.py does for mix-order), so a finishing reduction and its
 epilogue are still one kernel; a pointwise member inside the reduction loop that something outside the
-group reads is kept as a pointwise node of its own. A group with several reductions in sequence
-(BatchNorm's mean, then the sum of squares around it) gives one partial and one finishing node per
-reduction.
+group reads is kept as a pointwise node of its own.
+
+Reductions of a group that read no result of each other (cross-entropy's sum of losses and count of
+rows) are at one *level*: their partials are one node (one kernel) and their finishing reductions
+another. A reduction that reads another's finished result is a level above it, its partials computed
+only after that result is finished — except two patterns whose chunks can be combined afterwards, which
+stay at the level of the reduction they read (`_pair`): the squared deviations from a group's mean
+(var_mean's second pass: LayerNorm, BatchNorm, GroupNorm), each chunk taken about its own mean and the
+chunks combined by Chan et al.'s parallel formula, and the sum of exp(x - max) after a max (softmax,
+log-softmax, cross-entropy), each chunk against its own max and rescaled to the row's. LayerNorm's
+forward over few long rows is thus three kernels (chunk statistics, their combination, the
+normalization) where a mean, then a variance, each split on its own, made five and read the rows three
+times.
 
 The rule (from the problem and `ctx.target`, never a benchmark shape): the un-split kernel's programs are
 estimated as X for a row reduction and X / 16 for a column reduction (a coalesced column block is at
@@ -73,7 +83,16 @@ from ..ir import (
     substitute_index,
     walk,
 )
-from ..ir.index import FloorDiv, ModularIndexing, VarKind, as_strided_form, contiguous_strides, loop_vars, product
+from ..ir.index import (
+    FloorDiv,
+    ModularIndexing,
+    VarKind,
+    as_strided_form,
+    contiguous_strides,
+    loop_vars,
+    product,
+    var_kind,
+)
 from ..ir.loops import Role, canon_var, canonical_map, role, shape, store_access
 from ..pipeline.registry import PipelineError, register_pass
 
@@ -244,11 +263,82 @@ class _Split:
         return index
 
 
+def _same(a, b) -> bool:
+    """Whether two loop-body values compute the same thing (indices compared after expansion)."""
+    def norm(v):
+        if isinstance(v, Load):
+            return Load(v.buffer, sympy.expand(v.index), v.dtype, v.indirect)
+        if isinstance(v, IndexValue):
+            return IndexValue(sympy.expand(v.expr), v.dtype, v.indirect)
+        return v
+
+    return rebuild(a, norm) == rebuild(b, norm)
+
+
+def _is_result(v, a: Reduction, at) -> bool:
+    """Whether `v` loads reduction `a`'s result at the group's point (`at`: its canonical store index)."""
+    return isinstance(v, Load) and v.buffer == a.output.name and not v.indirect and sympy.expand(v.index - at) == 0
+
+
+def _pair(a: Reduction, b: Reduction, body_a, body_b, n_outer: int, R: int) -> str | None:
+    """How `b`, whose body reads the finished result of `a` (and of no other reduction of the group), can
+    still be reduced chunk by chunk, its chunks combined afterwards — or None:
+
+    - "deviation": a = sum(e), b = sum((e - a/R)^2), the squared deviations from the mean (var_mean's
+      second pass: LayerNorm, BatchNorm, GroupNorm). Per chunk k of n_k points: its sum s_k and its own
+      squared deviations m_k about its own mean s_k/n_k; then b = sum_k m_k + n_k (s_k/n_k - a/R)^2
+      (Chan et al.'s parallel variance: exact, and as careful as the two passes, since each chunk's
+      deviations are taken about its own mean, never the squares' difference E[x^2] - E[x]^2);
+    - "rescale": a = max(e), b = sum(exp(e - a)) (softmax, log-softmax, cross-entropy, logsumexp). Per
+      chunk its max m_k and s_k = sum(exp(e - m_k)); then b = sum_k exp(m_k - a) s_k (online softmax's
+      rescaling; a chunk of -inf only adds 0, a row of -inf gives NaN as eager's exp(-inf - -inf))."""
+    if not (a.body.dtype.is_floating_point and b.body.dtype == a.body.dtype) or b.reduction_type != "sum":
+        return None
+    at = store_access(a, n_outer).index
+    if a.reduction_type == "sum" and isinstance(body_b, Op) and body_b.name == "mul":
+        d, d2 = body_b.args
+        if not (_same(d, d2) and isinstance(d, Op) and d.name == "sub" and _same(d.args[0], body_a)):
+            return None
+        mean = d.args[1]
+        if isinstance(mean, Op) and mean.name == "truediv" and _is_result(mean.args[0], a, at) and \
+                isinstance(mean.args[1], Constant) and float(mean.args[1].value) == R:
+            return "deviation"
+    if a.reduction_type == "max" and isinstance(body_b, Op) and body_b.name == "exp":
+        (d,) = body_b.args
+        if isinstance(d, Op) and d.name == "sub" and _same(d.args[0], body_a) and _is_result(d.args[1], a, at):
+            return "rescale"
+    return None
+
+
+def _levels(members, reduced: dict, n_outer: int, R: int) -> tuple[dict, dict]:
+    """Each reduction's level ({name: level}) and the pairs found ({b name: (a, how)}). A reduction whose
+    (inlined) body reads no other reduction of the group is at level 0; one that reads finished results
+    is one level above the highest of them, unless it pairs with the one it reads (`_pair`): it then
+    shares that reduction's level, its chunks computed beside that one's. The reductions of one level
+    share one partial kernel and one finishing kernel."""
+    reductions = [m for m in members if isinstance(m, Reduction)]
+    by_output = {m.output.name: m for m in reductions}
+    level, pairs = {}, {}
+    for m in reductions:
+        reads = {v.buffer for v in walk(reduced[m.name]) if isinstance(v, Load)}
+        deps = [by_output[b] for b in sorted(reads) if b in by_output and b != m.output.name]
+        if len(deps) == 1 and deps[0].name not in pairs:
+            how = _pair(deps[0], m, reduced[deps[0].name], reduced[m.name], n_outer, R)
+            if how is not None:
+                pairs[m.name] = (deps[0], how)
+                level[m.name] = level[deps[0].name]
+                continue
+        level[m.name] = 1 + max((level[d.name] for d in deps), default=-1)
+    return level, pairs
+
+
 def _split_group(graph, node, members, outer, red, splits: int, column: bool, bodies) -> list:
-    """The nodes replacing `node`: kept inner members, then per reduction its partial node and its
-    finishing node (with the epilogue members that follow it)."""
+    """The nodes replacing `node`: kept inner members, then per level (see `_levels`) one partial node
+    holding the partial reductions of that level and one finishing node holding their finishing
+    reductions and the epilogue members that read them."""
     pointwise, reduced = bodies
     sp = _Split(outer, red, splits, column)
+    n = len(outer)
     keep = graph.output_names() | graph.mutated_names()
     outside = {b for b in node.output_names() if b in keep or any(r != node.name for r in graph.readers(b))}
     # epilogue members that nothing reads any more (their readers were inlined into partials) are dropped
@@ -257,36 +347,111 @@ def _split_group(graph, node, members, outer, red, splits: int, column: bool, bo
         if not isinstance(m, Reduction) and role(m, outer, red) is Role.OUTER and (m.output.name in needed
                                                                                    or m.mutates):
             needed |= set(m.read_names())
-    reductions = [m for m in members if isinstance(m, Reduction)]
-    inner_kept, partials, stages = [], [], [[] for _ in reductions]
-    k = 0
+    level, pairs = _levels(members, reduced, n, sp.R)
+    taken: set = set()
+
+    def fresh(name):
+        new = _fresh(graph, name)
+        k = 1
+        while new in taken:
+            new, k = _fresh(graph, f"{name}{k}"), k + 1
+        taken.add(new)
+        return new
+
+    partial_of: dict = {}  # reduction name -> its partial Reduction
+    top = max(level.values())
+    partials, stages = [[] for _ in range(top + 1)], [[] for _ in range(top + 1)]
+    inner_kept = []
+    at_level: dict = {}  # member output -> the level whose finishing node computes it
     for m in members:
         if isinstance(m, Reduction):
-            k = reductions.index(m)
-            partial_name = _fresh(graph, f"{m.name}_partial")
-            body = sp.body(reduced[m.name], m.reduction_type)
+            L = level[m.name]
+            name = fresh(f"{m.name}_partial")
+            pair = pairs.get(m.name)
+            partial = partial_of[pair[0].name] if pair else None
+            canon = reduced[m.name] if pair is None else _paired_partial(sp, pair[1], reduced[m.name], partial)
+            body = sp.body(canon, m.reduction_type)
             layout = Layout.contiguous(sp.ranges, body.dtype, m.output.layout.device)
-            partials.append(Reduction(partial_name, sp.ranges, (sp.chunk,), m.reduction_type, body,
-                                      Buffer(partial_name, layout), m.origins))
-            stages[k].append(Reduction(m.name, m.ranges, (sp.S,), m.reduction_type,
-                                       Load(partial_name, sp.finish_index(m), body.dtype), m.output, m.origins,
-                                       m.permutation))
+            partial_of[m.name] = Reduction(name, sp.ranges, (sp.chunk,), m.reduction_type, body,
+                                           Buffer(name, layout), m.origins)
+            partials[L].append(partial_of[m.name])
+            fin = Reduction(m.name, m.ranges, (sp.S,), m.reduction_type,
+                            Load(name, sp.finish_index(m), body.dtype), m.output, m.origins, m.permutation)
+            if pair is not None:
+                fin = _paired_finish(sp, pair, fin, partial, partial_of[m.name], n)
+            stages[L].append(fin)
+            at_level[m.output.name] = L
         elif role(m, outer, red) is Role.INNER:
             if m.output.name in outside:  # read elsewhere: computed on its own (and inlined into the partials)
-                back = {c: v for v, c in canonical_map(m, len(outer)).items() if isinstance(c, sympy.Symbol)}
+                back = {c: v for v, c in canonical_map(m, n).items() if isinstance(c, sympy.Symbol)}
                 inner_kept.append(Pointwise(m.name, m.ranges, substitute_index(pointwise[m.output.name], back),
                                             m.output, m.origins, m.permutation))
         elif m.output.name in needed or m.mutates:
-            stages[k].append(m)  # an epilogue (a prologue over X alone goes with the first finishing node)
+            # an epilogue goes with the highest level it reads (a prologue over X alone with the first)
+            L = max((at_level[b] for b in m.read_names() if b in at_level), default=0)
+            at_level[m.output.name] = L
+            stages[L].append(m)
     out = list(inner_kept)
-    for k, (partial, stage) in enumerate(zip(partials, stages)):
-        out.append(partial)
+    first = True
+    for L in range(top + 1):
+        group = partials[L]
+        out.append(group[0] if len(group) == 1 else
+                   FusedNode(fresh(f"fused_{group[0].name}"), tuple(group), tuple(sp.ranges), (sp.chunk,)))
+        stage = stages[L]
         if len(stage) == 1:
             out.append(stage[0])
-            continue
-        name = node.name if k == 0 and isinstance(node, FusedNode) else _fresh(graph, f"fused_{reductions[k].name}")
-        out.append(FusedNode(name, tuple(stage), tuple(outer), (sp.S,)))
+        else:
+            name = node.name if first and isinstance(node, FusedNode) else fresh(f"fused_{stage[0].name}")
+            out.append(FusedNode(name, tuple(stage), tuple(outer), (sp.S,)))
+        first = False
     return out
+
+
+def _chunk_points(sp: _Split, s, dtype: torch.dtype):
+    """The points of chunk `s` as a value: `chunk`, and fewer for the last one where it runs past R."""
+    if sp.masked:
+        return IndexValue(sympy.Min(sp.chunk, sp.R - s * sp.chunk), dtype)
+    return Constant(float(sp.chunk), dtype)
+
+
+def _paired_partial(sp: _Split, how: str, body_b, partial_a: Reduction):
+    """The canonical body of paired reduction b's partial: its chunk's own statistic, computed from the
+    chunk's partial of a (a member of the same partial kernel, read at the point it is written)."""
+    dt = body_b.dtype
+    mine = Load(partial_a.output.name, partial_a.store_index(), dt)  # where it stores: the same point
+    if how == "deviation":  # sum over the chunk of (e - s_k / n_k)^2
+        d, _ = body_b.args
+        e = d.args[0]
+        n_k = _chunk_points(sp, sp.s, dt)
+        dev = Op("sub", (e, Op("truediv", (mine, n_k), dt)), dt)
+        return Op("mul", (dev, dev), dt)
+    # rescale: sum over the chunk of exp(e - m_k)
+    (d,) = body_b.args
+    return Op("exp", (Op("sub", (d.args[0], mine), dt),), dt)
+
+
+def _paired_finish(sp: _Split, pair, fin: Reduction, partial_a: Reduction, partial_b: Reduction, n_outer: int):
+    """Paired reduction b's finishing reduction: its chunks' statistics combined with a's finished result
+    (a member of the same finishing kernel, read at the point it is written); see `_pair`."""
+    a, how = pair
+    dt = fin.body.dtype
+    (r0,) = loop_vars(VarKind.REDUCTION, 1)
+    a_k = Load(partial_a.output.name, sp.finish_index(fin), dt)
+    b_k = Load(partial_b.output.name, sp.finish_index(fin), dt)
+    back = {c: v for v, c in canonical_map(fin, n_outer).items()
+            if isinstance(c, sympy.Symbol) and var_kind(c) is VarKind.CANON_OUTER}
+    total = Load(a.output.name, store_access(a, n_outer).index.xreplace(back), dt)
+    if how == "deviation":  # m2_k + n_k (s_k / n_k - a / R)^2
+        n_k = _chunk_points(sp, r0, dt)
+        d = Op("sub", (Op("truediv", (a_k, n_k), dt), Op("truediv", (total, Constant(float(sp.R), dt)), dt)), dt)
+        body = Op("add", (b_k, Op("mul", (n_k, Op("mul", (d, d), dt)), dt)), dt)
+    else:  # exp(m_k - a) s_k; a chunk of -inf adds 0 (its s_k is NaN), a row of -inf is NaN
+        ninf = Constant(float("-inf"), dt)
+        term = Op("mul", (Op("exp", (Op("sub", (a_k, total), dt),), dt), b_k), dt)
+        term = Op("where", (Op("eq", (a_k, ninf), torch.bool), Constant(0.0, dt), term), dt)
+        body = Op("where", (Op("eq", (total, ninf), torch.bool), Constant(float("nan"), dt), term), dt)
+    return Reduction(fin.name, fin.ranges, fin.reduction_ranges, "sum", body, fin.output, fin.origins,
+                     fin.permutation)
 
 
 def _fresh(graph, name: str) -> str:

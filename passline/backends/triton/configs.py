@@ -14,6 +14,9 @@ from ..variants import MIX_FORMS
 from ..variants import KernelVariant as Variant
 
 GPU_PERSISTENT_MAX = 16384  # elements of a reduced row kept in registers
+ROW_PER_THREAD = 32  # elements of a persistent block per thread (see rule)
+FEW_PER_THREAD = 8  # ... per thread where every program has an SM to itself (see rule)
+MAX_WARPS = 32  # 1024 threads: the most one program may have
 INTERP_PERSISTENT_MAX = 1 << 16
 INTERP_BLOCK = 1 << 17  # interpreter cost grows with programs x ops: few, large programs
 MIX_STAGES = (3, 4)  # pipelined row loops timed on a GPU (1: not pipelined, the baseline)
@@ -69,6 +72,12 @@ def _warps(elements: int) -> tuple:
     return (w, w // 2) if w > 1 else (w,)
 
 
+def _row_warps(elements: int) -> tuple:
+    """Warp counts to time for a persistent block of `elements`: 32, 16 and 8 elements per thread (the
+    rule's choices, see `rule`), within 1 to 16 warps."""
+    return tuple(dict.fromkeys(_clamp(elements // (32 * e), 1, 16) for e in (ROW_PER_THREAD, 16, 8)))
+
+
 # -- candidates (timed with autotune=True) -------------------------------------------------------------
 def candidates(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, only: str | None = None) -> list:
     """Configs to time for a kernel whose variants are `variants` (Variant -> the IR's split, or None)."""
@@ -90,7 +99,7 @@ def candidates(variants: dict, xnumel: int, rnumel: int | None, interpret: bool,
             else:  # row blocks from one row per program to about 16k elements
                 for xb in (1, 2, 4, 8, 16, 32, 64):
                     if xb * rb <= 16384 and xb <= pow2(xnumel) and (xb == 1 or xb * rb >= 512):
-                        out += [Config(variant, xb, rb, w) for w in _warps(xb * rb)]
+                        out += [Config(variant, xb, rb, w) for w in _row_warps(xb * rb)]
         elif variant == Variant.LOOPED:
             if interpret:
                 rb = min(pow2(rnumel), 4096)
@@ -167,8 +176,20 @@ def rule(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, devic
     - pointwise: blocks of 1024 elements on 4 warps (fewer for small tensors), as Inductor's default;
     - a reduction along contiguous rows that fit in registers (<= 16384 elements after rounding up to a
       power of two) is persistent, with as many rows per block as make about 2048 elements, but fewer
-      when that would leave under two programs per SM; about 16 elements per thread;
-    - longer rows loop over 2048-element chunks, one row per program; a reduction over a strided dim
+      when that would leave under two programs per SM, on one warp per 1024 elements of the block: 32
+      elements a thread. What bounds such a kernel is how many rows an SM holds at once (the bytes it
+      has in flight), and registers set that: compiled for sm_90, a bfloat16 LayerNorm forward 8192 wide
+      took 47 registers a thread on 16 warps (16 elements a thread: 2 programs, 2 rows an SM) and 80 on
+      8 warps (32 a thread: 3 rows an SM); at 4096, 5 rows against 6; softmax, log-softmax and their
+      backwards alike, none spilling (docs/backends.md has the figures). On an H200, LayerNorm forward
+      (576000, 384) ran at copy speed with 4 rows on 2 warps (32 a thread) and took 280 µs instead of 212
+      on 4 (16 a thread); Inductor's persistent reductions keep 32 a thread too (one warp for a row of up
+      to 1024). Where even one row per program leaves fewer programs than SMs (each program has an SM to
+      itself, whose other warp slots would stay empty), the row is spread over more warps: 8 elements a
+      thread, up to 32 warps;
+    - longer rows loop over 2048-element chunks, one row per program, 8 elements a thread; with fewer
+      rows than SMs, over chunks of 8192 on 32 warps (a quarter of the sequential steps, on SMs that have
+      nothing else to run); a reduction over a strided dim
       (column sums) loops over chunks of up to 256 rows of a column block 16 to 128 columns wide (the
       widest that still gives two programs per SM), so loads are coalesced;
     - a mix-order kernel takes the two-dimensional accumulator with enough rows per block for about
@@ -194,14 +215,16 @@ def rule(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, devic
         form = Variant.MIX_ORDER if Variant.MIX_ORDER in kinds else kinds[0]
         return Config(form, 1, rb, _warps(rb)[0], 4, split)
     persistent = Variant.PERSISTENT in kinds and rb <= GPU_PERSISTENT_MAX
+    alone = xnumel < device.sms  # even one row per program leaves SMs idle: each program has one to itself
     if persistent and (rows_contiguous or Variant.LOOPED not in kinds):
         xb = _clamp(2048 // rb, 1, pow2(xnumel))
         while xb > 1 and -(-xnumel // xb) < 2 * device.sms:
             xb //= 2
-        return Config(Variant.PERSISTENT, xb, rb, _clamp(pow2(xb * rb) // 512, 1, 16))
+        per_thread = FEW_PER_THREAD if alone else ROW_PER_THREAD
+        return Config(Variant.PERSISTENT, xb, rb, _clamp(xb * rb // (32 * per_thread), 1, MAX_WARPS))
     if rows_contiguous:
-        rbl = min(2048, rb)
-        return Config(Variant.LOOPED, 1, rbl, _clamp(rbl // 256, 1, 8))
+        rbl = min(32 * MAX_WARPS * FEW_PER_THREAD if alone else 2048, rb)
+        return Config(Variant.LOOPED, 1, rbl, _clamp(rbl // (32 * FEW_PER_THREAD), 1, MAX_WARPS))
     # a strided reduction (column sums): wide enough column blocks for whole 32-byte sectors (16
     # columns), narrower than 128 while that leaves under two programs per SM (a (8192, 3072) bias
     # gradient at 128 columns a block ran on 24 programs: 234 µs, 20x its copy time on an H200)

@@ -26,7 +26,7 @@ from ..variants import MIX_FORMS
 from . import compat
 from . import kernel as kgen
 from .cache import KernelCache, digest, interpreting, load_kernel
-from .configs import Config, Device, Variant, candidates, pow2, rule
+from .configs import MAX_WARPS, Config, Device, Variant, candidates, pow2, rule
 from .printer import Unsupported
 
 
@@ -180,7 +180,26 @@ class Kernel:
 
     def __call__(self, stream, args: tuple, xnumel: int, rnumel: int | None = None, wide: bool = False) -> None:
         self.wide = wide
-        self.launch(self.config(xnumel, rnumel, args, stream), stream, args, xnumel, rnumel)
+        cfg = self.config(xnumel, rnumel, args, stream)
+        compiled = self.launch(cfg, stream, args, xnumel, rnumel)
+        if compiled is not None and not self.interpret:
+            self._unspill(cfg, compiled, xnumel, rnumel)
+
+    def _unspill(self, cfg: Config, compiled, xnumel: int, rnumel: int | None) -> None:
+        """A persistent configuration chosen by rule whose compiled kernel spills registers to local memory
+        (ptxas's count, known once it is compiled) is replaced, from the next launch on, by the same block
+        on twice the warps: half the elements a thread. The rule gives a persistent row 32 elements a thread
+        (configs.rule), which for kernels computing many values an element (int64 indices, several loads)
+        can exceed what a thread's registers hold; a timed choice is left as it was timed."""
+        if cfg.variant != Variant.PERSISTENT or self.autotune or not getattr(compiled, "n_spills", 0):
+            return
+        per_thread = cfg.xblock * cfg.rblock // (32 * cfg.warps)
+        if cfg.warps >= MAX_WARPS or per_thread <= 1:
+            return
+        roomier = attrs.evolve(cfg, warps=cfg.warps * 2)
+        self.choices[self.bucket(xnumel, rnumel)] = roomier
+        self.last = xnumel, rnumel, roomier
+        self.info.chosen, self.info.blocks = str(roomier.variant), dict(roomier.blocks(), num_warps=roomier.warps)
 
     # -- timing (autotune=True) ---------------------------------------------------------------------------
     def _bench(self, c: Config, args, xnumel, rnumel, stream, after=None, rep: int = 20) -> float:
