@@ -52,3 +52,21 @@ def test_bad_passline_option_is_a_clear_error(option, message, monkeypatch, caps
     with pytest.raises(SystemExit) as exit_:
         benchmark_script("models").main(["--device", "cpu", "--keep-caches", "--passline-option", option])
     assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_first_call_smoke_reports_every_stage(tmp_path):
+    """benchmarks/first_call.py (where a first training step's time goes, on a machine without a GPU) runs:
+    it patches passline's compile_aten, so a change of that signature broke it unnoticed once."""
+    hashes = tmp_path / "hashes.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "first_call.py"), "--models", "gpt2", "--smoke",
+           "--compile", "", "--hashes", str(hashes)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    row = next(line for line in proc.stdout.splitlines() if line.startswith("| gpt2 |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert int(cells[1]) == 2 and int(cells[2]) > 0  # a forward and a backward graph, kernels generated
+    assert all(float(c) >= 0 for c in cells[4:])  # every stage timed
+    graphs = json.loads(hashes.read_text())["gpt2"]
+    assert {g.rstrip("0123456789") for g in graphs} == {"forward", "backward"}, graphs
+    assert all(g["kernels"] for g in graphs.values())

@@ -110,10 +110,19 @@ def sole(t) -> bool:
     seen. Python's count is compared with a plain object's held by one variable and passed down as many
     frames, at the same moment: whatever else counts frames' references (a tracer, a debugger, dynamo
     while compiling) counts both alike."""
-    if ALONE is None:
+    if ALONE is None or _capturing():
         return False
     o = object()
     return _counts(t) == (_hop(o), 1, ALONE)
+
+
+def _capturing() -> bool:
+    """Whether a CUDA graph is being captured: a capture replays this call's decision on later calls, whose
+    inputs sit at the same addresses but may be held by someone (cudagraphs.py reads such inputs in place),
+    so nothing is taken over while capturing."""
+    import torch
+
+    return torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()
 
 
 ALONE = _storage_alone()
