@@ -14,7 +14,8 @@ A training step is `model.zero_grad(set_to_none=True)`, `loss = model(inputs, ta
 The contenders start from the same weights (copies of one model) and run in this process: eager,
 `torch.compile(model)` (Inductor), with --reduce-overhead also `mode="reduce-overhead"` (CUDA graphs),
 and `torch.compile(model, backend=passline.backend(fallback="raise", **options))`, so a graph passline
-cannot compile is an error, never a quiet eager fallback.
+cannot compile is an error, never a quiet eager fallback (with --reduce-overhead also `passline-cg`: the
+same with `cudagraphs=True`).
 
 Check: the first step of every contender is compared with a float64 eager reference of the same
 (dtype-rounded) weights and inputs: the loss and every parameter's gradient, relative error
@@ -36,9 +37,11 @@ from __future__ import annotations
 import argparse
 import ast
 import copy
+import cProfile
 import datetime
 import gc
 import inspect
+import io
 import json
 import math
 import os
@@ -359,6 +362,18 @@ def host_ms_cuda(step, gpu_ms, reps=10):
 # ------------------------------------------------------------------------------------------ contenders
 
 
+def write_profile(prof, path: Path) -> None:
+    """The profile's 60 costliest functions by cumulative and by own time, as text."""
+    import pstats
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = io.StringIO()
+    stats = pstats.Stats(prof, stream=text)
+    stats.sort_stats("cumulative").print_stats(60)
+    stats.sort_stats("tottime").print_stats(60)
+    path.write_text(text.getvalue())
+
+
 def contenders(args):
     """name -> torch.compile options (None: eager)."""
     out = {"eager": None}
@@ -367,6 +382,8 @@ def contenders(args):
         if args.reduce_overhead and args.device == "cuda":
             out["inductor-ro"] = dict(backend="inductor", mode="reduce-overhead")
     out["passline"] = "passline"  # built per model: a fresh Backend (its reports) each time
+    if args.reduce_overhead and args.device == "cuda":
+        out["passline-cg"] = "passline-cg"  # the same with cudagraphs=True, against inductor-ro
     return out
 
 
@@ -384,19 +401,26 @@ def run_contender(name, options, master, dtype, fmt, inputs, ref, eager_result, 
     be = None
     if options is None:
         fn = model
-    elif options == "passline":
-        be = passline.backend(fallback="raise", **passline_options)
+    elif options in ("passline", "passline-cg"):
+        extra = dict(cudagraphs=True) if options == "passline-cg" else {}
+        be = passline.backend(fallback="raise", **{**passline_options, **extra})
         fn = torch.compile(model, backend=be)
     else:
         fn = torch.compile(model, **options)
     step = make_step(fn, inputs, cuda)
 
     # first call: compile (forward at the call, backward at loss.backward()), then the check
+    prof = cProfile.Profile() if args.profile_first_call and options is not None else None
     sync(device)
     t0 = time.perf_counter()
+    if prof:
+        prof.enable()
     loss = step()
     sync(device)
     row["first_call_s"] = time.perf_counter() - t0
+    if prof:
+        prof.disable()
+        write_profile(prof, Path(args.profile_first_call) / f"first_call_{args.model_name}_{name}.txt")
     result = snapshot(model, loss)
     del loss
     row["loss"] = result[0]
@@ -487,7 +511,7 @@ def parse_args(argv=None):
     ap.add_argument("--smoke", action="store_true", help="tiny sizes (CPU: through Triton's interpreter, minutes)")
     ap.add_argument("--no-inductor", action="store_true", help="leave Inductor out (its C++ compile is slow on CPU)")
     ap.add_argument("--reduce-overhead", action="store_true",
-                    help='also torch.compile(mode="reduce-overhead") (CUDA graphs), CUDA only')
+                    help='also torch.compile(mode="reduce-overhead") and passline with cudagraphs=True, CUDA only')
     ap.add_argument("--passline-option", action="append", default=[], type=parse_option, metavar="KEY=VALUE",
                     help="passed to passline.backend(...) (repeatable); VALUE is a Python literal or a bare word")
     ap.add_argument("--vocab", type=int, help="vocabulary of the GPT-2 and LLaMA models (defaults 50304 and 32000)")
@@ -498,6 +522,8 @@ def parse_args(argv=None):
                     help="use the usual Inductor/Triton/passline caches (default: fresh empty ones, so first "
                          "call s is a cold compile)")
     ap.add_argument("--out", help="write the raw numbers to this JSON file")
+    ap.add_argument("--profile-first-call", metavar="DIR",
+                    help="cProfile each compiled contender's first call: DIR/first_call_<model>_<contender>.txt")
     args = ap.parse_args(argv)
     args.models = [m.strip() for m in args.models.split(",") if m.strip()]
     unknown = [m for m in args.models if m not in CONFIGS]
@@ -578,6 +604,7 @@ def run(args, options, triton, passline) -> int:
         print(line, flush=True)
     rows, failed = [], False
     for m, cfg in configs.items():
+        args.model_name = m
         master, dtype, inputs, fmt = build(m, cfg, device)
         ref = reference(master, dtype, inputs, device)
         eager_result, model_rows = None, []
