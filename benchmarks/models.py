@@ -410,7 +410,7 @@ def run_contender(name, options, master, dtype, fmt, inputs, ref, eager_result, 
     step = make_step(fn, inputs, cuda)
 
     # first call: compile (forward at the call, backward at loss.backward()), then the check
-    prof = cProfile.Profile() if args.profile_first_call and options is not None else None
+    prof = cProfile.Profile() if args.profile and options is not None else None
     sync(device)
     t0 = time.perf_counter()
     if prof:
@@ -420,7 +420,7 @@ def run_contender(name, options, master, dtype, fmt, inputs, ref, eager_result, 
     row["first_call_s"] = time.perf_counter() - t0
     if prof:
         prof.disable()
-        write_profile(prof, Path(args.profile_first_call) / f"first_call_{args.model_name}_{name}.txt")
+        write_profile(prof, Path(args.profile) / f"first_call_{args.model_name}_{name}.txt")
     result = snapshot(model, loss)
     del loss
     row["loss"] = result[0]
@@ -445,6 +445,14 @@ def run_contender(name, options, master, dtype, fmt, inputs, ref, eager_result, 
     if cuda:
         row["peak_mb"], row["step_ms"] = steady_cuda(step, args.warmup, args.rep)
         row["cpu_ms"], row["cpu_waited"] = host_ms_cuda(step, row["step_ms"])
+        if args.profile and options is not None:
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(20):
+                step()
+            torch.cuda.synchronize()
+            prof.disable()
+            write_profile(prof, Path(args.profile) / f"steps_{args.model_name}_{name}.txt")
     else:
         row["peak_mb"] = None
         if not args.smoke:
@@ -522,8 +530,9 @@ def parse_args(argv=None):
                     help="use the usual Inductor/Triton/passline caches (default: fresh empty ones, so first "
                          "call s is a cold compile)")
     ap.add_argument("--out", help="write the raw numbers to this JSON file")
-    ap.add_argument("--profile-first-call", metavar="DIR",
-                    help="cProfile each compiled contender's first call: DIR/first_call_<model>_<contender>.txt")
+    ap.add_argument("--profile", metavar="DIR",
+                    help="cProfile each compiled contender's first call and 20 steady steps (the host's side): "
+                         "DIR/first_call_<model>_<contender>.txt and DIR/steps_<model>_<contender>.txt")
     args = ap.parse_args(argv)
     args.models = [m.strip() for m in args.models.split(",") if m.strip()]
     unknown = [m for m in args.models if m not in CONFIGS]

@@ -201,6 +201,45 @@ def test_cudagraphs_option_replays_training_steps_like_eager():
         torch.testing.assert_close(out_a, out_b, rtol=1e-4, atol=1e-5)
     states = {r.cudagraphs.split(":")[0] for r in be.reports}
     assert states == ({"on"} if dev == "cuda" else {"off"}), [r.cudagraphs for r in be.reports]
+    if dev == "cuda":  # the kept outputs were the forward's own buffers: later calls ran uncaptured instead
+        assert "0 calls uncaptured" not in be.reports[0].cudagraphs, be.reports[0].cudagraphs
+
+
+@pytest.mark.skipif(os.environ.get("PASSLINE_TEST_DEVICE", "cpu") != "cuda", reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_cudagraphs_replay_into_their_own_buffers_unless_held(accumulate):
+    # a training loop that keeps nothing: from the third step on both graphs replay, the backward reads the
+    # forward's saved activations in place, and every replay is right; gradients accumulated across steps
+    # (no zero_grad) are added into .grad, which never takes a replay's output then
+    import re
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.LayerNorm(64), torch.nn.GELU(),
+                                torch.nn.Linear(64, 8)).cuda()
+    ours = __import__("copy").deepcopy(model)
+    be = passline.backend(codegen="triton", fallback="raise", cudagraphs=True)
+    compiled = torch.compile(ours, backend=be)
+    for step in range(6):
+        x = torch.randn(16, 32, device="cuda", requires_grad=True)
+        x_ref = x.detach().clone().requires_grad_()
+        if not accumulate:
+            ours.zero_grad(set_to_none=True)
+            model.zero_grad(set_to_none=True)
+        loss_a, loss_b = compiled(x).square().mean(), model(x_ref).square().mean()
+        loss_a.backward()
+        loss_b.backward()
+        torch.testing.assert_close(loss_a, loss_b, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(x.grad, x_ref.grad, rtol=1e-4, atol=1e-5)
+        for (name, pa), pb in zip(ours.named_parameters(), model.parameters()):
+            where = f"step {step}, {name}"
+            torch.testing.assert_close(pa.grad, pb.grad, rtol=1e-4, atol=1e-5, msg=lambda m, w=where: f"{w}: {m}")
+    said = {r.name: r.cudagraphs for r in be.reports}
+    uncaptured = {name: int(re.search(r"(\d+) calls uncaptured", s).group(1)) for name, s in said.items()}
+    assert not any(uncaptured.values()), said
+    backward = next(s for name, s in said.items() if name.startswith("backward"))
+    copied = int(re.search(r"(\d+) inputs", backward).group(1))
+    assert copied <= 2, said  # x (saved for the weight's gradient) and the cotangent; the rest read in place
 
 
 def test_configuration_rules_follow_from_sizes_and_device():

@@ -98,7 +98,7 @@ class Backend:
         self.chooser = TimedChooser(choice_overrides, self)  # checks the overrides' names
         self.choice_overrides = self.chooser.overrides
         self.cudagraphs = cudagraphs  # capture static-shape GPU graphs and replay them (backends/cudagraphs.py)
-        self._pool = None  # one CUDA graph memory pool for every graph this backend captures
+        self._cudagraph_pool = None  # what those graphs share (cudagraphs.Pool): memory, their outputs
         self.reports: list[CompileReport] = []
         self.failures: list = []  # (graph kind, exception) for graphs run eagerly by the fallback
         self._ids = itertools.count()
@@ -209,11 +209,10 @@ class Backend:
         set_last_report(report)
         runner = conform_inputs(graph, runner)  # read every input with the strides it was lowered for
         if self.cudagraphs:  # captured at the second call and replayed (backends/cudagraphs.py)
-            from .cudagraphs import cudagraphed
+            from .cudagraphs import Pool, cudagraphed
 
-            if self._pool is None and torch.cuda.is_available():
-                self._pool = torch.cuda.graph_pool_handle()
-            runner = cudagraphed(runner, graph, report, self._pool)
+            self._cudagraph_pool = self._cudagraph_pool or Pool()
+            runner = cudagraphed(runner, graph, report, self._cudagraph_pool)
         if self.check:  # the accuracy guard checks the first call against the oracle (backends/check.py)
             runner = checked(runner, report, self, gm, example_inputs)
         if self.capture:

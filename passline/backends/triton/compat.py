@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 
+import torch
 import triton
 
 try:  # triton >= 3.4: launch hooks are chains in knobs (empty unless a profiler adds one)
@@ -59,6 +60,19 @@ def allocator(device):
     guards = getattr(getattr(torch._C, "_dynamo", None), "guards", None)
     fast = getattr(guards, f"_empty_strided_{device.type}", None) if device.type in ("cuda", "cpu") else None
     return fast or slow, slow
+
+
+def _alias_fallback(base, size, stride, offset: int):
+    return torch.empty(0, dtype=base.dtype, device=base.device).set_(
+        base.untyped_storage(), base.storage_offset() + offset, size, stride)
+
+
+def alias(base, size, stride, offset: int):
+    """A tensor over `base`'s memory with `size` and `stride`, `offset` elements past `base`'s own offset:
+    no copy, and not an autograd view of `base` (no `_base`), so that a caller may keep it as its own (a
+    gradient AccumulateGrad takes over). dynamo's C++ entry point where this torch has it (what
+    Inductor's generated code calls: ~0.7 µs), else `set_` on an empty tensor (~1.7 µs)."""
+    return _ALIAS(base, size, stride, offset)
 
 
 def current_stream(device_index: int) -> int:
@@ -126,4 +140,6 @@ def _capturing() -> bool:
 
 
 ALONE = _storage_alone()
+_ALIAS = getattr(getattr(getattr(torch._C, "_dynamo", None), "guards", None), "_reinterpret_tensor", None) \
+    or _alias_fallback
 VERSION = tuple(int(p) for p in triton.__version__.split(".")[:2])
