@@ -6,7 +6,9 @@
 Each model of benchmarks/models.py (real sizes, or --smoke's) is built on the CPU and compiled with
 `passline.backend()`, with kernels generated for the GPU (not for Triton's interpreter: what a CUDA run
 generates) and the graphs run eagerly on the CPU, so the first step completes and the backward is compiled
-too. Stages, in seconds: dynamo (tracing, guards: the first step's wall time less everything below),
+too. `launches` counts the binaries the graphs' first calls launch (two for a mix-order step), `jobs` those
+the runners would compile before it: equal where nothing is left to a first launch.
+Stages, in seconds: dynamo (tracing, guards: the first step's wall time less everything below),
 aot_autograd (joint tracing, decompositions, partitioning), and passline's own per graph: lower, passes,
 codegen (kernel sources and the wrapper). Then the kernels the runner would compile before the first call
 (static shapes, by rule) are compiled for sm_90 (`GPUTarget("cuda", 90, 32)`, Triton's own ptxas) into a
@@ -125,6 +127,7 @@ def run(args, root) -> int:
         hashes[m] = h
         unique = list({(j.path, j.kwargs_key()): j for j in jobs}.values())
         row["jobs"] = len(unique)
+        row["launches"] = sum(first_launches(r.runner) for r in be.reports)
         for how in [w for w in args.compile.split(",") if w]:
             os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(dir=root, prefix=f"triton-{how}-")
             for mod in [v for k, v in sys.modules.items() if k.startswith("passline_kernels.")]:
@@ -142,14 +145,29 @@ def run(args, root) -> int:
         print(json.dumps(row), file=sys.stderr, flush=True)
     cols = ["total", "dynamo", "aot", "lower", "passes", "codegen", "run"] + \
         [f"compile_{w}" for w in args.compile.split(",") if w]
-    print(f"| model | graphs | kernels | jobs | {' | '.join(cols)} |")
-    print("|---" * (len(cols) + 4) + "|")
+    print(f"| model | graphs | kernels | launches | jobs | {' | '.join(cols)} |")
+    print("|---" * (len(cols) + 5) + "|")
     for r in rows:
-        print(f"| {r['model']} | {r['graphs']} | {r['kernels']} | {r['jobs']} | "
+        print(f"| {r['model']} | {r['graphs']} | {r['kernels']} | {r['launches']} | {r['jobs']} | "
               + " | ".join(f"{r[c]:.2f}" for c in cols) + " |")
     if args.hashes:
         Path(args.hashes).write_text(json.dumps(hashes, indent=1, sort_keys=True))
     return 0
+
+
+def first_launches(runner) -> int:
+    """Binaries the graph's first call launches: one a kernel step and two a mix-order step (main and
+    finishing kernel), less the steps that launch nothing (a zero count: the reference backend)."""
+    n = 0
+    for kind, _, data in getattr(runner, "steps", ()):
+        if kind in ("kernel", "mix"):
+            src = next(iter(data[0].info.variants.values()))
+            try:
+                empty = int(src.xnumel) == 0 or (src.rnumel is not None and int(src.rnumel) == 0)
+            except TypeError:  # symbolic: launched, never compiled ahead
+                empty = False
+            n += 0 if empty else 1 if kind == "kernel" else 2
+    return n
 
 
 if __name__ == "__main__":

@@ -428,6 +428,9 @@ def run_contender(name, options, master, dtype, fmt, inputs, ref, eager_result, 
     if be is not None:
         row["passline_graphs"] = [r.name for r in be.reports]
         row["passline_kernels"] = sum(r.kernels for r in be.reports)
+        # binaries the first step's launches compiled themselves (0 where every static kernel was compiled ahead)
+        row["passline_compiled_at_launch"] = sum(r.metrics.counters["kernels_compiled_at_launch"] for r in be.reports)
+        row["passline_precompiled"] = sum(r.metrics.counters["kernels_precompiled"] for r in be.reports)
         row["passline_codegen"] = sorted({r.codegen for r in be.reports})
         row["passline_failures"] = [f"{k}: {e!r}" for k, e in be.failures]
     errs = errors(result, ref)

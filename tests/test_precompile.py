@@ -151,3 +151,108 @@ class _FakeDriver:
 
 def test_workers_default_to_the_cores_at_most_eight():
     assert 1 <= precompile.default_workers() <= min(8, os.cpu_count() or 1)
+
+
+# -- the plan: what is compiled ahead is what the first call's launches use --------------------------------
+class _NoLaunch:
+    """A kernel's JITFunction whose launches (a binary not compiled ahead) do nothing: on the CPU nothing
+    runs, and the test counts them (`kernels_compiled_at_launch`)."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __getattr__(self, name):
+        return getattr(self.fn, name)
+
+    def __getitem__(self, grid):
+        return lambda *a, **k: None
+
+
+def _first_call_plan(monkeypatch, tmp_path, fn, inputs, backward=True):
+    """Compile `fn` with GPU kernels for CPU tensors (as benchmarks/first_call.py does), with a stand-in
+    for the GPU's compile: each planned binary gets a launcher that records its key, and a compiled kernel
+    of 255 registers a thread (a mix-order split is placed from it as on a GPU: a few programs an SM).
+    Then the first call (forward and backward) runs those launchers. Returns (planned, launched, reports)."""
+    from types import SimpleNamespace
+
+    from passline.backends import dynamo as pdynamo
+    from passline.backends.triton import runner as prunner
+
+    planned, launched = [], []
+
+    def build(p):
+        if p is None:
+            raise prunner._Unplanned
+
+        def launch(grid0, stream, *args, _p=p):
+            launched.append((_p.kernel, _p.key))
+
+        p.kernel.install(p.key, launch, p.consts, p.nfull, p.variant)
+        planned.append(p)
+        return SimpleNamespace(n_regs=255, n_spills=0, metadata=SimpleNamespace(shared=0))
+
+    def precompile(self):
+        for step in self.steps:
+            self._first_launches(step, build)
+
+    real_fn = prunner.Kernel.fn
+    monkeypatch.setattr(pdynamo, "_on_cpu", lambda graph: False)
+    monkeypatch.setattr(TritonRunner, "_precompile", precompile)
+    monkeypatch.setattr(prunner.Kernel, "fn", lambda self, v: _NoLaunch(real_fn(self, v)))
+    be = passline.backend(codegen="triton", fallback="raise", cache_dir=str(tmp_path / "passline"))
+    torch._dynamo.reset()
+    out = torch.compile(fn, backend=be)(*inputs)
+    if backward:
+        out.sum().backward()
+    return planned, launched, be.reports
+
+
+CASES = {
+    "layer_norm": (lambda: torch.nn.LayerNorm(48), lambda: [torch.randn(20000, 48, requires_grad=True)]),
+    "softmax": (lambda: torch.nn.Softmax(-1), lambda: [torch.randn(64, 300, requires_grad=True)]),
+    "gelu_mlp": (lambda: torch.nn.Sequential(torch.nn.Linear(32, 128), torch.nn.GELU(), torch.nn.Linear(128, 32)),
+                 lambda: [torch.randn(16, 32, requires_grad=True)]),
+    "cross_entropy": (lambda: (lambda x, t: torch.nn.functional.cross_entropy(x, t)),
+                      lambda: [torch.randn(64, 1000, requires_grad=True), torch.randint(0, 1000, (64,))]),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_plan_is_what_the_first_call_launches(tmp_path, monkeypatch, case):
+    from passline.backends.triton.runner import MixKernel
+
+    make, inputs = CASES[case]
+    planned, launched, reports = _first_call_plan(monkeypatch, tmp_path, make(), inputs())
+    assert launched and [r.name.rstrip("0123456789") for r in reports] == ["forward", "backward"]
+    # every launch found a binary planned ahead, under the key its launch computed
+    for r in reports:
+        assert r.metrics.counters["kernels_compiled_at_launch"] == 0, r.runner.source
+        assert "0 at launch" in r.summary()
+    keys = {(id(p.kernel), p.key) for p in planned}
+    ran = {(id(k), key) for k, key in launched}
+    assert ran <= keys
+    # one binary a launch: what was planned and never launched is only a mix-order main kernel compiled at
+    # the IR's split to read its registers (its launch takes the whole-wave split placed from them)
+    extra = [p for p in planned if (id(p.kernel), p.key) not in ran]
+    assert all(isinstance(p.kernel, MixKernel) and p.key.split == p.kernel.split for p in extra), extra
+    launching = {id(k) for r in reports for k in _kernels(r.runner)}
+    assert {i for i, _ in ran} == launching  # every kernel of both graphs, finishing kernels included
+    if case == "layer_norm":
+        mixes = [k for r in reports for k in _kernels(r.runner) if isinstance(k, MixKernel)]
+        assert mixes, reports[-1].graph.format()
+        fin = [k for r in reports for k in _kernels(r.runner) if k.info.kind == "mix_finish"]
+        assert fin and all(any(i == id(k) for i, _ in ran) for k in fin)
+        # the split placed from the registers (one whole wave), not the IR's, and its binary planned too
+        (main_key,) = [key for k, key in launched if isinstance(k, MixKernel)]
+        assert main_key.split != mixes[0].split and extra
+    # the listing (no GPU: a mix-order split left at the IR's) has one job a launched binary
+    assert len({p.job for p in planned if (id(p.kernel), p.key) in ran}) <= len(ran)
+
+
+def _kernels(runner):
+    for kind, _, data in runner.steps:
+        if kind == "kernel":
+            yield data[0]
+        elif kind == "mix":
+            yield data[0]
+            yield data[2]

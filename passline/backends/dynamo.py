@@ -193,7 +193,7 @@ class Backend:
             from .triton.runner import TritonRunner
 
             runner = TritonRunner(graph, interpret=_on_cpu(graph), variant=self.kernel_variant,
-                                  cache=KernelCache(self.cache_dir), autotune=self.autotune)
+                                  cache=KernelCache(self.cache_dir), autotune=self.autotune, counters=metrics.counters)
             if runner.fallbacks:
                 reason += "; on the reference backend: " + "; ".join(
                     f"{n} ({why})" for n, why in runner.fallbacks.items())

@@ -8,6 +8,7 @@ then every argument of the kernel's signature in order, constexprs included (the
 from __future__ import annotations
 
 import sys
+import threading
 
 import torch
 import triton
@@ -46,6 +47,33 @@ def binary_launcher(compiled):
             run(grid0, 1, 1, stream, function, meta, None, None, None, *args)
 
     return launch
+
+
+def compile_for_launch(fn, args: list, kwargs: dict):
+    """`fn` compiled, not launched, for arguments like `args` (a pointer as its torch dtype: aligned) and the
+    launch's keyword arguments (constexprs, num_warps), for the current device: the CompiledKernel its
+    launch with such arguments would compile (`JITFunction.warmup`, the same specialization and cache key)."""
+    return fn.warmup(*args, grid=(1,), **kwargs)
+
+
+_LOADING: dict = {}  # a compiled kernel's signature -> the lock of the thread building its launcher
+_LOADING_LOCK = threading.Lock()
+
+
+def load_binary(compiled):
+    """`binary_launcher(compiled)`, safe to call from several threads at once: the binary is loaded into
+    the calling thread's current CUDA context (Triton's driver makes the device's primary context current
+    where the thread has none: the one torch uses) and its launcher built. Triton 3.6 builds a C launcher
+    per signature with gcc (`CudaLauncher` -> `compile_module_from_src`, a disk cache after): threads
+    whose kernels share a signature build it one after the other, so the second finds the first's in the
+    cache instead of running gcc again (3.9's launcher is generic: nothing built)."""
+    src = getattr(compiled, "src", None)
+    sig = getattr(src, "signature", None)
+    key = repr(tuple(sig.values())) if isinstance(sig, dict) else None
+    with _LOADING_LOCK:
+        lock = _LOADING.setdefault(key, threading.Lock())
+    with lock:
+        return binary_launcher(compiled)
 
 
 def allocator(device):

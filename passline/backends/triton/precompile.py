@@ -4,11 +4,11 @@
 needs one is the launch. So before a graph's first call the runner hands every kernel whose
 configuration is known (static sizes, the rule's configuration) to a pool of worker processes, which
 compile them for the parent's target into Triton's on-disk cache (`$TRITON_CACHE_DIR`, default
-`~/.triton/cache`). The first launch in the parent goes through `JITFunction.run` as before and finds the
-binary there: it builds the same cache key, because the worker runs the same code path — the kernel's
-own `JITFunction.warmup` with the same arguments — under a stand-in driver that answers the parent's
-target (`offline`). Nothing is compiled twice (tests/test_precompile.py checks the key with Triton's
-compilation listener).
+`~/.triton/cache`). The parent's precompile threads (TritonRunner._precompile), which load each binary
+and hand it to its kernel, then find it there: they build the same cache key, because the worker runs the
+same code path — the kernel's own `JITFunction.warmup` with the same arguments — under a stand-in driver
+that answers the parent's target (`offline`). Nothing is compiled twice (tests/test_precompile.py checks
+the key with Triton's compilation listener).
 
 Why processes: Triton's compile holds the GIL for much of its time (the MLIR passes are driven from
 Python, and LLVM's and ptxas's parts are short for small kernels), so threads hardly overlap

@@ -11,6 +11,7 @@ A node the generator cannot handle runs on the reference backend, and the report
 """
 from __future__ import annotations
 
+import collections
 import math
 import threading
 
@@ -48,6 +49,14 @@ class KernelInfo:
         return self.variants[self.chosen or next(iter(self.variants))].source
 
 
+class _Aligned:
+    """A pointer argument planned ahead of the call (`TritonRunner._first_launches`): 16-byte aligned, as
+    the call's own allocations and its inputs are (layouts.conform_inputs)."""
+
+    def data_ptr(self) -> int:
+        return 0
+
+
 def _spec(a) -> tuple | bool:
     """What Triton specializes a launch on, for an argument whose value may change between calls: a
     pointer's 16-byte alignment; an integer's divisibility by 16, being 1, and needing 64 bits."""
@@ -74,6 +83,8 @@ class Kernel:
         # buffers span more than int32 addresses (the generated call sets it from the sizes, per call)
         self.per_launch = {v for v, src in info.variants.items() if src.int64 is None}
         self.wide = False
+        self.wide_when: str | None = None  # the generated call's `wide=` condition (wrapper.py), or None
+        self.counters: collections.Counter = collections.Counter()  # the runner's (report.metrics.counters)
 
     @property
     def splits(self) -> dict:
@@ -141,41 +152,54 @@ class Kernel:
         return best
 
     # -- launching --------------------------------------------------------------------------------------
-    def constexprs(self, cfg: Config, xnumel: int, rnumel: int | None) -> dict:
+    def constexprs(self, cfg: Config, xnumel: int, rnumel: int | None, wide: bool | None = None) -> dict:
         """The launch's constexprs (and SPLIT) by name: `cfg`'s blocks and, where the variant's index width
-        is chosen per launch, INT64: set when a buffer spans past int32 (`wide`) or the points the
-        programs reach do — the counts rounded up to whole blocks, since masked-off lanes compute offsets
-        too and must not wrap into the mask — else int32 offsets, as a static kernel of these sizes has."""
+        is chosen per launch, INT64: set when a buffer spans past int32 (`wide`, default this call's) or the
+        points the programs reach do — the counts rounded up to whole blocks, since masked-off lanes compute
+        offsets too and must not wrap into the mask — else int32 offsets, as a static kernel of these sizes
+        has."""
         blocks = cfg.blocks()
         if cfg.variant in self.per_launch:
             reach_x = -(-xnumel // cfg.per_program) * cfg.per_program + cfg.xblock
             reach_r = 1 if rnumel is None else -(-rnumel // (cfg.rblock or 1)) * (cfg.rblock or 1)
-            blocks["INT64"] = self.wide or reach_x * reach_r > kgen.INT32_MAX
+            blocks["INT64"] = (self.wide if wide is None else wide) or reach_x * reach_r > kgen.INT32_MAX
         return blocks
+
+    def binary_key(self, cfg: Config, consts: dict, full: tuple):
+        """The key of `binaries` a launch of `cfg` with these constexprs and arguments (`full`: the
+        signature's, sizes included) looks its binary up under: everything the binary was compiled
+        assuming — the configuration, the index width and the specialization of what may change between
+        calls (`check`). The launch and the precompile plan (TritonRunner._first_launches) both use this."""
+        if self.check or "INT64" in consts:
+            return cfg, consts.get("INT64"), tuple(_spec(full[i]) for i in self.check)
+        return cfg
+
+    def install(self, key, launch, consts: dict, nfull: int, variant) -> None:
+        """Keep `launch` (compat.binary_launcher's) as the binary for `key`: later launches pass the rest
+        of the signature after the `nfull` arguments — SPLIT and the constexprs, by name — themselves."""
+        self.binaries[key] = launch, tuple(consts[n] for n in self.fn(variant).arg_names[nfull:])
 
     def launch(self, cfg: Config, stream, args: tuple, xnumel: int, rnumel: int | None):
         """Launch `cfg` on `args` (the kernel's buffers and sizes in signature order); returns the compiled
-        kernel where this launch compiled it. Binaries are keyed by everything they were compiled
-        assuming: the configuration, the index width and the specialization of what may change."""
+        kernel where this launch compiled it (no binary compiled ahead, or an earlier launch, had its key)."""
         full = (*args, xnumel) if rnumel is None else (*args, xnumel, rnumel)
         grid0 = max(1, -(-xnumel // cfg.per_program))
         consts = self.constexprs(cfg, xnumel, rnumel)
         if self.interpret:
             with interpreting(True):
                 return self.fn(cfg.variant)[(grid0,)](*full, **consts, num_warps=cfg.warps)
-        spec = cfg
-        if self.check or "INT64" in consts:
-            spec = (cfg, consts.get("INT64"), tuple(_spec(full[i]) for i in self.check))
+        spec = self.binary_key(cfg, consts, full)
         found = self.binaries.get(spec)
         if found is not None:
             launch, tail = found
             launch(grid0, stream, *full, *tail)
             return None
-        fn = self.fn(cfg.variant)
+        self.counters["kernels_compiled_at_launch"] += 1  # through JITFunction.run: compiled here, unless
+        fn = self.fn(cfg.variant)                          # Triton's caches already hold it
         compiled = fn[(grid0,)](*full, **consts, num_warps=cfg.warps)
         launch = compat.binary_launcher(compiled)
-        if launch is not None:  # the rest of the signature: SPLIT and the constexprs, by name
-            self.binaries[spec] = launch, tuple(consts[n] for n in fn.arg_names[len(full):])
+        if launch is not None:
+            self.install(spec, launch, consts, len(full), cfg.variant)
         return compiled
 
     def __call__(self, stream, args: tuple, xnumel: int, rnumel: int | None = None, wide: bool = False) -> None:
@@ -185,21 +209,22 @@ class Kernel:
         if compiled is not None and not self.interpret:
             self._unspill(cfg, compiled, xnumel, rnumel)
 
-    def _unspill(self, cfg: Config, compiled, xnumel: int, rnumel: int | None) -> None:
+    def _unspill(self, cfg: Config, compiled, xnumel: int, rnumel: int | None) -> bool:
         """A persistent configuration chosen by rule whose compiled kernel spills registers to local memory
         (ptxas's count, known once it is compiled) is replaced, from the next launch on, by the same block
         on twice the warps: half the elements a thread. The rule gives a persistent row 32 elements a thread
         (configs.rule), which for kernels computing many values an element (int64 indices, several loads)
         can exceed what a thread's registers hold; a timed choice is left as it was timed."""
         if cfg.variant != Variant.PERSISTENT or self.autotune or not getattr(compiled, "n_spills", 0):
-            return
+            return False
         per_thread = cfg.xblock * cfg.rblock // (32 * cfg.warps)
         if cfg.warps >= MAX_WARPS or per_thread <= 1:
-            return
+            return False
         roomier = attrs.evolve(cfg, warps=cfg.warps * 2)
         self.choices[self.bucket(xnumel, rnumel)] = roomier
         self.last = xnumel, rnumel, roomier
         self.info.chosen, self.info.blocks = str(roomier.variant), dict(roomier.blocks(), num_warps=roomier.warps)
+        return True
 
     # -- timing (autotune=True) ---------------------------------------------------------------------------
     def _bench(self, c: Config, args, xnumel, rnumel, stream, after=None, rep: int = 20) -> float:
@@ -253,7 +278,8 @@ MAX_PROGRAMS_PER_SM = 32  # resident blocks per SM on recent NVIDIA GPUs: the mo
 def _resident(regs: int, warps: int, smem: int = 0) -> int:
     """Programs of `warps` warps using `regs` registers a thread and `smem` bytes of shared memory that
     one SM holds at once."""
-    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    # without a GPU (a plan made on the CPU, tests) the attributes' defaults: an H100/H200's
+    props = torch.cuda.get_device_properties(torch.cuda.current_device()) if torch.cuda.is_available() else None
     per_sm = getattr(props, "regs_per_multiprocessor", 65536)
     max_warps = getattr(props, "max_threads_per_multi_processor", 2048) // 32
     per_warp = -(-regs * 32 // 256) * 256  # registers are given to a warp 256 at a time
@@ -308,7 +334,12 @@ class MixKernel(Kernel):
             return self._remembered(ckey, lambda: self._pick_split(args, xnumel, rnumel, stream, after))
         # by rule: one whole wave, from what the compiled kernel takes (compiled now, not launched)
         cfg = self._rule(xnumel, rnumel)
-        compiled = self._compile_only(cfg, args, xnumel, rnumel)
+        return self.placed(cfg, self._compile_only(cfg, args, xnumel, rnumel), xnumel)
+
+    def placed(self, cfg: Config, compiled, xnumel: int) -> Config:
+        """The rule's configuration `cfg` with its split: one whole wave of programs, from `cfg` compiled at
+        the IR's split (its registers, shared memory); the IR's split where it could not be compiled. What
+        the first launch chooses by rule, and what TritonRunner._first_launches chooses ahead of it."""
         waves = self.waves(xnumel, compiled, cfg.warps) if compiled is not None else []
         return cfg.with_split(waves[0] if waves else self.split)
 
@@ -363,6 +394,11 @@ class MixStep:
             out[k] = ws[name]
         return tuple(out)
 
+    @staticmethod
+    def programs(rows: int, cfg: Config) -> int:
+        """The main kernel's programs at `cfg`'s split: the finishing kernel's rows to sum."""
+        return max(1, -(-rows // cfg.split))
+
     def _alloc(self, rows: int, cols: int) -> dict:
         return {name: torch.empty((rows, cols), dtype=lay.dtype, device=lay.device)
                 for name, lay in self.workspaces.items()}
@@ -378,26 +414,57 @@ class MixStep:
             f = self._with(fargs, self.finish_slots, ws)
 
             def after(c: Config):  # timed after each candidate: the finish for its program count
-                n = max(1, -(-rows // c.split))
+                n = self.programs(rows, c)
                 finish.launch(finish.config(cols, n), stream, f, cols, n)
 
             cfg = main.config(rows, cols, self._with(margs, self.main_slots, ws), stream, after)
         else:
             main.config(rows, cols)  # the report shows the configuration of the latest launch
-        n = max(1, -(-rows // cfg.split))
+        n = self.programs(rows, cfg)
         ws = self._alloc(n, cols)
         main.launch(cfg, stream, self._with(margs, self.main_slots, ws), rows, cols)
         finish(stream, self._with(fargs, self.finish_slots, ws), cols, n, wide_finish)
+
+
+@attrs.define(eq=False)
+class Planned:
+    """One launch of the first call, planned ahead (TritonRunner._first_launches): the kernel, the key
+    its binary is looked up under, the Job that compiles that binary, the launch's constexprs, the
+    count of its signature's arguments before them, and the variant."""
+
+    kernel: Kernel
+    key: object
+    job: object
+    consts: dict
+    nfull: int
+    variant: Variant
+
+
+class _Unplanned(Exception):
+    """A launch whose arguments are not all static: left to the launch."""
+
+
+def _static(xnumel, rnumel) -> tuple | None:
+    """(xnumel, rnumel) as ints where both are static and non-zero (a zero count launches nothing)."""
+    try:
+        xn, rn = int(xnumel), (int(rnumel) if rnumel is not None else None)
+    except TypeError:
+        return None
+    return None if xn == 0 or rn == 0 else (xn, rn)
 
 
 class TritonRunner:
     """Callable that runs the graph with generated Triton kernels: `runner(*inputs) -> outputs`."""
 
     def __init__(self, graph, interpret: bool, cache: KernelCache | None = None, variant: str = "auto",
-                 autotune: bool = False):
+                 autotune: bool = False, counters: collections.Counter | None = None):
         from .wrapper import write_call
 
         self.graph = graph
+        # this compile's figures (the report's metrics.counters where the backend passes them):
+        # kernels_precompiled, binaries compiled and loaded before the first call; kernels_compiled_at_launch,
+        # launches that found no such binary and went through JITFunction.run
+        self.counters = collections.Counter() if counters is None else counters
         self.interpret = interpret
         self.autotune = autotune and not interpret
         self.variant = None if variant == "auto" else variant
@@ -425,52 +492,109 @@ class TritonRunner:
             self._precompile()
 
     def precompile_jobs(self) -> list:
-        """What `_precompile` compiles: every kernel whose sizes are known (static shapes) with the
-        configuration its rule picks, as `precompile.Job`s (pointer arguments by dtype, aligned as the
-        call's own allocations are); a mix-order kernel with the IR's split, as its first launch compiles it
-        to read its registers. Kernels of symbolic sizes are chosen and compiled per call."""
+        """What `_precompile` compiles, as `precompile.Job`s (pointer arguments by dtype, aligned as the
+        call's own allocations are), planned without compiling: every binary the first call of a
+        static-shape graph launches (`_first_launches`), a mix-order main kernel at the IR's split (on a
+        GPU its first launch takes one whole wave of programs, from the registers of that binary:
+        `_precompile` compiles it first and plans the rest from it). Kernels of symbolic sizes are chosen
+        and compiled per call."""
+        jobs: dict = {}
+
+        def listed(p: Planned | None):
+            if p is not None:
+                jobs.setdefault(p.job, None)
+            return None  # nothing compiled: a mix-order kernel keeps the IR's split
+        for step in self.steps:
+            self._first_launches(step, listed)
+        return list(jobs)
+
+    def _first_launches(self, step, build) -> None:
+        """Plan the launches the generated call makes of `step` on its first call, in order, for a static
+        shape graph, and `build(planned)` each: compile it, or list it, and return the compiled kernel
+        (or None). The plan takes every choice from the code the launch itself runs — `Kernel.config`
+        (the rule), `MixKernel.placed` (the split), `MixStep.programs`, `Kernel.constexprs` (SPLIT,
+        INT64, blocks, STAGES), `Kernel.binary_key` (the specialization checked per launch) and the
+        call's own `wide=` conditions — so the binaries it builds are the ones the launches look up.
+
+        A mix-order main kernel's split (one whole wave) follows from the registers of its binary at the
+        IR's split, which only a GPU reports (`CompiledKernel._init_handles` loads it): the plan compiles
+        that binary first, as the launch would, places the split from it and records the choice in the
+        kernel (`choices`), so the launch takes the planned split instead of compiling to place its own;
+        where nothing was compiled (a listing, a failure) the choice is left to the launch. A persistent
+        configuration whose binary spills is replaced here as `Kernel._unspill` would after its first
+        launch, so the first launch already takes the roomier one. Steps whose sizes are symbolic, or
+        that run on the reference backend, are left to their launch."""
+        kind, _, data = step
+        if kind == "kernel":
+            k, variants = data
+            src = next(iter(variants.values()))
+            sizes = _static(src.xnumel, src.rnumel)
+            if sizes is None:
+                return
+            for _ in range(8):  # the roomier configurations, at most doubling warps to MAX_WARPS
+                cfg = k.config(*sizes)
+                compiled = build(self._planned(k, src, cfg, *sizes))
+                if compiled is None or not k._unspill(cfg, compiled, *sizes):
+                    return
+        elif kind == "mix":
+            k_main, main, k_fin, finish, workspaces = data
+            sizes = _static(main.xnumel, main.rnumel)
+            if sizes is None:
+                return
+            rows, cols = sizes
+            if k_main._tuned():  # as MixKernel._choose: the split from the binary at the IR's split
+                cfg = k_main._rule(rows, cols)
+                compiled = build(self._planned(k_main, main, cfg, rows, cols, workspaces))
+                placed = k_main.placed(cfg, compiled, rows)
+                if compiled is not None:  # compiled: the launch takes this split (a listing leaves it)
+                    k_main.choices[k_main.bucket(rows, cols)] = placed
+                cfg = placed
+            else:
+                cfg = k_main.config(rows, cols)
+            build(self._planned(k_main, main, cfg, rows, cols, workspaces))
+            n = MixStep.programs(rows, cfg)
+            fin_src = next(iter(k_fin.info.variants.values()))
+            build(self._planned(k_fin, fin_src, k_fin.config(cols, n), cols, n, workspaces))
+
+    def _planned(self, k: Kernel, src, cfg: Config, xnumel: int, rnumel: int | None, workspaces=None):
+        """The launch of `k` at `cfg` the call makes, as a `Planned` (its binaries key, its Job), or None
+        where an argument is not static. Pointers stand for aligned buffers (`_Aligned`); the index width
+        is the call's own `wide=` condition, evaluated (static shapes: literals only)."""
         from .precompile import Job
 
-        self._job_fns = {}
-        jobs = []
-        for kind, _, data in self.steps:
-            if kind == "kernel":
-                pairs = [(data[0], next(iter(data[0].info.variants.values())))]
-            elif kind == "mix":
-                k_main, main, k_fin, finish, _ = data
-                pairs = [(k_main, main)]  # the finishing kernel's sizes depend on the split: its first launch
-            else:
-                continue
-            for k, src in pairs:
-                if src.int64 is None:  # its index width follows the call's sizes: compiled at its first launch
-                    continue
-                try:
-                    xn = int(src.xnumel)
-                    rn = int(src.rnumel) if src.rnumel is not None else None
-                    args = [("ptr", str(self.buffers[v].layout.dtype).removeprefix("torch."))
-                            if kind_ == "buffer" else int(v) for kind_, v in src.args]
-                except (TypeError, KeyError):  # sizes that are symbols, or a workspace: per call
-                    continue
-                if xn == 0 or rn == 0:
-                    continue
-                cfg = k.config(xn, rn) if kind == "kernel" else k._rule(xn, rn)
-                fn_args = [*args, xn] + ([rn] if rn is not None else [])
-                blocks = cfg.blocks()
-                fn = k.fn(cfg.variant)  # its source file, written to the cache
-                # the keyword arguments of the launch (Kernel.launch): blocks (SPLIT too) and warps
-                kwargs = tuple(sorted({**blocks, "num_warps": cfg.warps}.items()))
-                path = self.cache.source_path(digest(k.key, cfg.variant))
-                job = Job(str(path), src.fn_name, tuple(fn_args), kwargs)
-                jobs.append(job)
-                self._job_fns[job] = fn
-        return jobs
+        full, args = [], []
+        try:
+            for kind_, v in src.args:
+                if kind_ == "buffer":
+                    lay = self.buffers[v].layout if v in self.buffers else workspaces[v]
+                    full.append(_Aligned())
+                    args.append(("ptr", str(lay.dtype).removeprefix("torch.")))
+                else:
+                    full.append(int(v))
+                    args.append(int(v))
+            wide = bool(eval(k.wide_when, {"__builtins__": {}})) if k.wide_when else False  # noqa: S307
+        except (TypeError, KeyError, NameError):  # symbols: chosen per call
+            return None
+        full += [xnumel] if rnumel is None else [xnumel, rnumel]
+        args += [xnumel] if rnumel is None else [xnumel, rnumel]
+        consts = k.constexprs(cfg, xnumel, rnumel, wide)
+        k.fn(cfg.variant)  # its source file, written to the cache
+        path = self.cache.source_path(digest(k.key, cfg.variant))
+        # the launch's keyword arguments (Kernel.launch): constexprs (SPLIT, INT64 too) and warps
+        kwargs = tuple(sorted({**consts, "num_warps": cfg.warps}.items()))
+        job = Job(str(path), k.info.variants[cfg.variant].fn_name, tuple(args), kwargs)
+        return Planned(k, k.binary_key(cfg, consts, tuple(full)), job, consts, len(full), cfg.variant)
 
     def _precompile(self) -> None:
-        """Compile, before the first call, what `precompile_jobs` lists, for this GPU into Triton's caches,
-        where the first launch finds it: in threads of this process by default (Triton's compiler spends
-        most of its time outside the GIL), or in worker processes (backends/triton/precompile.py) with
-        `compile_in="processes"`. A progress line on stderr once it takes more than a second. Anything
-        that fails here is left to its first launch, which compiles it here and reports any error."""
+        """Compile and load, before the first call, every binary its launches use (`_first_launches`), for
+        this GPU, in threads of this process (Triton's compiler, LLVM and ptxas spend most of their time
+        outside the GIL): each binary's launcher is built there too (`compat.load_binary`, the C launcher
+        a cold Triton 3.6 builds with gcc) and handed to its kernel under the key its launch looks up, so
+        the first launch neither compiles nor goes through `JITFunction.run`. With
+        `compile_in="processes"` a pool of worker processes (backends/triton/precompile.py) first compiles
+        what `precompile_jobs` lists into Triton's disk cache, where the threads then find it. A progress
+        line on stderr once it takes more than a second. Anything that fails here is left to its first
+        launch, which compiles it there and reports any error."""
         import sys
         import time
         from concurrent.futures import ThreadPoolExecutor
@@ -480,37 +604,61 @@ class TritonRunner:
         from .precompile import compile_jobs, default_workers
 
         how = current_settings().compile_in
-        jobs = self.precompile_jobs() if how != "off" else []
-        if not jobs:
+        steps = [s for s in self.steps if s[0] in ("kernel", "mix")] if how != "off" else []
+        if not steps:
             return
         t0 = time.perf_counter()
         done, shown = [0], [0.0]
         lock = threading.Lock()
+        built: dict = {}  # Job -> (compiled, launch): each compiled and loaded once, whoever asks
+        building: dict = {}  # Job -> the lock of the thread compiling it
+        devices = {b.layout.device.index or 0 for b in self.buffers.values() if b.layout.device.type == "cuda"}
+        device = next(iter(devices), None)
 
-        def progress():  # called from the pool's threads, one at a time per finished job
+        def progress(what: str):  # called from the pool's threads
             with lock:
                 done[0] += 1
                 now = time.perf_counter() - t0
-                if now > 1.0 and (now - shown[0] > 0.25 or done[0] == len(jobs)):
+                if now > 1.0 and now - shown[0] > 0.25:
                     shown[0] = now
-                    print(f"\rpassline: compiled {done[0]}/{len(jobs)} kernels", end="", file=sys.stderr,
-                          flush=True)
+                    print(f"\rpassline: compiled {done[0]} {what}", end="", file=sys.stderr, flush=True)
 
-        def warm(job):  # the very JITFunction the launch uses, so its in-memory cache is hit too
+        def build(p: Planned | None):
+            if p is None:
+                raise _Unplanned
+            with lock:
+                one = building.setdefault(p.job, threading.Lock())
+            with one:  # two steps needing the same binary (equal kernels): compiled once
+                if p.job not in built:
+                    fn = p.kernel.fn(p.variant)
+                    compiled = compat.compile_for_launch(fn, [getattr(torch, a[1]) if isinstance(a, tuple) else a
+                                                              for a in p.job.args], dict(p.job.kwargs))
+                    built[p.job] = compiled, compat.load_binary(compiled)
+                    progress("kernels")
+            compiled, launch = built[p.job]
+            if launch is not None:
+                p.kernel.install(p.key, launch, p.consts, p.nfull, p.variant)
+                with lock:
+                    self.counters["kernels_precompiled"] += 1
+            return compiled
+
+        def plan(step):
             try:
-                fn = self._job_fns[job]
-                fn.warmup(*[getattr(torch, a[1]) if isinstance(a, tuple) else a for a in job.args], grid=(1,),
-                          **dict(job.kwargs))
+                if device is None:
+                    self._first_launches(step, build)
+                else:  # the launcher is loaded into the graph's device's context, from this thread
+                    with torch.cuda.device(device):
+                        self._first_launches(step, build)
             except Exception:  # noqa: BLE001 - compiled (and reported) at its first launch instead
                 pass
-            progress()
 
         try:
             if how == "processes":
-                compile_jobs(jobs, "pool", target=driver.active.get_current_target(), done=progress)
-            else:
-                with ThreadPoolExecutor(max_workers=min(default_workers(), len(jobs))) as pool:
-                    list(pool.map(warm, jobs))
+                jobs = self.precompile_jobs()
+                if jobs:
+                    compile_jobs(jobs, "pool", target=driver.active.get_current_target())
+            with ThreadPoolExecutor(max_workers=min(default_workers(), len(steps))) as pool:
+                list(pool.map(plan, steps))
         except Exception:  # noqa: BLE001 - no pool here: every kernel compiles at its first launch
             pass
         self.compile_seconds = time.perf_counter() - t0

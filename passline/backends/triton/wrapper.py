@@ -307,7 +307,7 @@ class CallWriter:
                 self.alloc(value, donors=into.get(value, ()))
         empty = [c for c in (self.zero(src.xnumel), self.zero(src.rnumel)) if c is not None]
         args, k.check = self.kernel_args(k, src)
-        wide = self.wide(src)
+        wide = k.wide_when = self.wide(src)  # the condition the precompile plan evaluates too
         launch = f"{self.const(k, 'K')}(stream, {args}, {self.py(src.xnumel)}" + \
                  (f", {self.py(src.rnumel)}" if src.rnumel is not None else "") + \
                  (f", wide={wide})" if wide is not None else ")")
@@ -345,7 +345,8 @@ class CallWriter:
         # the finish's count of programs changes with the split chosen at run time: always checked
         k_fin.check = tuple(sorted(set(k_fin.check) | {len(fin_src.args) + 1}))
         empty = [c for c in (self.zero(main.xnumel), self.zero(main.rnumel)) if c is not None]
-        wides = [self.wide(src) or "False" for src in (main, fin_src)]
+        k_main.wide_when, k_fin.wide_when = (self.wide(src) for src in (main, fin_src))  # for the plan too
+        wides = [w or "False" for w in (k_main.wide_when, k_fin.wide_when)]
         launch = f"{self.const(step, 'M')}(stream, {margs}, {fargs}, {self.py(main.xnumel)}, {self.py(main.rnumel)}" + \
                  ("".join(f", {w}" for w in wides) if wides != ["False", "False"] else "") + ")"
         self.guarded(node, empty, launch, self.visible(node))
