@@ -56,7 +56,7 @@ class Pool:
 
     def __init__(self):
         self.handle = None
-        self.pool.owned: set = set()  # storage addresses of the captured graphs' outputs
+        self.owned: set = set()  # storage addresses of the captured graphs' outputs
         self.order: list = []  # the captured graphs, the latest capture last
 
     def captured(self, graph) -> None:
