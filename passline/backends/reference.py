@@ -306,6 +306,8 @@ def _reduce(rtype: str, x: torch.Tensor) -> torch.Tensor:
         return x.amax(-1)
     if rtype == "min":
         return x.amin(-1)
+    if rtype in ("argmax", "argmin") and x.dtype == torch.bool:
+        x = x.to(torch.uint8)  # torch's argmax refuses bool (cumprod's backward finds its first zero so)
     if rtype == "argmax":
         return x.argmax(-1)
     if rtype == "argmin":
