@@ -412,6 +412,32 @@ def test_replacing_a_group_keeps_its_side_of_a_scatter():
     g.verify()
 
 
+def test_a_node_added_before_a_scatter_still_reads_its_result():
+    """A buffer the graph makes and then scatters into is read for its final value, wherever the reader's
+    program position says it runs: a group (mix_order_reduction's, split_reductions' nodes) takes its
+    first member's position, which may come before the scatter."""
+    g = _scatter_graph(read_after=True)
+    (i0,) = loop_vars("i", 1)
+    out = Buffer("late", Layout.contiguous((5,), torch.float32))
+    late = Pointwise("late", (5,), Load("acc", i0, torch.float32), out)
+    g.add_node(late, order=-1)  # program order says first; the scatter's write says after it
+    assert g.has_path("sc", "late") and not g.has_path("late", "sc")
+    g.verify()
+
+
+def test_softmax_topk_backward_mixes_after_the_scatter():
+    """topk's backward scatters into zeros; the softmax backward reading it and the bias gradient's column
+    sum became a MixOrderNode placed at its first member's position, before the scatter (an MoE router's
+    gradients all wrong)."""
+    def fn(x, b):
+        probs = (x + b).softmax(-1)
+        return probs.topk(2, dim=-1).values, probs.mean(0)
+
+    for codegen in ("reference", "triton"):
+        be = assert_matches_eager(fn, [_g(10, 4), _g(4)], codegen=codegen)
+        assert be.reports[1].metrics.counters["codegen_mix_order_reduction"] == 1
+
+
 def test_interpolate_and_reflection_pad_backward_sum_their_scatters():
     """The two backwards scatter-add into zero-filled buffers that a later sum reads; fuse put the sum's
     group on the wrong side of the scatters (every gradient element wrong)."""

@@ -322,21 +322,30 @@ class SchedulerGraph:
         data = self.nx.nodes
         mine = data[me]["order"]
 
-        def runs_before(v) -> bool | None:
+        inputs = {i.name for i in self.inputs if i.buffer is not None}
+        mutators = self._mutators
+
+        def runs_before(v, b: str, v_writes: bool, me_writes: bool) -> bool | None:
+            """Does v run before this node, around the in-place write of b one of them does?"""
             if v in before or v in after:
                 return v in before
+            if b not in inputs and v_writes != me_writes:
+                # a buffer the graph makes and then writes in place (a scatter into its initial value) is
+                # read for its final value: every reader after every writer. Program order cannot tell
+                # for a group, whose order is its first member's
+                return v_writes
             return None if data[v]["order"] == mine else data[v]["order"] < mine
 
         for b in getattr(node, "mutates", ()):
-            for v in (*self._readers.get(b, ()), *self._mutators.get(b, ())):  # two writers keep their order
-                first = None if v == me else runs_before(v)
+            for v in (*self._readers.get(b, ()), *mutators.get(b, ())):  # two writers keep their order
+                first = None if v == me else runs_before(v, b, v in mutators.get(b, ()), True)
                 if first is not None:
                     self._edge(*((v, me) if first else (me, v)), (b,))
         # and a reader (re)added around a mutation: after an earlier one, before a later one (a reader of
         # an input's old value that a pass replaces must still run before the write into the input)
         for b in node.read_names():
-            for m in self._mutators.get(b, ()):
-                first = None if m == me else runs_before(m)
+            for m in mutators.get(b, ()):
+                first = None if m == me else runs_before(m, b, True, b in getattr(node, "mutates", ()))
                 if first is not None:
                     self._edge(*((m, me) if first else (me, m)), (b,))
 
