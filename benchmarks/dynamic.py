@@ -1,13 +1,15 @@
 """Dynamic against static shapes, at the same size, with eager and Inductor in the same process.
 
-    python benchmarks/dynamic.py [--cases layer_norm,softmax,gpt_block] [--dtype bfloat16] [--quick]
+    python benchmarks/dynamic.py [--cases layer_norm,softmax,gpt_block] [--dtype bfloat16] [--quick] [--profile]
 
 Each case is compiled by passline twice, with `dynamic=False` (sizes burned in) and `dynamic=True` (sizes
 are kernel arguments, one graph for every size), and both are first checked against eager (a training
 step: forward and `loss.backward()`, relative error of the output and the input gradient against
 eager). Then eager, Inductor (static), passline static and passline dynamic are timed (median of
 triton's do_bench, ms per training step) and the table prints passline dynamic / static: the issue's
-target is within 10% (<= 1.10).
+target is within 10% (<= 1.10). `--profile` also prints, for passline static and dynamic, where a step's
+time goes: GPU kernel time per step and per kernel (torch.profiler), and the host's time to issue a step
+while the GPU is held busy (so the host never waits).
 """
 from __future__ import annotations
 
@@ -69,11 +71,43 @@ def check(model, compiled, x) -> float:
     return max(float((a - b).norm() / b.norm().clamp_min(1e-12)) for a, b in pairs)
 
 
+def host_ms(step, steps: int = 30) -> float:
+    """The host's ms to issue one step while a sleep kernel queued first keeps the GPU busy."""
+    import time
+
+    step()
+    torch.cuda.synchronize()
+    torch.cuda._sleep(int(2e9))  # about a second on a ~2 GHz GPU: longer than the steps take to issue
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    ms = (time.perf_counter() - t0) * 1e3 / steps
+    torch.cuda.synchronize()
+    return ms
+
+
+def kernel_profile(step, steps: int = 10) -> tuple[float, list]:
+    """GPU kernel ms per step and [(ms per step, launches per step, kernel name)], largest first."""
+    from torch.profiler import ProfilerActivity, profile
+
+    step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    rows = [(e.device_time_total / 1e3 / steps, e.count / steps, e.key) for e in prof.key_averages()
+            if e.device_time_total > 0]
+    rows.sort(reverse=True)
+    return sum(r[0] for r in rows), rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", default="layer_norm,softmax,gpt_block")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--quick", action="store_true", help="tiny sizes (a smoke run)")
+    ap.add_argument("--profile", action="store_true", help="kernel and host time per step, static vs dynamic (GPU)")
     args = ap.parse_args()
     from triton.testing import do_bench
 
@@ -95,6 +129,7 @@ def main():
             runs = {"eager": (model, None), "inductor": (copy.deepcopy(model), dict(backend="inductor")),
                     "static": (copy.deepcopy(model), dict(backend=passline.backend(fallback="raise"), dynamic=False)),
                     "dynamic": (copy.deepcopy(model), dict(backend=passline.backend(fallback="raise"), dynamic=True))}
+            profiles = {}
             for run, (m, options) in runs.items():
                 torch._dynamo.reset()
                 fn = torch.compile(m, **options) if options else m
@@ -103,9 +138,14 @@ def main():
                 fn(x)  # compile (and autotune) before timing
                 times[run] = do_bench(step_fn(fn, x), warmup=10, rep=100, return_mode="median") \
                     if device == "cuda" else float("nan")
+                if args.profile and device == "cuda" and run in ("static", "dynamic", "inductor"):
+                    profiles[run] = (host_ms(step_fn(fn, x)), *kernel_profile(step_fn(fn, x)))
             print(f"| {name} | {label} | {times['eager']:.3f} | {times['inductor']:.3f} | {times['static']:.3f} "
                   f"| {times['dynamic']:.3f} | {times['dynamic'] / times['static']:.2f} "
                   f"| {errors['static']:.1e} / {errors['dynamic']:.1e} |", flush=True)
+            for run, (host, kernel, rows) in profiles.items():
+                print(f"    {name} {label} {run}: host {host:.3f} ms/step to issue, kernels {kernel:.3f} ms/step: "
+                      + "; ".join(f"{ms:.3f} ms x{n:g} {key[:60]}" for ms, n, key in rows[:8]), flush=True)
 
 
 if __name__ == "__main__":

@@ -45,7 +45,17 @@ class LlamaBlock(torch.nn.Module):
         return self.mlp(self.norm2(x))
 
 
+class ConvPool1d(torch.nn.Sequential):
+    """adaptive_avg_pool1d saves an unsqueezed (b, c, 1, L) activation that arrives with stride 0 on its
+    size-1 dim, where its layout says L: the length once bound from it was 0 (a segfault in the extern)."""
+
+    def __init__(self):
+        super().__init__(torch.nn.Conv1d(3, 5, 3, padding=1), torch.nn.BatchNorm1d(5), torch.nn.GELU(),
+                         torch.nn.AdaptiveAvgPool1d(2))
+
+
 MODELS = {
+    "conv1d_pool": (ConvPool1d, [(2, 3, 5), (2, 3, 7), (3, 3, 13)]),
     "gpt": (TransformerBlock, [(2, 8, 32), (2, 13, 32), (3, 5, 32)]),
     "llama": (LlamaBlock, [(2, 8, 32), (2, 11, 32), (3, 17, 32)]),  # batch 1 would specialize
     # height != width on the first call: dynamo's duck sizing would otherwise tie them and recompile
@@ -149,3 +159,20 @@ def test_random_programs_with_symbolic_sizes_match_eager(program):
     ours = torch.compile(program, backend=be, dynamic=True)(*program.inputs)
     for a, b in zip(ours, program(*program.inputs)):
         torch.testing.assert_close(a, b, **tolerance(b.dtype), equal_nan=True)
+
+
+def test_a_size_is_never_bound_from_a_size_one_dims_stride():
+    """The stride of a size-1 dim is anything: a symbol is bound from it only when nothing else binds it."""
+    import sympy
+
+    from passline.backends.reference import _Bindings
+    from passline.ir import Buffer, Layout
+    from passline.lowering import GraphInput
+    from passline.pipeline import SchedulerGraph
+
+    s0, s1 = sympy.symbols("s0 s1", integer=True, positive=True)
+    first = GraphInput("a", buffer=Buffer("a", Layout((2, 1, s0), (s0, s0, 1), torch.float32)))
+    only = GraphInput("b", buffer=Buffer("b", Layout((1, 3), (s1, 1), torch.float32)))
+    graph = SchedulerGraph([first, only])
+    bind = _Bindings(graph, [torch.randn(2, 1, 7).as_strided((2, 1, 7), (7, 0, 1)), torch.randn(1, 3)])
+    assert bind.values == {s0: 7, s1: 3}

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 
+import attrs
 import pytest
 import sympy
 import torch
@@ -390,6 +391,59 @@ def test_scatter_is_ordered_before_later_readers_and_verify_checks_it():
     g.nx.remove_edge("sc", "out")  # what a careless pass could do: the read no longer waits for the write
     with pytest.raises(VerificationError, match="not ordered with out"):
         g.verify()
+
+
+def test_replacing_a_group_keeps_its_side_of_a_scatter():
+    """A fused group's program position is its first member's: one whose later member reads a scatter's
+    result sits *before* the scatter in program order. Replacing that group (fuse's loop split does)
+    once re-derived its edges from that position and put the read before the scatter."""
+    from passline.ir import FusedNode
+
+    g = _scatter_graph(read_after=True)
+    (i0,) = loop_vars("i", 1)
+    early = Pointwise("early", (5,), Load("src", sympy.S.Zero, torch.float32),
+                      Buffer("early", Layout.contiguous((5,), torch.float32)))
+    g.add_node(early, order=-1)  # runs first, fused below with `out`, the scatter's reader
+    group = FusedNode("group", (g.node("early"), g.node("out")), (sympy.Integer(5),), ())
+    g.merge(["early", "out"], group)
+    assert g.has_path("sc", "group")
+    g.replace_node("group", attrs.evolve(group))
+    assert g.has_path("sc", "group") and not g.has_path("group", "sc")
+    g.verify()
+
+
+def test_a_node_added_before_a_scatter_still_reads_its_result():
+    """A buffer the graph makes and then scatters into is read for its final value, wherever the reader's
+    program position says it runs: a group (mix_order_reduction's, split_reductions' nodes) takes its
+    first member's position, which may come before the scatter."""
+    g = _scatter_graph(read_after=True)
+    (i0,) = loop_vars("i", 1)
+    out = Buffer("late", Layout.contiguous((5,), torch.float32))
+    late = Pointwise("late", (5,), Load("acc", i0, torch.float32), out)
+    g.add_node(late, order=-1)  # program order says first; the scatter's write says after it
+    assert g.has_path("sc", "late") and not g.has_path("late", "sc")
+    g.verify()
+
+
+def test_softmax_topk_backward_mixes_after_the_scatter():
+    """topk's backward scatters into zeros; the softmax backward reading it and the bias gradient's column
+    sum became a MixOrderNode placed at its first member's position, before the scatter (an MoE router's
+    gradients all wrong)."""
+    def fn(x, b):
+        probs = (x + b).softmax(-1)
+        return probs.topk(2, dim=-1).values, probs.mean(0)
+
+    for codegen in ("reference", "triton"):
+        be = assert_matches_eager(fn, [_g(10, 4), _g(4)], codegen=codegen)
+        assert be.reports[1].metrics.counters["codegen_mix_order_reduction"] == 1
+
+
+def test_interpolate_and_reflection_pad_backward_sum_their_scatters():
+    """The two backwards scatter-add into zero-filled buffers that a later sum reads; fuse put the sum's
+    group on the wrong side of the scatters (every gradient element wrong)."""
+    fn = lambda x: (F.interpolate(x, size=(4, 9), mode="bilinear", align_corners=True),  # noqa: E731
+                    F.pad(x, (1, 2, 2, 1), mode="reflect"))
+    assert_matches_eager(fn, [_g(2, 3, 5, 6)], codegen="reference")
 
 
 def test_dce_keeps_a_read_scatter_and_removes_an_unread_one():

@@ -13,7 +13,7 @@ import torch
 from modules import RMSNorm
 
 import passline
-from passline.testing import tolerance
+from passline.testing import assert_matches_eager, tolerance
 
 CODEGENS = ["reference", "triton"]
 DEVICE = os.environ.get("PASSLINE_TEST_DEVICE") or "cpu"  # benchmarks/gpu_check.sh sets cuda
@@ -291,3 +291,12 @@ def test_a_misaligned_input_view_is_read_right():
     for x in (aligned, shifted, aligned):
         torch.testing.assert_close(compiled(x, w), fn(x, w), **tolerance(torch.float32))
     assert len(be.reports) == 1  # one graph for both: alignment is passline's concern, not a recompile
+
+
+@pytest.mark.parametrize("codegen", CODEGENS)
+def test_channel_shuffle_keeps_channels_last(codegen):
+    # torch's decomposition of channel_shuffle clones to contiguous; eager keeps the input's memory format
+    x = torch.randn(2, 6, 4, 5).contiguous(memory_format=torch.channels_last).requires_grad_()
+    assert_matches_eager(lambda x: torch.nn.functional.channel_shuffle(x * 2, 3), [x], codegen=codegen)
+    y = torch.randn(2, 4, 7, requires_grad=True)
+    assert_matches_eager(lambda x: torch.nn.functional.channel_shuffle(x, 2), [y], codegen=codegen)

@@ -184,3 +184,27 @@ def test_verify_rejects_an_in_place_write_into_a_non_input():
     graph.add_node(Pointwise("w", (4,), Load("a", 3 - i0, torch.float32), a, in_place=True))
     with pytest.raises(VerificationError, match="other points"):
         graph.verify()
+
+
+@pytest.mark.parametrize("codegen", CODEGENS)
+def test_a_compiled_output_can_be_written_in_place(codegen):
+    """What a graph break leaves to eager (`y[i[0]] = ...` after compiled scatters): the user writes into a
+    tensor the compiled graph returned. The reference backend returned every output as an as_strided view
+    of its buffer, which autograd refuses to write in place (a view made inside a custom Function)."""
+    def fn(a, i):
+        y = torch.zeros(5, 3)
+        y.index_add_(0, i, a)
+        return y, y * 2
+
+    a = torch.randn(4, 3, requires_grad=True)
+    i = torch.tensor([0, 2, 2, 4])
+    torch._dynamo.reset()
+    y, z = torch.compile(fn, backend=passline.backend(codegen=codegen, fallback="raise"))(a, i)
+    y[1] = z[2] * 3
+    (y * torch.arange(15.0).view(5, 3)).sum().backward()
+    ae = a.detach().clone().requires_grad_()
+    ye, ze = fn(ae, i)
+    ye[1] = ze[2] * 3
+    (ye * torch.arange(15.0).view(5, 3)).sum().backward()
+    torch.testing.assert_close(y, ye)
+    torch.testing.assert_close(a.grad, ae.grad)

@@ -279,6 +279,14 @@ def test_dump_dir_from_settings(tmp_path):
     assert list(tmp_path.glob("forward*/000-input.txt")) or list(tmp_path.glob("inference*/000-input.txt"))
 
 
+def test_dumps_draw_mix_order_nodes(tmp_path):
+    # a MixOrderNode has no ranges of its own: the .dot label once raised AttributeError mid-compile
+    with passline.settings(dump_dir=str(tmp_path)):
+        assert_matches_eager(torch.nn.LayerNorm(8), [torch.randn(16, 8, requires_grad=True)], codegen="reference")
+    (dot,) = tmp_path.glob("backward*/*-mix_order_reduction.dot")
+    assert "mix_order [16 | 8]" in dot.read_text()
+
+
 def test_metric_tables(tmp_path):
     with passline.settings(metric_tables="graph_stats,kernel_metadata,pass_stats", metric_dir=str(tmp_path)):
         assert_matches_eager(lambda x: (x * 2).sum(1), [torch.randn(4, 8)], pipeline="dce")

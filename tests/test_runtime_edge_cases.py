@@ -105,6 +105,15 @@ def test_bool_and_integer_tensors():
     _triton(fn, [a, b, i])
 
 
+@pytest.mark.parametrize("codegen", ["reference", "triton"])
+def test_cumprod_backward_argmaxes_bools(codegen):
+    """cumprod's backward finds each row's first zero with an argmax over bools, which torch.argmax
+    (the reference backend's, the oracle's) refuses: the reference backend argmaxes them as uint8."""
+    x = torch.randn(3, 5, 7)
+    x[0, 1, 2] = x[2, 3, 0] = 0.0  # rows with a zero take the backward's other branch
+    assert_matches_eager(lambda x: torch.cumprod(x, -1), [x.requires_grad_()], codegen=codegen)
+
+
 def test_python_scalars_and_bfloat16():
     x = torch.randn(8, 8, dtype=torch.bfloat16, requires_grad=True)
     _triton(lambda x: (torch.pow(x, 2.0) * 0.5 + 3, torch.logical_or(x, x > 1), torch.logical_not(x),

@@ -57,8 +57,9 @@ def _evaluate(layout, t: torch.Tensor) -> tuple | None:
     for e, actual in zip(layout.size, t.shape):
         if isinstance(e, sympy.Symbol):
             values[e] = int(actual)
-    for e, actual in zip(layout.stride, t.stride()):
-        if isinstance(e, sympy.Symbol):  # a stride that is a symbol of its own is whatever it is
+    for e, actual, n in zip(layout.stride, t.stride(), layout.size):
+        # a stride that is a symbol of its own is whatever it is, except on a size-1 dim (anything there)
+        if isinstance(e, sympy.Symbol) and n != 1:
             values.setdefault(e, int(actual))
     try:
         return tuple(int(sympy.sympify(s).xreplace(values)) for s in layout.stride)

@@ -40,6 +40,28 @@ def _torch_op(name: str) -> Callable:
     return _TORCH_OPS.get(name) or getattr(torch, name)
 
 
+def size_sources(graph: SchedulerGraph) -> list[tuple[sympy.Symbol, int, str, int]]:
+    """Where each size symbol's value comes from at run time (dynamic shapes), for both backends:
+    (symbol, input position, "int" | "size" | "stride", dim), the first source of each symbol only —
+    SymInt inputs, then tensor sizes, then strides, the stride of a size-1 dim last: it addresses
+    nothing and may be anything (a saved unsqueeze arrives with stride 0 where its layout says `s1`;
+    bound from it, every size made of s1 was 0, and an extern read out of bounds)."""
+    found: dict = {}
+    for k, inp in enumerate(graph.inputs):
+        if inp.symbol is not None and isinstance(inp.symbol, sympy.Symbol):
+            found.setdefault(inp.symbol, (inp.symbol, k, "int", 0))
+    for kind, size_one in (("size", None), ("stride", False), ("stride", True)):
+        for k, inp in enumerate(graph.inputs):
+            if inp.buffer is None or (inp.symbol is not None and isinstance(inp.symbol, sympy.Symbol)):
+                continue
+            lay = inp.buffer.layout
+            for d, (n, st) in enumerate(zip(lay.size, lay.stride)):
+                e = n if kind == "size" else st
+                if isinstance(e, sympy.Symbol) and (size_one is None or size_one == (n == 1)):
+                    found.setdefault(e, (e, k, kind, d))
+    return list(found.values())
+
+
 class _Bindings:
     """Values of size symbols for one call (dynamic shapes); evaluates sympy to Python ints."""
 
@@ -47,14 +69,9 @@ class _Bindings:
         self._memo: dict = {}
         self.plans: dict = {}  # what a runner derives from these sizes (allocations), kept with them
         self.values: dict[sympy.Symbol, int] = {}
-        for inp, arg in zip(graph.inputs, args):
-            if inp.symbol is not None and isinstance(inp.symbol, sympy.Symbol):
-                self.values[inp.symbol] = int(arg)
-            elif inp.buffer is not None:
-                lay = inp.buffer.layout
-                for e, actual in zip(lay.size + lay.stride, tuple(arg.shape) + tuple(arg.stride())):
-                    if isinstance(e, sympy.Symbol):
-                        self.values[e] = int(actual)
+        for sym, k, kind, d in size_sources(graph):
+            arg = args[k]
+            self.values[sym] = int(arg) if kind == "int" else arg.shape[d] if kind == "size" else arg.stride(d)
 
     def int(self, e) -> int:
         if isinstance(e, (int, bool)):
@@ -183,7 +200,12 @@ class ReferenceRunner:
     def _output(self, o, env, bind: _Bindings):
         if isinstance(o, TensorArg):
             t = env[o.buffer]
-            return t.as_strided(bind.ints(o.size), bind.ints(o.stride), t.storage_offset() + bind.int(o.offset))
+            size, stride, offset = bind.ints(o.size), bind.ints(o.stride), bind.int(o.offset)
+            if offset == 0 and list(t.shape) == size and list(t.stride()) == stride:
+                # the buffer itself, not a view of it (as the Triton wrapper): autograd forbids writing in
+                # place into a view made inside a custom Function, and a user may write into an output
+                return t
+            return t.as_strided(size, stride, t.storage_offset() + offset)
         if isinstance(o, sympy.Basic):
             return runtime_value(o, bind.values)
         return o
@@ -308,6 +330,8 @@ def _reduce(rtype: str, x: torch.Tensor) -> torch.Tensor:
         return x.amax(-1)
     if rtype == "min":
         return x.amin(-1)
+    if rtype in ("argmax", "argmin") and x.dtype == torch.bool:
+        x = x.to(torch.uint8)  # torch's argmax refuses bool (cumprod's backward finds its first zero so)
     if rtype == "argmax":
         return x.argmax(-1)
     if rtype == "argmin":

@@ -33,6 +33,20 @@ _scaled_dot_product_flash_attention _scaled_dot_product_efficient_attention
 _scaled_dot_product_cudnn_attention""".split()
 
 
+def _channel_shuffle(x, groups: int):
+    """channel_shuffle keeping the input's memory format, as eager does: torch's decomposition clones to
+    contiguous, so a channels_last ShuffleNet activation came back with other strides than eager's."""
+    from torch._prims_common import suggest_memory_format
+
+    n, c = x.shape[0], x.shape[1]
+    y = x.view(n, groups, c // groups, *x.shape[2:]).transpose(1, 2).reshape(x.shape)
+    return y.contiguous(memory_format=suggest_memory_format(x))
+
+
+# ours in place of torch's (each says why)
+OVERRIDES = {"channel_shuffle": _channel_shuffle, "native_channel_shuffle": _channel_shuffle}
+
+
 def _packets(names):
     """The op packets of this torch version among `names` (some ops are newer than others)."""
     return [getattr(aten, n) for n in names if hasattr(aten, n)]
@@ -52,4 +66,7 @@ def _table() -> dict:
     for packet in _packets(KEEP):
         for name in packet.overloads():
             table.pop(getattr(packet, name), None)
+    for name, fn in OVERRIDES.items():
+        if hasattr(aten, name):
+            table[getattr(aten, name).default] = fn
     return table

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from ..ir import Extern, Reduction, loads, members
+from ..ir import Extern, MixOrderNode, Reduction, loads, members
 
 
 def _safe(name: str) -> str:
@@ -18,6 +18,8 @@ def _safe(name: str) -> str:
 def _label(node) -> str:
     if isinstance(node, Extern):
         return f"{node.name}\\nextern {node.op}"
+    if isinstance(node, MixOrderNode):  # no ranges of its own: rows x columns
+        return f"{node.name}\\nmix_order [{node.rows} | {node.columns}]"
     ranges = ", ".join(map(str, node.ranges))
     extra = ""
     if isinstance(node, Reduction):

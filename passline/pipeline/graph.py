@@ -183,7 +183,10 @@ class SchedulerGraph:
         return False
 
     # -- edits ------------------------------------------------------------------------------------
-    def add_node(self, node, order: int | None = None) -> None:
+    def add_node(self, node, order: int | None = None, before=_EMPTY, after=_EMPTY) -> None:
+        """Add `node`; edges follow from its reads and writes. Around an in-place write, program order
+        says which side of it a reader of the buffer runs on, unless `before` / `after` name nodes known
+        to run before / after this one (replace_node passes those the old node was ordered with)."""
         if node.name in self.nx:
             raise ValueError(f"node {node.name} already in the graph")
         self.nx.add_node(node.name, node=node, order=next(self._order) if order is None else order)
@@ -193,7 +196,7 @@ class SchedulerGraph:
             self._readers.setdefault(b, set()).add(node.name)
         for b in getattr(node, "mutates", ()):
             self._mutators.setdefault(b, set()).add(node.name)
-        self._connect(node)
+        self._connect(node, before, after)
 
     def remove_node(self, name: str) -> None:
         node = self.node(name)
@@ -210,8 +213,26 @@ class SchedulerGraph:
     def replace_node(self, name: str, new) -> None:
         """Put `new` where `name` was (same program position); edges are recomputed from reads."""
         order = self.nx.nodes[name]["order"]
+        # the nodes ordered with it around an in-place write keep their side of it (program order cannot
+        # tell: a fused group's order is its first member's, which says nothing of where its later
+        # members read a buffer a scatter writes in place)
+        before, after = set(), set()
+        for v in self._in_place_partners(self.node(name)) | self._in_place_partners(new):
+            if v != name and v in self.nx:
+                if nx.has_path(self.nx, v, name):
+                    before.add(v)
+                elif nx.has_path(self.nx, name, v):
+                    after.add(v)
         self.remove_node(name)
-        self.add_node(new, order=order)
+        self.add_node(new, order=order, before=before, after=after)
+
+    def _in_place_partners(self, node) -> set:
+        """The nodes an in-place write orders `node` with: the writers of what it reads, and the readers
+        and other writers of what it writes in place."""
+        out = {m for b in node.read_names() for m in self._mutators.get(b, ())}
+        for b in getattr(node, "mutates", ()):
+            out |= self._readers.get(b, _EMPTY) | self._mutators.get(b, _EMPTY)
+        return out
 
     def move(self, name: str, before: str | None = None) -> None:
         """Give node `name` the program position just before node `before` (None: after every node).
@@ -284,8 +305,9 @@ class SchedulerGraph:
         else:
             d["buffers"].update(buffers)
 
-    def _connect(self, node) -> None:
-        """Edges from the producers of what `node` reads, and to the nodes reading what it writes."""
+    def _connect(self, node, before=_EMPTY, after=_EMPTY) -> None:
+        """Edges from the producers of what `node` reads, and to the nodes reading what it writes; around
+        in-place writes, from the nodes in `before` and to those in `after`, else by program order."""
         me = node.name
         for b in node.read_names():
             p = self._producer.get(b)
@@ -299,20 +321,33 @@ class SchedulerGraph:
         # one (a scatter into a buffer, then a read of the result: the read depends on the scatter)
         data = self.nx.nodes
         mine = data[me]["order"]
+
+        inputs = {i.name for i in self.inputs if i.buffer is not None}
+        mutators = self._mutators
+
+        def runs_before(v, b: str, v_writes: bool, me_writes: bool) -> bool | None:
+            """Does v run before this node, around the in-place write of b one of them does?"""
+            if v in before or v in after:
+                return v in before
+            if b not in inputs and v_writes != me_writes:
+                # a buffer the graph makes and then writes in place (a scatter into its initial value) is
+                # read for its final value: every reader after every writer. Program order cannot tell
+                # for a group, whose order is its first member's
+                return v_writes
+            return None if data[v]["order"] == mine else data[v]["order"] < mine
+
         for b in getattr(node, "mutates", ()):
-            for v in (*self._readers.get(b, ()), *self._mutators.get(b, ())):  # two writers keep their order
-                if v != me and data[v]["order"] < mine:
-                    self._edge(v, me, (b,))
-                elif v != me and data[v]["order"] > mine:
-                    self._edge(me, v, (b,))
+            for v in (*self._readers.get(b, ()), *mutators.get(b, ())):  # two writers keep their order
+                first = None if v == me else runs_before(v, b, v in mutators.get(b, ()), True)
+                if first is not None:
+                    self._edge(*((v, me) if first else (me, v)), (b,))
         # and a reader (re)added around a mutation: after an earlier one, before a later one (a reader of
         # an input's old value that a pass replaces must still run before the write into the input)
         for b in node.read_names():
-            for m in self._mutators.get(b, ()):
-                if m != me and data[m]["order"] < mine:
-                    self._edge(m, me, (b,))
-                elif m != me and data[m]["order"] > mine:
-                    self._edge(me, m, (b,))
+            for m in mutators.get(b, ()):
+                first = None if m == me else runs_before(m, b, True, b in getattr(node, "mutates", ()))
+                if first is not None:
+                    self._edge(*((m, me) if first else (me, m)), (b,))
 
     def copy(self) -> "SchedulerGraph":
         g = SchedulerGraph(self.inputs, self.outputs)

@@ -19,7 +19,7 @@ import torch
 from ...ir import TensorArg
 from ...ir.index import FloorDiv, ModularIndexing, product
 from ...lowering.sizes import runtime_value
-from ..reference import conform_result
+from ..reference import conform_result, size_sources
 from . import compat
 from .kernel import overwritable
 
@@ -116,20 +116,11 @@ class CallWriter:
 
     def bind_sizes(self) -> None:
         """Size symbols from the inputs: a SymInt argument, or a tensor's size or stride."""
-        for k, inp in enumerate(self.graph.inputs):
-            if inp.symbol is not None and isinstance(inp.symbol, sympy.Symbol) and inp.symbol not in self.syms:
-                self.syms[inp.symbol] = _ident(inp.symbol.name, "s_")
-                self.emit(f"{self.syms[inp.symbol]} = int(args[{k}])")
-            elif inp.buffer is not None:
-                lay = inp.buffer.layout
-                for d, e in enumerate(lay.size):
-                    if isinstance(e, sympy.Symbol) and e not in self.syms:
-                        self.syms[e] = _ident(e.name, "s_")
-                        self.emit(f"{self.syms[e]} = args[{k}].shape[{d}]")
-                for d, e in enumerate(lay.stride):
-                    if isinstance(e, sympy.Symbol) and e not in self.syms:
-                        self.syms[e] = _ident(e.name, "s_")
-                        self.emit(f"{self.syms[e]} = args[{k}].stride({d})")
+        for sym, k, kind, d in size_sources(self.graph):
+            self.syms[sym] = _ident(sym.name, "s_")
+            value = f"int(args[{k}])" if kind == "int" else f"args[{k}].shape[{d}]" if kind == "size" else \
+                f"args[{k}].stride({d})"
+            self.emit(f"{self.syms[sym]} = {value}")
         self.dynamic = bool(self.syms)
 
     # -- values -------------------------------------------------------------------------------------------
