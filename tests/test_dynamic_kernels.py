@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import passline
-from passline.backends.reference import _Bindings
+from passline.backends.reference import _Bindings, size_sources
 from passline.backends.triton import kernel as kgen
 from passline.backends.triton.cache import KernelCache
 from passline.backends.triton.runner import TritonRunner
@@ -38,7 +38,7 @@ def _gpu_kernels(fn, x, dynamic: bool, tmp_path, monkeypatch, split: int = 64) -
     jobs = {}
     for report in be.reports:
         runner = TritonRunner(report.graph, interpret=False, cache=KernelCache(tmp_path / "passline"))
-        bind = _Bindings(report.graph, report.inputs)
+        bind = _Bindings(size_sources(report.graph), report.inputs)
         for kind, _, data in runner.steps:
             if kind not in ("kernel", "mix"):
                 continue

@@ -65,11 +65,12 @@ def size_sources(graph: SchedulerGraph) -> list[tuple[sympy.Symbol, int, str, in
 class _Bindings:
     """Values of size symbols for one call (dynamic shapes); evaluates sympy to Python ints."""
 
-    def __init__(self, graph: SchedulerGraph, args):
+    def __init__(self, sources: list, args):
+        """`sources`: `size_sources(graph)`, computed once per runner (it walks every input's layout)."""
         self._memo: dict = {}
         self.plans: dict = {}  # what a runner derives from these sizes (allocations), kept with them
         self.values: dict[sympy.Symbol, int] = {}
-        for sym, k, kind, d in size_sources(graph):
+        for sym, k, kind, d in sources:
             arg = args[k]
             self.values[sym] = int(arg) if kind == "int" else arg.shape[d] if kind == "size" else arg.stride(d)
 
@@ -166,6 +167,7 @@ class ReferenceRunner:
         self.graph = graph
         self.nodes = graph.nodes()
         self.buffers = graph.buffers()
+        self.sources = size_sources(graph)  # where each call's size symbols are read (dynamic shapes)
         keep = graph.output_names() | set(graph.input_buffers())
         last_use: dict[str, int] = {}
         for k, node in enumerate(self.nodes):
@@ -178,7 +180,7 @@ class ReferenceRunner:
                 self.free_after.setdefault(k, []).append(b)
 
     def __call__(self, *args):
-        bind = _Bindings(self.graph, args)
+        bind = _Bindings(self.sources, args)
         env: dict[str, torch.Tensor] = {}
         for inp, arg in zip(self.graph.inputs, args):
             if inp.buffer is not None:

@@ -724,7 +724,7 @@ class TritonRunner:
         """The sizes of this call, for what the generated call leaves to the reference backend (nodes it
         could not generate, nodes with no points). A binding memoizes its sympy -> int conversions, so
         calls with sizes seen before reuse theirs."""
-        bind = _Bindings(self.graph, args)
+        bind = _Bindings(self.reference.sources, args)
         if not bind.values:
             self._bind = self._bind or bind
             return self._bind
