@@ -295,7 +295,8 @@ def test_a_misaligned_input_view_is_read_right():
 
 @pytest.mark.parametrize("codegen", CODEGENS)
 def test_channel_shuffle_keeps_channels_last(codegen):
-    # torch's decomposition of channel_shuffle clones to contiguous; eager keeps the input's memory format
+    # torch's decomposition of channel_shuffle clones to contiguous; eager keeps the input's memory format on
+    # the CPU and returns a contiguous tensor on CUDA: the output's strides must be eager's on each
     x = torch.randn(2, 6, 4, 5).contiguous(memory_format=torch.channels_last).requires_grad_()
     assert_matches_eager(lambda x: torch.nn.functional.channel_shuffle(x * 2, 3), [x], codegen=codegen)
     y = torch.randn(2, 4, 7, requires_grad=True)

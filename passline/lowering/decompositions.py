@@ -34,12 +34,16 @@ _scaled_dot_product_cudnn_attention""".split()
 
 
 def _channel_shuffle(x, groups: int):
-    """channel_shuffle keeping the input's memory format, as eager does: torch's decomposition clones to
-    contiguous, so a channels_last ShuffleNet activation came back with other strides than eager's."""
+    """channel_shuffle with eager's output layout on each device: eager's CPU kernel keeps the input's
+    memory format (torch's decomposition clones to contiguous, so a channels_last ShuffleNet activation
+    came back with other strides than eager's), while on CUDA eager returns a contiguous tensor (seen on
+    an H200, torch 2.11: (120, 20, 5, 1) for a channels_last (2, 6, 4, 5) input)."""
     from torch._prims_common import suggest_memory_format
 
     n, c = x.shape[0], x.shape[1]
     y = x.view(n, groups, c // groups, *x.shape[2:]).transpose(1, 2).reshape(x.shape)
+    if x.device.type != "cpu":
+        return y.contiguous()
     return y.contiguous(memory_format=suggest_memory_format(x))
 
 
