@@ -80,8 +80,6 @@ def allocator(device):
     """`empty(size, stride, dtype)` on `device`: dynamo's C++ allocation entry point where this torch
     has it (about 0.6 µs against 2 µs for torch.empty_strided's argument parsing; it allocates on the
     current device, so the generated call checks that first), else torch.empty_strided."""
-    import torch
-
     def slow(size, stride, dtype):
         return torch.empty_strided(size, stride, dtype=dtype, device=device)
 
@@ -107,8 +105,6 @@ def current_stream(device_index: int) -> int:
     """The raw CUDA stream handle Triton launches on for a device: torch's C entry point where this build
     has it (what Inductor's launchers call; `torch.cuda.current_stream` builds a Stream object per call, a
     few µs on every graph call), else the Stream's handle."""
-    import torch
-
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
     if raw is not None:
         return raw(device_index)
@@ -117,8 +113,6 @@ def current_stream(device_index: int) -> int:
 
 def _counts(t) -> tuple:
     """References to tensor `t`: Python's to the object, C++'s to its TensorImpl, and to its storage."""
-    import torch
-
     return sys.getrefcount(t), t._use_count(), torch._C._storage_Use_Count(t.untyped_storage()._cdata)
 
 
@@ -133,7 +127,6 @@ def _refs(o) -> int:
 def _storage_alone() -> int | None:
     """The storage count `_counts` gives for a tensor that nothing else shares storage with, on this torch
     (measured, not assumed); None where torch lacks the counts (nothing is overwritten then)."""
-    import torch
     from torch.utils._python_dispatch import _disable_current_modes
 
     try:
@@ -162,8 +155,6 @@ def _capturing() -> bool:
     """Whether a CUDA graph is being captured: a capture replays this call's decision on later calls, whose
     inputs sit at the same addresses but may be held by someone (cudagraphs.py reads such inputs in place),
     so nothing is taken over while capturing."""
-    import torch
-
     return torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()
 
 
