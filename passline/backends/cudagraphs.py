@@ -20,8 +20,8 @@ uncaptured.
 Outputs are the graph's own buffers, not copies: a replay returns fresh tensors over the same memory.
 That memory is overwritten by the next replay, so a replay happens only when nothing holds the previous
 replay's outputs any more (their storages' reference counts); while something does (the caller kept an
-activation, or gradients accumulate across steps into a `.grad` that took the previous output), the call
-runs uncaptured, into fresh memory, and the report counts it. Small outputs (a loss, up to
+activation, or a `.grad` that took a replay's gradient is kept, zeroed in place rather than set to None),
+the call runs uncaptured, into fresh memory, and the report counts it. Small outputs (a loss, up to
 `SMALL_BYTES`) are returned as copies, so that a loss kept in a variable across steps blocks no replay.
 """
 from __future__ import annotations
