@@ -171,6 +171,39 @@ def test_inputs_written_in_place_are_restored_before_the_fallback(sign_flip):
     torch.testing.assert_close(out, fn(x0.clone()))
 
 
+def test_random_graphs_are_checked_on_the_runners_draws():
+    """The oracle draws a dropout's mask from the generator state the compiled runner started from (it
+    used to draw a new one and call every dropout graph wrong); the user's generator ends where eager's does."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(13, 24), torch.nn.Dropout(0.3), torch.nn.Tanh(), torch.nn.Dropout(0.5))
+    be = passline.backend(codegen="reference", check=True, fallback="raise")
+    compiled = torch.compile(model, backend=be)
+    x = torch.randn(9, 13, requires_grad=True)
+    torch.manual_seed(1)
+    got = compiled(x)
+    got.backward(torch.ones_like(got))
+    after = torch.rand(3)
+    assert all(r.check.ok for r in be.reports) and len(be.reports) == 2
+    torch.manual_seed(1)
+    torch.testing.assert_close(got, model(x))  # the same masks as eager, and the same draws after it
+    torch.testing.assert_close(after, torch.rand(3))
+
+
+def test_wrong_pass_on_a_random_graph_is_bisected_with_the_same_draws(sign_flip):
+    torch._dynamo.reset()
+    be = passline.backend(pipeline=f"dce, {sign_flip}", codegen="reference", check=True)
+    fn = lambda x: (torch.nn.functional.dropout(x * 2 + 1, 0.5).exp() - 3).tanh()
+    x = torch.randn(8, 4)
+    torch.manual_seed(2)
+    with pytest.warns(UserWarning, match=f"graph inference0 .*{sign_flip}.*decision #3"):
+        got = torch.compile(fn, backend=be)(x)
+    after = torch.rand(3)
+    torch.manual_seed(2)
+    torch.testing.assert_close(got, fn(x))  # the fallback drew the runner's mask
+    torch.testing.assert_close(after, torch.rand(3))  # and the probes drew nothing of the user's
+
+
 def test_a_failing_oracle_leaves_the_graph_compiled_and_says_so(monkeypatch):
     class Failing(check_module.ReferenceRunner):
         def __call__(self, *args):

@@ -140,3 +140,35 @@ def test_extern_result_dtype_follows_the_ir():
     ours = torch.compile(fn, backend=be)(x, w, b, m.clone(), v.clone())
     for a, e in zip(ours, fn(x, w, b, m.clone(), v.clone())):
         torch.testing.assert_close(a.float(), e.float(), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("codegen", ["reference", "triton"])
+def test_checkpointed_dropout_replays_its_mask(codegen):
+    """torch.utils.checkpoint around a dropout: aot_autograd wraps the dropout in run_and_save_rng_state
+    (forward) and run_with_rng_state (backward's recomputation), higher-order operators passline refused
+    ("not an aten op"). Now externs: the same masks as eager from the same seed, forward and backward."""
+    import copy
+
+    from torch.utils.checkpoint import checkpoint
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    block = torch.nn.Sequential(torch.nn.Linear(12, 13), torch.nn.GELU(), torch.nn.Dropout(0.3),
+                                torch.nn.Linear(13, 12))
+    compiled_block = copy.deepcopy(block)
+    be = passline.backend(fallback="raise", codegen=codegen, check=True)
+    compiled = torch.compile(lambda x: checkpoint(compiled_block, x, use_reentrant=False).sin(), backend=be)
+    for seed in (1, 2):
+        x = torch.randn(3, 5, 12)
+        xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+        torch.manual_seed(seed)
+        want = checkpoint(block, xa, use_reentrant=False).sin()
+        want.backward(torch.ones_like(want))
+        torch.manual_seed(seed)
+        got = compiled(xb)
+        got.backward(torch.ones_like(got))
+        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(xb.grad, xa.grad)
+        for p, q in zip(compiled_block.parameters(), block.parameters()):
+            torch.testing.assert_close(p.grad, q.grad)
+    assert len(be.reports) == 2 and all(r.check.ok for r in be.reports)

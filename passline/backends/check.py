@@ -123,6 +123,34 @@ def _as_list(out) -> list:
     return list(out) if isinstance(out, (tuple, list)) else [out]
 
 
+def draws_random(gm: torch.fx.GraphModule) -> bool:
+    """Whether the graph draws from the random generators: an op tagged nondeterministic_seeded (dropout,
+    rand_like, bernoulli...) or the rng-state operators activation checkpointing wraps around them."""
+    for n in gm.graph.nodes:
+        if n.op != "call_function":
+            continue
+        if torch.Tag.nondeterministic_seeded in getattr(n.target, "tags", ()):
+            return True
+        if getattr(n.target, "__name__", "") in ("run_and_save_rng_state", "run_with_rng_state"):
+            return True
+    return False
+
+
+class RngStates:
+    """The default generators' states (CPU, and each CUDA device once CUDA is initialized), to draw the same
+    random numbers again: the oracle must see the numbers the compiled runner drew, or every graph with a
+    dropout would differ from it."""
+
+    def __init__(self):
+        self.cpu = torch.get_rng_state()
+        self.cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+
+    def restore(self) -> None:
+        torch.set_rng_state(self.cpu)
+        if self.cuda is not None:
+            torch.cuda.set_rng_state_all(self.cuda)
+
+
 # -- bisection -------------------------------------------------------------------------------------------
 
 @attrs.define
@@ -207,11 +235,12 @@ def culprit_report(pipeline: str, k: int, limits: dict, records: list, graph: st
 
 class GraphProber:
     """Compiles one aten graph with pass and decision limits (each probe lowers it afresh, as the backend
-    does), runs it on copies of `inputs` and compares with `expected`."""
+    does), runs it on copies of `inputs` and compares with `expected`. A graph drawing random numbers draws
+    them from the generator states `rng` (RngStates) in each probe, as `expected` was computed."""
 
-    def __init__(self, gm, example_inputs, inputs, expected, pipeline, codegen: str, **options):
+    def __init__(self, gm, example_inputs, inputs, expected, pipeline, codegen: str, rng=None, **options):
         self.gm, self.example_inputs, self.inputs, self.expected = gm, list(example_inputs), inputs, expected
-        self.pipeline, self.codegen, self.options = pipeline, codegen, options
+        self.pipeline, self.codegen, self.options, self.rng = pipeline, codegen, options, rng
         self.count = 0
 
     def backend(self, pass_limit=None, decision_limits=None):
@@ -227,6 +256,8 @@ class GraphProber:
         be = self.backend(pass_limit, decision_limits)
         try:
             runner = be.compile_aten(self.gm, self.example_inputs, "probe")
+            if self.rng is not None:
+                self.rng.restore()
             ok = matches(_as_list(runner(*_clone(self.inputs))), self.expected)
             return ok, be.reports[-1].passes, None
         except Exception as e:  # a crash (the verifier caught the pass, say) is as bad as a wrong result
@@ -234,11 +265,12 @@ class GraphProber:
 
 
 def bisect_graph(gm, example_inputs, inputs, expected, pipeline, codegen: str = "reference", name: str = "graph",
-                 **options) -> BisectReport:
+                 rng=None, **options) -> BisectReport:
     """Find the first pass run, then the first decision in it, at which compiling the aten graph `gm` with
     `pipeline` stops producing `expected` on `inputs` (e.g. the oracle's outputs). `example_inputs` are
-    what the graph is lowered with (aot_autograd's fake tensors or real ones); `options` go to Backend."""
-    prober = GraphProber(gm, example_inputs, inputs, expected, pipeline, codegen, **options)
+    what the graph is lowered with (aot_autograd's fake tensors or real ones); `rng`: the generator states
+    `expected` drew its random numbers from (RngStates), if any; `options` go to Backend."""
+    prober = GraphProber(gm, example_inputs, inputs, expected, pipeline, codegen, rng, **options)
     pipe = prober.backend().pipeline
     text = str(pipe)
     ok, _, _ = prober.probe()
@@ -329,6 +361,7 @@ class Guard:
         # positions of inputs some extern writes in place: the oracle must see them as they were
         mutated = graph.mutated_names()
         self.mutated = [k for k, inp in enumerate(graph.inputs) if inp.name in mutated]
+        self.random = draws_random(gm)
         self.call = self.first
 
     def __call__(self, *args):
@@ -339,16 +372,25 @@ class Guard:
         # copies taken before the runner wrote, and a fallback puts the originals back first.
         t0 = time.perf_counter()
         before = _clone(args) if self.mutated else None
+        # A graph that draws random numbers: the oracle (and a fallback) draws them again from the same
+        # generator states, in program order as the compiled runner does; the user's generators end where
+        # the compiled runner left them.
+        rng_before = RngStates() if self.random else None
         spent = time.perf_counter() - t0
         got = self.runner(*args)
         t0 = time.perf_counter()  # the check's cost leaves the runner's own first call out
+        rng_after = RngStates() if self.random else None
         try:
+            if rng_before is not None:
+                rng_before.restore()
             expected = self.oracle(*(_clone(before) if before is not None else args))
             mismatch = worst_mismatch(_as_list(got), expected, output_names(self.gm))
         except Exception as e:  # e.g. out of memory: the oracle's gathers take more than generated kernels
             return self._unchecked(got, e)
         finally:
             self.oracle = None  # one check per graph: free what it held
+            if rng_after is not None:
+                rng_after.restore()
         self.report.check = CheckReport(mismatch is None, self.report.name, spent + time.perf_counter() - t0,
                                         mismatch)
         if mismatch is None:
@@ -361,8 +403,10 @@ class Guard:
             with torch.no_grad():
                 for k in self.mutated:
                     args[k].copy_(before[k])
+        if rng_before is not None:
+            rng_before.restore()
         result = self.gm.forward(*args)  # the user gets eager's values, not the wrong ones
-        self._explain(inputs, expected)
+        self._explain(inputs, expected, rng_before)
         return result
 
     def _unchecked(self, got, error: Exception):
@@ -376,19 +420,22 @@ class Guard:
                       f"failed ({type(error).__name__}: {error}); it runs compiled, unchecked", stacklevel=3)
         return got
 
-    def _explain(self, inputs, expected) -> None:
+    def _explain(self, inputs, expected, rng=None) -> None:
         """Bisect the pipeline on this graph, save a reproducer, and warn (or raise)."""
         check, be, name = self.report.check, self.backend, self.report.name
         t0 = time.perf_counter()
         latest = last_report()
+        rng_user = RngStates() if rng is not None else None  # the probes' draws must not move the user's
         try:
             found = bisect_graph(self.gm, self.example_inputs, inputs, expected, be.pipeline, be.codegen, name,
-                                 verify=be.verify, kernel_variant=be.kernel_variant, cache_dir=be.cache_dir,
+                                 rng=rng, verify=be.verify, kernel_variant=be.kernel_variant, cache_dir=be.cache_dir,
                                  choice_overrides=be.choice_overrides)
         except Exception as e:  # the guard must not break the user's program while explaining it
             found = BisectReport(False, str(be.pipeline), graph=name, message=f"bisect failed: {type(e).__name__}: {e}")
         finally:
             set_last_report(latest)  # probes compile reports of their own: last_report() stays the user's
+            if rng_user is not None:
+                rng_user.restore()
         check.bisect, check.bisect_seconds = found, time.perf_counter() - t0
         located = found.pass_index is not None
         pipeline = found.minimal_pipeline if located else str(be.pipeline)

@@ -16,7 +16,7 @@ from ..ir.index import sympify
 from . import cat, choices, indexing, mutation, pointwise, reductions, views  # noqa: F401  (fill the lowering table)
 from .context import GraphInput, LoweringContext, Program, dense_order, hint, strides_in_order
 from .decompositions import decomposition_table
-from .extern import lower_extern, touches_complex
+from .extern import is_rng_state_op, lower_extern, lower_rng_state_op, touches_complex
 from .registry import LOWERINGS, lowering
 from .sizes import is_size_node, size_value
 from .tensor import TensorRef
@@ -140,6 +140,8 @@ def _lower_call(ctx: LoweringContext, n: torch.fx.Node, env):
         result = fn(ctx, n, *args, **kwargs)
         if result is not NotImplemented:
             return result
+    if is_rng_state_op(n.target):
+        return lower_rng_state_op(ctx, n, args, kwargs)
     if not isinstance(n.target, torch._ops.OpOverload):
         raise NotImplementedError(f"passline cannot run {n.target!r} (not an aten op): {n.format_node()}")
     return lower_extern(ctx, n, args, kwargs)

@@ -5,6 +5,7 @@ Complex tensors always go this way: the loop-level IR is real-valued.
 from __future__ import annotations
 
 import torch
+from torch.utils._pytree import tree_leaves
 
 from ..ir import Extern, comm_kind
 from .context import LoweringContext
@@ -80,3 +81,70 @@ def touches_complex(node: torch.fx.Node) -> bool:
     for v in vals:
         flat.extend(v if isinstance(v, (list, tuple)) else [v])
     return any(isinstance(v, torch.Tensor) and v.is_complex() for v in flat)
+
+
+# Activation checkpointing (torch.utils.checkpoint inside a compiled model) wraps each random op of the
+# checkpointed region in two higher-order operators, so that the backward's recomputation draws the same
+# numbers as the forward: `run_and_save_rng_state(op, *args)` returns (the generator's state, op(*args))
+# in the forward, and `run_with_rng_state(state, op, *args)` runs op(*args) from that state in the
+# backward. Neither is an aten op (no schema, no meta value on the FX node), so each becomes an Extern
+# calling the operator through RngStateOp, which returns its results as one flat tuple.
+RNG_STATE_OPS = ("run_and_save_rng_state", "run_with_rng_state")
+
+
+def is_rng_state_op(target) -> bool:
+    return getattr(target, "__name__", "") in RNG_STATE_OPS
+
+
+class RngStateOp:
+    """The op of such an Extern: the higher-order operator `hop` around the aten op `op`. Tagged
+    nondeterministic_seeded: it draws (or replays) random numbers, so dce keeps it and the accuracy guard
+    replays its draws. Compared by identity, printed by name."""
+
+    tags = (torch.Tag.nondeterministic_seeded,)
+
+    def __init__(self, hop, op):
+        self.hop, self.op = hop, op
+        self.__name__ = f"{hop.__name__}({op})"
+
+    def __call__(self, *args, **kwargs):
+        if self.hop.__name__ == "run_and_save_rng_state":
+            state, out = self.hop(self.op, *args, **kwargs)
+            return (state, *_flat_results(out))
+        return tuple(_flat_results(self.hop(args[0], self.op, *args[1:], **kwargs)))
+
+    def __repr__(self) -> str:
+        return self.__name__
+
+
+def _flat_results(out) -> list:
+    return list(out) if isinstance(out, (tuple, list)) else [out]
+
+
+def _rng_state_size(device: torch.device) -> int:
+    """The length of the default generator's state on `device` (a fixed size per generator kind; the FX
+    graph only knows it as an unbacked size)."""
+    if device.type == "cuda":
+        return torch.cuda.get_rng_state(device).numel()
+    return torch.get_rng_state().numel()
+
+
+def lower_rng_state_op(ctx: LoweringContext, node: torch.fx.Node, args, kwargs):
+    """An Extern for run_and_save_rng_state / run_with_rng_state; returns what the FX node's getitems index:
+    (state, op's result) for the first, op's result for the second (a tuple where op returns one)."""
+    saving = node.target.__name__ == "run_and_save_rng_state"
+    op, op_args = (args[0], args[1:]) if saving else (args[1], (args[0], *args[2:]))
+    op_node_args = node.args[1:] if saving else node.args[2:]
+    fake_args = torch.fx.node.map_arg(op_node_args, lambda a: a.meta["val"])
+    fake_kwargs = torch.fx.node.map_arg(node.kwargs, lambda a: a.meta["val"])
+    out_val = op(*fake_args, **fake_kwargs)  # the op's result on the meta values: its shapes and strides
+    outs = _flat_results(out_val)
+    if saving:  # the state is a CPU byte tensor whatever the op's device (torch.cuda.get_rng_state's too)
+        device = next(v.device for v in tree_leaves((fake_args, fake_kwargs)) if isinstance(v, torch.Tensor))
+        outs = [torch.empty(_rng_state_size(device), dtype=torch.uint8), *outs]
+    targs = _to_arg(ctx, tuple(op_args))
+    tkwargs = {k: _to_arg(ctx, v) for k, v in kwargs.items()}
+    refs = ctx.extern(RngStateOp(node.target, op), targs, tkwargs, tuple(outs))
+    result = refs[1:] if saving else refs
+    result = result if isinstance(out_val, (tuple, list)) else result[0]
+    return (refs[0], result) if saving else result
