@@ -968,8 +968,11 @@ def generate_mix(mix: MixOrderNode, graph, interpret: bool, blocks: dict,
         if m.name in accs:
             part = f"{colsum(accs[m.name])}[None, :]" if acc2d else accs[m.name]
             w.emit(f"tl.store({w.ptr(workspace_name(m))} + {pid} * {w.numel('rnumel')} + rindex, {part}, rmask)")
-    # SPLIT (rows per program) is a run-time argument: the autotuner times several without recompiling
-    body = w.header(["XBLOCK", "RBLOCK", "STAGES"], extra=["SPLIT"]) + w.lines
+    # SPLIT (rows per program) is a run-time argument: the autotuner times several without recompiling.
+    # Under the interpreter it is a constexpr (nothing is compiled there): Triton 3.6's interpreter turns a
+    # run-time int into a one-element array, and its `tl.range` bound then fails under NumPy >= 2.5
+    # ("only 0-dimensional arrays can be converted to Python scalars"; 3.9's squeezes it first)
+    body = w.header(["XBLOCK", "RBLOCK", "STAGES"], extra=["SPLIT: tl.constexpr" if interpret else "SPLIT"]) + w.lines
     prelude = printer.PRELUDE_INTERPRETER if interpret else printer.PRELUDE_GPU
     sizes = tuple(("size", s) for s in sorted(w.sizes, key=str))
     constants = {k: blocks[k] for k in ("XBLOCK", "RBLOCK", "SPLIT")} | {"STAGES": blocks.get("STAGES", 1)}
