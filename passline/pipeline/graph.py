@@ -56,6 +56,7 @@ class SchedulerGraph:
         self.nx = nx.DiGraph()
         self.inputs: tuple[GraphInput, ...] = tuple(inputs)
         self.outputs: tuple = tuple(outputs)
+        self._input_names = frozenset(self.input_buffers())  # fixed with the inputs: read by every _connect
         self._order = itertools.count()
         self._producer: dict[str, str] = {}  # buffer name -> node name
         self._readers: dict[str, set[str]] = {}  # buffer name -> names of nodes reading it
@@ -321,15 +322,13 @@ class SchedulerGraph:
         # one (a scatter into a buffer, then a read of the result: the read depends on the scatter)
         data = self.nx.nodes
         mine = data[me]["order"]
-
-        inputs = {i.name for i in self.inputs if i.buffer is not None}
         mutators = self._mutators
 
         def runs_before(v, b: str, v_writes: bool, me_writes: bool) -> bool | None:
             """Does v run before this node, around the in-place write of b one of them does?"""
             if v in before or v in after:
                 return v in before
-            if b not in inputs and v_writes != me_writes:
+            if b not in self._input_names and v_writes != me_writes:
                 # a buffer the graph makes and then writes in place (a scatter into its initial value) is
                 # read for its final value: every reader after every writer. Program order cannot tell
                 # for a group, whose order is its first member's
