@@ -32,6 +32,7 @@ import torch
 
 from ..config import current_settings
 from ..lowering import lower_graph
+from ..lowering.extern import is_rng_state_op
 from ..pipeline.graph import SchedulerGraph
 from ..pipeline.report import last_report, set_last_report
 from ..testing import tolerance
@@ -131,7 +132,7 @@ def draws_random(gm: torch.fx.GraphModule) -> bool:
             continue
         if torch.Tag.nondeterministic_seeded in getattr(n.target, "tags", ()):
             return True
-        if getattr(n.target, "__name__", "") in ("run_and_save_rng_state", "run_with_rng_state"):
+        if is_rng_state_op(n.target):
             return True
     return False
 
