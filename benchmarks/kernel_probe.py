@@ -92,7 +92,8 @@ def run(args, root) -> int:
     passline.Backend.compile_aten = eagerly
     m, n = map(int, args.shape.split("x"))
     case = make_case(args.case, m, n, getattr(torch, args.dtype), "cpu")
-    pipeline = passline.DEFAULT_PIPELINE.replace("split_reductions", f"split_reductions(sms={args.sms})")
+    pipeline = passline.DEFAULT_PIPELINE.replace("split_reductions", f"split_reductions(sms={args.sms})") \
+        .replace("tile_rows", f"tile_rows(sms={args.sms})")
     be = passline.backend(pipeline=pipeline, fallback="raise")
     fn = torch.compile(case.fn, backend=be, dynamic=False)
     if args.direction == "fwd":
@@ -119,7 +120,7 @@ def run(args, root) -> int:
             with offline(target):
                 k = fn_.warmup(*_args(job), grid=(1,), **kwargs)
             ptx = k.asm["ptx"]
-            loads = Counter(re.findall(r"ld\.global[.\w]*", ptx))
+            loads = Counter(re.findall(r"ld\.global[.\w:]*", ptx))
             stores = Counter(re.findall(r"st\.global[.\w]*", ptx))
             cubin = Path(root) / "k.cubin"
             cubin.write_bytes(k.asm["cubin"])

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 import passline
-from passline.ir import Buffer, Indirect, Layout, Load, Pointwise, indirect_var, loads, loop_vars
+from passline.ir import Buffer, Indirect, Layout, Load, Pointwise, Reduction, indirect_var, loads, loop_vars
 from passline.ir.loops import members
 from passline.lowering import GraphInput
 from passline.pipeline.graph import SchedulerGraph, VerificationError
@@ -152,6 +152,7 @@ print("no error")
 def test_gpu_kernel_source_asserts_unproven_indices():
     """The GPU form of a kernel (generated on any machine): tl.device_assert on each unproven index, in a
     kernel compiled with debug=True (without which Triton drops device asserts); none for a proven one."""
+    from passline.backends.triton import compat
     from passline.backends.triton import kernel as kgen
 
     for name, want in (("gather", True), ("argmax_gather", False)):
@@ -160,9 +161,14 @@ def test_gpu_kernel_source_asserts_unproven_indices():
         graph = be.reports[0].graph
         (node,) = [n for n in graph.nodes() if any(ld.indirect for m in members(n) for ld in loads(m.body))]
         src = kgen.generate(node, graph, interpret=False, variant="persistent", blocks={}).source
+        source = kgen.generate(node, graph, interpret=False, variant="persistent", blocks={})
         assert ("tl.device_assert(" in src) == want and ("@triton.jit(debug=True)" in src) == want, src
-        # debug=True makes Triton assert on int32 overflow of each add/mul: a checking kernel indexes in int64
-        assert ("tl.program_id(0).to(tl.int64)" in src) == want, src
+        assert source.checks == want
+        # debug=True makes Triton assert on int32 overflow of each add/mul unless the launch turns that off
+        # (compat.CHECKED_OPTIONS, passed by a checked variant's launches); where this Triton cannot, a
+        # checking kernel indexes in int64
+        int64 = want and compat.CHECKED_OPTIONS is None
+        assert ("tl.program_id(0).to(tl.int64)" in src) == int64, src
         assert "_check_index(" not in src.split("def _check_index")[0]
         isrc = kgen.generate(node, graph, interpret=True, variant="persistent", blocks={}).source
         assert ("_check_index(t" in isrc) == want and "tl.device_assert(" not in isrc
@@ -358,6 +364,69 @@ def test_one_hot_scatter_is_a_pointwise_pull():
     backward = be.reports[1].graph
     assert not [n for n in backward.leaf_nodes() if n.kind in ("scatter", "extern")], backward.format()
     assert "in [0, 11))" in backward.format()  # the target is still checked
+
+
+ONE_HOT_SUMS = {
+    "mean": dict(),
+    "ignore_index": dict(ignore_index=1),
+    "sum": dict(reduction="sum"),
+    "none": dict(reduction="none"),
+    "label_smoothing": dict(label_smoothing=0.1, ignore_index=1),  # a constant per row added to the one-hot
+}
+
+
+def _class_sums(graph, classes: int) -> list:
+    return [m.name for node in graph.nodes() for m in members(node)
+            if isinstance(m, Reduction) and m.reduction_numel == classes]
+
+
+@pytest.mark.parametrize("codegen", CODEGENS)
+@pytest.mark.parametrize("kind", sorted(ONE_HOT_SUMS))
+def test_cross_entropy_backward_sums_no_one_hot(kind, codegen):
+    """one_hot_sums: log_softmax's backward sums nll_loss's one-hot gradient over each row, which is the
+    target's element: the backward reduces nothing over the classes (one pointwise pass over the logits),
+    and the target is still checked."""
+    n, c = 6, 11
+    target = _ints(0, c, n)
+    target[0] = 1  # ignored where ignore_index=1
+    be = assert_matches_eager(lambda x, t: F.cross_entropy(x, t, **ONE_HOT_SUMS[kind]), [_g(n, c), target],
+                              codegen=codegen)
+    backward = be.reports[1]
+    assert backward.metrics.counters["one_hot_sums"] == 1, backward.graph.format()
+    assert _class_sums(backward.graph, c) == [], backward.graph.format()
+    assert "in [0, 11))" in backward.graph.format()
+    # without the pass, the same graph sums the one-hot over the classes
+    without = passline.DEFAULT_PIPELINE.replace("one_hot_sums, ", "")
+    be = assert_matches_eager(lambda x, t: F.cross_entropy(x, t, **ONE_HOT_SUMS[kind]), [_g(n, c), target],
+                              pipeline=without, codegen="reference")
+    assert len(_class_sums(be.reports[1].graph, c)) == 1
+
+
+@pytest.mark.parametrize("codegen", CODEGENS)
+def test_one_hot_sum_of_infinite_and_nan_factors_is_eagers_nan(codegen):
+    """sum_r where(r == t, a, 0) * c: where c is infinite or NaN, every unselected 0 * c is NaN and so is
+    eager's sum; the rewrite keeps that (its `off * (n - 1)` term), and a one-hot times a value that
+    depends on r is left a reduction."""
+    def f(x, t, c):
+        hot = torch.zeros_like(x).scatter(1, t[:, None], -2.0)
+        return (hot * c[:, None]).sum(1), (hot * x).sum(1)
+
+    x, t = torch.randn(5, 9), _ints(0, 9, 5)
+    c = torch.tensor([1.5, float("inf"), float("-inf"), float("nan"), -0.25])
+    be = assert_matches_eager(f, [x, t, c], codegen=codegen)
+    graph = be.reports[0].graph
+    assert be.reports[0].metrics.counters["one_hot_sums"] == 1, graph.format()
+    assert len(_class_sums(graph, 9)) == 1  # (hot * x).sum(1): x depends on the column
+
+
+def test_one_hot_sum_still_checks_the_target():
+    def f(x, t):
+        return (torch.zeros_like(x).scatter(1, t[:, None], 1.0) * 3.0).sum(1)
+
+    with pytest.raises(Exception, match=r"index 9 is out of bounds"):
+        torch._dynamo.reset()
+        torch.compile(f, backend=passline.backend(codegen="reference", fallback="raise"))(
+            torch.randn(3, 9), torch.tensor([0, 9, 2]))
 
 
 def _scatter_graph(read_after: bool):

@@ -106,10 +106,14 @@ def test_inline_pointwise_gates():
 ])
 def test_inline_pointwise_matches_eager(fn, x_shape, inlined, kernels_before):
     x, w = torch.randn(*x_shape), torch.randn(8).bfloat16()
-    report = assert_matches_eager(fn, [x, w]).reports[0]
+    assert assert_matches_eager(fn, [x, w]).reports[0].kernels == 1
+    # inline_pointwise's own count, without recompute_columns (which reads a column reduction's producers
+    # through first, the third case's included)
+    pipeline = passline.DEFAULT_PIPELINE.replace("recompute_columns, dce, ", "")
+    report = assert_matches_eager(fn, [x, w], pipeline=pipeline).reports[0]
     assert report.metrics.counters["inlined_pointwise"] == inlined
     assert report.kernels == 1
-    without = passline.DEFAULT_PIPELINE.replace("inline_pointwise, ", "")
+    without = pipeline.replace("inline_pointwise, ", "")
     assert assert_matches_eager(fn, [x, w], pipeline=without).reports[0].kernels == kernels_before
 
 
@@ -371,3 +375,56 @@ def test_merge_loops_merges_only_what_walks_memory_as_one():
     assert (6, 4) in sizes or (24,) in sizes, be.reports[0].graph.format()
     merged = be.reports[0].metrics.counters["merged_loops"]
     assert merged >= 1
+
+
+# -- recompute_columns, tile_rows -------------------------------------------------------------------
+WIDE = passline.DEFAULT_PIPELINE.replace("mix_order_reduction", "mix_order_reduction(max_columns=8)") \
+    .replace("recompute_columns", "recompute_columns(min_columns=8)")  # rows of 24 count as too wide to mix
+
+
+@pytest.mark.parametrize("codegen", ["reference", "triton"])
+def test_recompute_columns_sums_norm_gradients_from_the_inputs(codegen):
+    """LayerNorm's backward on rows too wide to mix: dw and db are summed from x and dy in one column kernel,
+    not from float32 [rows, columns] buffers the row kernel writes for them."""
+    x = torch.randn(6, 24, dtype=torch.bfloat16, requires_grad=True)
+    for pipeline, recomputed, kernels in ((WIDE, 2, 2), (WIDE.replace("recompute_columns(min_columns=8), dce, ", ""),
+                                                           0, 3)):
+        torch.manual_seed(0)
+        backward = assert_matches_eager(torch.nn.LayerNorm(24).bfloat16(), [x], pipeline=pipeline,
+                                        codegen=codegen).reports[1]
+        graph = backward.graph
+        read_back = [b for n in graph.nodes() for b in n.output_names()
+                     if graph.readers(b) and graph.buffers()[b].layout.numel == 6 * 24]
+        assert backward.metrics.counters["recomputed_columns"] == recomputed, graph.format()
+        assert backward.kernels == kernels and (read_back == []) == bool(recomputed), graph.format()
+
+
+def test_recompute_columns_leaves_rows_mix_order_takes():
+    """Below min_columns the column sums are mix_order_reduction's (computed from the row side's values in
+    the row kernel, the inputs read once): nothing is recomputed and the backward is one mixed kernel."""
+    from passline.ir import MixOrderNode
+
+    x = torch.randn(64, 24, requires_grad=True)
+    backward = assert_matches_eager(torch.nn.LayerNorm(24), [x], codegen="reference").reports[1]
+    assert backward.metrics.counters["recomputed_columns"] == 0
+    assert [type(n) for n in backward.graph.nodes()] == [MixOrderNode], backward.graph.format()
+
+
+@pytest.mark.parametrize("rows, tiled", [(512, True), (200, False)])
+def test_tile_rows_runs_per_row_pointwise_work_as_a_row_kernel(rows, tiled):
+    """Cross-entropy's gradient (per-row max, log-sum-exp and target) becomes a (rows | classes) group when
+    a GPU of 132 SMs would get two rows each; with fewer rows it stays flat. Both match eager through
+    Triton's interpreter (the tiled group runs as a row kernel)."""
+    from passline.ir import FusedNode
+
+    pipeline = passline.DEFAULT_PIPELINE.replace("tile_rows", "tile_rows(sms=132)")
+    x, t = torch.randn(rows, 40, requires_grad=True), torch.randint(0, 40, (rows,))
+    backward = assert_matches_eager(lambda x, t: torch.nn.functional.cross_entropy(x, t), [x, t],
+                                    pipeline=pipeline, codegen="triton").reports[1]
+    groups = [n for n in backward.graph.nodes() if isinstance(n, FusedNode) and n.numel * max(1, n.reduction_numel)
+              == rows * 40]
+    assert len(groups) == 1 and bool(groups[0].reduction_ranges) == tiled, backward.graph.format()
+    assert backward.metrics.counters["row_tiles"] == int(tiled)
+    if tiled:
+        (info,) = [k for k in backward.kernel_info if k.kind == "reduction"]
+        assert "[:, None]" in info.source  # per-row operands load as [rows, 1]

@@ -258,9 +258,10 @@ def test_configuration_rules_follow_from_sizes_and_device():
     assert (c.variant, c.xblock, c.rblock) == (Variant.PERSISTENT, 4, 512)
     # few rows: fewer rows per block, so at least two programs per SM where rows allow
     assert rule(red, 300, 384, False, gpu).xblock == 1
-    # rows too long for registers loop, one row a program
+    # rows too long for registers loop, one row a program, on as many warps as keep the rows in flight
+    # within half of L2 (50 MB): 30000 elements of 4 bytes (unknown traffic), 264 rows on 32 warps
     c = rule(red, 4000, 30000, False, gpu)
-    assert (c.variant, c.xblock, c.rblock) == (Variant.LOOPED, 1, 2048)
+    assert (c.variant, c.xblock, c.rblock, c.warps) == (Variant.LOOPED, 1, 8192, 32)
     # column sums (strided): 3072 columns in blocks of 16 (192 programs), not 128 (24 programs)
     c = rule(red, 3072, 8192, False, gpu, rows_contiguous=False)
     assert (c.variant, c.xblock, c.rblock) == (Variant.LOOPED, 16, 256)
@@ -300,8 +301,14 @@ def test_persistent_rows_take_32_elements_a_thread_and_few_rows_more_warps():
     assert pick(100, 16384) == (Variant.PERSISTENT, 1, 16384, 32)
     assert pick(131, 4096) == (Variant.PERSISTENT, 1, 4096, 16)
     assert pick(132, 4096) == (Variant.PERSISTENT, 1, 4096, 4)
-    # rows that loop: chunks of 2048 on 8 warps; with fewer rows than SMs, chunks of 8192 on 32 warps
-    assert pick(4000, 30000) == (Variant.LOOPED, 1, 2048, 8)
+    # rows that loop: the fewest warps (8, 16, 32) whose rows in flight (132 SMs x 64 / warps) touch at most
+    # half of L2, chunks of 16 elements a thread up to 8192; with fewer rows than SMs, 8192 on 32 warps
+    assert pick(4000, 30000) == (Variant.LOOPED, 1, 8192, 32)  # 4 bytes an element assumed: 120 KB a row
+    looped = rule(red, 4000, 30000, False, gpu, row_bytes=20_000)  # 1056 rows on 8 warps: 21 MB
+    assert (looped.rblock, looped.warps) == (4096, 8)
+    looped = rule(red, 4000, 30000, False, gpu, row_bytes=40_000)  # 528 rows on 16 warps: 21 MB
+    assert (looped.rblock, looped.warps) == (8192, 16)
+    assert rule(red, 4000, 30000, False, Device(sms=132, l2_bytes=256 << 20)).warps == 8  # a bigger L2
     assert pick(64, 30000) == (Variant.LOOPED, 1, 8192, 32)
     assert pick(64, 3 << 20) == (Variant.LOOPED, 1, 8192, 32)
     # a 64-SM GPU: 100 rows are no longer fewer than its SMs
@@ -548,3 +555,44 @@ def test_a_backward_kept_by_retain_graph_reads_its_saved_activations_intact(monk
     torch.testing.assert_close(grads[1][0], grads[0][0])
     torch.testing.assert_close(grads[1][1], grads[0][1])
     assert donated, "no saved activation was overwritten in a plain backward"
+
+
+def test_looped_kernels_keep_in_l2_what_a_later_loop_reads_again():
+    """A looped row kernel (GPU form, generated on any machine): the first loop's loads of what the second
+    loop reads again are `evict_last`, the second loop's last reads `evict_first`, and a weight read by
+    every row `evict_last`; a persistent kernel (no loop) has no hint."""
+    import re
+
+    from passline.backends.triton import kernel as kgen
+
+    x = torch.randn(4, 3000)
+    be = assert_matches_eager(lambda x, w: torch.rms_norm(x, (3000,), w), [x, torch.randn(3000)],
+                              codegen="reference", backward=False)
+    graph = be.reports[0].graph
+    (node,) = graph.nodes()
+    looped = kgen.generate(node, graph, interpret=False, variant="looped", blocks={}).source
+    loops = looped.split("for roffset")[1:]
+    assert len(loops) == 2, looped
+    policy = [dict(re.findall(r"tl\.load\(p_(\w+) \+ [^\n]*eviction_policy='(\w+)'", loop)) for loop in loops]
+    x_name = next(b for b in policy[0] if b in policy[1])
+    assert policy[0][x_name] == "evict_last" and policy[1][x_name] == "evict_first", looped
+    assert [p for b, p in policy[1].items() if b != x_name] == ["evict_last"], looped  # the weight
+    persistent = kgen.generate(node, graph, interpret=False, variant="persistent", blocks={}).source
+    assert "eviction_policy" not in persistent
+
+
+def test_column_sums_with_per_row_statistics_are_column_reductions():
+    """rows_contiguous decides a reduction's block shape by its data loads (those moving with both loops):
+    a column sum that also reads per-row statistics (recompute_columns' dw) is still a strided reduction."""
+    from passline.backends.triton import kernel as kgen
+
+    x = torch.randn(12, 24)
+    mean, rstd = torch.randn(12, 1), torch.rand(12, 1) + 0.5
+    unmixed = passline.DEFAULT_PIPELINE.replace(" mix_order_reduction,", "")  # a column sum of its own
+    be = assert_matches_eager(lambda x, m, r, dy: (dy * (x - m) * r).sum(0), [x, mean, rstd, torch.randn(12, 24)],
+                              codegen="reference", pipeline=unmixed)
+    (node,) = [n for n in be.reports[0].graph.nodes() if getattr(n, "reduction_ranges", ())]
+    assert not kgen.rows_contiguous(node), be.reports[0].graph.format()
+    be = assert_matches_eager(lambda x, m, r: ((x - m) * r).sum(1), [x, mean, rstd], codegen="reference")
+    (node,) = be.reports[0].graph.nodes()
+    assert kgen.rows_contiguous(node)

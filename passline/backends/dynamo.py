@@ -32,8 +32,9 @@ from .variants import AUTO, FORCEABLE, KernelVariant
 
 CODEGENS = ("auto", "triton", "reference")
 # The pipeline `passline.backend()` runs when none is given, in one place.
-DEFAULT_PIPELINE = ("dce, inline_pointwise, memory_order, merge_loops, inline_pointwise, "
-                    "repeat(fuse, reorder_loops; max_iter=4), mix_order_reduction, split_reductions")
+DEFAULT_PIPELINE = ("dce, one_hot_sums, recompute_columns, dce, inline_pointwise, memory_order, merge_loops, "
+                    "inline_pointwise, repeat(fuse, reorder_loops; max_iter=4), mix_order_reduction, split_reductions, "
+                    "tile_rows")
 
 
 class Backend:

@@ -7,7 +7,10 @@ from . import (  # noqa: F401
     memory_order,
     merge_loops,
     mix_order_reduction,
+    one_hot_sums,
+    recompute_columns,
     reorder_loops,
     sink_waits,
     split_reductions,
+    tile_rows,
 )

@@ -28,13 +28,13 @@ from __future__ import annotations
 from typing import Annotated
 
 import attrs
-import sympy
 
 from ..ir import Pointwise, Reduction
 from ..ir.body import Cast, IndexValue, Load, Op, rebuild, substitute_index, walk
-from ..ir.index import as_strided_form, is_indirect
+from ..ir.index import is_indirect
 from ..pipeline.registry import register_pass
 from .legality import can_fuse
+from .points import point
 
 SHAPE_REASONS = ("different numel", "loop structure")
 
@@ -46,117 +46,6 @@ def _cheap(node: Pointwise, max_loads: int, max_ops: int) -> bool:
     return n_loads <= max_loads and n_ops <= max_ops
 
 
-def _clamp_top(expr, loops: set):
-    """The largest value of a clamp of loop variables, `Min(e, hi)` with `e` provably >= 0 (a cat's
-    position in one input, `Min(Max(i - o, 0), n - 1)`, or in its first, `Min(i, n - 1)`): `hi`, free of
-    loop variables; None for any other expression."""
-    if not isinstance(expr, sympy.Min) or not expr.free_symbols & loops:
-        return None
-    tops = [a for a in expr.args if not a.free_symbols & loops]
-    rest = [a for a in expr.args if a.free_symbols & loops]
-    if len(tops) != 1 or not tops[0].is_nonnegative or not all(_nonnegative(a, loops) for a in rest):
-        return None
-    return tops[0]
-
-
-def _nonnegative(expr, loops: set) -> bool:
-    if expr.is_nonnegative:
-        return True
-    # Max(e, c) >= c
-    return isinstance(expr, sympy.Max) and any(not a.free_symbols & loops and a.is_nonnegative for a in expr.args)
-
-
-def _opaque_clamps(index, var_ranges):
-    """`index` with each clamp of loop variables (see `_clamp_top`) replaced by a new variable ranging
-    over [0, hi], those variables' (variable, range) pairs, and the substitution back; None when a Max or
-    Min of loop variables is not such a clamp. A clamp then addresses a dimension of the node like a loop
-    variable does: every value it takes is a point of that dimension."""
-    loops = {v for v, _ in var_ranges}
-    extra, back = [], {}
-
-    def visit(e):
-        if isinstance(e, (sympy.Min, sympy.Max)) and e.free_symbols & loops:
-            top = _clamp_top(e, loops)
-            if top is None:
-                raise ValueError(e)
-            if e not in back.values():
-                d = sympy.Dummy(f"c{len(extra)}", integer=True, nonnegative=True)
-                extra.append((d, top + 1))
-                back[d] = e
-            return next(d for d, c in back.items() if c == e)
-        if not e.args:
-            return e
-        return e.func(*map(visit, e.args))
-
-    try:
-        return visit(index), tuple(extra), back
-    except ValueError:
-        return None
-
-
-def _point(node: Pointwise, index, var_ranges, flat: bool = False) -> dict | None:
-    """{node's loop variable: expression in the consumer's variables} so that the node stores at
-    `index`, or None when that is not provable. A clamp of the consumer's variables may address a
-    dimension too (`_opaque_clamps`). `flat`: a node of one loop may be mapped from any index
-    that stays inside it (`_flat_point`); only for indirect reads, which fusion can never serve: a direct
-    read of a node merge_loops flattened is what fuse splits back to the reader's nest."""
-    if index.has(sympy.Min, sympy.Max):
-        opaque = _opaque_clamps(index, var_ranges)
-        if opaque is None:
-            return None
-        inner, extra, back = opaque
-        mapping = _point(node, inner, tuple(var_ranges) + extra, flat)
-        if mapping is None:
-            return None
-        mapping = {k: v.xreplace(back) for k, v in mapping.items()}
-        if sympy.expand(node.store_index().xreplace(mapping) - index) != 0:
-            return None
-        return mapping
-    if flat and len(node.ranges) == 1:
-        return _flat_point(node, index, var_ranges)
-    layout = node.output.layout
-    form = as_strided_form(index, [v for v, _ in var_ranges])
-    if form is None or form[1] != 0:
-        return None
-    dims: dict = {}  # output dimension -> consumer variable
-    for (v, size), t in zip(var_ranges, form[0]):
-        if t == 0 or size == 1:
-            continue
-        hits = [k for k, (s, st) in enumerate(zip(layout.size, layout.stride))
-                if s != 1 and k not in dims and sympy.expand(st - t) == 0]
-        # the variable must stay inside that dimension, or it would reach another one's points
-        if len(hits) != 1 or not sympy.expand(size - layout.size[hits[0]]).is_nonpositive:
-            return None
-        dims[hits[0]] = v
-    loop_of = node.store_order(node.vars)  # output dimension k is indexed by loop variable loop_of[k]
-    mapping = {loop_of[k]: dims.get(k, sympy.S.Zero) for k in range(len(layout.size))}
-    if sympy.expand(node.store_index().xreplace(mapping) - index) != 0:
-        return None
-    return mapping
-
-
-def _flat_point(node: Pointwise, index, var_ranges) -> dict | None:
-    """`_point` for a node of one loop (merge_loops flattens contiguous pointwise nodes): its variable is
-    the index over the node's stride, when that divides every term and the index stays within the loop
-    for every value of the consumer's variables (each term a positive multiple of one variable, which
-    reaches at most its range - 1)."""
-    (var,), (size,) = node.vars, node.ranges
-    stride = sympy.expand(node.store_index()).coeff(var)
-    if stride == 0 or sympy.expand(node.store_index() - stride * var) != 0:
-        return None
-    expr = sympy.expand(index / stride)
-    ranges = dict(var_ranges)
-    top = sympy.S.Zero
-    for term in sympy.Add.make_args(expr):
-        coeff, rest = term.as_coeff_Mul()
-        if not (coeff.is_Integer and coeff > 0 and rest in ranges):
-            return None  # a constant offset, a product of variables, a fraction: not proved, not inlined
-        top += coeff * (ranges[rest] - 1)
-    if not sympy.expand(size - 1 - top).is_nonnegative:
-        return None
-    return {var: expr}
-
-
 def _inlined(consumer, node: Pointwise):
     """`consumer` with each load of `node`'s output replaced by `node`'s body at that point, or None."""
     name, var_ranges = node.output.name, consumer.var_ranges
@@ -164,7 +53,7 @@ def _inlined(consumer, node: Pointwise):
     for ix in consumer.load_indices(name):
         if is_indirect(ix):
             return None  # read at positions known only at run time: see _inlined_indirect
-        points[ix] = _point(node, ix, var_ranges)
+        points[ix] = point(node, ix, var_ranges)
         if points[ix] is None:
             return None
 
@@ -189,7 +78,7 @@ def _inlined_indirect(consumer, node: Pointwise):
     def leaf(v):
         if not (isinstance(v, Load) and v.buffer == name and v.indirect):
             return v
-        mapping = _point(node, v.index, tuple(consumer.var_ranges) + tuple((b.symbol, b.bound) for b in v.indirect),
+        mapping = point(node, v.index, tuple(consumer.var_ranges) + tuple((b.symbol, b.bound) for b in v.indirect),
                          flat=True)
         if mapping is None:
             return v

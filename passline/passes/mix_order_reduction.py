@@ -13,7 +13,12 @@ bias gradient: db is the sum over the rows of the dh that the pointwise side com
 group over (rows | columns) with every member inside the column loop, and dh is summed as it is written
 instead of being read back by a reduction with one program per few columns.
 
-Gates (options): columns ≤ max_columns; rows ≥ min_rows; column reductions only of `reduction_types`
+Gates (options): columns ≤ max_columns (8192: a program holds one block of every column, padded to
+a power of two, so 8193–16384 columns take 16384-wide blocks, up to half of them padding, with 32
+float32 column partials a thread for each column sum at 16 warps; LayerNorm's and a bias gradient's
+backward at 10872 × 12345 in bfloat16 ran 1.5–1.8× Inductor's time mixed on an H200, where 8192-wide
+ones ran 0.8×; unmixed, recompute_columns gives the column sums one kernel reading the inputs); rows ≥
+min_rows; column reductions only of `reduction_types`
 (comma-separated; partial results must combine by the same reduction); at most `max_reads` distinct
 buffers read. Refuses: sides that do not share a buffer; a column side whose per-point work needs a
 finished column result or any column epilogue (the finishing kernel computes those, after all rows); a
@@ -129,7 +134,7 @@ def _auto_split(rows) -> int:
 
 @register_pass("mix_order_reduction", provides={"mix_order"})
 def mix_order_reduction(graph, ctx, *,
-                        max_columns: Annotated[int, "most columns (row length) to mix"] = 16384,
+                        max_columns: Annotated[int, "most columns (row length) to mix"] = 8192,
                         min_rows: Annotated[int, "fewest rows worth mixing"] = 8,
                         reduction_types: Annotated[str, "column reductions allowed, comma-separated"] = "sum",
                         max_reads: Annotated[int, "most distinct buffers the mixed kernel reads"] = 10,

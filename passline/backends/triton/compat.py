@@ -26,6 +26,23 @@ except ImportError:  # pragma: no cover - older Triton
         return _CK.launch_enter_hook is not None or _CK.launch_exit_hook is not None
 
 
+def _checked_options() -> dict | None:
+    """Compile options of a kernel with device asserts (an indirect index checked at run time). Triton
+    keeps `tl.device_assert` only with debug=True, which also checks every int32 add, sub and mul for
+    overflow, an assert each (`sanitize_overflow`, on by default): a checked kernel with int32 offsets
+    paid one per index operation. Where this Triton has the option, it is turned off: the index checks
+    stay, the offsets stay 32-bit. None where it has not (the kernel then takes int64 offsets, which are
+    never checked for overflow)."""
+    try:
+        from triton.backends.nvidia.compiler import CUDAOptions
+    except ImportError:  # pragma: no cover - a Triton without the NVIDIA backend
+        return None
+    return {"sanitize_overflow": False} if "sanitize_overflow" in CUDAOptions.__dataclass_fields__ else None
+
+
+CHECKED_OPTIONS = _checked_options()
+
+
 def binary_launcher(compiled):
     """`launch(grid0, stream, *args)` for a compiled kernel, or None where this Triton's CompiledKernel
     does not have the launcher this module knows (then the caller keeps using JITFunction.run). While a

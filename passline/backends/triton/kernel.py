@@ -31,7 +31,7 @@ from ...ir.body import rebuild, walk
 from ...ir.index import StrEnum, VarKind, contiguous_strides, loop_vars, product, var_kind
 from ...ir.loops import Role, canon_var, canonical_map, is_canonical, role, transposed
 from ..variants import MIX_FORMS, KernelVariant
-from . import printer
+from . import compat, printer
 from .printer import Unsupported, tl_dtype
 
 COMBINE = {"sum": "_sum_combine", "prod": "_prod_combine", "max": "_max_combine", "min": "_min_combine",
@@ -77,6 +77,9 @@ class KernelSource:
     # these buffer spans (sympy, in elements) evaluated at the call's sizes (`index_width`)
     int64: bool | None = False
     spans: tuple = ()
+    # device asserts (an indirect index checked at run time): compiled with debug=True and the
+    # launch's compat.CHECKED_OPTIONS
+    checks: bool = False
 
 
 def _sanitize(name: str) -> str:
@@ -164,6 +167,9 @@ class KernelWriter:
         self.by_output = {m.output.name: m for m in self.nodes if not getattr(m, "in_place", False)}
         self.two_d = bool(self.red)
         self.locals: set = set()  # symbols naming kernel variables (indirect indices), never arguments
+        # inside a looped kernel's loop: the buffers a later loop reads again (None outside loops), which
+        # picks each load's L2 eviction policy (see load())
+        self.reread: set | None = None
         self.debug = False  # a device_assert was emitted: the kernel is compiled with debug=True
         self.online: dict | None = None  # online_pairs(), computed once
         self._expansions: dict = {}  # _expanded()'s memo
@@ -319,9 +325,27 @@ class KernelWriter:
                 # and splatting it to a block then converts the bools (`x | (s != 0)` raised "ufunc
                 # 'bitwise_or' not supported"); a [1] block broadcasts without conversion, on GPUs too.
                 index += " + tl.full([1], 0, tl.int32)"
-            self.emit(f"{var} = tl.load({self.ptr(buffer)} + {index}" + (f", {mask}, other=0)" if mask else ")"))
+            extra = f", {mask}, other=0" if mask else ""
+            policy = self.eviction(buffer, expr)
+            if policy:
+                extra += f", eviction_policy={policy!r}"
+            self.emit(f"{var} = tl.load({self.ptr(buffer)} + {index}{extra})")
             scope.loads[key] = var
         return var
+
+    def eviction(self, buffer: str, expr) -> str | None:
+        """The L2 policy of a load in a looped kernel's loop, as Inductor's: a looped reduction reads its
+        rows in a loop per phase (a norm: the statistics, then the normalized values), and the rows a
+        wave of programs has in flight may exceed L2, so the second loop's reads would go to memory again.
+        What a later loop reads again, what every row reads (a weight indexed by the columns only) and
+        what every iteration reads (a per-row value) is kept ("evict_last"); a last read of the streamed
+        data is let go first ("evict_first"), so it does not push out what is kept. Outside loops
+        (persistent kernels, pointwise ones), no hint."""
+        if self.reread is None:
+            return None
+        kinds = {var_kind(s) for s in expr.free_symbols}
+        streamed = VarKind.CANON_OUTER in kinds and VarKind.CANON_REDUCTION in kinds
+        return "evict_first" if streamed and buffer not in self.reread else "evict_last"
 
     def prefetch(self, scope: _Scope, keep=None) -> None:
         """Load, before any computation, what the members read from outside the kernel (where `keep(expr)`
@@ -604,14 +628,18 @@ class KernelWriter:
                     self.store(m, var, "xmask")
                     done.add(m.name)
 
+        def needed_in(p):
+            # in-loop values are computed where a reduction of this loop reads them or they are stored (an
+            # online sum's exponentials are neither: such a loop may have nothing to do)
+            return ({m.name for m in self.nodes if self.role(m) == Role.INNER and phase[m.name] == p
+                     and m.output.name in self.stored}
+                    | {m.name for m in self.nodes if self.role(m) == Role.REDUCTION and phase[m.name] == p})
+
+        reads = [self._loop_reads(needed_in(p)) for p in range(n_phases)]
         for p in range(n_phases):
             outer_ready(p)
             reds = [m for m in self.nodes if self.role(m) == Role.REDUCTION and phase[m.name] == p]
-            # in-loop values are computed where a reduction of this loop reads them or they are stored (an
-            # online sum's exponentials are neither: such a loop may have nothing to do)
-            needed = {m.name for m in self.nodes if self.role(m) == Role.INNER and phase[m.name] == p
-                      and m.output.name in self.stored}
-            needed |= {m.name for m in reds}
+            needed = needed_in(p)
             if not needed:
                 continue
             accs = {m.name: self._acc_init(m) for m in reds}
@@ -619,7 +647,9 @@ class KernelWriter:
             self.indent += 1
             self._rindex("roffset + ")
             scope = _Scope(outer_scope)
+            self.reread = set().union(*reads[p + 1:])
             self._demand(needed, scope, phase, p, accs)
+            self.reread = None
             self.indent -= 1
             finished = {}
             for m in reds:
@@ -654,10 +684,15 @@ class KernelWriter:
                   f"+ tl.where({lost}, 0.0, tl.exp({v} - {new}))")
         self.emit(f"{acc_m} = {new}")
 
-    def _demand(self, names: set, scope: _Scope, phase: dict, p: int, accs: dict) -> None:
-        """Compute, in this loop, the in-loop members named (and the in-loop members they read)."""
+    def _loop_reads(self, names: set) -> set:
+        """The buffers from outside the kernel that a loop computing the members `names` loads."""
+        want = self._wanted(names)
+        return {b for m in self.nodes if m.name in want for b in m.read_names() if b not in self.by_output}
+
+    def _wanted(self, names: set) -> set:
+        """The in-loop members a loop computing the members `names` computes: those and the in-loop members
+        they read (an online sum is computed with its max, not from its own body)."""
         online = self.online_pairs()
-        partner = {mx.name: sm for sm, mx in ((self.by_name(n), m) for n, m in online.items())}
         want: set = set()
         stack = [self.by_name(n) for n in names]
         while stack:
@@ -671,6 +706,13 @@ class KernelWriter:
                 d = self.by_output.get(b)
                 if d is not None and self.role(d) == Role.INNER:
                     stack.append(d)
+        return want
+
+    def _demand(self, names: set, scope: _Scope, phase: dict, p: int, accs: dict) -> None:
+        """Compute, in this loop, the in-loop members named (and the in-loop members they read)."""
+        online = self.online_pairs()
+        partner = {mx.name: sm for sm, mx in ((self.by_name(n), m) for n, m in online.items())}
+        want = self._wanted(names)
         for m in self.nodes:
             if m.name not in want:
                 continue
@@ -843,9 +885,10 @@ def generate(node, graph, interpret: bool, variant: str, blocks: dict, stored: s
     name = f"k_{_sanitize(node.name)}"[:60]
     writer = KernelWriter(name, members, outer, red, stored, graph.buffers(), interpret, runtime=runtime)
     # a kernel with device asserts is compiled with debug=True, which also makes Triton check every int32
-    # add, sub and mul for overflow (an assert each); int64 index math is not checked
-    writer.int64, spans = (True, ()) if not interpret and _checks_indices(members) else \
-        index_width(graph, node, runtime)
+    # add, sub and mul for overflow (an assert each) unless the launch turns that off
+    # (compat.CHECKED_OPTIONS); where this Triton cannot, int64 index math, which is never checked
+    checked_int64 = not interpret and compat.CHECKED_OPTIONS is None and _checks_indices(members)
+    writer.int64, spans = (True, ()) if checked_int64 else index_width(graph, node, runtime)
     if not red:
         body = writer.pointwise()
         variant = KernelVariant.POINTWISE
@@ -858,7 +901,8 @@ def generate(node, graph, interpret: bool, variant: str, blocks: dict, stored: s
     args = writer.ordered_args() + sizes
     constants = {k: v for k, v in blocks.items() if k in ("XBLOCK", "RBLOCK") and (red or k == "XBLOCK")}
     return KernelSource(name, _source(prelude, body), name, args, product(outer), product(red) if red else None,
-                        variant, constants, blocks.get("num_warps", 4), int64=writer.int64, spans=spans)
+                        variant, constants, blocks.get("num_warps", 4), int64=writer.int64, spans=spans,
+                        checks=writer.debug)
 
 
 # -- mix-order reductions ------------------------------------------------------------------------------
@@ -977,7 +1021,8 @@ def generate_mix(mix: MixOrderNode, graph, interpret: bool, blocks: dict,
     sizes = tuple(("size", s) for s in sorted(w.sizes, key=str))
     constants = {k: blocks[k] for k in ("XBLOCK", "RBLOCK", "SPLIT")} | {"STAGES": blocks.get("STAGES", 1)}
     src = KernelSource(name, _source(prelude, body), name, w.ordered_args() + sizes, product(rows),
-                       product(cols), form, constants, blocks.get("num_warps", 4), "SPLIT", w.int64, spans)
+                       product(cols), form, constants, blocks.get("num_warps", 4), "SPLIT", w.int64, spans,
+                       checks=w.debug)
     return src, finish
 
 
@@ -1003,23 +1048,25 @@ def workspace_layouts(mix: MixOrderNode) -> dict:
 def rows_contiguous(node) -> bool:
     """Whether a reduction kernel's innermost reduction variable walks memory contiguously in its loads
     (a row sum) rather than with a stride (a column sum), which decides the block shape by rule: whole
-    rows per program for rows, wide blocks of columns for strided reductions. True when no load depends
-    on it."""
+    rows per program for rows, wide blocks of columns for strided reductions. The loads that move with
+    both the outer and the reduction loops decide (the data); a vector indexed by the reduction loop only
+    (per-row statistics a column sum recomputes with) is read once a row, whatever the kernel's shape,
+    and decides only where no load moves with both. True when no load depends on it."""
     members, outer, red = _group(node)
     if not red:
         return True
     q = canon_var(VarKind.CANON_REDUCTION, len(red) - 1)
-    strided = False
+    full, partial = [], []  # for each load moving with q: whether it walks memory contiguously along q
     for m in members:
         cmap = canonical_map(m, len(outer))
         for v in walk(m.body):
             if isinstance(v, Load):
                 e = sympy.expand(_unclamped(v.index).xreplace(cmap))
                 if q in e.free_symbols:
-                    if e.coeff(q) == 1:
-                        return True
-                    strided = True
-    return not strided
+                    moves_outer = any(var_kind(s) == VarKind.CANON_OUTER for s in e.free_symbols)
+                    (full if moves_outer else partial).append(e.coeff(q) == 1)
+    decisive = full or partial
+    return any(decisive) or not decisive
 
 
 def _unclamped(expr):

@@ -82,6 +82,8 @@ class Kernel:
         # variants whose index width is chosen per launch (kernel.index_width), and whether this call's
         # buffers span more than int32 addresses (the generated call sets it from the sizes, per call)
         self.per_launch = {v for v, src in info.variants.items() if src.int64 is None}
+        # variants with device asserts: their launches pass compat.CHECKED_OPTIONS (compile options)
+        self.checked = {v for v, src in info.variants.items() if src.checks} if compat.CHECKED_OPTIONS else set()
         self.wide = False
         self.wide_when: str | None = None  # the generated call's `wide=` condition (wrapper.py), or None
         self.counters: collections.Counter = collections.Counter()  # the runner's (report.metrics.counters)
@@ -128,7 +130,17 @@ class Kernel:
         return cfg
 
     def _rule(self, xnumel, rnumel) -> Config:
-        return rule(self.splits, xnumel, rnumel, self.interpret, self.device, self.rows_contiguous, self.only)
+        return rule(self.splits, xnumel, rnumel, self.interpret, self.device, self.rows_contiguous, self.only,
+                    self._row_bytes(xnumel))
+
+    def _row_bytes(self, xnumel: int) -> float | None:
+        """The bytes the kernel reads and writes a row (its traffic over its rows), where its sizes are
+        numbers; None under dynamic shapes (the rule then assumes 4 bytes an element)."""
+        total = getattr(self.info, "bytes", None)
+        try:
+            return float(total) / max(1, xnumel) if total else None
+        except TypeError:  # symbolic
+            return None
 
     def _choose(self, args, xnumel, rnumel, stream, after=None) -> Config:
         if not self.autotune or self.interpret or self.mutates or args is None:
@@ -153,12 +165,15 @@ class Kernel:
 
     # -- launching --------------------------------------------------------------------------------------
     def constexprs(self, cfg: Config, xnumel: int, rnumel: int | None, wide: bool | None = None) -> dict:
-        """The launch's constexprs (and SPLIT) by name: `cfg`'s blocks and, where the variant's index width
+        """The launch's constexprs (and SPLIT) by name, with a checked variant's compile options
+        (compat.CHECKED_OPTIONS): `cfg`'s blocks and, where the variant's index width
         is chosen per launch, INT64: set when a buffer spans past int32 (`wide`, default this call's) or the
         points the programs reach do — the counts rounded up to whole blocks, since masked-off lanes compute
         offsets too and must not wrap into the mask — else int32 offsets, as a static kernel of these sizes
         has."""
         blocks = cfg.blocks()
+        if cfg.variant in self.checked:
+            blocks.update(compat.CHECKED_OPTIONS)
         if cfg.variant in self.per_launch:
             reach_x = -(-xnumel // cfg.per_program) * cfg.per_program + cfg.xblock
             reach_r = 1 if rnumel is None else -(-rnumel // (cfg.rblock or 1)) * (cfg.rblock or 1)
