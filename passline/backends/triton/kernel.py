@@ -80,6 +80,7 @@ class KernelSource:
     # device asserts (an indirect index checked at run time): compiled with debug=True and the
     # launch's compat.CHECKED_OPTIONS
     checks: bool = False
+    online: bool = False  # a looped form accumulates a softmax's sum of exponentials with its max (the rule)
 
 
 def _sanitize(name: str) -> str:
@@ -902,7 +903,7 @@ def generate(node, graph, interpret: bool, variant: str, blocks: dict, stored: s
     constants = {k: v for k, v in blocks.items() if k in ("XBLOCK", "RBLOCK") and (red or k == "XBLOCK")}
     return KernelSource(name, _source(prelude, body), name, args, product(outer), product(red) if red else None,
                         variant, constants, blocks.get("num_warps", 4), int64=writer.int64, spans=spans,
-                        checks=writer.debug)
+                        checks=writer.debug, online=bool(red) and bool(writer.online_pairs()))
 
 
 # -- mix-order reductions ------------------------------------------------------------------------------

@@ -84,6 +84,7 @@ class Kernel:
         self.per_launch = {v for v, src in info.variants.items() if src.int64 is None}
         # variants with device asserts: their launches pass compat.CHECKED_OPTIONS (compile options)
         self.checked = {v for v, src in info.variants.items() if src.checks} if compat.CHECKED_OPTIONS else set()
+        self.online = any(getattr(src, "online", False) for src in info.variants.values())  # (configs.rule)
         self.wide = False
         self.wide_when: str | None = None  # the generated call's `wide=` condition (wrapper.py), or None
         self.counters: collections.Counter = collections.Counter()  # the runner's (report.metrics.counters)
@@ -131,7 +132,7 @@ class Kernel:
 
     def _rule(self, xnumel, rnumel) -> Config:
         return rule(self.splits, xnumel, rnumel, self.interpret, self.device, self.rows_contiguous, self.only,
-                    self._row_bytes(xnumel))
+                    self._row_bytes(xnumel), self.online)
 
     def _row_bytes(self, xnumel: int) -> float | None:
         """The bytes the kernel reads and writes a row (its traffic over its rows), where its sizes are
