@@ -195,3 +195,29 @@ def test_int_and_float_scalar_arguments_beside_symbolic_sizes(codegen):
         for a, b in zip(compiled(x, k, eps), fn(x, k, eps)):
             torch.testing.assert_close(a, b)
     assert len(be.reports) == 1
+
+
+@pytest.mark.parametrize("codegen", CODEGENS)
+def test_backward_of_a_fixed_table_sliced_to_a_symbolic_length(codegen):
+    """`pos[:seq]` of a learned position table: its backward is a slice_scatter whose end is a size symbol,
+    a value only as an IndexValue (it was a Constant the backends could not print)."""
+    class Positions(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.pos = torch.nn.Parameter(torch.randn(7, 4))
+
+        def forward(self, x):
+            return x * self.pos[: x.shape[1]] + self.pos[1: x.shape[1] + 1:2].sum(0)
+
+    torch._dynamo.reset()
+    model = Positions().to(DEVICE)
+    be = passline.backend(codegen=codegen, fallback="raise")
+    compiled = torch.compile(model, backend=be, dynamic=True)
+    for n in (3, 5, 6):
+        x = torch.randn(2, n, 4, device=DEVICE)
+        compiled(x).sum().backward()
+        ours, model.pos.grad = model.pos.grad, None
+        model(x).sum().backward()
+        torch.testing.assert_close(ours, model.pos.grad)
+        model.pos.grad = None
+    assert len(be.reports) == 2
