@@ -74,6 +74,14 @@ def test_nan_and_inf_propagate_like_eager():
     assert_matches_eager(fn, [x], codegen="triton")
 
 
+def test_bool_plus_bool_is_logical_or():
+    # Triton's int1 add wraps: True + True stored False
+    a = torch.tensor([[7, -7, 2, -1], [5, -3, 0, 1]])
+    fn = lambda a: ((a > 0) + (a < 3), torch.add(a > 0, a < 3, alpha=True), (a > 0) * (a < 3))
+    be = assert_matches_eager(fn, [a], codegen="triton")
+    assert "reference" not in (be.reports[0].codegen_reason or "")
+
+
 def test_report_has_kernel_sources_variants_and_bytes():
     be = assert_matches_eager(torch.nn.LayerNorm(32), [torch.randn(64, 32)], codegen="triton")
     (report,) = be.reports

@@ -115,6 +115,9 @@ def op(v: Op, args: list[str]) -> str:
         return f"tl.where({args[0]} > 0, 1, tl.where({args[0]} < 0, -1, 0)).to({tl_dtype(v.dtype)})"
     if name in ("abs", "neg", "maximum", "minimum") and dtype == torch.bool:
         raise Unsupported(f"{name} on bool")
+    if name == "add" and dtype == torch.bool:
+        # torch's bool + bool is logical or; Triton's int1 add wraps (True + True == False)
+        return f"({args[0]} | {args[1]})"
     table = _UNARY if len(args) == 1 else _BINARY
     if name not in table:
         raise Unsupported(f"op {name}")
