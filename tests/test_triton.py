@@ -82,6 +82,19 @@ def test_bool_plus_bool_is_logical_or():
     assert "reference" not in (be.reports[0].codegen_reason or "")
 
 
+def test_float_floor_division_remainder_and_edge_values_match_eager():
+    # from the exact fmod, as eager: floor(a / b) rounds first (1.0 // 0.1 is 9, not 10; 1.0 % 0.1 is 0.0999..,
+    # not 0; inf // 2 is NaN); sign(NaN) is 0; pow(-inf, 2.5) is inf, pow(1, NaN) 1, pow(-0.0, -1) -inf;
+    # log1p(inf) is inf
+    inf, nan = float("inf"), float("nan")
+    a = torch.tensor([1.0, -1.0, 0.3, 7.0, 5.5, inf, -1.0, 1.0, 0.0, -0.0, 2.0, 1e30, -inf, 1.0, nan, -0.0])
+    b = torch.tensor([0.1, inf, 0.1, 0.7, -1.1, 2.0, 0.0, -inf, -3.0, 3.0, 0.0, 3.0, 2.5, nan, 0.0, -1.0])
+    fn = lambda a, b: (a // b, a // 0.1, torch.remainder(a, b), a % -0.7, torch.fmod(a, b), a.sign(),
+                       a.pow(b), a.log1p())
+    be = assert_matches_eager(fn, [a, b], codegen="triton")
+    assert "reference" not in (be.reports[0].codegen_reason or "")
+
+
 def test_report_has_kernel_sources_variants_and_bytes():
     be = assert_matches_eager(torch.nn.LayerNorm(32), [torch.randn(64, 32)], codegen="triton")
     (report,) = be.reports

@@ -105,8 +105,8 @@ def op(v: Op, args: list[str]) -> str:
     if name == "remainder":
         kind = "f" if dtype.is_floating_point else "i"
         return f"_remainder_{kind}({args[0]}, {args[1]})"
-    if name == "fmod" and not dtype.is_floating_point:
-        return f"({args[0]} % {args[1]})"
+    if name == "fmod":  # C's fmod: an integer % is LLVM's srem; floats call the exact _fmod
+        return f"_fmod({args[0]}, {args[1]})" if dtype.is_floating_point else f"({args[0]} % {args[1]})"
     if name == "pow" and not dtype.is_floating_point:
         raise Unsupported("integer pow")
     if name in ("bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not") and dtype.is_floating_point:
@@ -159,7 +159,8 @@ def _relu(x):
 
 @triton.jit
 def _sign(x):
-    return tl.where(x > 0, 1.0, tl.where(x < 0, -1.0, tl.where(x != x, x, 0.0))).to(x.dtype)
+    # sign(NaN) is 0, as eager's (0 < x) - (x < 0)
+    return tl.where(x > 0, 1.0, tl.where(x < 0, -1.0, 0.0)).to(x.dtype)
 
 
 @triton.jit
@@ -176,12 +177,24 @@ def _remainder_i(a, b):
 
 @triton.jit
 def _floordiv_f(a, b):
-    return tl.floor(a / b)
+    # eager's div_floor_floating (c10/util/generic_math.h): from the exact fmod, not floor(a / b), which
+    # rounds first (1.0 // 0.1 is 9, floor(1.0 / 0.1) is 10; inf // 2 is NaN)
+    mod = _fmod(a, b)
+    div = (a - mod) / b
+    div = tl.where((mod != 0) & ((b < 0) != (mod < 0)), div - 1.0, div)
+    fl = tl.floor(div)
+    fl = tl.where(div - fl > 0.5, fl + 1.0, fl)
+    q = a / b
+    negative = (q < 0) | ((q == 0) & ((1.0 / q) < 0))  # copysign(0, a / b), a / b may be -0.0
+    fl = tl.where(div == 0, tl.where(negative, -0.0, 0.0), fl)
+    return tl.where(b == 0, q, fl)
 
 
 @triton.jit
 def _remainder_f(a, b):
-    return a - b * tl.floor(a / b)
+    # eager's: fmod, moved to b's sign (exact, where a - b * floor(a / b) is not: 1.0 % 0.1 is 0.09999..)
+    mod = _fmod(a, b)
+    return tl.where((mod != 0) & ((b < 0) != (mod < 0)), mod + b, mod)
 
 
 @triton.jit
@@ -273,6 +286,12 @@ def _cosh(x):
 @triton.jit
 def _pow(a, b):
     return libdevice.pow(a, b)
+
+
+@triton.jit
+def _fmod(a, b):
+    # exact, as C's fmod (Triton's float %, LLVM's frem, is a - b * trunc(a / b) on NVPTX: 1.0 % 0.1 < 0)
+    return libdevice.fmod(a, b)
 '''
 
 # The CPU interpreter has no libdevice: the same functions from tl.math, written for accuracy.
@@ -325,8 +344,14 @@ def _expm1(x):
 @triton.jit
 def _log1p(x):
     u = 1.0 + x
-    # log(u) * x / (u - 1) corrects the rounding of 1 + x (Goldberg)
-    return tl.where(u == 1.0, x, tl.log(u) * x / (u - 1.0))
+    # log(u) * x / (u - 1) corrects the rounding of 1 + x (Goldberg); at u = inf it would be inf / inf
+    return tl.where((u == 1.0) | (u == float("inf")), x, tl.log(u) * x / (u - 1.0))
+
+
+@triton.jit
+def _fmod(a, b):
+    # exact, as C's fmod: the interpreter's float % is numpy's fmod
+    return a % b
 
 
 @triton.jit
@@ -344,8 +369,13 @@ def _pow(a, b):
     # a ** b for real a: exp(b log|a|), with the sign for integral b and pow(x, 0) == 1
     mag = tl.exp(b * tl.log(tl.abs(a)))
     b_int = b == tl.floor(b)
-    odd = b_int & ((b - 2.0 * tl.floor(b * 0.5)) != 0)
-    res = tl.where((a < 0) & odd, -mag, mag)
-    res = tl.where((a < 0) & ~b_int, float("nan"), res)
-    return tl.where(b == 0, 1.0, tl.where((a == 0) & (b > 0), 0.0, res))
+    b_inf = tl.abs(b) == float("inf")
+    odd = b_int & ~b_inf & ((b - 2.0 * tl.floor(b * 0.5)) != 0)
+    negative = (a < 0) | ((a == 0) & (1.0 / a < 0))  # -0.0 too: pow(-0.0, -1) is -inf
+    res = tl.where(negative & odd, -mag, mag)
+    # a finite negative base to a fractional power is NaN; C's pow(-inf, b) is inf (b > 0) or 0 (b < 0),
+    # pow(1, b) and pow(-1, +-inf) are 1 (exp(b log|a|) is exp(NaN) there)
+    res = tl.where((a < 0) & (a != float("-inf")) & ~b_int, float("nan"), res)
+    one = (b == 0) | (a == 1.0) | ((a == -1.0) & b_inf)
+    return tl.where(one, 1.0, res)
 '''
