@@ -95,6 +95,15 @@ def test_float_floor_division_remainder_and_edge_values_match_eager():
     assert "reference" not in (be.reports[0].codegen_reason or "")
 
 
+@pytest.mark.parametrize("variant", ["persistent", "looped"])
+def test_reductions_keep_the_sign_of_zero(variant):
+    # a value is broadcast to its block by adding zeros: +0.0 turned -0.0 into +0.0, so a product
+    # over [-0.0, 2, 3, -1] came out -0.0 (eager: +0.0, and 1 / it is inf, not -inf)
+    x = torch.tensor([[-0.0, 2.0, 3.0, -1.0], [0.0, -2.0, 3.0, 1.0], [-0.0, -0.0, 1.0, 1.0]])
+    fn = lambda x: (1 / x.prod(-1), 1 / x.amax(-1).clamp(max=0), x.argmax(-1))
+    assert_matches_eager(fn, [x], codegen="triton", kernel_variant=variant)
+
+
 def test_report_has_kernel_sources_variants_and_bytes():
     be = assert_matches_eager(torch.nn.LayerNorm(32), [torch.randn(64, 32)], codegen="triton")
     (report,) = be.reports
