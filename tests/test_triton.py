@@ -104,6 +104,12 @@ def test_reductions_keep_the_sign_of_zero(variant):
     assert_matches_eager(fn, [x], codegen="triton", kernel_variant=variant)
 
 
+def test_bfloat16_negative_zero_is_false():
+    # the interpreter holds bfloat16 as raw words: -0.0 (0x8000) != 0 made bool(-0.0) True
+    x = torch.tensor([-0.0, 0.0, 1.0, float("nan"), -2.0], dtype=torch.bfloat16)
+    assert_matches_eager(lambda x: (x.bool(), x.bool().sum()), [x], codegen="triton")
+
+
 def test_report_has_kernel_sources_variants_and_bytes():
     be = assert_matches_eager(torch.nn.LayerNorm(32), [torch.randn(64, 32)], codegen="triton")
     (report,) = be.reports

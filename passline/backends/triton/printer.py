@@ -125,6 +125,9 @@ def op(v: Op, args: list[str]) -> str:
 
 
 def cast(value: str, src: torch.dtype, dst: torch.dtype) -> str:
+    if dst == torch.bool and src == torch.bfloat16:
+        # compared as a float: the interpreter holds bfloat16 as raw 16-bit words, so -0.0 (0x8000) != 0
+        return f"({value}.to(tl.float32) != 0)"
     if dst == torch.bool:
         return f"({value} != 0)"
     if dst == torch.bfloat16 and src != torch.bfloat16:
