@@ -110,6 +110,13 @@ def test_bfloat16_negative_zero_is_false():
     assert_matches_eager(lambda x: (x.bool(), x.bool().sum()), [x], codegen="triton")
 
 
+def test_tanh_expm1_sinh_keep_their_digits_near_zero():
+    # the interpreter's 1 - exp(-2|x|) cancelled: tanh(1e-6) was 1.5% off, tanh(1e-8) was 0
+    x = torch.cat([torch.logspace(-8, -1, 29), -torch.logspace(-8, -1, 29)])
+    fn = lambda x: (torch.tanh(x) / x, torch.expm1(x) / x, torch.sinh(x) / x)
+    assert_matches_eager(fn, [x], codegen="triton")
+
+
 def test_report_has_kernel_sources_variants_and_bytes():
     be = assert_matches_eager(torch.nn.LayerNorm(32), [torch.randn(64, 32)], codegen="triton")
     (report,) = be.reports
