@@ -115,6 +115,7 @@ class EagerRaises(Exception):
 
 
 PIPELINE = None  # --pipeline: the passes to run (default passline's)
+VARIANT = "auto"  # --variant: force "persistent" or "looped" reduction kernels (Triton)
 
 
 def run_case(name, codegen, dtype=torch.float32, dynamic=None, sizes=None):
@@ -128,7 +129,7 @@ def run_case(name, codegen, dtype=torch.float32, dynamic=None, sizes=None):
     eager_model, ours_model = copy.deepcopy(model), copy.deepcopy(model)
     eager_in, ours_in = copy_inputs(inputs), copy_inputs(inputs)
     torch._dynamo.reset()
-    be = passline.backend(fallback="raise", codegen=codegen, pipeline=PIPELINE)
+    be = passline.backend(fallback="raise", codegen=codegen, pipeline=PIPELINE, kernel_variant=VARIANT)
     compiled = torch.compile(ours_model, backend=be, dynamic=dynamic)
     try:
         eo, el, w = step(eager_model, eager_in)
@@ -1342,6 +1343,45 @@ def _():
     return Fn(f, block=block, ls=nn.Parameter(torch.full((8,), 1e-1))), [rg(2, 5, 8)]
 
 
+@case("grad_ties_and_kinks")
+def _():
+    def f(s, x, y):
+        return (x.amax(-1), x.amin((0, 1)), x.max(-1)[0], x.min(0)[0], torch.maximum(x, y), torch.minimum(x, y),
+                x.clamp(0, 1), x.relu(), F.hardtanh(x, -1, 1), F.leaky_relu(x, 0.1), x.abs(), F.l1_loss(x, y),
+                F.smooth_l1_loss(x, y, beta=1.0), x.topk(2, -1)[0], x.sort(0)[0], x.median(-1)[0], x.prod(-1),
+                x.norm(dim=-1), torch.nn.functional.normalize(x, dim=-1), x.pow(2), x.sign() * x, x.max())
+    x = torch.tensor([[1.0, 1.0, 0.0, -1.0], [0.0, 0.0, 0.0, 0.0], [2.0, -1.0, 2.0, 1.0]])
+    y = torch.tensor([[1.0, 0.0, 0.0, 0.0], [0.0, 2.0, -2.0, 0.0], [2.0, -1.0, 1.0, 2.0]])
+    return Fn(f), [x.requires_grad_(), y.requires_grad_()]
+
+
+@case("grad_nan_traps")
+def _():
+    def f(s, x, m):
+        a = torch.where(x > 0, x.sqrt(), torch.zeros_like(x))       # NaN grad at x < 0, as eager
+        b = torch.where(x > 0, x, x.log())                            # log of negatives: NaN in the other branch
+        c = x.masked_fill(m, float("-inf")).softmax(-1)              # a fully masked row: NaN
+        d = (x * 0).sum() + x.std(-1, keepdim=True)                   # std of a constant row: NaN grad
+        e = x.pow(0.5).nan_to_num(0.0)
+        g = x.clamp_min(0) ** 0.5                                     # inf grad at 0
+        h = torch.atan2(x, x.flip(1))
+        k = x / x.roll(1, 1)                                          # division by zero
+        return a, b, c, d, e, g, h, k, torch.logsumexp(x.masked_fill(m, float("-inf")), -1)
+    x = torch.tensor([[1.0, -1.0, 0.0, 4.0], [2.0, 2.0, 2.0, 2.0], [0.5, 0.0, -3.0, 1.5]])
+    m = torch.tensor([[False, True, False, False], [True, True, True, True], [False, False, True, False]])
+    return Fn(f), [x.requires_grad_(), m]
+
+
+@case("grad_duplicates_index_put_accumulate")
+def _():
+    def f(s, x, w, i):
+        y = torch.zeros(5, 3).index_put((i,), w, accumulate=True)
+        z = x[i] * 2                                                  # gather with repeats: grads summed
+        u = x.index_put((i[:2],), w[:2] * 3)                          # overwrite (not accumulate), no dup
+        return y, z, u, x[[0, 0, 4]].sum(0)
+    return Fn(f), [rg(5, 3), rg(4, 3), torch.tensor([1, 3, 1, 1])]
+
+
 # ---------------------------------------------------------------- dynamic shapes: one compile, several sizes
 DYNAMIC = {
     "encoder_seq": (lambda: nn.TransformerEncoderLayer(16, 2, 24, dropout=0.0, batch_first=True, norm_first=True),
@@ -1386,7 +1426,7 @@ def run_dynamic(name, codegen, sizes=(5, 7, 13), dynamic=True):
     torch.manual_seed(0)
     model = make_model()
     torch._dynamo.reset()
-    be = passline.backend(fallback="raise", codegen=codegen, pipeline=PIPELINE)
+    be = passline.backend(fallback="raise", codegen=codegen, pipeline=PIPELINE, kernel_variant=VARIANT)
     ours_model, eager_model = copy.deepcopy(model), copy.deepcopy(model)
     compiled = torch.compile(ours_model, backend=be, dynamic=dynamic)
     counts = []
@@ -1433,9 +1473,10 @@ def main():
                     help="the DYNAMIC cases with automatic dynamic shapes (recompiled once, at the second size)")
     ap.add_argument("-v", action="store_true")
     ap.add_argument("--pipeline", default=None, help="a pipeline's text (default: passline's)")
+    ap.add_argument("--variant", default="auto", help="reduction kernels: auto, persistent or looped")
     args = ap.parse_args()
-    global PIPELINE
-    PIPELINE = args.pipeline
+    global PIPELINE, VARIANT
+    PIPELINE, VARIANT = args.pipeline, args.variant
     dtype = getattr(torch, args.dtype)
     if args.dynamic or args.auto_dynamic:
         main_dynamic(args.names, args.codegen.split(","), dynamic=True if args.dynamic else None)
