@@ -1382,6 +1382,30 @@ def _():
     return Fn(f), [rg(5, 3), rg(4, 3), torch.tensor([1, 3, 1, 1])]
 
 
+@case("layouts_grad_leaves_odd")
+def _():
+    def f(s, a, b, c, d):
+        return (a * 2).sum(0), b.exp(), (c @ d).tanh(), c.permute(2, 0, 1) + 1, (a.unsqueeze(0) * c[:1, :1, :1]).mean()
+    a = torch.randn(5).expand(3, 5).detach().requires_grad_()          # stride-0 leaf that needs grad
+    base = torch.randn(40)
+    b = base[3:33].view(5, 6)[:, 1::2].detach().requires_grad_()       # offset, step-2 columns
+    c = torch.randn(2, 5, 4).permute(0, 2, 1).detach().requires_grad_() # [2, 4, 5] transposed
+    d = torch.randn(5, 1).requires_grad_()
+    return Fn(f), [a, b, c, d]
+
+
+@case("convnext_cl_size1_spatial")
+def _():
+    m = ConvNeXtBlock().to(memory_format=torch.channels_last)
+    return m, [torch.randn(2, 8, 1, 7).contiguous(memory_format=torch.channels_last).requires_grad_()]
+
+
+@case("se_block_1x1_channels_last_bf")
+def _():
+    m = InvertedResidual(act=nn.SiLU, se=True).to(memory_format=torch.channels_last)
+    return m, [torch.randn(3, 6, 1, 1).contiguous(memory_format=torch.channels_last).requires_grad_()]
+
+
 # ---------------------------------------------------------------- dynamic shapes: one compile, several sizes
 DYNAMIC = {
     "encoder_seq": (lambda: nn.TransformerEncoderLayer(16, 2, 24, dropout=0.0, batch_first=True, norm_first=True),
@@ -1418,6 +1442,34 @@ DYNAMIC = {
     "cumsum_masked_len": (lambda: Fn(lambda s, x: (x.cumsum(-1), x.masked_fill(x < -0.5, float("-inf")).softmax(-1),
                                                    x.logcumsumexp(-1))),
                           lambda n: [rg(3, n)]),
+    "size_arith_slices": (lambda: Fn(lambda s, x: (x[:, : x.shape[1] // 2] * 2, x[..., x.shape[1] - 3:].exp(),
+                                                    x.narrow(1, x.shape[1] // 3, 2).sum(1),
+                                                    torch.cat([x[:, 1:], x[:, :1]], 1) - x.roll(-1, 1),
+                                                    x.roll(x.shape[1] // 2, 1), x.flip(1).cumsum(1))),
+                          lambda n: [rg(3, n)]),
+    "causal_mask_symbolic": (lambda: Fn(lambda s, x: (x @ x.transpose(-1, -2)).masked_fill(
+        torch.ones(x.shape[1], x.shape[1], dtype=torch.bool).triu(1), float("-inf")).softmax(-1) @ x),
+        lambda n: [rg(2, n, 4)]),
+    "pad_to_multiple": (lambda: Fn(lambda s, x: F.pad(x, (0, (-x.shape[-1]) % 4)).view(x.shape[0], -1, 4).mean(-1)),
+                        lambda n: [rg(2, n)]),
+    "arange_full_new_zeros": (lambda: Fn(lambda s, x: (x * torch.arange(x.shape[1]) / x.shape[1]
+                                                       + torch.full((x.shape[1],), 0.5) + x.new_zeros(x.shape[1]),
+                                                       x.sum(1) / x.shape[1], x * (x.shape[0] * x.shape[1]) ** 0.5)),
+                              lambda n: [rg(2, n)]),
+    "chunk_split_symbolic": (lambda: Fn(lambda s, x: [t.sum(1) for t in x.split([2, x.shape[1] - 2], 1)]
+                                        + [x.unflatten(1, (-1, 1)).squeeze(-1).tanh()]),
+                             lambda n: [rg(3, n)]),
+    "interpolate_size_symbolic": (lambda: Fn(lambda s, x: (
+        F.interpolate(x, size=x.shape[-1] * 2 - 1, mode="linear", align_corners=True),
+        F.adaptive_max_pool1d(x, 3), F.avg_pool1d(x, 2, ceil_mode=True))), lambda n: [rg(2, 3, n)]),
+    # one_hot's num_classes is fixed (a symbolic one is specialized by dynamo itself)
+    "one_hot_topk_symbolic": (lambda: Fn(lambda s, x: (
+        F.one_hot(x.argmax(-1) % 4, 4).float() * x[:, :4], x.topk(2, -1)[0],
+        x.sort(-1, descending=True)[0][:, :3])), lambda n: [rg(3, n)]),
+    # an int argument beside the sizes (its symbol's range is unbounded); the slice start stays >= 1, as
+    # a start that may be 0 is guarded on (a recompile) by dynamo
+    "int_arg_scale": (lambda: Fn(lambda s, x, k: (torch.cat([x, x * k], 1)[:, k % 3 + 1:], x + k)),
+                      lambda n: [rg(2, n), n % 5 + 1]),
 }
 
 
