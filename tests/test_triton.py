@@ -123,6 +123,12 @@ def test_erfc_of_large_arguments():
     assert_matches_eager(lambda x: (torch.special.erfc(x), torch.special.erfc(x).log()), [x], codegen="triton")
 
 
+def test_round_half_to_even_of_large_odd_values_and_signed_zeros():
+    # floor(x + 0.5) rounded the sum: round(8388609.0) was 8388610; round(-0.4) is -0.0 (1 / it: -inf)
+    x = torch.tensor([8388609.0, -8388609.0, 16777215.0, 2.5, -2.5, 0.5, -0.5, 1.5, 0.49999997, -0.4, 1e20])
+    assert_matches_eager(lambda x: (x.round(), 1 / x.round(), x.round(decimals=1)), [x], codegen="triton")
+
+
 def test_report_has_kernel_sources_variants_and_bytes():
     be = assert_matches_eager(torch.nn.LayerNorm(32), [torch.randn(64, 32)], codegen="triton")
     (report,) = be.reports

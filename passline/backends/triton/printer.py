@@ -244,11 +244,13 @@ def _trunc(x):
 
 @triton.jit
 def _round(x):
-    # round half to even, as torch.round
-    r = tl.floor(x + 0.5)
-    tie = (r - x) == 0.5
+    # round half to even, as torch.round (rint), from floor(x) and x - floor(x), which are exact: floor(x + 0.5)
+    # rounded the sum first (round(8388609.0) was 8388610). A zero keeps x's sign, as rint's (round(-0.4) is -0.0)
+    r = tl.floor(x)
+    d = x - r
     odd = (r - 2.0 * tl.floor(r * 0.5)) != 0
-    return tl.where(tie & odd, r - 1.0, r)
+    r = tl.where((d > 0.5) | ((d == 0.5) & odd), r + 1.0, r)
+    return tl.where(r == 0, x * 0.0, r)
 '''
 
 PRELUDE_GPU = '''import triton
