@@ -1406,6 +1406,29 @@ def _():
     return m, [torch.randn(3, 6, 1, 1).contiguous(memory_format=torch.channels_last).requires_grad_()]
 
 
+@case("norms_odd_layouts_third")
+def _():
+    def f(s, x, y):
+        a = F.layer_norm(x.transpose(1, 2), (3, 5), s.w, s.b)                  # two trailing dims, transposed
+        b = F.group_norm(y, 1, s.g.weight, s.g.bias)                           # one group, channels_last
+        c = s.inorm(y)                                                         # tracked running stats
+        d = s.bn(x.transpose(1, 2))                                            # BatchNorm1d on a strided [N, C, L]
+        e = x.softmax(1) + x.log_softmax(0)                                    # softmax over a size-1 dim... and dim 0
+        return a, b, c, d, e, F.rms_norm(x, (3,), eps=1e-3)
+    x = torch.randn(4, 5, 3).requires_grad_()
+    y = torch.randn(2, 6, 3, 4).contiguous(memory_format=torch.channels_last).requires_grad_()
+    return Fn(f, w=nn.Parameter(torch.rand(3, 5) + 0.5), b=nn.Parameter(torch.randn(3, 5)), g=nn.GroupNorm(1, 6),
+              inorm=nn.InstanceNorm2d(6, affine=True, track_running_stats=True), bn=nn.BatchNorm1d(3)), [x, y]
+
+
+@case("softmax_size1_dims_keepdim")
+def _():
+    def f(s, x):
+        return x.softmax(0), x.log_softmax(2), x.sum(0, keepdim=True).expand_as(x) * x, x.mean((0, 2)), \
+            x.amax(2, keepdim=True) - x, torch.logsumexp(x, (0, 2))
+    return Fn(f), [rg(1, 5, 1)]
+
+
 # ---------------------------------------------------------------- dynamic shapes: one compile, several sizes
 DYNAMIC = {
     "encoder_seq": (lambda: nn.TransformerEncoderLayer(16, 2, 24, dropout=0.0, batch_first=True, norm_first=True),
