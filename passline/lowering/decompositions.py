@@ -47,8 +47,21 @@ def _channel_shuffle(x, groups: int):
     return y.contiguous(memory_format=suggest_memory_format(x))
 
 
+def _roll(x, shifts, dims=()):
+    """roll with eager's output layout: the CPU kernel writes x's suggested memory format (a channels_last
+    activation stays channels_last, a transposed one comes back contiguous), while torch's decomposition
+    (an index_select) and eager's CUDA kernel give a contiguous tensor."""
+    from torch._prims_common import suggest_memory_format
+    from torch._refs import roll
+
+    y = roll(x, shifts, dims)
+    if x.device.type != "cpu":
+        return y
+    return y.contiguous(memory_format=suggest_memory_format(x))
+
+
 # ours in place of torch's (each says why)
-OVERRIDES = {"channel_shuffle": _channel_shuffle, "native_channel_shuffle": _channel_shuffle}
+OVERRIDES = {"channel_shuffle": _channel_shuffle, "native_channel_shuffle": _channel_shuffle, "roll": _roll}
 
 # Batch norm's forward ops: eager's kernels (CPU, CUDA, cuDNN) write the normalized output as
 # empty_like(input, input.suggest_memory_format()), but torch's decompositions compute it pointwise from
