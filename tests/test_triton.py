@@ -129,6 +129,12 @@ def test_round_half_to_even_of_large_odd_values_and_signed_zeros():
     assert_matches_eager(lambda x: (x.round(), 1 / x.round(), x.round(decimals=1)), [x], codegen="triton")
 
 
+def test_negative_scalars_with_unsigned_tensors_wrap_as_eager():
+    # u8 + (-1): the scalar is uint8 255, as torch converts it; tl.full refused -1 for tl.uint8
+    u = torch.tensor([0, 1, 3, 200, 255], dtype=torch.uint8)
+    assert_matches_eager(lambda u: (u > -1, u + (-1), torch.where(u > 3, u, -1)), [u], codegen="triton")
+
+
 def test_report_has_kernel_sources_variants_and_bytes():
     be = assert_matches_eager(torch.nn.LayerNorm(32), [torch.randn(64, 32)], codegen="triton")
     (report,) = be.reports

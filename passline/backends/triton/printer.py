@@ -71,7 +71,11 @@ def constant(value, dtype: torch.dtype) -> str:
         return f"tl.full([1], {lit}, {tl_dtype(dtype)})"
     if dtype == torch.bool:
         return f"tl.full([1], {1 if value else 0}, tl.int1)"
-    return f"tl.full([1], {int(value)}, {tl_dtype(dtype)})"
+    # wrapped into the dtype's range, as torch converts a scalar (uint8 + (-1) adds 255): tl.full refuses
+    # a value outside it (the interpreter: OverflowError)
+    info = torch.iinfo(dtype)
+    span = info.max - info.min + 1
+    return f"tl.full([1], {(int(value) - info.min) % span + info.min}, {tl_dtype(dtype)})"
 
 
 _UNARY = {
