@@ -176,3 +176,48 @@ def test_a_size_is_never_bound_from_a_size_one_dims_stride():
     graph = SchedulerGraph([first, only])
     bind = _Bindings(size_sources(graph), [torch.randn(2, 1, 7).as_strided((2, 1, 7), (7, 0, 1)), torch.randn(1, 3)])
     assert bind.values == {s0: 7, s1: 3}
+
+
+@pytest.mark.parametrize("codegen", CODEGENS)
+def test_int_and_float_scalar_arguments_beside_symbolic_sizes(codegen):
+    """Under dynamic=True a Python int argument is a symbol ranged [-int_oo, int_oo] and a float one a float
+    range; the size bounds cat and reshape ask the ShapeEnv for skip them (int(-int_oo) once failed the
+    compile: a DenseNet block beside BatchNorm's float momentum)."""
+    def fn(x, k, eps):
+        y = torch.cat([x, x + k], 1) * eps
+        return y.reshape(-1), torch.cat([y], 0)
+
+    torch._dynamo.reset()
+    be = passline.backend(codegen=codegen, fallback="raise")
+    compiled = torch.compile(fn, backend=be, dynamic=True)
+    for n, k, eps in [(5, -9, 0.5), (7, 4, 0.25), (3, 2, 1.5)]:
+        x = torch.randn(2, n, device=DEVICE)
+        for a, b in zip(compiled(x, k, eps), fn(x, k, eps)):
+            torch.testing.assert_close(a, b)
+    assert len(be.reports) == 1
+
+
+@pytest.mark.parametrize("codegen", CODEGENS)
+def test_backward_of_a_fixed_table_sliced_to_a_symbolic_length(codegen):
+    """`pos[:seq]` of a learned position table: its backward is a slice_scatter whose end is a size symbol,
+    a value only as an IndexValue (it was a Constant the backends could not print)."""
+    class Positions(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.pos = torch.nn.Parameter(torch.randn(7, 4))
+
+        def forward(self, x):
+            return x * self.pos[: x.shape[1]] + self.pos[1: x.shape[1] + 1:2].sum(0)
+
+    torch._dynamo.reset()
+    model = Positions().to(DEVICE)
+    be = passline.backend(codegen=codegen, fallback="raise")
+    compiled = torch.compile(model, backend=be, dynamic=True)
+    for n in (3, 5, 6):
+        x = torch.randn(2, n, 4, device=DEVICE)
+        compiled(x).sum().backward()
+        ours, model.pos.grad = model.pos.grad, None
+        model(x).sum().backward()
+        torch.testing.assert_close(ours, model.pos.grad)
+        model.pos.grad = None
+    assert len(be.reports) == 2

@@ -301,3 +301,26 @@ def test_channel_shuffle_keeps_channels_last(codegen):
     assert_matches_eager(lambda x: torch.nn.functional.channel_shuffle(x * 2, 3), [x], codegen=codegen)
     y = torch.randn(2, 4, 7, requires_grad=True)
     assert_matches_eager(lambda x: torch.nn.functional.channel_shuffle(x, 2), [y], codegen=codegen)
+
+
+@pytest.mark.parametrize("codegen", CODEGENS)
+@pytest.mark.parametrize("train", [True, False])
+def test_batch_norm_output_has_eager_memory_format(train, codegen):
+    # eager's kernels write batch norm's output in the input's suggested memory format (contiguous for a
+    # transposed [N, C, L]); torch's decomposition kept the input's stride order: strides (15, 1, 3)
+    bn = torch.nn.BatchNorm1d(3).train(train)
+    x = torch.randn(4, 5, 3).transpose(1, 2).requires_grad_()
+    assert_matches_eager(bn, [x], codegen=codegen)
+    cl = torch.nn.BatchNorm2d(3).train(train)
+    assert_matches_eager(cl, [torch.randn(2, 3, 4, 5).contiguous(memory_format=torch.channels_last).requires_grad_()],
+                         codegen=codegen)
+
+
+@pytest.mark.parametrize("codegen", CODEGENS)
+def test_roll_keeps_eager_memory_format(codegen):
+    # eager's CPU roll writes the input's suggested memory format; torch's decomposition (an index_select)
+    # returned a channels_last activation contiguous
+    x = torch.randn(2, 3, 4, 5).contiguous(memory_format=torch.channels_last).requires_grad_()
+    assert_matches_eager(lambda x: (x * 2).roll((1, -2), (1, 3)), [x], codegen=codegen)
+    y = torch.randn(2, 5, 3).transpose(1, 2).requires_grad_()
+    assert_matches_eager(lambda x: x.roll(1, 2), [y], codegen=codegen)

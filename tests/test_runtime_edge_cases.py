@@ -172,3 +172,30 @@ def test_checkpointed_dropout_replays_its_mask(codegen):
         for p, q in zip(compiled_block.parameters(), block.parameters()):
             torch.testing.assert_close(p.grad, q.grad)
     assert len(be.reports) == 2 and all(r.check.ok for r in be.reports)
+
+
+@pytest.mark.parametrize("codegen", ["reference", "triton"])
+def test_data_dependent_sizes_are_refused_when_compiled(codegen):
+    """With dynamo capturing nonzero and item (capture_dynamic_output_shape_ops, capture_scalar_outputs),
+    a result's size or value is an unbacked symbol u0 that no graph input carries: the runners, which bind
+    sizes from the inputs, failed at run time (TypeError: Cannot convert symbols to int). Refused at compile
+    time instead: fallback="raise" says why, the default fallback runs the graph eagerly, as eager."""
+    def fn(x, w):
+        idx = (x.sum(-1) > 0).nonzero().squeeze(-1)
+        n = (x > 0).sum().item()
+        return torch.zeros_like(x).index_add(0, idx, x[idx] * w) * n
+
+    x = torch.randn(7, 4)
+    x[0] = 1.0
+    w = torch.randn(4, requires_grad=True)
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True, capture_scalar_outputs=True):
+        torch._dynamo.reset()
+        with pytest.raises(Exception, match="known only at run time"):
+            torch.compile(fn, backend=passline.backend(fallback="raise", codegen=codegen))(x, w)
+        torch._dynamo.reset()
+        be = passline.backend(fallback="eager", codegen=codegen)
+        with pytest.warns(UserWarning, match="known only at run time"):
+            got = torch.compile(fn, backend=be)(x, w)
+        torch.testing.assert_close(got, fn(x, w))
+        assert be.failures
+    torch._dynamo.reset()

@@ -74,6 +74,67 @@ def test_nan_and_inf_propagate_like_eager():
     assert_matches_eager(fn, [x], codegen="triton")
 
 
+def test_bool_plus_bool_is_logical_or():
+    # Triton's int1 add wraps: True + True stored False
+    a = torch.tensor([[7, -7, 2, -1], [5, -3, 0, 1]])
+    fn = lambda a: ((a > 0) + (a < 3), torch.add(a > 0, a < 3, alpha=True), (a > 0) * (a < 3))
+    be = assert_matches_eager(fn, [a], codegen="triton")
+    assert "reference" not in (be.reports[0].codegen_reason or "")
+
+
+def test_float_floor_division_remainder_and_edge_values_match_eager():
+    # from the exact fmod, as eager: floor(a / b) rounds first (1.0 // 0.1 is 9, not 10; 1.0 % 0.1 is 0.0999..,
+    # not 0; inf // 2 is NaN); sign(NaN) is 0; pow(-inf, 2.5) is inf, pow(1, NaN) 1, pow(-0.0, -1) -inf;
+    # log1p(inf) is inf
+    inf, nan = float("inf"), float("nan")
+    a = torch.tensor([1.0, -1.0, 0.3, 7.0, 5.5, inf, -1.0, 1.0, 0.0, -0.0, 2.0, 1e30, -inf, 1.0, nan, -0.0])
+    b = torch.tensor([0.1, inf, 0.1, 0.7, -1.1, 2.0, 0.0, -inf, -3.0, 3.0, 0.0, 3.0, 2.5, nan, 0.0, -1.0])
+    fn = lambda a, b: (a // b, a // 0.1, torch.remainder(a, b), a % -0.7, torch.fmod(a, b), a.sign(),
+                       a.pow(b), a.log1p())
+    be = assert_matches_eager(fn, [a, b], codegen="triton")
+    assert "reference" not in (be.reports[0].codegen_reason or "")
+
+
+@pytest.mark.parametrize("variant", ["persistent", "looped"])
+def test_reductions_keep_the_sign_of_zero(variant):
+    # a value is broadcast to its block by adding zeros: +0.0 turned -0.0 into +0.0, so a product
+    # over [-0.0, 2, 3, -1] came out -0.0 (eager: +0.0, and 1 / it is inf, not -inf)
+    x = torch.tensor([[-0.0, 2.0, 3.0, -1.0], [0.0, -2.0, 3.0, 1.0], [-0.0, -0.0, 1.0, 1.0]])
+    fn = lambda x: (1 / x.prod(-1), 1 / x.amax(-1).clamp(max=0), x.argmax(-1))
+    assert_matches_eager(fn, [x], codegen="triton", kernel_variant=variant)
+
+
+def test_bfloat16_negative_zero_is_false():
+    # the interpreter holds bfloat16 as raw words: -0.0 (0x8000) != 0 made bool(-0.0) True
+    x = torch.tensor([-0.0, 0.0, 1.0, float("nan"), -2.0], dtype=torch.bfloat16)
+    assert_matches_eager(lambda x: (x.bool(), x.bool().sum()), [x], codegen="triton")
+
+
+def test_tanh_expm1_sinh_keep_their_digits_near_zero():
+    # the interpreter's 1 - exp(-2|x|) cancelled: tanh(1e-6) was 1.5% off, tanh(1e-8) was 0
+    x = torch.cat([torch.logspace(-8, -1, 29), -torch.logspace(-8, -1, 29)])
+    fn = lambda x: (torch.tanh(x) / x, torch.expm1(x) / x, torch.sinh(x) / x)
+    assert_matches_eager(fn, [x], codegen="triton")
+
+
+def test_erfc_of_large_arguments():
+    # 1 - erf(x) is 0 from x = 4 on: log(erfc(x)) was -inf where eager's is -18.6 (x = 4) .. -83 (x = 9)
+    x = torch.linspace(-3, 9, 25)
+    assert_matches_eager(lambda x: (torch.special.erfc(x), torch.special.erfc(x).log()), [x], codegen="triton")
+
+
+def test_round_half_to_even_of_large_odd_values_and_signed_zeros():
+    # floor(x + 0.5) rounded the sum: round(8388609.0) was 8388610; round(-0.4) is -0.0 (1 / it: -inf)
+    x = torch.tensor([8388609.0, -8388609.0, 16777215.0, 2.5, -2.5, 0.5, -0.5, 1.5, 0.49999997, -0.4, 1e20])
+    assert_matches_eager(lambda x: (x.round(), 1 / x.round(), x.round(decimals=1)), [x], codegen="triton")
+
+
+def test_negative_scalars_with_unsigned_tensors_wrap_as_eager():
+    # u8 + (-1): the scalar is uint8 255, as torch converts it; tl.full refused -1 for tl.uint8
+    u = torch.tensor([0, 1, 3, 200, 255], dtype=torch.uint8)
+    assert_matches_eager(lambda u: (u > -1, u + (-1), torch.where(u > 3, u, -1)), [u], codegen="triton")
+
+
 def test_report_has_kernel_sources_variants_and_bytes():
     be = assert_matches_eager(torch.nn.LayerNorm(32), [torch.randn(64, 32)], codegen="triton")
     (report,) = be.reports

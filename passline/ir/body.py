@@ -70,9 +70,16 @@ class Load:
         return f"load({self.buffer}[{self.index}]{_bindings(self.indirect)})"
 
 
+def _a_number(instance, attribute, value):
+    """A Constant's value is a number; a size symbol as a value is an IndexValue (`lowering.sizes.scalar_body`),
+    which both backends evaluate at run time. A symbolic constant would fail only when a backend printed it."""
+    if isinstance(value, sympy.Basic) and value.free_symbols:
+        raise TypeError(f"Constant of the symbolic {value}: use an IndexValue (lowering.sizes.scalar_body)")
+
+
 @attrs.frozen(cache_hash=True)
 class Constant:
-    value: object  # int, float or bool
+    value: object = attrs.field(validator=_a_number)  # int, float or bool
     dtype: torch.dtype
 
     def __repr__(self):

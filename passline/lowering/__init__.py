@@ -45,6 +45,11 @@ def lower_graph(gm: torch.fx.GraphModule, example_inputs=None, chooser=None) -> 
             ctx.inputs[n.name] = inputs[-1].buffer
         env[n] = TensorRef.of(inputs[-1].buffer) if inputs[-1].buffer is not None else (
             inputs[-1].symbol if inputs[-1].symbol is not None else val)
+        # the symbols the runners bind from this input (backends.reference.size_sources: a size, a stride
+        # or an int input that is a symbol itself)
+        given = (*inputs[-1].buffer.layout.size, *inputs[-1].buffer.layout.stride) \
+            if inputs[-1].buffer is not None else (inputs[-1].symbol,)
+        ctx.bound_symbols |= {e for e in given if isinstance(e, sympy.Symbol)}
     _lower_nodes(ctx, gm, env)
     ctx.fx_node = None
     outs = _output_node(gm).args[0]

@@ -51,6 +51,7 @@ class LoweringContext:
         self.chooser = None  # decides among a node's candidates (lowering/choices.py); None: the op itself
         self.choices: list = []  # ChoiceRecords, in program order
         self.origin: str | None = None  # while a chosen candidate is lowered: the FX node it implements
+        self.bound_symbols: set = set()  # size symbols the graph's inputs give values to at run time
 
     def _origins(self) -> tuple:
         if self.origin is not None:
@@ -89,6 +90,7 @@ class LoweringContext:
         name = self.new_name()
         vals = out_val if isinstance(out_val, (tuple, list)) else (out_val,)
         multi = isinstance(out_val, (tuple, list))
+        self._refuse_unbacked(op, vals)
         outputs = []
         for k, v in enumerate(vals):
             if isinstance(v, torch.Tensor):
@@ -100,6 +102,21 @@ class LoweringContext:
                                  origins=self._origins(), mutates=tuple(mutates), after=tuple(after)))
         refs = tuple(TensorRef.of(b) if b is not None else None for b in outputs)
         return refs if multi else refs[0]
+
+    def _refuse_unbacked(self, op, vals) -> None:
+        """An op whose result's size (or value: `.item()`) is known only once it has run (`nonzero`,
+        `masked_select`, `_local_scalar_dense`: an unbacked symbol u0 of dynamo's) is refused when the graph
+        is compiled, and the backend's fallback runs the graph eagerly. Both runners give size symbols their
+        values from the graph's inputs, before any node runs: such a symbol had none, and the first size made
+        of it failed at run time. A symbol some input carries (a backward given the forward's u0-sized
+        tensors) is bound as any other."""
+        from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+        unbound = set().union(*(free_unbacked_symbols(v) for v in vals)) - self.bound_symbols
+        if unbound:
+            raise NotImplementedError(
+                f"{op}: its result's size or value ({', '.join(sorted(map(str, unbound)))}) is known only at "
+                "run time, and passline binds sizes from the graph's inputs")
 
     def eager_layout(self, size: tuple, dtype: torch.dtype, device) -> Layout:
         """The layout of a new buffer of `size`: the dense stride order eager gives the FX node being

@@ -47,8 +47,41 @@ def _channel_shuffle(x, groups: int):
     return y.contiguous(memory_format=suggest_memory_format(x))
 
 
+def _roll(x, shifts, dims=()):
+    """roll with eager's output layout: the CPU kernel writes x's suggested memory format (a channels_last
+    activation stays channels_last, a transposed one comes back contiguous), while torch's decomposition
+    (an index_select) and eager's CUDA kernel give a contiguous tensor."""
+    from torch._prims_common import suggest_memory_format
+    from torch._refs import roll
+
+    y = roll(x, shifts, dims)
+    if x.device.type != "cpu":
+        return y
+    return y.contiguous(memory_format=suggest_memory_format(x))
+
+
 # ours in place of torch's (each says why)
-OVERRIDES = {"channel_shuffle": _channel_shuffle, "native_channel_shuffle": _channel_shuffle}
+OVERRIDES = {"channel_shuffle": _channel_shuffle, "native_channel_shuffle": _channel_shuffle, "roll": _roll}
+
+# Batch norm's forward ops: eager's kernels (CPU, CUDA, cuDNN) write the normalized output as
+# empty_like(input, input.suggest_memory_format()), but torch's decompositions compute it pointwise from
+# the input, in the input's stride order: BatchNorm1d on a transposed [N, C, L] activation returned a
+# [N, C, L] tensor with strides (C*L, 1, C) where eager's is contiguous (a .view() of it after the
+# compiled region failed). Ours call torch's and give the output eager's memory format; where it is
+# already that (contiguous, channels_last), `contiguous` is the tensor itself and adds no node.
+BATCH_NORMS = "native_batch_norm _native_batch_norm_legit_functional _native_batch_norm_legit " \
+              "_native_batch_norm_legit_no_training".split()
+
+
+def _in_eager_layout(decomposition):
+    from torch._prims_common import suggest_memory_format
+
+    @functools.wraps(decomposition)
+    def batch_norm(input, *args, **kwargs):
+        out, *stats = decomposition(input, *args, **kwargs)
+        return (out.contiguous(memory_format=suggest_memory_format(input)), *stats)
+
+    return batch_norm
 
 
 def _packets(names):
@@ -73,4 +106,9 @@ def _table() -> dict:
     for name, fn in OVERRIDES.items():
         if hasattr(aten, name):
             table[getattr(aten, name).default] = fn
+    for packet in _packets(BATCH_NORMS):
+        for name in packet.overloads():
+            op = getattr(packet, name)
+            if op in table:
+                table[op] = _in_eager_layout(table[op])
     return table

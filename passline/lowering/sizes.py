@@ -132,8 +132,11 @@ def lower_bounds(node: torch.fx.Node) -> dict:
         return {}
     out = {}
     for sym, r in getattr(env, "var_to_range", {}).items():
-        try:
+        # Only finite integer bounds. The ShapeEnv also ranges the graph's int and float scalars (a
+        # Python int argument under dynamic=True is a symbol in [-int_oo, int_oo]; a float one, `zf..`,
+        # in a float range): int() of torch's -int_oo raises AttributeError in sympy (and -int_oo calls
+        # itself is_integer and is_finite, so only the class tells), and a float bound truncated by
+        # int() could lie above the true bound.
+        if isinstance(r.lower, sympy.Integer):
             out[sym] = int(r.lower)
-        except (TypeError, ValueError, OverflowError):  # an unbounded range: nothing known
-            continue
     return out

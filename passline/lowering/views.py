@@ -183,11 +183,16 @@ def lower_slice_scatter(ctx, node, x, src, dim=0, start=None, end=None, step=1):
     step = int(step)
     end = start + step * (length - 1) + 1 if length != 0 else start
 
+    # `start` and `x`'s size are integers, but the slice's length may be a size symbol (`pos[:seq]` of a
+    # fixed table under dynamic shapes): `end` is then an index expression, a value only as an IndexValue
+    end = sympify(end)
+    end_value = Constant(int(end), torch.int64) if end.is_Integer else IndexValue(end, torch.int64)
+
     def hit(idx):
         i = idx[dim]
         off = sympy.Max(i - start, 0)
         conds = [Op("ge", (IndexValue(i, torch.int64), Constant(start, torch.int64)), torch.bool),
-                 Op("lt", (IndexValue(i, torch.int64), Constant(end, torch.int64)), torch.bool)]
+                 Op("lt", (IndexValue(i, torch.int64), end_value), torch.bool)]
         if step != 1:
             conds.append(Op("eq", (IndexValue(ModularIndexing(off, 1, step), torch.int64),
                                    Constant(0, torch.int64)), torch.bool))

@@ -71,7 +71,11 @@ def constant(value, dtype: torch.dtype) -> str:
         return f"tl.full([1], {lit}, {tl_dtype(dtype)})"
     if dtype == torch.bool:
         return f"tl.full([1], {1 if value else 0}, tl.int1)"
-    return f"tl.full([1], {int(value)}, {tl_dtype(dtype)})"
+    # wrapped into the dtype's range, as torch converts a scalar (uint8 + (-1) adds 255): tl.full refuses
+    # a value outside it (the interpreter: OverflowError)
+    info = torch.iinfo(dtype)
+    span = info.max - info.min + 1
+    return f"tl.full([1], {(int(value) - info.min) % span + info.min}, {tl_dtype(dtype)})"
 
 
 _UNARY = {
@@ -82,7 +86,7 @@ _UNARY = {
     "expm1": "_expm1({0})", "log1p": "_log1p({0})", "log10": "(tl.log({0}) * 0.4342944819032518)",
     "trunc": "_trunc({0})", "round": "_round({0})", "sign": "_sign({0})", "isnan": "({0} != {0})",
     "isinf": "(tl.abs({0}) == float('inf'))", "logical_not": "({0} == 0)", "bitwise_not": "(~{0})",
-    "sinh": "_sinh({0})", "cosh": "_cosh({0})", "erfc": "(1.0 - tl.erf({0}))",
+    "sinh": "_sinh({0})", "cosh": "_cosh({0})", "erfc": "_erfc({0})",
 }
 _BINARY = {
     "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "truediv": "({0} / {1})",
@@ -105,8 +109,8 @@ def op(v: Op, args: list[str]) -> str:
     if name == "remainder":
         kind = "f" if dtype.is_floating_point else "i"
         return f"_remainder_{kind}({args[0]}, {args[1]})"
-    if name == "fmod" and not dtype.is_floating_point:
-        return f"({args[0]} % {args[1]})"
+    if name == "fmod":  # C's fmod: an integer % is LLVM's srem; floats call the exact _fmod
+        return f"_fmod({args[0]}, {args[1]})" if dtype.is_floating_point else f"({args[0]} % {args[1]})"
     if name == "pow" and not dtype.is_floating_point:
         raise Unsupported("integer pow")
     if name in ("bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not") and dtype.is_floating_point:
@@ -115,6 +119,9 @@ def op(v: Op, args: list[str]) -> str:
         return f"tl.where({args[0]} > 0, 1, tl.where({args[0]} < 0, -1, 0)).to({tl_dtype(v.dtype)})"
     if name in ("abs", "neg", "maximum", "minimum") and dtype == torch.bool:
         raise Unsupported(f"{name} on bool")
+    if name == "add" and dtype == torch.bool:
+        # torch's bool + bool is logical or; Triton's int1 add wraps (True + True == False)
+        return f"({args[0]} | {args[1]})"
     table = _UNARY if len(args) == 1 else _BINARY
     if name not in table:
         raise Unsupported(f"op {name}")
@@ -122,6 +129,9 @@ def op(v: Op, args: list[str]) -> str:
 
 
 def cast(value: str, src: torch.dtype, dst: torch.dtype) -> str:
+    if dst == torch.bool and src == torch.bfloat16:
+        # compared as a float: the interpreter holds bfloat16 as raw 16-bit words, so -0.0 (0x8000) != 0
+        return f"({value}.to(tl.float32) != 0)"
     if dst == torch.bool:
         return f"({value} != 0)"
     if dst == torch.bfloat16 and src != torch.bfloat16:
@@ -156,7 +166,8 @@ def _relu(x):
 
 @triton.jit
 def _sign(x):
-    return tl.where(x > 0, 1.0, tl.where(x < 0, -1.0, tl.where(x != x, x, 0.0))).to(x.dtype)
+    # sign(NaN) is 0, as eager's (0 < x) - (x < 0)
+    return tl.where(x > 0, 1.0, tl.where(x < 0, -1.0, 0.0)).to(x.dtype)
 
 
 @triton.jit
@@ -173,12 +184,24 @@ def _remainder_i(a, b):
 
 @triton.jit
 def _floordiv_f(a, b):
-    return tl.floor(a / b)
+    # eager's div_floor_floating (c10/util/generic_math.h): from the exact fmod, not floor(a / b), which
+    # rounds first (1.0 // 0.1 is 9, floor(1.0 / 0.1) is 10; inf // 2 is NaN)
+    mod = _fmod(a, b)
+    div = (a - mod) / b
+    div = tl.where((mod != 0) & ((b < 0) != (mod < 0)), div - 1.0, div)
+    fl = tl.floor(div)
+    fl = tl.where(div - fl > 0.5, fl + 1.0, fl)
+    q = a / b
+    negative = (q < 0) | ((q == 0) & ((1.0 / q) < 0))  # copysign(0, a / b), a / b may be -0.0
+    fl = tl.where(div == 0, tl.where(negative, -0.0, 0.0), fl)
+    return tl.where(b == 0, q, fl)
 
 
 @triton.jit
 def _remainder_f(a, b):
-    return a - b * tl.floor(a / b)
+    # eager's: fmod, moved to b's sign (exact, where a - b * floor(a / b) is not: 1.0 % 0.1 is 0.09999..)
+    mod = _fmod(a, b)
+    return tl.where((mod != 0) & ((b < 0) != (mod < 0)), mod + b, mod)
 
 
 @triton.jit
@@ -225,11 +248,13 @@ def _trunc(x):
 
 @triton.jit
 def _round(x):
-    # round half to even, as torch.round
-    r = tl.floor(x + 0.5)
-    tie = (r - x) == 0.5
+    # round half to even, as torch.round (rint), from floor(x) and x - floor(x), which are exact: floor(x + 0.5)
+    # rounded the sum first (round(8388609.0) was 8388610). A zero keeps x's sign, as rint's (round(-0.4) is -0.0)
+    r = tl.floor(x)
+    d = x - r
     odd = (r - 2.0 * tl.floor(r * 0.5)) != 0
-    return tl.where(tie & odd, r - 1.0, r)
+    r = tl.where((d > 0.5) | ((d == 0.5) & odd), r + 1.0, r)
+    return tl.where(r == 0, x * 0.0, r)
 '''
 
 PRELUDE_GPU = '''import triton
@@ -270,6 +295,17 @@ def _cosh(x):
 @triton.jit
 def _pow(a, b):
     return libdevice.pow(a, b)
+
+
+@triton.jit
+def _fmod(a, b):
+    # exact, as C's fmod (Triton's float %, LLVM's frem, is a - b * trunc(a / b) on NVPTX: 1.0 % 0.1 < 0)
+    return libdevice.fmod(a, b)
+
+
+@triton.jit
+def _erfc(x):
+    return libdevice.erfc(x)
 '''
 
 # The CPU interpreter has no libdevice: the same functions from tl.math, written for accuracy.
@@ -305,30 +341,60 @@ def _to_bf16(x):
     return out.to(tl.float32, bitcast=True).to(tl.bfloat16)
 
 
+# tanh, expm1 and sinh cancel near 0 (1 - exp(-2|x|) keeps none of float32's digits at |x| = 1e-8, and at
+# 1e-6 only two: tanh(1e-6) was 1.5% off): the interpreter computes them in float64 (numpy's), with the
+# series below 1e-5, where float64's own cancellation would start to show, then rounds once.
 @triton.jit
 def _tanh(x):
-    e = tl.exp(-2.0 * tl.abs(x))
-    t = (1.0 - e) / (1.0 + e)
-    return tl.where(x != x, x, tl.where(x < 0, -t, t))
+    d = x.to(tl.float64)
+    a = tl.abs(d)
+    e = tl.exp(-2.0 * a)
+    t = tl.where(a < 1e-5, a - a * a * a / 3.0, (1.0 - e) / (1.0 + e))
+    return tl.where(d != d, d, tl.where(d < 0, -t, t)).to(x.dtype)
 
 
 @triton.jit
 def _expm1(x):
-    # exp(x) - 1 loses digits near 0; the series keeps them
-    small = tl.abs(x) < 1e-4
-    return tl.where(small, x + 0.5 * x * x, tl.exp(x) - 1.0)
+    d = x.to(tl.float64)
+    return tl.where(tl.abs(d) < 1e-5, d + 0.5 * d * d + d * d * d / 6.0, tl.exp(d) - 1.0).to(x.dtype)
 
 
 @triton.jit
 def _log1p(x):
     u = 1.0 + x
-    # log(u) * x / (u - 1) corrects the rounding of 1 + x (Goldberg)
-    return tl.where(u == 1.0, x, tl.log(u) * x / (u - 1.0))
+    # log(u) * x / (u - 1) corrects the rounding of 1 + x (Goldberg); at u = inf it would be inf / inf
+    return tl.where((u == 1.0) | (u == float("inf")), x, tl.log(u) * x / (u - 1.0))
+
+
+@triton.jit
+def _fmod(a, b):
+    # exact, as C's fmod: the interpreter's float % is numpy's fmod
+    return a % b
+
+
+@triton.jit
+def _erfc(x):
+    # not 1 - erf(x), which is 0 from x = 4 on (erfc(4) = 1.5e-8): the Chebyshev fit of Numerical Recipes'
+    # erfcc (relative error below 1.2e-7 everywhere), in float64
+    d = x.to(tl.float64)
+    z = tl.abs(d)
+    t = 1.0 / (1.0 + 0.5 * z)
+    p = -0.82215223 + t * 0.17087277
+    p = 1.48851587 + t * p
+    p = -1.13520398 + t * p
+    p = 0.27886807 + t * p
+    p = -0.18628806 + t * p
+    p = 0.09678418 + t * p
+    p = 0.37409196 + t * p
+    p = 1.00002368 + t * p
+    r = t * tl.exp(-z * z - 1.26551223 + t * p)
+    return tl.where(d != d, d, tl.where(d >= 0, r, 2.0 - r)).to(x.dtype)
 
 
 @triton.jit
 def _sinh(x):
-    return 0.5 * (tl.exp(x) - tl.exp(-x))
+    d = x.to(tl.float64)
+    return tl.where(tl.abs(d) < 1e-5, d + d * d * d / 6.0, 0.5 * (tl.exp(d) - tl.exp(-d))).to(x.dtype)
 
 
 @triton.jit
@@ -341,8 +407,13 @@ def _pow(a, b):
     # a ** b for real a: exp(b log|a|), with the sign for integral b and pow(x, 0) == 1
     mag = tl.exp(b * tl.log(tl.abs(a)))
     b_int = b == tl.floor(b)
-    odd = b_int & ((b - 2.0 * tl.floor(b * 0.5)) != 0)
-    res = tl.where((a < 0) & odd, -mag, mag)
-    res = tl.where((a < 0) & ~b_int, float("nan"), res)
-    return tl.where(b == 0, 1.0, tl.where((a == 0) & (b > 0), 0.0, res))
+    b_inf = tl.abs(b) == float("inf")
+    odd = b_int & ~b_inf & ((b - 2.0 * tl.floor(b * 0.5)) != 0)
+    negative = (a < 0) | ((a == 0) & (1.0 / a < 0))  # -0.0 too: pow(-0.0, -1) is -inf
+    res = tl.where(negative & odd, -mag, mag)
+    # a finite negative base to a fractional power is NaN; C's pow(-inf, b) is inf (b > 0) or 0 (b < 0),
+    # pow(1, b) and pow(-1, +-inf) are 1 (exp(b log|a|) is exp(NaN) there)
+    res = tl.where((a < 0) & (a != float("-inf")) & ~b_int, float("nan"), res)
+    one = (b == 0) | (a == 1.0) | ((a == -1.0) & b_inf)
+    return tl.where(one, 1.0, res)
 '''
