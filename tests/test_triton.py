@@ -334,6 +334,9 @@ def test_configuration_rules_follow_from_sizes_and_device():
     c = rule(mix, 32768, 4096, False, gpu)
     assert (c.variant, c.xblock, c.warps) == (Variant.MIX_ORDER_ACC2D, 2, 16)
     assert rule(mix, 1000, 8192, False, gpu).variant == Variant.MIX_ORDER  # too wide for two rows a block
+    # pipeline stages bounded by shared memory (227 KB): a float32 row of 8192 moving 96 KB gets two, not four
+    assert rule(mix, 8192, 8192, False, gpu, row_bytes=8192 * 4 * 3).stages == 2
+    assert rule(mix, 8192, 8192, False, gpu, row_bytes=8192 * 2 * 3).stages == 4  # bfloat16
     # a forced variant wins where the kernel has it
     assert rule(red, 576000, 384, False, gpu, only="looped").variant == Variant.LOOPED
 

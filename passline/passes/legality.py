@@ -10,8 +10,9 @@ from typing import NamedTuple
 import sympy
 
 from ..ir import Extern, FusedNode, MixOrderNode, Pointwise, Scatter
+from ..ir.body import loads
 from ..ir.index import product
-from ..ir.loops import access_problem, canonical_map, members, shape, split_pointwise
+from ..ir.loops import access_problem, canonical_map, is_canonical, members, shape, split_pointwise, transposed
 
 REASONS = {
     "extern": "one of them is an extern call (aten runs it, nothing to fuse)",
@@ -141,6 +142,10 @@ def can_fuse(graph, a, b, max_nodes: int = 64) -> Verdict:
     if isinstance(fs, Verdict):
         return fs
     outer, red = fs
+    if red and len(outer) == len(red) and tuple(outer) == tuple(red):
+        crossed = _crossed_reads(a, b, len(outer))
+        if crossed:  # a square matrix: equal sizes, yet one reduces over the other's rows
+            return refuse("transposed reductions", f"both read {crossed} with their loops swapped")
     if set(a.mutates) & set(b.mutates):
         return refuse("in place", f"both overwrite {min(set(a.mutates) & set(b.mutates))}")
     for w, r in ((a, b), (b, a)):
@@ -162,6 +167,30 @@ def can_fuse(graph, a, b, max_nodes: int = 64) -> Verdict:
     elif other_path(graph, a.name, b.name, False) or other_path(graph, b.name, a.name, False):
         return refuse("cycle", "one depends on the other through other nodes")
     return Verdict(True, shape=(outer, red), producer=producer if (a_to_b or b_to_a) else None)
+
+
+def _crossed_reads(a, b, n_outer: int) -> str | None:
+    """A buffer that a reduction member of `a` and one of `b` (or their pointwise work) read with the outer
+    and reduction loops swapped — a row sum and a column sum of a square matrix, whose sizes alone look
+    alike: fused, the column sum's loads would walk memory with a stride of a row. None when there is
+    none."""
+    def reads(node):
+        out = {}
+        for m in members(node):
+            cmap = canonical_map(m, n_outer)
+            for ld in loads(m.body):
+                if not ld.indirect:
+                    out.setdefault(ld.buffer, set()).add(sympy.expand(ld.index.xreplace(cmap)))
+        return out
+
+    ra, rb = reads(a), reads(b)
+    for buf in set(ra) & set(rb):
+        for ix in ra[buf]:
+            syms = {s for s in ix.free_symbols if is_canonical(s)}
+            swapped = sympy.expand(ix.xreplace({s: transposed(s) for s in syms}))
+            if swapped != ix and swapped in rb[buf] and ix not in rb[buf]:
+                return buf
+    return None
 
 
 def fuse_nodes(name: str, first, second, outer, red) -> FusedNode:

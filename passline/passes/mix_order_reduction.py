@@ -13,17 +13,16 @@ bias gradient: db is the sum over the rows of the dh that the pointwise side com
 group over (rows | columns) with every member inside the column loop, and dh is summed as it is written
 instead of being read back by a reduction with one program per few columns.
 
-Gates (options): columns ≤ max_columns (8192: a program holds one block of every column, padded to
-a power of two, so 8193–16384 columns take 16384-wide blocks, up to half of them padding, with 32
-float32 column partials a thread for each column sum at 16 warps; LayerNorm's and a bias gradient's
-backward at 10872 × 12345 in bfloat16 ran 1.5–1.8× Inductor's time mixed on an H200, where 8192-wide
-ones ran 0.8×; unmixed, recompute_columns gives the column sums one kernel reading the inputs); rows ≥
-min_rows; column reductions only of `reduction_types`
-(comma-separated; partial results must combine by the same reduction); at most `max_reads` distinct
-buffers read. Refuses: sides that do not share a buffer; a column side whose per-point work needs a
-finished column result or any column epilogue (the finishing kernel computes those, after all rows); a
-column side the row side depends on; another path between them (a cycle). Members with permuted loops
-(memory_order, reorder_loops) are mixed like any other."""
+Gates (options): columns ≤ max_columns, and a row of the widest [rows, columns] buffer either side reads at
+most max_row_bytes (16 KB: a program holds a block of every column, padded to a power of two; on an H200
+bfloat16 LayerNorm and bias-gradient backwards 8192 wide (16 KB rows) ran mixed at 0.8× Inductor's time, 12345
+wide (24 KB, blocks of 16384) at 1.5–1.8×, and a float32 LayerNorm backward 8192 wide (32 KB) at 5.5×; wider
+rows get their column sums from recompute_columns); rows ≥ min_rows; column reductions only of
+`reduction_types` (comma-separated; partial results must combine by the same reduction); at most `max_reads`
+distinct buffers read. Refuses: sides that do not share a buffer; a column side whose per-point work needs a
+finished column result or any column epilogue (the finishing kernel computes those, after all rows); a column
+side the row side depends on; another path between them (a cycle). Members with permuted loops (memory_order,
+reorder_loops) are mixed like any other."""
 from __future__ import annotations
 
 from typing import Annotated
@@ -41,7 +40,17 @@ def _reductions(group) -> list:
     return [m for m in members(group) if isinstance(m, Reduction)]
 
 
-def _problem(graph, row, col, max_columns, min_rows, types, max_reads, rows, cols) -> str | None:
+def _widest(row, col, layouts: dict, points) -> int:
+    """Bytes an element of the widest [rows, columns] buffer the mixed kernel would load from memory (what
+    the row side computes reaches the column side in registers); 4 where there is none."""
+    own = set(row.output_names())
+    sizes = [layouts[b].dtype.itemsize for n in (row, col) for b in n.read_names()
+             if b not in own and b in layouts and layouts[b].layout.numel == points]
+    return max(sizes, default=4)
+
+
+def _problem(graph, row, col, max_columns, min_rows, types, max_reads, rows, cols, max_row_bytes=None,
+             layouts=None) -> str | None:
     if isinstance(col, (Extern, MixOrderNode)) or isinstance(row, Extern):
         return "extern or mix-order"
     if row.mutates or col.mutates:  # its finishing kernel would reorder the write against the readers
@@ -53,6 +62,10 @@ def _problem(graph, row, col, max_columns, min_rows, types, max_reads, rows, col
         return f"{ncol} columns > max_columns={max_columns}"
     if nrow.is_number and int(nrow) < min_rows:
         return f"{nrow} rows < min_rows={min_rows}"
+    if max_row_bytes is not None and ncol.is_number and nrow.is_number:
+        width = _widest(row, col, layouts, ncol * nrow)
+        if int(ncol) * width > max_row_bytes:
+            return f"rows of {ncol} x {width} bytes > max_row_bytes={max_row_bytes}"
     bad = [m.reduction_type for m in _reductions(col) if m.reduction_type not in types]
     if bad:
         return f"column reduction {bad[0]} is not one of {sorted(types)}"
@@ -134,7 +147,9 @@ def _auto_split(rows) -> int:
 
 @register_pass("mix_order_reduction", provides={"mix_order"})
 def mix_order_reduction(graph, ctx, *,
-                        max_columns: Annotated[int, "most columns (row length) to mix"] = 8192,
+                        max_columns: Annotated[int, "most columns (row length) to mix"] = 16384,
+                        max_row_bytes: Annotated[int, "most bytes a row of the widest [rows, columns] input "
+                                                 "may take to mix"] = 16384,
                         min_rows: Annotated[int, "fewest rows worth mixing"] = 8,
                         reduction_types: Annotated[str, "column reductions allowed, comma-separated"] = "sum",
                         max_reads: Annotated[int, "most distinct buffers the mixed kernel reads"] = 10,
@@ -142,6 +157,7 @@ def mix_order_reduction(graph, ctx, *,
     """Merge a row reduction, or pointwise work over rows x columns, with transposed column reductions of
     the same data into one kernel."""
     types = {t.strip() for t in reduction_types.split(",") if t.strip()}
+    layouts = graph.buffers()  # dtypes and sizes: the same buffers whatever the pass merges
     fixed = fixed_layouts(graph)
     splits: dict = {}
     changed = True
@@ -161,7 +177,7 @@ def mix_order_reduction(graph, ctx, *,
                     continue
                 g_rows, g_cols = shape(group)
                 problem = _problem(graph, group if not isinstance(row, MixOrderNode) else row, col, max_columns,
-                                   min_rows, types, max_reads, g_rows, g_cols)
+                                   min_rows, types, max_reads, g_rows, g_cols, max_row_bytes, layouts)
                 if problem:
                     ctx.refuse("mix-order gate", row, col, problem) if _known(ctx, row, col) else None
                     continue

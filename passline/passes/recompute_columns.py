@@ -20,11 +20,12 @@ Per-row and per-column buffers (statistics, weights) are not counted: they are r
 column and stay in cache. Producers left unread go (their producers stay: dce removes what is left
 dead). Stat: `recomputed_columns`.
 
-Only column reductions over more than `min_columns` columns (a known number): narrower rows are
-mix_order_reduction's (its max_columns, 8192), which computes the column sums in the row kernel from the
-row side's own values, reading the inputs once; a column sum that recomputes reads them a second time,
-and may fuse elsewhere first (LayerNorm over a transposed view: its column sums then walk memory
-contiguously and took the row side's pointwise work with them, and nothing was mixed).
+Only where a row of the widest full-size buffer the recomputed body reads takes more than `min_row_bytes`
+(columns × bytes an element, known numbers): narrower rows are mix_order_reduction's (its max_row_bytes,
+16 KB), which computes the column sums in the row kernel from the row side's own values, reading the
+inputs once; a column sum that recomputes reads them a second time, and may fuse elsewhere first
+(LayerNorm over a transposed view: its column sums then walk memory contiguously and took the row side's
+pointwise work with them, and nothing was mixed).
 """
 from __future__ import annotations
 
@@ -66,8 +67,8 @@ def _cost(graph, buffers: set, outputs: set, layouts: dict) -> int:
 
 @register_pass("recompute_columns", provides={"columns_recomputed"})
 def recompute_columns(graph, ctx, *,
-                      min_columns: Annotated[int, "only column reductions over more columns than this "
-                                             "(mix_order_reduction's max_columns)"] = 8192,
+                      min_row_bytes: Annotated[int, "only column reductions whose rows take more bytes than "
+                                               "this (mix_order_reduction's max_row_bytes)"] = 16384,
                       max_values: Annotated[int, "most producer values recomputed in one column reduction"] = 64):
     """Column reductions (a norm's dw, db) recompute what they sum from the inputs instead of reading it stored."""
     mutated, outputs, layouts = graph.mutated_names(), graph.output_names(), graph.buffers()
@@ -76,7 +77,7 @@ def recompute_columns(graph, ctx, *,
         if not isinstance(node, Reduction) or node.mutates:
             continue
         columns = product(node.ranges)
-        if not columns.is_number or int(columns) <= min_columns:
+        if not columns.is_number:
             continue
         producers = {graph.producer(b) for b in node.read_names()} - {None}
         columnar = [graph.node(p) for p in producers if isinstance(graph.node(p), Pointwise)
@@ -89,6 +90,8 @@ def recompute_columns(graph, ctx, *,
         red = set(node.reduction_vars)
         outer = {v for v, _ in node.var_ranges} - red
         before, after = _full_size(node.body, outer, red), _full_size(body, outer, red)
+        if int(columns) * max((layouts[b].dtype.itemsize for b in after), default=4) <= min_row_bytes:
+            continue  # rows mix_order_reduction takes (see the module docstring)
         if _cost(graph, after, outputs, layouts) > _cost(graph, before, outputs, layouts):
             continue
         if not ctx.decide("recompute", node):

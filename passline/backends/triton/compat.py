@@ -42,6 +42,11 @@ def _checked_options() -> dict | None:
 
 CHECKED_OPTIONS = _checked_options()
 
+try:  # a kernel needing more shared memory (or registers) than the GPU has, raised when it is compiled
+    from triton.runtime.errors import OutOfResources
+except ImportError:  # pragma: no cover - older Triton
+    from triton.runtime.autotuner import OutOfResources  # noqa: F401 - this module's name for it
+
 
 def binary_launcher(compiled):
     """`launch(grid0, stream, *args)` for a compiled kernel, or None where this Triton's CompiledKernel

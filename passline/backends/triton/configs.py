@@ -161,6 +161,7 @@ class Device:
 
     sms: int = 132
     l2_bytes: int = 50 << 20
+    smem_bytes: int = 232448  # shared memory one program may use (sm_90: 227 KB)
 
     @staticmethod
     def current() -> Device:
@@ -169,7 +170,18 @@ class Device:
         if not torch.cuda.is_available():
             return Device()
         props = torch.cuda.get_device_properties(torch.cuda.current_device())
-        return Device(props.multi_processor_count, getattr(props, "L2_cache_size", 50 << 20) or 50 << 20)
+        return Device(props.multi_processor_count, getattr(props, "L2_cache_size", 0) or 50 << 20,
+                      getattr(props, "shared_memory_per_block_optin", 0) or 232448)
+
+
+def _stages(rows: int, rblock: int, row_bytes: float | None, rnumel: int | None, device: Device) -> int:
+    """Pipeline stages of a mix-order kernel's row loop: 4, fewer where that many blocks of `rows` rows
+    would not fit a program's shared memory. Each stage holds a block of the rows' loads; `row_bytes` (the
+    kernel's traffic a row, writes included: an upper bound on what a stage holds) scaled to the padded
+    block, or 8 bytes an element where unknown. A float32 LayerNorm backward 8192 wide asked for 295 KB
+    on four stages, past sm_90's 227 KB, and failed to compile at its first call."""
+    per_row = (row_bytes / max(1, rnumel or 1) if row_bytes else 8) * rblock
+    return _clamp(int(device.smem_bytes // max(1.0, rows * per_row)), 1, 4)
 
 
 def rule(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, device: Device,
@@ -226,9 +238,9 @@ def rule(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, devic
             xb = _clamp(2048 // rb, 2, min(8, pow2(split)))
             elements = xb * rb
             return Config(Variant.MIX_ORDER_ACC2D, xb, rb, 2 if elements <= 2048 else 16 if elements >= 8192 else 8,
-                          4, split)
+                          _stages(xb, rb, row_bytes, rnumel, device), split)
         form = Variant.MIX_ORDER if Variant.MIX_ORDER in kinds else kinds[0]
-        return Config(form, 1, rb, _warps(rb)[0], 4, split)
+        return Config(form, 1, rb, _warps(rb)[0], _stages(1, rb, row_bytes, rnumel, device), split)
     persistent = Variant.PERSISTENT in kinds and rb <= GPU_PERSISTENT_MAX
     alone = xnumel < device.sms  # even one row per program leaves SMs idle: each program has one to itself
     if persistent and (rows_contiguous or Variant.LOOPED not in kinds):

@@ -212,7 +212,16 @@ class Kernel:
             return None
         self.counters["kernels_compiled_at_launch"] += 1  # through JITFunction.run: compiled here, unless
         fn = self.fn(cfg.variant)                          # Triton's caches already hold it
-        compiled = fn[(grid0,)](*full, **consts, num_warps=cfg.warps)
+        try:
+            compiled = fn[(grid0,)](*full, **consts, num_warps=cfg.warps)
+        except compat.OutOfResources:
+            if cfg.stages <= 1:
+                raise
+            # a mix-order pipeline deeper than this GPU's shared memory holds (configs._stages bounds it from
+            # an estimate of a stage's bytes): one stage, installed under this configuration's key too
+            consts = self.constexprs(attrs.evolve(cfg, stages=1), xnumel, rnumel)
+            compiled = fn[(grid0,)](*full, **consts, num_warps=cfg.warps)
+            self.counters["kernels_unpipelined"] += 1
         launch = compat.binary_launcher(compiled)
         if launch is not None:
             self.install(spec, launch, consts, len(full), cfg.variant)
