@@ -454,3 +454,21 @@ def test_a_square_matrix_row_and_column_sums_stay_apart():
         if isinstance(node, FusedNode):
             kinds = set().union(*(walks(m) for m in members(node) if isinstance(m, Reduction)))
             assert kinds != {"rows", "columns"}, graph.format()
+
+
+def test_tile_rows_leaves_symbolic_rows_flat_and_one_hot_sums_works_dynamic():
+    """Under dynamic shapes the one-hot sum still goes (its size is a symbol) and the gradient stays a flat
+    pointwise kernel (the tiled form is not yet measured there); one compile across sizes, eager's values."""
+    torch._dynamo.reset()
+    pipeline = passline.DEFAULT_PIPELINE.replace("tile_rows", "tile_rows(sms=1)")
+    be = passline.backend(pipeline=pipeline, codegen="triton", fallback="raise")
+    fn = torch.compile(lambda x, t: torch.nn.functional.cross_entropy(x, t), backend=be, dynamic=True)
+    for n, c in [(5, 7), (9, 13)]:
+        x, t = torch.randn(n, c, requires_grad=True), torch.randint(0, c, (n,))
+        x2 = x.detach().clone().requires_grad_()
+        fn(x, t).backward()
+        torch.nn.functional.cross_entropy(x2, t).backward()
+        torch.testing.assert_close(x.grad, x2.grad)
+    backward = be.reports[1]
+    assert len(be.reports) == 2 and backward.metrics.counters["one_hot_sums"] == 1
+    assert backward.metrics.counters["row_tiles"] == 0, backward.graph.format()

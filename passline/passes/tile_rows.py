@@ -17,7 +17,8 @@ loop walks its output contiguously (stride 1) and whose members all run over tho
 loads a buffer at an index that moves with the outer loops but not with the last (a per-row value) or
 binds a run-time index there — and when there are rows enough to keep the GPU busy: a row kernel gives
 no row to two programs, so at least `min_rows_per_sm` rows per SM of the target (`sms`, default the
-target's; a symbolic row count is taken as enough). A few long rows stay flat, where every SM gets a
+target's; a symbolic row count stays flat: the tiled form is not yet measured on a GPU under dynamic
+shapes). A few long rows stay flat, where every SM gets a
 share of each row. On a CPU target (Triton's interpreter, the reference backend) nothing is tiled unless
 `sms` is given: there per-row loads cost nothing more than other loads, and more programs cost time.
 Run it last: the group it makes is a final layout, not something fuse should grow. Stat: `row_tiles`.
@@ -88,8 +89,8 @@ def tile_rows(graph, ctx, *,
             continue
         outer, last = rows
         n = product(outer)
-        if n.is_number and int(n) < min_rows_per_sm * gpu_sms or not ctx.decide("tile", node):
-            continue
+        if not n.is_number or int(n) < min_rows_per_sm * gpu_sms or not ctx.decide("tile", node):
+            continue  # symbolic rows stay flat: the tiled form is not yet measured under dynamic shapes
         graph.replace_node(name, FusedNode(name, members(node), outer, (last,)))
         ctx.count("row_tiles")
     return graph
