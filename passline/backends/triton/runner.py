@@ -84,7 +84,7 @@ class Kernel:
         self.per_launch = {v for v, src in info.variants.items() if src.int64 is None}
         # variants with device asserts: their launches pass compat.CHECKED_OPTIONS (compile options)
         self.checked = {v for v, src in info.variants.items() if src.checks} if compat.CHECKED_OPTIONS else set()
-        self.online = any(getattr(src, "online", False) for src in info.variants.values())  # (configs.rule)
+        self.online = any(src.online for src in info.variants.values())  # a softmax loop (configs.rule)
         self.wide = False
         self.wide_when: str | None = None  # the generated call's `wide=` condition (wrapper.py), or None
         self.counters: collections.Counter = collections.Counter()  # the runner's (report.metrics.counters)
@@ -137,7 +137,7 @@ class Kernel:
     def _row_bytes(self, xnumel: int) -> float | None:
         """The bytes the kernel reads and writes a row (its traffic over its rows), where its sizes are
         numbers; None under dynamic shapes (the rule then assumes 4 bytes an element)."""
-        total = getattr(self.info, "bytes", None)
+        total = self.info.bytes
         try:
             return float(total) / max(1, xnumel) if total else None
         except TypeError:  # symbolic
