@@ -15,17 +15,17 @@ class _TooBig(Exception):
     pass
 
 
-def read_through(graph, body, var_ranges, max_values: int, mutated: set, stop=frozenset()):
+def read_through(graph, body, var_ranges, max_values: int, mutated: set):
     """`body` (of a node looping over `var_ranges`) with each load of a Pointwise producer's output replaced
     by the producer's body at the point loaded, recursively; None once the producers' bodies read through
     add up to more than `max_values` values. A load stays where its producer writes in place, where the
     buffer or what the producer reads is written in place (the read would move past the write), where it
-    is indirect or maps to no single point, and for the buffers in `stop`."""
+    is indirect or maps to no single point."""
     budget = [max_values]
 
     def expand(value):
         def leaf(v):
-            if not isinstance(v, Load) or is_indirect(v.index) or v.buffer in stop:
+            if not isinstance(v, Load) or is_indirect(v.index):
                 return v
             name = graph.producer(v.buffer)
             producer = graph.node(name) if name is not None else None

@@ -60,15 +60,15 @@ def _rows(node):
     if any(shape(m) != (outer, ()) for m in group):
         return None
     n = len(outer)
+    per_row = False
     for m in group:
         cmap = canonical_map(m, n)
         names = [c for c in cmap.values() if isinstance(c, sympy.Symbol)]  # o0 .. o(n-1), in loop order
         form = as_strided_form(sympy.expand(m.store_index().xreplace(cmap)), names)
         if form is None or form[0][-1] != 1:
-            return None  # the last loop does not walk the output contiguously
-        if _per_row(m, cmap, set(names[:-1]), names[-1]):
-            return tuple(outer[:-1]), outer[-1]
-    return None
+            return None  # the last loop does not walk this member's output contiguously
+        per_row = per_row or _per_row(m, cmap, set(names[:-1]), names[-1])
+    return (tuple(outer[:-1]), outer[-1]) if per_row else None
 
 
 @register_pass("tile_rows", provides={"row_tiles"})

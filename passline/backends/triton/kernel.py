@@ -644,11 +644,12 @@ class KernelWriter:
                      and m.output.name in self.stored}
                     | {m.name for m in self.nodes if self.role(m) == Role.REDUCTION and phase[m.name] == p})
 
-        reads = [self._loop_reads(needed_in(p)) for p in range(n_phases)]
+        needs = [needed_in(p) for p in range(n_phases)]
+        reads = [self._loop_reads(n) for n in needs]
         for p in range(n_phases):
             outer_ready(p)
             reds = [m for m in self.nodes if self.role(m) == Role.REDUCTION and phase[m.name] == p]
-            needed = needed_in(p)
+            needed = needs[p]
             if not needed:
                 continue
             accs = {m.name: self._acc_init(m) for m in reds}
