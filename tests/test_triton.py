@@ -104,6 +104,13 @@ def test_reductions_keep_the_sign_of_zero(variant):
     assert_matches_eager(fn, [x], codegen="triton", kernel_variant=variant)
 
 
+def test_negative_zero_constants_keep_their_sign():
+    # a -0.0 literal in a kernel (tl.full) must stay -0.0 on every Triton: 1 / it is -inf
+    x = torch.tensor([1.0, -2.0, 0.0, -0.0])
+    fn = lambda x: (1 / (x * -0.0), 1 / torch.full_like(x, -0.0), 1 / (x.sum() * -0.0 + x))
+    assert_matches_eager(fn, [x], codegen="triton")
+
+
 def test_bfloat16_negative_zero_is_false():
     # the interpreter holds bfloat16 as raw words: -0.0 (0x8000) != 0 made bool(-0.0) True
     x = torch.tensor([-0.0, 0.0, 1.0, float("nan"), -2.0], dtype=torch.bfloat16)
@@ -167,11 +174,12 @@ def test_ops_without_triton_code_run_on_reference_and_the_report_says_so():
 
 
 def test_auto_codegen_is_said_in_the_report(monkeypatch):
+    # CPU tensors whatever device the suite runs on: the choice is the CPU's (a GPU run got triton here)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    be = assert_matches_eager(lambda x: x * 2, [torch.randn(3)], codegen="auto")
+    be = assert_matches_eager(lambda x: x * 2, [torch.randn(3)], codegen="auto", device="cpu")
     assert be.reports[0].codegen == "reference" and "TRITON_INTERPRET" in be.reports[0].codegen_reason
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    be = assert_matches_eager(lambda x: x * 2, [torch.randn(3)], codegen="auto")
+    be = assert_matches_eager(lambda x: x * 2, [torch.randn(3)], codegen="auto", device="cpu")
     assert be.reports[0].codegen == "triton"
 
 

@@ -87,13 +87,12 @@ def _sanitize(name: str) -> str:
     return re.sub(r"\W", "_", name)
 
 
-def _block_of_zeros(dtype: torch.dtype) -> str:
-    """A [XBLOCK, RBLOCK] block to add to a value to broadcast it to the block's shape. Floats add -0.0,
-    the IEEE identity of addition: + 0.0 would turn -0.0 into +0.0 (the product of [-0.0, 2.0, -1.0] is
-    +0.0 in eager, it came out -0.0). Bools are reduced as int32."""
-    if dtype.is_floating_point:
-        return f"tl.full([XBLOCK, RBLOCK], -0.0, {tl_dtype(dtype)})"
-    return f"tl.full([XBLOCK, RBLOCK], 0, {'tl.int32' if dtype == torch.bool else tl_dtype(dtype)})"
+def _as_block(value: str, dtype: torch.dtype) -> str:
+    """`value` as a [XBLOCK, RBLOCK] block of the reduction's dtype (bools are reduced as int32). Broadcast,
+    not added to a block of zeros: on a GPU `tl.full(.., -0.0, ..)` came out +0.0, and + 0.0 turns -0.0 into
+    +0.0 (the product of [-0.0, 2.0, 3.0, -1.0] is +0.0 in eager; it came out -0.0)."""
+    dt = "tl.int32" if dtype == torch.bool else tl_dtype(dtype)
+    return f"tl.broadcast_to(({value}).to({dt}), [XBLOCK, RBLOCK])"
 
 
 def _decompose(prefix: str, sizes, flat: str, used: set) -> list[tuple[str, str]]:
@@ -465,7 +464,7 @@ class KernelWriter:
         init = identity(rt, dt)
         if rt in ("argmax", "argmin"):
             v = self.tmp()
-            self.emit(f"{v} = tl.where(xmask & rmask, {val}, {init}) + {_block_of_zeros(dt)}")
+            self.emit(f"{v} = {_as_block(f'tl.where(xmask & rmask, {val}, {init})', dt)}")
             ix = self.tmp()
             self.emit(f"{ix} = rindex + tl.full([XBLOCK, RBLOCK], 0, tl.int64)")
             if acc is None:
@@ -476,7 +475,7 @@ class KernelWriter:
             return acc
         src = val if dt != torch.bool else f"{val}.to(tl.int32)"
         v = self.tmp()
-        self.emit(f"{v} = tl.where(xmask & rmask, {src}, {init}) + {_block_of_zeros(dt)}")
+        self.emit(f"{v} = {_as_block(f'tl.where(xmask & rmask, {src}, {init})', dt)}")
         if acc is None:
             out = self.tmp()
             self.emit(f"{out} = tl.reduce({v}, 1, {COMBINE[rt]})[:, None]")
@@ -686,7 +685,8 @@ class KernelWriter:
         max of each lane. A lane that has seen only -inf keeps a zero sum (its terms are exp(-inf - M) = 0
         for any finite final max M; _finish_online makes an all -inf row NaN)."""
         v, new = self.tmp(), self.tmp()
-        self.emit(f'{v} = tl.where(xmask & rmask, {val}, float("-inf")) + {_block_of_zeros(mx.body.dtype)}')
+        masked = f'tl.where(xmask & rmask, {val}, float("-inf"))'
+        self.emit(f"{v} = {_as_block(masked, mx.body.dtype)}")
         self.emit(f"{new} = _max_combine({acc_m}, {v})")
         lost = f'{new} == float("-inf")'
         self.emit(f"{acc_s} = {acc_s} * tl.where({lost}, 1.0, tl.exp({acc_m} - {new})) "
