@@ -8,6 +8,8 @@ Inductor's heuristics do; `passline.backend(autotune=True)` times the `candidate
 """
 from __future__ import annotations
 
+import math
+
 import attrs
 
 from ..variants import MIX_FORMS
@@ -184,9 +186,25 @@ def _stages(rows: int, rblock: int, row_bytes: float | None, rnumel: int | None,
     return _clamp(int(device.smem_bytes // max(1.0, rows * per_row)), 1, 4)
 
 
+def _mix_block(rb: int, most_rows: int, row_bytes: float | None, rnumel: int | None, row_sums: bool) -> tuple:
+    """Rows per block and warps of a mix-order kernel's two-dimensional form (see `rule`)."""
+    per_element = row_bytes / rnumel if row_bytes and rnumel else 8.0  # bytes read and written an element
+    share = 192.0 if row_sums else 96.0  # bytes of traffic a thread
+    if rb <= 128:  # narrow rows: one warp, a sixth of the share
+        per_thread = max(1.0, share / 6 / per_element)
+        xb = _clamp(1 << max(0, int(32 * per_thread / rb).bit_length() - 1), 2, most_rows)
+        return xb, 1
+    xb = _clamp(2048 // rb, 2, most_rows)
+    elements = xb * rb
+    if elements > 2048:
+        return xb, 16 if elements >= 8192 else 8
+    threads = elements / max(1.0, share / per_element)
+    return xb, _clamp(1 << max(0, round(math.log2(max(1.0, threads / 32)))), 1, 16)
+
+
 def rule(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, device: Device,
          rows_contiguous: bool = True, only: str | None = None, row_bytes: float | None = None,
-         online: bool = False) -> Config:
+         online: bool = False, row_sums: bool = False) -> Config:
     """The configuration to launch with when nothing is timed, derived from the sizes and the device.
 
     - pointwise: blocks of 1024 elements on 4 warps (fewer for small tensors), as Inductor's default;
@@ -219,10 +237,21 @@ def rule(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, devic
       else to run); a reduction over a strided dim
       (column sums) loops over chunks of up to 256 rows of a column block 16 to 128 columns wide (the
       widest that still gives two programs per SM), so loads are coalesced;
-    - a mix-order kernel takes the two-dimensional accumulator with enough rows per block for about
-      2048 elements (two at least), pipelined four stages deep, on 2 warps up to 2048 elements a block,
-      16 from 8192 (the best measured configurations, see mix_candidates); rows wider than 4096 take
-      the one-row form. Its rows per program are the IR's split.
+    - a mix-order kernel takes the two-dimensional accumulator, pipelined up to four stages deep (see
+      `_stages`); rows wider than 4096 take the one-row form; its rows per program are one whole wave
+      (runner.MixKernel). Up to 2048 elements a block (rows up to 1024 wide), each thread is given a
+      share of the kernel's traffic (`row_bytes` over the columns: bytes read and written an element):
+      192 bytes where the kernel also reduces its rows (`row_sums`: a norm's backward, whose row sums
+      cross lanes, cheaper with more elements a lane) and 96 where its row side is pointwise (a bias
+      gradient, whose GELU derivative holds many registers an element), on blocks of about 2048
+      elements (two rows at least). Rows of at most 128 columns take one warp and a sixth of that, in
+      blocks of two rows at least: a narrow row's lanes are few, and programs of one warp let an SM hold
+      the most of them. On an H200 these are the configurations autotuning picked: LayerNorm backward
+      at 384 columns 4 rows on 2 warps (bfloat16) or 4 (float32), at 64 columns 4 rows (bfloat16) or 2
+      (float32) on one warp, where the former 8 rows on 2 warps took 456 µs against 244 (2097152 × 64,
+      bfloat16) and 277 against 222 (1048576 × 64, float32); the bias gradient at 384 columns 2 rows on
+      2 warps (bfloat16, 360 µs against 572 for 4 rows on 2) or 4 (float32). From 4096 elements a block:
+      8 warps, 16 from 8192 (bfloat16 LayerNorm backward 32768 × 4096: two rows on 16 warps, 207 µs).
     Under the interpreter the one candidate (few, large programs) is the rule.
     """
     if interpret:
@@ -235,10 +264,8 @@ def rule(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, devic
     if any(v in MIX_FORMS for v in kinds):
         split = variants[kinds[0]]
         if Variant.MIX_ORDER_ACC2D in kinds and rb <= 4096 and pow2(split) >= 2:
-            xb = _clamp(2048 // rb, 2, min(8, pow2(split)))
-            elements = xb * rb
-            return Config(Variant.MIX_ORDER_ACC2D, xb, rb, 2 if elements <= 2048 else 16 if elements >= 8192 else 8,
-                          _stages(xb, rb, row_bytes, rnumel, device), split)
+            xb, warps = _mix_block(rb, min(8, pow2(split)), row_bytes, rnumel, row_sums)
+            return Config(Variant.MIX_ORDER_ACC2D, xb, rb, warps, _stages(xb, rb, row_bytes, rnumel, device), split)
         form = Variant.MIX_ORDER if Variant.MIX_ORDER in kinds else kinds[0]
         return Config(form, 1, rb, _warps(rb)[0], _stages(1, rb, row_bytes, rnumel, device), split)
     persistent = Variant.PERSISTENT in kinds and rb <= GPU_PERSISTENT_MAX

@@ -81,6 +81,7 @@ class KernelSource:
     # launch's compat.CHECKED_OPTIONS
     checks: bool = False
     online: bool = False  # a looped form accumulates a softmax's sum of exponentials with its max (the rule)
+    row_sums: bool = False  # a mix-order kernel that also reduces its rows (a norm's backward; the rule)
 
 
 def _sanitize(name: str) -> str:
@@ -1031,7 +1032,7 @@ def generate_mix(mix: MixOrderNode, graph, interpret: bool, blocks: dict,
     constants = {k: blocks[k] for k in ("XBLOCK", "RBLOCK", "SPLIT")} | {"STAGES": blocks.get("STAGES", 1)}
     src = KernelSource(name, _source(prelude, body), name, w.ordered_args() + sizes, product(rows),
                        product(cols), form, constants, blocks.get("num_warps", 4), "SPLIT", w.int64, spans,
-                       checks=w.debug)
+                       checks=w.debug, row_sums=any(isinstance(m, Reduction) for m in row_members))
     return src, finish
 
 

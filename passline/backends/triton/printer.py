@@ -6,6 +6,8 @@ serves both.
 """
 from __future__ import annotations
 
+import math
+
 import sympy
 import torch
 
@@ -66,6 +68,9 @@ def constant(value, dtype: torch.dtype) -> str:
             lit = 'float("nan")'
         elif v in (float("inf"), float("-inf")):
             lit = f'float("{"-" if v < 0 else ""}inf")'
+        elif v == 0 and math.copysign(1.0, v) < 0:
+            # Triton 3.6 on a GPU made tl.full(.., -0.0, ..) +0.0 (1 / it was inf): negate +0.0 instead (fneg)
+            return f"(-tl.full([1], 0.0, {tl_dtype(dtype)}))"
         else:
             lit = repr(v)
         return f"tl.full([1], {lit}, {tl_dtype(dtype)})"

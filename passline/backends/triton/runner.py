@@ -85,6 +85,7 @@ class Kernel:
         # variants with device asserts: their launches pass compat.CHECKED_OPTIONS (compile options)
         self.checked = {v for v, src in info.variants.items() if src.checks} if compat.CHECKED_OPTIONS else set()
         self.online = any(src.online for src in info.variants.values())  # a softmax loop (configs.rule)
+        self.row_sums = any(src.row_sums for src in info.variants.values())  # a mix-order norm (configs.rule)
         self.wide = False
         self.wide_when: str | None = None  # the generated call's `wide=` condition (wrapper.py), or None
         self.counters: collections.Counter = collections.Counter()  # the runner's (report.metrics.counters)
@@ -132,7 +133,7 @@ class Kernel:
 
     def _rule(self, xnumel, rnumel) -> Config:
         return rule(self.splits, xnumel, rnumel, self.interpret, self.device, self.rows_contiguous, self.only,
-                    self._row_bytes(xnumel), self.online)
+                    self._row_bytes(xnumel), self.online, self.row_sums)
 
     def _row_bytes(self, xnumel: int) -> float | None:
         """The bytes the kernel reads and writes a row (its traffic over its rows), where its sizes are
