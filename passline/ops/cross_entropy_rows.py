@@ -102,7 +102,8 @@ def _rows_aten(z, target, ignore_index, eps, losses, scale):
 
 
 def _rows_body(z_ptr, z_stride, target_ptr, loss_ptr, scale_ptr, scale_stride, vocab, ignore_index, eps,
-               HAS_LOSS: tl.constexpr, HAS_GRAD: tl.constexpr, SMOOTH: tl.constexpr, BLOCK: tl.constexpr):
+               HAS_LOSS: tl.constexpr, HAS_GRAD: tl.constexpr, SMOOTH: tl.constexpr, BLOCK: tl.constexpr,
+               ROUND_BF16: tl.constexpr):
     """One program per row (see the module docstring); jitted by `_kernel`."""
     row = tl.program_id(0)
     z_row = z_ptr + row.to(tl.int64) * z_stride
@@ -142,7 +143,12 @@ def _rows_body(z_ptr, z_stride, target_ptr, loss_ptr, scale_ptr, scale_stride, v
             g = tl.where(start + cols == target, g - (1.0 - eps), g)
             if SMOOTH:
                 g = g - eps / vocab
-            tl.store(z_row + start + cols, (g * row_scale).to(z_ptr.dtype.element_ty), mask=mask)
+            g = g * row_scale
+            if ROUND_BF16:  # Triton's interpreter truncates float32 to bfloat16; a GPU rounds to nearest even
+                bits = g.to(tl.int32, bitcast=True)
+                bits = (bits + (0x7FFF + ((bits >> 16) & 1))) & -65536
+                g = bits.to(tl.float32, bitcast=True)
+            tl.store(z_row + start + cols, g.to(z_ptr.dtype.element_ty), mask=mask)
 
 
 def _kernel(interpret: bool):
@@ -174,7 +180,7 @@ def _rows_triton(z, target, ignore_index, eps, losses, scale):
     args = (z, z.stride(0), target, loss_arg, scale_arg, 0 if scale_arg.numel() == 1 else 1, vocab,
             int(ignore_index), float(eps))
     meta = dict(HAS_LOSS=losses is not None, HAS_GRAD=scale is not None, SMOOTH=bool(eps),
-                BLOCK=block_for(vocab), num_warps=WARPS)
+                BLOCK=block_for(vocab), ROUND_BF16=interpret and z.dtype == torch.bfloat16, num_warps=WARPS)
     with environment_variable("TRITON_INTERPRET", "1" if interpret else None):
         if interpret:
             kernel[(n,)](*args, **meta)
