@@ -90,6 +90,24 @@ def test_loss_and_gradients_match_eager(form, dtype, options, grads_in_forward):
     assert ops == {f"passline.linear_cross_entropy{'_with_grads' if with_grads else ''}.default"}, ops
 
 
+@pytest.mark.parametrize("dtype,vocab,options,grads_in_forward", [
+    (torch.bfloat16, 1031, dict(label_smoothing=0.1), True),
+    (torch.bfloat16, 1031, dict(label_smoothing=0.1), False),
+    (torch.float32, 257, dict(reduction="sum", ignore_index=-1), True),
+    (torch.bfloat16, 257, dict(reduction="none"), True),
+], ids=["bf16-1031-smooth", "bf16-1031-smooth-recompute", "f32-257-sum", "bf16-257-none"])
+def test_odd_vocabularies_through_the_pass(dtype, vocab, options, grads_in_forward):
+    """Vocabularies that are no power of two (the kernel's last column block is partial), chunks of 5 over 14
+    rows, the graphs around the op on Triton's interpreter."""
+    x, w = _leaf(2, 7, HIDDEN, dtype=dtype), _leaf(vocab, HIDDEN, dtype=dtype, scale=0.5, seed=2)
+    t = torch.randint(0, vocab, (2, 7), generator=torch.Generator().manual_seed(5))
+    t.view(-1)[::5] = options.get("ignore_index", -100)
+    fn = lambda x, w, t: F.cross_entropy(F.linear(x, w).float().view(-1, vocab), t.view(-1), **options)
+    pipeline = f"fuse_linear_cross_entropy(chunk_rows=5, grads_in_forward={str(grads_in_forward).lower()}), dce"
+    be = assert_matches_eager(fn, [x, w, t], pipeline=pipeline, codegen="triton")
+    assert _fired(be) == 1
+
+
 def test_no_tensor_of_the_logits_size_is_saved_or_made():
     """What the forward hands the backward, and every buffer of both graphs, is far below tokens x vocab."""
     x, w, t = _leaf(4, 8, HIDDEN), _leaf(VOCAB, HIDDEN, scale=0.5), _targets(4, 8)

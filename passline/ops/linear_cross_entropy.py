@@ -80,13 +80,14 @@ class _Gradients:
         if self.dbias is not None:
             self.dbias.add_(dz.sum(0, dtype=torch.float32))
 
-    def float32(self, weight):
-        """(dx, dweight, dbias) with the sums in float32; a gradient not needed is an empty tensor."""
-        def empty():  # one each: an op's outputs may not alias each other
-            return weight.new_empty(0, dtype=torch.float32)
-
-        return (self.dx, empty() if self.dweight is None else self.dweight,
-                empty() if self.dbias is None else self.dbias)
+    def rounded(self, weight, bias):
+        """(dx, dweight, dbias), the float32 sums rounded once to the weight's and the bias's dtypes (the float32
+        buffer is freed with this object); a gradient not needed is an empty tensor."""
+        bias_dtype = weight.dtype if bias is None else bias.dtype
+        dweight = weight.new_empty(0) if self.dweight is None else self.dweight.to(weight.dtype)
+        self.dweight = None
+        dbias = weight.new_empty(0, dtype=bias_dtype) if self.dbias is None else self.dbias.to(bias_dtype)
+        return self.dx, dweight, dbias
 
 
 # Whether aten's addmm takes a float32 `out_dtype` for 16-bit operands, by device type: CUDA since torch 2.8
@@ -198,8 +199,7 @@ def chunked_backward(grad, x, weight, bias, target, ignore_index, label_smoothin
     grads = _Gradients(x, weight, bias, need_x, need_weight, need_bias)
     scale = _scale(target, target != ignore_index, reduction, grad)
     _sweep(x, weight, bias, target, ignore_index, label_smoothing, chunk_rows, scale=scale, grads=grads)
-    dx, dweight, dbias = grads.float32(weight)
-    return dx, dweight.to(weight.dtype), dbias.to(weight.dtype if bias is None else bias.dtype)
+    return grads.rounded(weight, bias)
 
 
 linear_cross_entropy_backward = torch.library.custom_op(
@@ -245,7 +245,10 @@ def chunked_forward_with_grads(x, weight, bias, target, ignore_index, label_smoo
     """(loss, dx, dweight, dbias) for a loss's gradient of 1, each chunk's logits computed once: the loss is
     a sum or a mean, so its gradient only scales these (the backward of
     `passline::linear_cross_entropy_with_grads` does, 3 matmuls in all where recomputing takes 4).
-    dweight and dbias are float32 sums (rounded once, in the backward); a gradient not needed is empty."""
+    dweight and dbias are float32 sums rounded once to the weight's and bias's dtypes, here: what autograd
+    holds until the backward is then as large as the weight, not twice (bfloat16), and for a loss gradient of
+    1 (a training loss) the backward's scaling is exact; any other scale rounds them once more, as it does
+    dx. A gradient not needed is empty."""
     _check(x, weight, bias, target, reduction)
     if reduction == "none":
         raise ValueError("linear_cross_entropy_with_grads: a per-row loss's gradient is not a scale; use "
@@ -255,7 +258,7 @@ def chunked_forward_with_grads(x, weight, bias, target, ignore_index, label_smoo
     grads = _Gradients(x, weight, bias, need_x, need_weight, need_bias)
     _sweep(x, weight, bias, target, ignore_index, label_smoothing, chunk_rows, losses=losses,
            scale=_scale(target, valid, reduction), grads=grads)
-    return (_reduce(losses, valid, reduction, torch.float32 if upcast else x.dtype), *grads.float32(weight))
+    return (_reduce(losses, valid, reduction, torch.float32 if upcast else x.dtype), *grads.rounded(weight, bias))
 
 
 linear_cross_entropy_with_grads = torch.library.custom_op(
@@ -270,7 +273,7 @@ def _(x, weight, bias, target, ignore_index, label_smoothing, reduction, upcast,
       need_bias):
     _check(x, weight, bias, target, reduction)
     loss = x.new_empty((), dtype=torch.float32 if upcast else x.dtype)
-    return (loss, *_fake_grads(x, weight, bias, need_x, need_weight, need_bias, torch.float32))
+    return (loss, *_fake_grads(x, weight, bias, need_x, need_weight, need_bias))
 
 
 def _setup_context_with_grads(ctx, inputs, output):
@@ -286,8 +289,8 @@ def _backward_with_grads(ctx, grad, *_):
         raise RuntimeError(f"linear_cross_entropy_with_grads: the gradient of input {missing[0]} was not "
                            f"computed in the forward")
     dx, dweight, dbias = ctx.saved_tensors
-    # the loss's gradient scales the unit gradients: dx (in x's dtype) rounded once more, the float32
-    # sums rounded once, here
+    # the loss's gradient scales the unit gradients, each in its parameter's dtype: exact for a gradient of 1,
+    # else rounded once more (computed in float32)
     return (dx * grad if ctx.computed[0] else None,
             (dweight * grad.float()).to(ctx.dtypes[0]) if ctx.computed[1] else None,
             (dbias * grad.float()).to(ctx.dtypes[1]) if ctx.computed[2] else None,
