@@ -3,25 +3,47 @@
 
 An LM head's logits are the largest tensor of a training step (8k tokens x 128k vocabulary: 2 GiB in
 bfloat16, twice that once upcast to float32), and autograd keeps them from the forward to the backward.
-Here the rows are taken in chunks, and each chunk's logits (one matmul, in the input's dtype) are turned at
-once into float32 log-probabilities, the chunk's rows of the loss and, where asked, the logits' gradient
-(softmax minus the smoothed one-hot, times each row's share of the loss's gradient, written once in the
-logits' dtype), which two matmuls consume into the gradients of `x` (the chunk's rows) and `weight` (and a
-sum into `bias`), summed over chunks in float32. Three ops:
+Here the rows are taken in chunks. Per chunk: one matmul writes the chunk's logits, in the input's dtype,
+into a buffer every chunk reuses; one kernel (`cross_entropy_rows`: Triton, on a GPU or under
+TRITON_INTERPRET=1; aten elsewhere) computes each row's log-sum-exp by an online softmax in float32
+registers, the row's loss and, where asked, the logits' gradient (softmax minus the smoothed one-hot, times
+each row's share of the loss's gradient), written *over the logits* in their dtype — no float32
+`[chunk, vocabulary]` tensor —; two matmuls consume it into the chunk's rows of `dx` (written in place) and
+into `dweight`, summed in one float32 buffer (`_accumulate`: addmm with a float32 out_dtype where cuBLAS
+has it), and a sum into `dbias`. Nothing waits for the GPU (a mean's 1 / valid rows is a device scalar the
+kernel reads). Three ops:
 
 - `passline::linear_cross_entropy` (the loss) and `passline::linear_cross_entropy_backward` (its
   gradients): autograd saves `x`, `weight`, `bias` and `target`, and the backward computes each chunk's
   logits again — 4 matmuls in all;
 - `passline::linear_cross_entropy_with_grads` (the loss and the gradients for a loss gradient of 1, for a
   "mean" or "sum" loss, whose gradient only scales them): the backward scales what the forward saved —
-  3 matmuls, and the gradients (float32 for `weight`, as large as it) held from the forward to the backward.
+  3 matmuls, and the gradients (in the parameters' dtypes: the float32 sums rounded once) held from the
+  forward to the backward.
 
 The loss is F.cross_entropy's: `ignore_index` rows count for nothing (and `mean` divides by the rows
-left: all ignored is 0/0, NaN, as eager), `label_smoothing` eps makes a row's loss
+left: all ignored is 0/0, NaN, as eager, with zero gradients), `label_smoothing` eps makes a row's loss
 `(1 - eps) * (lse - z[target]) + eps * (lse - mean(z))`, `reduction` is "mean", "sum" or "none". The
 loss is computed in float32 whatever the input's dtype: `upcast` says whether it is returned in float32
 (the model wrote `cross_entropy(logits.float(), ...)`, or the input is float32) or rounded to the input's
 dtype (eager's bfloat16 cross-entropy rounds every log-probability to bfloat16: ours is closer to exact).
+A target outside the vocabulary (not `ignore_index`) gives that row a NaN loss under the kernel (eager
+asserts on the device); the aten path raises.
+
+Memory, for benchmarks/linear_cross_entropy.py's step (GPT-2's tied head, bfloat16, 8 x 1024 tokens,
+hidden 768, vocabulary 128256; MiB, as the benchmark's peak): the weight W is 187.9, a float32 [V, H]
+375.8, a chunk of 768 rows of logits 187.9 (the rule: as large as W), a token-sized [8192, 768] 12.0.
+- forward, inside the op: W 187.9 + the float32 dweight sum 375.8 + the chunk's buffer 187.9 + h, the
+  saved sum h + wte(idx), the LayerNorm's output (the op's x) and dx 4 x 12.0 = 799.5 where cuBLAS adds
+  into the float32 sum itself, 987.4 where each chunk's bfloat16 product is a temporary W (`_accumulate`);
+  at the op's end the sum is rounded to dweight (W) and freed: 799.5;
+- backward (passline's graph: the tied embedding's gradient is a float32 [V, H] scatter, then one kernel
+  adds the head's scaled dweight to it, in bfloat16): W + the saved dweight 187.9 + the scatter 375.8 +
+  W's gradient 187.9 + h and dh 2 x 12.0 = 963.4.
+Expected peak: 963-987 MiB plus allocator and library workspaces, about 0.34 of Inductor's 2868 (the
+previous version measured 1815: each chunk's bfloat16 logits, a float32 copy made by log_softmax(dtype=),
+the float32 log-probabilities and the float32 dweight sum were alive together, and the sum was saved for
+the backward in float32).
 """
 import torch
 
@@ -32,11 +54,14 @@ REDUCTIONS = ("mean", "sum", "none")
 
 def default_chunk_rows(rows: int, hidden: int, vocab: int) -> int:
     """Rows per chunk when none is given: a chunk's logits `[chunk, vocab]` hold at most as many elements
-    as the larger of `weight` `[vocab, hidden]` and `x` `[rows, hidden]`, tensors the step holds anyway
-    (with their gradients), so the chunk's buffers (float32 logits and their gradient) stay a small
-    multiple of them. A wide vocabulary gives chunks of `hidden` rows — a matmul of `hidden` rows by
-    `hidden` by `vocab`, large enough to keep a GPU's tensor cores busy —; a vocabulary narrower than the
-    rows gives one chunk (the logits are no larger than `x`: nothing to save)."""
+    as the larger of `weight` `[vocab, hidden]` and `x` `[rows, hidden]`, tensors the step holds anyway. The
+    chunk's only buffer is its logits in x's dtype (the kernel writes their gradient over them), so at a wide
+    vocabulary it is as large as the weight: `hidden` rows (768 for GPT-2 and the 128k benchmark) — a matmul
+    of `hidden` rows by `hidden` by `vocab`, large enough to keep a GPU's tensor cores busy. Smaller chunks
+    would not lower the step's peak (the module docstring: the op's 3 weights' worth of buffers plus the
+    chunk stay under the backward's 5) and would cost time: each chunk reads and writes the float32 weight
+    gradient's sum once more (2 x 375.8 MiB at 128k x 768). A vocabulary narrower than the rows gives
+    larger chunks (the logits are no larger than `x`: little to save)."""
     if rows <= 0:
         return 1
     budget = max(vocab, rows) * hidden
