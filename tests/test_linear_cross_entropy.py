@@ -12,6 +12,7 @@ from modules import benchmark_script
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import passline
+from passline.ops import cross_entropy_rows
 from passline.ops.linear_cross_entropy import (
     chunked_backward,
     chunked_forward,
@@ -89,6 +90,24 @@ def test_loss_and_gradients_match_eager(form, dtype, options, grads_in_forward):
     assert ops == {f"passline.linear_cross_entropy{'_with_grads' if with_grads else ''}.default"}, ops
 
 
+@pytest.mark.parametrize("dtype,vocab,options,grads_in_forward", [
+    (torch.bfloat16, 1031, dict(label_smoothing=0.1), True),
+    (torch.bfloat16, 1031, dict(label_smoothing=0.1), False),
+    (torch.float32, 257, dict(reduction="sum", ignore_index=-1), True),
+    (torch.bfloat16, 257, dict(reduction="none"), True),
+], ids=["bf16-1031-smooth", "bf16-1031-smooth-recompute", "f32-257-sum", "bf16-257-none"])
+def test_odd_vocabularies_through_the_pass(dtype, vocab, options, grads_in_forward):
+    """Vocabularies that are no power of two (the kernel's last column block is partial), chunks of 5 over 14
+    rows, the graphs around the op on Triton's interpreter."""
+    x, w = _leaf(2, 7, HIDDEN, dtype=dtype), _leaf(vocab, HIDDEN, dtype=dtype, scale=0.5, seed=2)
+    t = torch.randint(0, vocab, (2, 7), generator=torch.Generator().manual_seed(5))
+    t.view(-1)[::5] = options.get("ignore_index", -100)
+    fn = lambda x, w, t: F.cross_entropy(F.linear(x, w).float().view(-1, vocab), t.view(-1), **options)
+    pipeline = f"fuse_linear_cross_entropy(chunk_rows=5, grads_in_forward={str(grads_in_forward).lower()}), dce"
+    be = assert_matches_eager(fn, [x, w, t], pipeline=pipeline, codegen="triton")
+    assert _fired(be) == 1
+
+
 def test_no_tensor_of_the_logits_size_is_saved_or_made():
     """What the forward hands the backward, and every buffer of both graphs, is far below tokens x vocab."""
     x, w, t = _leaf(4, 8, HIDDEN), _leaf(VOCAB, HIDDEN, scale=0.5), _targets(4, 8)
@@ -102,34 +121,46 @@ def test_no_tensor_of_the_logits_size_is_saved_or_made():
     assert all(n.meta["val"].numel() < tokens * VOCAB for n in saved if isinstance(n.meta.get("val"), torch.Tensor))
 
 
-def test_the_op_holds_one_chunk_of_logits_at_a_time():
-    """Every tensor the op makes, forward and backward, is at most a chunk of logits, the weight or x."""
+class _Largest(TorchDispatchMode):
+    """The bytes of the largest tensor any op makes within (Triton's interpreter copies a kernel's arguments'
+    storages as bytes, the size of the chunk's buffer), and every float32 tensor's shape."""
+
+    def __init__(self):
+        super().__init__()
+        self.largest, self.float32 = 0, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for o in out if isinstance(out, (tuple, list)) else [out]:
+            if isinstance(o, torch.Tensor):
+                self.largest = max(self.largest, o.numel() * o.element_size())
+                if o.dtype == torch.float32:
+                    self.float32.append(tuple(o.shape))
+        return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_the_op_holds_one_chunk_of_logits_at_a_time(dtype):
+    """Every tensor the op makes, forward and backward, is at most a chunk of logits (in their dtype) or the
+    float32 weight-gradient sum; under the kernel no float32 tensor has a chunk's rows of the vocabulary."""
     rows, chunk = 64, 8
-    x, w, t = torch.randn(rows, HIDDEN), torch.randn(VOCAB, HIDDEN), _targets(rows)
-
-    class Largest(TorchDispatchMode):
-        largest = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            for o in out if isinstance(out, (tuple, list)) else [out]:
-                if isinstance(o, torch.Tensor):
-                    Largest.largest = max(Largest.largest, o.numel())
-            return out
-
-    with Largest():
+    x, w, t = torch.randn(rows, HIDDEN).to(dtype), torch.randn(VOCAB, HIDDEN).to(dtype), _targets(rows)
+    with _Largest() as seen:
         loss = chunked_forward(x, w, None, t, -100, 0.1, "mean", True, chunk)
         grads = chunked_backward(torch.ones(()), x, w, None, t, -100, 0.1, "mean", chunk, True, True, False)
         loss_and_grads = chunked_forward_with_grads(x, w, None, t, -100, 0.1, "mean", True, chunk, True, True, False)
-    assert Largest.largest == max(chunk * VOCAB, VOCAB * HIDDEN) < rows * VOCAB
+    assert seen.largest == max(chunk * VOCAB * dtype.itemsize, VOCAB * HIDDEN * 4) < rows * VOCAB * dtype.itemsize
+    if dtype != torch.float32 and cross_entropy_rows.implementation(x) == "triton":
+        assert not [s for s in seen.float32 if len(s) == 2 and s[1] == VOCAB and s != (VOCAB, HIDDEN)], seen.float32
     xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
-    expected = F.cross_entropy(xr @ wr.T, t, label_smoothing=0.1)
+    expected = F.cross_entropy((xr @ wr.T).float(), t, label_smoothing=0.1)
     expected.backward()
+    tol = {} if dtype == torch.float32 else dict(atol=1e-3, rtol=1e-2)
     for got in (loss, loss_and_grads[0]):
-        torch.testing.assert_close(got, expected)
+        torch.testing.assert_close(got, expected, **tol)
     for got in (grads, loss_and_grads[1:3]):
-        torch.testing.assert_close(got[0], xr.grad)
-        torch.testing.assert_close(got[1], wr.grad)
+        torch.testing.assert_close(got[0], xr.grad, **tol)
+        torch.testing.assert_close(got[1].to(dtype), wr.grad, **tol)
 
 
 def test_chunk_rule():

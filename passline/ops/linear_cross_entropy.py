@@ -3,25 +3,47 @@
 
 An LM head's logits are the largest tensor of a training step (8k tokens x 128k vocabulary: 2 GiB in
 bfloat16, twice that once upcast to float32), and autograd keeps them from the forward to the backward.
-Here the rows are taken in chunks, and each chunk's logits (one matmul, in the input's dtype) are turned at
-once into float32 log-probabilities, the chunk's rows of the loss and, where asked, the logits' gradient
-(softmax minus the smoothed one-hot, times each row's share of the loss's gradient, written once in the
-logits' dtype), which two matmuls consume into the gradients of `x` (the chunk's rows) and `weight` (and a
-sum into `bias`), summed over chunks in float32. Three ops:
+Here the rows are taken in chunks. Per chunk: one matmul writes the chunk's logits, in the input's dtype,
+into a buffer every chunk reuses; one kernel (`cross_entropy_rows`: Triton, on a GPU or under
+TRITON_INTERPRET=1; aten elsewhere) computes each row's log-sum-exp by an online softmax in float32
+registers, the row's loss and, where asked, the logits' gradient (softmax minus the smoothed one-hot, times
+each row's share of the loss's gradient), written *over the logits* in their dtype — no float32
+`[chunk, vocabulary]` tensor —; two matmuls consume it into the chunk's rows of `dx` (written in place) and
+into `dweight`, summed in one float32 buffer (`_accumulate`: addmm with a float32 out_dtype where cuBLAS
+has it), and a sum into `dbias`. Nothing waits for the GPU (a mean's 1 / valid rows is a device scalar the
+kernel reads). Three ops:
 
 - `passline::linear_cross_entropy` (the loss) and `passline::linear_cross_entropy_backward` (its
   gradients): autograd saves `x`, `weight`, `bias` and `target`, and the backward computes each chunk's
   logits again — 4 matmuls in all;
 - `passline::linear_cross_entropy_with_grads` (the loss and the gradients for a loss gradient of 1, for a
   "mean" or "sum" loss, whose gradient only scales them): the backward scales what the forward saved —
-  3 matmuls, and the gradients (float32 for `weight`, as large as it) held from the forward to the backward.
+  3 matmuls, and the gradients (in the parameters' dtypes: the float32 sums rounded once) held from the
+  forward to the backward.
 
 The loss is F.cross_entropy's: `ignore_index` rows count for nothing (and `mean` divides by the rows
-left: all ignored is 0/0, NaN, as eager), `label_smoothing` eps makes a row's loss
+left: all ignored is 0/0, NaN, as eager, with zero gradients), `label_smoothing` eps makes a row's loss
 `(1 - eps) * (lse - z[target]) + eps * (lse - mean(z))`, `reduction` is "mean", "sum" or "none". The
 loss is computed in float32 whatever the input's dtype: `upcast` says whether it is returned in float32
 (the model wrote `cross_entropy(logits.float(), ...)`, or the input is float32) or rounded to the input's
 dtype (eager's bfloat16 cross-entropy rounds every log-probability to bfloat16: ours is closer to exact).
+A target outside the vocabulary (not `ignore_index`) gives that row a NaN loss under the kernel (eager
+asserts on the device); the aten path raises.
+
+Memory, for benchmarks/linear_cross_entropy.py's step (GPT-2's tied head, bfloat16, 8 x 1024 tokens,
+hidden 768, vocabulary 128256; MiB, as the benchmark's peak): the weight W is 187.9, a float32 [V, H]
+375.8, a chunk of 768 rows of logits 187.9 (the rule: as large as W), a token-sized [8192, 768] 12.0.
+- forward, inside the op: W 187.9 + the float32 dweight sum 375.8 + the chunk's buffer 187.9 + h, the
+  saved sum h + wte(idx), the LayerNorm's output (the op's x) and dx 4 x 12.0 = 799.5 where cuBLAS adds
+  into the float32 sum itself, 987.4 where each chunk's bfloat16 product is a temporary W (`_accumulate`);
+  at the op's end the sum is rounded to dweight (W) and freed: 799.5;
+- backward (passline's graph: the tied embedding's gradient is a float32 [V, H] scatter, then one kernel
+  adds the head's scaled dweight to it, in bfloat16): W + the saved dweight 187.9 + the scatter 375.8 +
+  W's gradient 187.9 + h and dh 2 x 12.0 = 963.4.
+Expected peak: 963-987 MiB plus allocator and library workspaces, about 0.34 of Inductor's 2868 (the
+previous version measured 1815: each chunk's bfloat16 logits, a float32 copy made by log_softmax(dtype=),
+the float32 log-probabilities and the float32 dweight sum were alive together, and the sum was saved for
+the backward in float32).
 """
 import torch
 
@@ -32,11 +54,14 @@ REDUCTIONS = ("mean", "sum", "none")
 
 def default_chunk_rows(rows: int, hidden: int, vocab: int) -> int:
     """Rows per chunk when none is given: a chunk's logits `[chunk, vocab]` hold at most as many elements
-    as the larger of `weight` `[vocab, hidden]` and `x` `[rows, hidden]`, tensors the step holds anyway
-    (with their gradients), so the chunk's buffers (float32 logits and their gradient) stay a small
-    multiple of them. A wide vocabulary gives chunks of `hidden` rows — a matmul of `hidden` rows by
-    `hidden` by `vocab`, large enough to keep a GPU's tensor cores busy —; a vocabulary narrower than the
-    rows gives one chunk (the logits are no larger than `x`: nothing to save)."""
+    as the larger of `weight` `[vocab, hidden]` and `x` `[rows, hidden]`, tensors the step holds anyway. The
+    chunk's only buffer is its logits in x's dtype (the kernel writes their gradient over them), so at a wide
+    vocabulary it is as large as the weight: `hidden` rows (768 for GPT-2 and the 128k benchmark) — a matmul
+    of `hidden` rows by `hidden` by `vocab`, large enough to keep a GPU's tensor cores busy. Smaller chunks
+    would not lower the step's peak (the module docstring: the op's 3 weights' worth of buffers plus the
+    chunk stay under the backward's 5) and would cost time: each chunk reads and writes the float32 weight
+    gradient's sum once more (2 x 375.8 MiB at 128k x 768). A vocabulary narrower than the rows gives
+    larger chunks (the logits are no larger than `x`: little to save)."""
     if rows <= 0:
         return 1
     budget = max(vocab, rows) * hidden
@@ -45,11 +70,6 @@ def default_chunk_rows(rows: int, hidden: int, vocab: int) -> int:
 
 def _chunks(rows: int, chunk: int):
     return ((s, min(rows, s + chunk)) for s in range(0, rows, chunk))
-
-
-def _logits(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-    # addmm, as F.linear computes it (one rounding of product plus bias)
-    return x @ weight.t() if bias is None else torch.addmm(bias, x, weight.t())
 
 
 def _check(x, weight, bias, target, reduction):
@@ -67,8 +87,7 @@ def _check(x, weight, bias, target, reduction):
 
 class _Gradients:
     """dx, dweight and dbias, filled chunk by chunk from each chunk's logits' gradient: dx's rows of the chunk
-    by one matmul, dweight and dbias summed in float32 (each chunk's product is rounded once, as eager's
-    single matmul over all rows is, and the sum adds no rounding of its own)."""
+    by one matmul written in place, dweight and dbias summed in float32 buffers (see `_accumulate`)."""
 
     def __init__(self, x, weight, bias, need_x: bool, need_weight: bool, need_bias: bool):
         rows, hidden = x.shape
@@ -82,69 +101,89 @@ class _Gradients:
         if self.need_x:
             torch.mm(dz, weight, out=self.dx[s:e])
         if self.dweight is not None:
-            if dz.dtype == torch.float32:
-                self.dweight.addmm_(dz.t(), x)
-            else:
-                self.dweight.add_(dz.t() @ x)
+            _accumulate(self.dweight, dz.t(), x)
         if self.dbias is not None:
             self.dbias.add_(dz.sum(0, dtype=torch.float32))
 
-    def float32(self, weight):
-        """(dx, dweight, dbias) with the sums in float32; a gradient not needed is an empty tensor."""
-        def empty():  # one each: an op's outputs may not alias each other
-            return weight.new_empty(0, dtype=torch.float32)
+    def rounded(self, weight, bias):
+        """(dx, dweight, dbias), the float32 sums rounded once to the weight's and the bias's dtypes (the float32
+        buffer is freed with this object); a gradient not needed is an empty tensor."""
+        bias_dtype = weight.dtype if bias is None else bias.dtype
+        dweight = weight.new_empty(0) if self.dweight is None else self.dweight.to(weight.dtype)
+        self.dweight = None
+        dbias = weight.new_empty(0, dtype=bias_dtype) if self.dbias is None else self.dbias.to(bias_dtype)
+        return self.dx, dweight, dbias
 
-        return (self.dx, empty() if self.dweight is None else self.dweight,
-                empty() if self.dbias is None else self.dbias)
+
+# Whether aten's addmm takes a float32 `out_dtype` for 16-bit operands, by device type: CUDA since torch 2.8
+# (cuBLAS's float32 output), with a float32 `self` in recent versions; tried once, remembered.
+_OUT_DTYPE_ADDMM: dict = {}
 
 
-def _row_scale(valid, reduction: str, grad=None):
-    """Each row's share of the loss's gradient `grad` (1 when None), as a column: 0 for ignored rows,
-    1 / valid rows under "mean"."""
-    scale = torch.ones((), device=valid.device) if grad is None else grad.float()
+def _accumulate(acc: Tensor, a: Tensor, b: Tensor) -> None:
+    """acc += a @ b, acc a float32 buffer. The weight's gradient is a sum over the chunks, and summed in
+    float32 it is as exact as eager's one matmul over every row: measured against float64 for bfloat16
+    operands, 8192 rows in chunks of 768 (11 sums), hidden 768 — eager's single bfloat16 matmul 1.66e-3
+    relative (norm-wise), float32 sums rounded once at the end 1.66e-3, bfloat16 sums (addmm_ into a bfloat16
+    buffer) 4.12e-3, 2.5x eager's and growing with the square root of the chunk count. Hence float32 (2
+    bytes more a weight element, held until the backward). Where cuBLAS can (CUDA: addmm with
+    out_dtype=float32 into `acc` itself), one matmul accumulates into it with no temporary (its float32
+    product is rounded once, into the sum); else each chunk's product is made in the operands' dtype
+    (rounded once, like eager's) and added: a temporary the size of the weight (bfloat16: 1.4x eager's
+    error on the test above, 2.34e-3; inside the check's bound of 4x)."""
+    if a.dtype == acc.dtype:
+        acc.addmm_(a, b)
+        return
+    kind = acc.device.type
+    if _OUT_DTYPE_ADDMM.get(kind, kind == "cuda"):
+        try:
+            torch.addmm(acc, a, b, out_dtype=acc.dtype, out=acc)
+            _OUT_DTYPE_ADDMM[kind] = True
+            return
+        except (RuntimeError, TypeError, NotImplementedError):  # checked before any work: acc is untouched
+            _OUT_DTYPE_ADDMM[kind] = False
+    acc.add_(a @ b)
+
+
+def _scale(target, valid, reduction: str, grad=None) -> Tensor:
+    """Each row's share of the loss's gradient `grad` (1 when None) as a float32 tensor of 1 element (a sum or
+    a mean: 1 / valid rows, computed on the device — no wait for it) or one a row (`reduction="none"`). The
+    kernel gives ignored rows 0."""
+    if grad is None:
+        scale = torch.ones((), dtype=torch.float32, device=target.device)
+    else:
+        scale = grad.detach().float()
     if reduction == "mean":
         scale = scale / valid.sum()
-    return torch.where(valid, scale, 0.0).expand(valid.shape[0]).unsqueeze(1)
+    return scale.reshape(-1).contiguous()
 
 
 def _sweep(x, weight, bias, target, ignore_index, label_smoothing, chunk_rows, losses=None, scale=None,
            grads: _Gradients | None = None) -> None:
-    """One pass over the rows in chunks, each chunk's logits computed once: with `losses`, the chunk's rows of
-    the loss are written there; with `grads`, the logits' gradient (times `scale`, each row's share of the
-    loss's gradient) is computed at once and consumed into them."""
+    """One pass over the rows in chunks, each chunk's logits computed once, into one buffer that every chunk
+    reuses: with `losses`, the chunk's rows of the loss are written there; with `grads`, the logits'
+    gradient (times `scale`, each row's share of the loss's gradient) is written over the logits by the same
+    kernel and consumed into them. Per chunk: the logits' matmul, the kernel, and the gradients' matmuls."""
+    from . import cross_entropy_rows
+
     rows, hidden = x.shape
     vocab = weight.shape[0]
+    if rows == 0:
+        return
     chunk = chunk_rows if chunk_rows > 0 else default_chunk_rows(rows, hidden, vocab)
-    valid = target != ignore_index
-    # d loss / d logit = scale * (softmax - (1 - eps) * onehot - eps / vocab): the last term, per row
-    shift = scale * (-label_smoothing / vocab) if grads is not None and label_smoothing else None
+    buffer = x.new_empty(min(chunk, rows), vocab)
+    per_row = scale is not None and scale.numel() != 1
     for s, e in _chunks(rows, chunk):
-        z = _logits(x[s:e], weight, bias)
-        onehot = torch.where(valid[s:e], target[s:e], 0).unsqueeze(1)
-        if losses is not None:
-            # eager's log_softmax of the float32 logits, one kernel reading them in their dtype: the chunk's
-            # buffers are its logits and one float32 tensor, worked on in place from here
-            p = torch.log_softmax(z, 1, dtype=torch.float32)
-            del z
-            loss = p.gather(1, onehot).squeeze(1).neg_()
-            if label_smoothing:
-                loss = (1 - label_smoothing) * loss - label_smoothing * p.mean(1)
-            losses[s:e] = torch.where(valid[s:e], loss, 0.0)
-            if grads is None:
-                continue
-            p.exp_()  # the softmax
-        else:
-            p = torch.softmax(z, 1, dtype=torch.float32)
-            del z
-        p.scatter_add_(1, onehot, p.new_full(onehot.shape, -(1.0 - label_smoothing)))
-        # the logits' gradient, written once in their dtype (as eager's backward of .float() rounds it)
-        dz = p if x.dtype == torch.float32 else torch.empty(p.shape, dtype=x.dtype, device=x.device)
-        if shift is None:
-            torch.mul(p, scale[s:e], out=dz)
-        else:
-            torch.addcmul(shift[s:e], p, scale[s:e], out=dz)
-        del p
-        grads.add(dz, x[s:e], weight, s, e)
+        z = buffer[: e - s]
+        if bias is None:
+            torch.mm(x[s:e], weight.t(), out=z)
+        else:  # addmm, as F.linear computes it (one rounding of product plus bias)
+            torch.addmm(bias, x[s:e], weight.t(), out=z)
+        cross_entropy_rows.rows(z, target[s:e], ignore_index, label_smoothing,
+                                losses=None if losses is None else losses[s:e],
+                                scale=None if grads is None else (scale[s:e] if per_row else scale))
+        if grads is not None:
+            grads.add(z, x[s:e], weight, s, e)
 
 
 def _reduce(losses, valid, reduction: str, dtype):
@@ -183,10 +222,9 @@ def chunked_backward(grad, x, weight, bias, target, ignore_index, label_smoothin
     """(dx, dweight, dbias) of linear_cross_entropy, each chunk's logits computed again; a gradient not needed
     is an empty tensor. The body of the op `passline::linear_cross_entropy_backward`."""
     grads = _Gradients(x, weight, bias, need_x, need_weight, need_bias)
-    scale = _row_scale(target != ignore_index, reduction, grad)
+    scale = _scale(target, target != ignore_index, reduction, grad)
     _sweep(x, weight, bias, target, ignore_index, label_smoothing, chunk_rows, scale=scale, grads=grads)
-    dx, dweight, dbias = grads.float32(weight)
-    return dx, dweight.to(weight.dtype), dbias.to(weight.dtype if bias is None else bias.dtype)
+    return grads.rounded(weight, bias)
 
 
 linear_cross_entropy_backward = torch.library.custom_op(
@@ -232,7 +270,10 @@ def chunked_forward_with_grads(x, weight, bias, target, ignore_index, label_smoo
     """(loss, dx, dweight, dbias) for a loss's gradient of 1, each chunk's logits computed once: the loss is
     a sum or a mean, so its gradient only scales these (the backward of
     `passline::linear_cross_entropy_with_grads` does, 3 matmuls in all where recomputing takes 4).
-    dweight and dbias are float32 sums (rounded once, in the backward); a gradient not needed is empty."""
+    dweight and dbias are float32 sums rounded once to the weight's and bias's dtypes, here: what autograd
+    holds until the backward is then as large as the weight, not twice (bfloat16), and for a loss gradient of
+    1 (a training loss) the backward's scaling is exact; any other scale rounds them once more, as it does
+    dx. A gradient not needed is empty."""
     _check(x, weight, bias, target, reduction)
     if reduction == "none":
         raise ValueError("linear_cross_entropy_with_grads: a per-row loss's gradient is not a scale; use "
@@ -241,8 +282,8 @@ def chunked_forward_with_grads(x, weight, bias, target, ignore_index, label_smoo
     losses = torch.empty(x.shape[0], dtype=torch.float32, device=x.device)
     grads = _Gradients(x, weight, bias, need_x, need_weight, need_bias)
     _sweep(x, weight, bias, target, ignore_index, label_smoothing, chunk_rows, losses=losses,
-           scale=_row_scale(valid, reduction), grads=grads)
-    return (_reduce(losses, valid, reduction, torch.float32 if upcast else x.dtype), *grads.float32(weight))
+           scale=_scale(target, valid, reduction), grads=grads)
+    return (_reduce(losses, valid, reduction, torch.float32 if upcast else x.dtype), *grads.rounded(weight, bias))
 
 
 linear_cross_entropy_with_grads = torch.library.custom_op(
@@ -257,7 +298,7 @@ def _(x, weight, bias, target, ignore_index, label_smoothing, reduction, upcast,
       need_bias):
     _check(x, weight, bias, target, reduction)
     loss = x.new_empty((), dtype=torch.float32 if upcast else x.dtype)
-    return (loss, *_fake_grads(x, weight, bias, need_x, need_weight, need_bias, torch.float32))
+    return (loss, *_fake_grads(x, weight, bias, need_x, need_weight, need_bias))
 
 
 def _setup_context_with_grads(ctx, inputs, output):
@@ -273,8 +314,8 @@ def _backward_with_grads(ctx, grad, *_):
         raise RuntimeError(f"linear_cross_entropy_with_grads: the gradient of input {missing[0]} was not "
                            f"computed in the forward")
     dx, dweight, dbias = ctx.saved_tensors
-    # the loss's gradient scales the unit gradients: dx (in x's dtype) rounded once more, the float32
-    # sums rounded once, here
+    # the loss's gradient scales the unit gradients, each in its parameter's dtype: exact for a gradient of 1,
+    # else rounded once more (computed in float32)
     return (dx * grad if ctx.computed[0] else None,
             (dweight * grad.float()).to(ctx.dtypes[0]) if ctx.computed[1] else None,
             (dbias * grad.float()).to(ctx.dtypes[1]) if ctx.computed[2] else None,
