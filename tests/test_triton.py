@@ -335,11 +335,22 @@ def test_configuration_rules_follow_from_sizes_and_device():
     c = rule(red, 3072, 8192, False, gpu, rows_contiguous=False)
     assert (c.variant, c.xblock, c.rblock) == (Variant.LOOPED, 16, 256)
     assert rule(red, 1 << 20, 64, False, gpu, rows_contiguous=False).xblock == 128
-    # mix-order: two-dimensional accumulator, rows for ~2048 elements, four stages, the IR's split
+    # mix-order: two-dimensional accumulator, four stages, the IR's split; a norm's backward (row sums)
+    # takes rows for ~2048 elements and 192 bytes of traffic a thread: bfloat16 (6 bytes an element) 2 warps,
+    # float32 (12) 4; a pointwise row side (a bias gradient) two rows and 96 bytes a thread
     mix = {Variant.MIX_ORDER: 128, Variant.MIX_ORDER_ACC2D: 128}
-    c = rule(mix, 576000, 384, False, gpu)
+    c = rule(mix, 576000, 384, False, gpu, row_bytes=384 * 6, row_sums=True)
     assert (c.variant, c.xblock, c.warps, c.stages, c.split) == (Variant.MIX_ORDER_ACC2D, 4, 2, 4, 128)
-    c = rule(mix, 32768, 4096, False, gpu)
+    assert rule(mix, 576000, 384, False, gpu, row_bytes=384 * 12, row_sums=True).warps == 4
+    c = rule(mix, 576000, 384, False, gpu, row_bytes=384 * 6)
+    assert (c.variant, c.xblock, c.warps) == (Variant.MIX_ORDER_ACC2D, 2, 2)
+    # narrow rows: one warp; two or four rows a block (48 bytes a thread), one row where the side is pointwise
+    c = rule(mix, 1 << 21, 64, False, gpu, row_bytes=64 * 6, row_sums=True)
+    assert (c.variant, c.xblock, c.warps) == (Variant.MIX_ORDER_ACC2D, 4, 1)
+    assert rule(mix, 1 << 20, 64, False, gpu, row_bytes=64 * 12, row_sums=True).xblock == 2
+    c = rule(mix, 1 << 21, 64, False, gpu, row_bytes=64 * 6)
+    assert (c.variant, c.xblock, c.warps) == (Variant.MIX_ORDER, 1, 1)
+    c = rule(mix, 32768, 4096, False, gpu, row_sums=True)
     assert (c.variant, c.xblock, c.warps) == (Variant.MIX_ORDER_ACC2D, 2, 16)
     assert rule(mix, 1000, 8192, False, gpu).variant == Variant.MIX_ORDER  # too wide for two rows a block
     # pipeline stages bounded by shared memory (227 KB): a float32 row of 8192 moving 96 KB gets two, not four

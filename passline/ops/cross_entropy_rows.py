@@ -101,24 +101,26 @@ def _rows_aten(z, target, ignore_index, eps, losses, scale):
     z.copy_(p)
 
 
-def _rows_body(z_ptr, z_stride, target_ptr, loss_ptr, scale_ptr, scale_stride, vocab, ignore_index, eps,
-               HAS_LOSS: tl.constexpr, HAS_GRAD: tl.constexpr, SMOOTH: tl.constexpr, BLOCK: tl.constexpr,
+def _rows_body(z_ptr, z_stride, target_ptr, loss_ptr, scale_ptr, scale_stride, ignore_index, eps,
+               VOCAB: tl.constexpr, HAS_LOSS: tl.constexpr, HAS_GRAD: tl.constexpr, SMOOTH: tl.constexpr, BLOCK: tl.constexpr,
                ROUND_BF16: tl.constexpr):
-    """One program per row (see the module docstring); jitted by `_kernel`."""
+    """One program per row (see the module docstring); jitted by `_kernel`. The vocabulary is a constexpr:
+    a model has one (one compile), and Triton 3.6's interpreter turns a run-time int into a one-element
+    array, which `range` refuses under NumPy >= 2.5."""
     row = tl.program_id(0)
     z_row = z_ptr + row.to(tl.int64) * z_stride
     target = tl.load(target_ptr + row)
     valid = target != ignore_index
-    inside = (target >= 0) & (target < vocab)
+    inside = (target >= 0) & (target < VOCAB)
     cols = tl.arange(0, BLOCK)
     # pass 1: the online softmax's running maximum and sum, and the row's sum for label smoothing. Every
-    # block holds at least one column (start < vocab), so the maximum is finite from the first block on
+    # block holds at least one column (start < VOCAB), so the maximum is finite from the first block on
     # and exp(m - m_new) never sees -inf - -inf.
     m = tl.full((), float("-inf"), tl.float32)
     s = tl.full((), 0.0, tl.float32)
     total = tl.full((), 0.0, tl.float32)
-    for start in range(0, vocab, BLOCK):
-        mask = start + cols < vocab
+    for start in range(0, VOCAB, BLOCK):
+        mask = start + cols < VOCAB
         x = tl.load(z_row + start + cols, mask=mask, other=float("-inf")).to(tl.float32)
         m_new = tl.maximum(m, tl.max(x, 0))
         s = s * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), 0)
@@ -130,19 +132,19 @@ def _rows_body(z_ptr, z_stride, target_ptr, loss_ptr, scale_ptr, scale_stride, v
         z_target = tl.load(z_row + tl.where(inside, target, 0)).to(tl.float32)
         loss = lse - z_target
         if SMOOTH:
-            loss = (1.0 - eps) * loss + eps * (lse - total / vocab)
+            loss = (1.0 - eps) * loss + eps * (lse - total / VOCAB)
         loss = tl.where(inside, loss, float("nan"))
         tl.store(loss_ptr + row, tl.where(valid, loss, 0.0))
     if HAS_GRAD:
         row_scale = tl.load(scale_ptr + row * scale_stride)
         row_scale = tl.where(valid, tl.where(inside, row_scale, float("nan")), 0.0)
-        for start in range(0, vocab, BLOCK):
-            mask = start + cols < vocab
+        for start in range(0, VOCAB, BLOCK):
+            mask = start + cols < VOCAB
             x = tl.load(z_row + start + cols, mask=mask, other=0.0).to(tl.float32)
             g = tl.exp(x - lse)
             g = tl.where(start + cols == target, g - (1.0 - eps), g)
             if SMOOTH:
-                g = g - eps / vocab
+                g = g - eps / VOCAB
             g = g * row_scale
             if ROUND_BF16:  # Triton's interpreter truncates float32 to bfloat16; a GPU rounds to nearest even
                 bits = g.to(tl.int32, bitcast=True)
@@ -177,9 +179,9 @@ def _rows_triton(z, target, ignore_index, eps, losses, scale):
     dummy = z.new_empty(1, dtype=torch.float32) if losses is None or scale is None else None
     loss_arg = losses if losses is not None else dummy
     scale_arg = scale.float().contiguous() if scale is not None else dummy
-    args = (z, z.stride(0), target, loss_arg, scale_arg, 0 if scale_arg.numel() == 1 else 1, vocab,
+    args = (z, z.stride(0), target, loss_arg, scale_arg, 0 if scale_arg.numel() == 1 else 1,
             int(ignore_index), float(eps))
-    meta = dict(HAS_LOSS=losses is not None, HAS_GRAD=scale is not None, SMOOTH=bool(eps),
+    meta = dict(VOCAB=vocab, HAS_LOSS=losses is not None, HAS_GRAD=scale is not None, SMOOTH=bool(eps),
                 BLOCK=block_for(vocab), ROUND_BF16=interpret and z.dtype == torch.bfloat16, num_warps=WARPS)
     with environment_variable("TRITON_INTERPRET", "1" if interpret else None):
         if interpret:

@@ -189,17 +189,21 @@ def _stages(rows: int, rblock: int, row_bytes: float | None, rnumel: int | None,
 def _mix_block(rb: int, most_rows: int, row_bytes: float | None, rnumel: int | None, row_sums: bool) -> tuple:
     """Rows per block and warps of a mix-order kernel's two-dimensional form (see `rule`)."""
     per_element = row_bytes / rnumel if row_bytes and rnumel else 8.0  # bytes read and written an element
-    share = 192.0 if row_sums else 96.0  # bytes of traffic a thread
-    if rb <= 128:  # narrow rows: one warp, a sixth of the share
-        per_thread = max(1.0, share / 6 / per_element)
-        xb = _clamp(1 << max(0, int(32 * per_thread / rb).bit_length() - 1), 2, most_rows)
-        return xb, 1
+
+    def warps(elements: int, share: float) -> int:  # a thread's share of the traffic, in bytes
+        threads = elements / max(1.0, share / per_element)
+        return _clamp(1 << max(0, round(math.log2(max(1.0, threads / 32)))), 1, 16)
+
+    if not row_sums:  # a pointwise row side: two rows a block
+        return 2, warps(2 * rb, 96.0)
+    if rb <= 128:  # narrow rows: one warp
+        rows = 32 * max(1.0, 48.0 / per_element) / rb
+        return _clamp(1 << max(0, round(math.log2(max(1.0, rows)))), 2, most_rows), 1
     xb = _clamp(2048 // rb, 2, most_rows)
     elements = xb * rb
     if elements > 2048:
         return xb, 16 if elements >= 8192 else 8
-    threads = elements / max(1.0, share / per_element)
-    return xb, _clamp(1 << max(0, round(math.log2(max(1.0, threads / 32)))), 1, 16)
+    return xb, warps(elements, 192.0)
 
 
 def rule(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, device: Device,
@@ -239,19 +243,18 @@ def rule(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, devic
       widest that still gives two programs per SM), so loads are coalesced;
     - a mix-order kernel takes the two-dimensional accumulator, pipelined up to four stages deep (see
       `_stages`); rows wider than 4096 take the one-row form; its rows per program are one whole wave
-      (runner.MixKernel). Up to 2048 elements a block (rows up to 1024 wide), each thread is given a
-      share of the kernel's traffic (`row_bytes` over the columns: bytes read and written an element):
-      192 bytes where the kernel also reduces its rows (`row_sums`: a norm's backward, whose row sums
-      cross lanes, cheaper with more elements a lane) and 96 where its row side is pointwise (a bias
-      gradient, whose GELU derivative holds many registers an element), on blocks of about 2048
-      elements (two rows at least). Rows of at most 128 columns take one warp and a sixth of that, in
-      blocks of two rows at least: a narrow row's lanes are few, and programs of one warp let an SM hold
-      the most of them. On an H200 these are the configurations autotuning picked: LayerNorm backward
-      at 384 columns 4 rows on 2 warps (bfloat16) or 4 (float32), at 64 columns 4 rows (bfloat16) or 2
-      (float32) on one warp, where the former 8 rows on 2 warps took 456 µs against 244 (2097152 × 64,
-      bfloat16) and 277 against 222 (1048576 × 64, float32); the bias gradient at 384 columns 2 rows on
-      2 warps (bfloat16, 360 µs against 572 for 4 rows on 2) or 4 (float32). From 4096 elements a block:
-      8 warps, 16 from 8192 (bfloat16 LayerNorm backward 32768 × 4096: two rows on 16 warps, 207 µs).
+      (runner.MixKernel). Where the kernel also reduces its rows (`row_sums`: a norm's backward), blocks
+      of about 2048 elements (two rows at least) give each thread 192 bytes of the kernel's traffic
+      (`row_bytes` over the columns: bytes read and written an element), 8 warps from 4096 elements a
+      block and 16 from 8192; rows of at most 128 columns take one warp and 48 bytes a thread. Where its
+      row side is pointwise (a bias gradient: dx and its column sum), two rows a block with 96 bytes a
+      thread, and rows of at most 128 columns one row a block on one warp (the one-row form). These are
+      the configurations autotuning picked on an H200, where the former rule (8 rows on 2 warps at 64
+      columns, 4 at 384) took LayerNorm backward 2097152 × 64 bfloat16 456 µs against 244-285, 1048576 × 64
+      float32 277 against 208; the bias gradient 349525 × 384 bfloat16 572 against 360 (two rows on 2
+      warps; four rows on 4 warps: 727), 2097152 × 64 bfloat16 544 against 357 (the one-row form, one warp).
+      LayerNorm backward at 384 and 1000 columns kept its times (200-217 µs), and 32768 × 4096 bfloat16
+      207 µs on two rows and 16 warps.
     Under the interpreter the one candidate (few, large programs) is the rule.
     """
     if interpret:
@@ -263,6 +266,8 @@ def rule(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, devic
     rb = pow2(rnumel)
     if any(v in MIX_FORMS for v in kinds):
         split = variants[kinds[0]]
+        if not row_sums and rb <= 128 and Variant.MIX_ORDER in kinds:  # a narrow pointwise row side
+            return Config(Variant.MIX_ORDER, 1, rb, 1, _stages(1, rb, row_bytes, rnumel, device), split)
         if Variant.MIX_ORDER_ACC2D in kinds and rb <= 4096 and pow2(split) >= 2:
             xb, warps = _mix_block(rb, min(8, pow2(split)), row_bytes, rnumel, row_sums)
             return Config(Variant.MIX_ORDER_ACC2D, xb, rb, warps, _stages(xb, rb, row_bytes, rnumel, device), split)

@@ -69,8 +69,9 @@ def constant(value, dtype: torch.dtype) -> str:
         elif v in (float("inf"), float("-inf")):
             lit = f'float("{"-" if v < 0 else ""}inf")'
         elif v == 0 and math.copysign(1.0, v) < 0:
-            # Triton 3.6 on a GPU made tl.full(.., -0.0, ..) +0.0 (1 / it was inf): negate +0.0 instead (fneg)
-            return f"(-tl.full([1], 0.0, {tl_dtype(dtype)}))"
+            # Triton 3.6 on a GPU made tl.full(.., -0.0, ..) +0.0 and -(+0.0) too (0 - x): 1 / it was inf.
+            # -1.0 * 0.0 is -0.0 under IEEE rules, however it is folded
+            return f"(tl.full([1], -1.0, {tl_dtype(dtype)}) * 0.0)"
         else:
             lit = repr(v)
         return f"tl.full([1], {lit}, {tl_dtype(dtype)})"
