@@ -392,9 +392,12 @@ def test_persistent_rows_take_32_elements_a_thread_and_few_rows_more_warps():
     looped = rule(red, 4000, 30000, False, gpu, row_bytes=40_000)  # 528 rows on 16 warps: 21 MB
     assert (looped.rblock, looped.warps) == (8192, 16)
     assert rule(red, 4000, 30000, False, Device(sms=132, l2_bytes=256 << 20)).warps == 8  # a bigger L2
-    # a softmax's online max-and-sum loop (two exponentials an element) keeps 2048 chunks on 8 warps
-    online = rule(red, 4000, 30000, False, gpu, online=True)
+    # a softmax's online max-and-sum loop: chunks of 2048 on 8 warps; 4096 on 32 for a float32 row read and
+    # written (8 bytes an element)
+    online = rule(red, 4000, 30000, False, gpu, online=True, row_bytes=30000 * 4)
     assert (online.rblock, online.warps) == (2048, 8)
+    online = rule(red, 4000, 30000, False, gpu, online=True, row_bytes=30000 * 8)
+    assert (online.rblock, online.warps) == (4096, 32)
     assert pick(64, 30000) == (Variant.LOOPED, 1, 8192, 32)
     assert pick(64, 3 << 20) == (Variant.LOOPED, 1, 8192, 32)
     # a 64-SM GPU: 100 rows are no longer fewer than its SMs

@@ -234,9 +234,12 @@ def rule(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, devic
       L2), RMSNorm forward at 4474 × 30000 in bfloat16 took 207 µs on 8 warps and 2048-element chunks
       (1056 rows of 60 KB in flight), 140 µs on 32 warps and 8192 (264 rows); LayerNorm forward 286 µs
       against 179, and at 2048 × 65536, 269 µs against 174 (Inductor: 133, 241, 238). A kernel whose
-      first loop is a softmax's online max-and-sum (`online`: two exponentials an element) keeps 2048
-      chunks on 8 warps, measured faster there (softmax forward 4474 × 30000: 224 µs against 261 on 32
-      warps; log-softmax and cross-entropy forwards alike). With fewer rows
+      first loop is a softmax's online max-and-sum (`online`: two exponentials an element) takes chunks
+      of 2048 on 8 warps (bfloat16 softmax forward 4474 × 30000: 224 µs against 261 on 32 warps and
+      8192; 2048 × 65536: 228, 220 on 4096 and 16 warps), and where the kernel moves 8 bytes an element
+      (a float32 row read and written) 4096 on 32 warps: on an H200 softmax forward 1024 × 65536 float32
+      took 242 µs on 2048 and 8 warps, 192 on 4096 and 32 (Inductor 204), log-softmax 2237 × 30000
+      float32 221 against 163. With fewer rows
       than SMs, chunks of 8192 on 32 warps (a quarter of the sequential steps, on SMs that have nothing
       else to run); a reduction over a strided dim
       (column sums) loops over chunks of up to 256 rows of a column block 16 to 128 columns wide (the
@@ -285,8 +288,9 @@ def rule(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, devic
         if alone:
             rbl = min(32 * MAX_WARPS * FEW_PER_THREAD, rb)
             return Config(Variant.LOOPED, 1, rbl, _clamp(rbl // (32 * FEW_PER_THREAD), 1, MAX_WARPS))
-        if online:
-            return Config(Variant.LOOPED, 1, min(rb, 2048), 8)
+        if online:  # a float32 row read and written (8 bytes an element): 4096-element chunks on 32 warps
+            wide = row_bytes and rnumel and row_bytes / rnumel >= 8
+            return Config(Variant.LOOPED, 1, min(rb, 4096 if wide else 2048), 32 if wide else 8)
         per_row = row_bytes if row_bytes else 4 * rnumel
         warps = next((w for w in (8, 16, MAX_WARPS) if device.sms * (64 // w) * per_row <= device.l2_bytes / 2),
                      MAX_WARPS)
