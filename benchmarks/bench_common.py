@@ -147,6 +147,24 @@ def bench(fn, reps_ms=200, device="cuda") -> float:
     return 1e3 * (time.perf_counter() - t0)
 
 
+def kernel_ms(fn, device="cuda", calls=10) -> float | None:
+    """Milliseconds of GPU work per call of `fn`: the device time of every kernel, memset and copy that
+    `calls` calls issue (torch.profiler), divided by `calls`. Where a call is host-bound its step time
+    (`bench`) measures the host's issue rate; this measures the kernels alone. None off a GPU."""
+    if device != "cuda":
+        return None
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    return sum(e.device_time for e in prof.events() if e.device_type == DeviceType.CUDA) / calls / 1e3
+
+
 def copy_bandwidth(device="cuda", numel=1 << 28) -> float:
     """GB/s of a device-to-device copy of `numel` float32 (read once, written once): the roof a memory-bound
     kernel is compared with."""

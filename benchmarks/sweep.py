@@ -47,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import (  # noqa: E402
     SWEEP_CASES,
     bench,
+    kernel_ms,
     copy_bandwidth,
     differentiated,
     errors,
@@ -73,7 +74,8 @@ SLOWER = 1.05  # the summary lists points where passline takes more than this ti
 UNDER_COPY_PCT = 85  # ... and memory-bound points under this % of the copy bandwidth
 
 COLUMNS = ("case", "direction", "dtype", "rows", "width", "shape", "shape_class", "kind", "input_mb",
-           "eager_ms", "inductor_ms", "passline_ms", "passline_over_inductor", "passline_gbs",
+           "eager_ms", "inductor_ms", "passline_ms", "passline_over_inductor", "inductor_kernel_ms",
+           "passline_kernel_ms", "kernels_over_inductor", "passline_gbs",
            "passline_pct_copy", "inductor_gbs", "inductor_pct_copy", "check", "rel_err", "eager_rel_err",
            "compile_s_inductor", "compile_s_passline", "passline_codegen", "passline_kernels",
            "passline_externs", "error")
@@ -111,26 +113,30 @@ def free(device):
         torch.cuda.empty_cache()
 
 
-def time_directions(fn, case, directions, device, reps_ms) -> dict:
-    """direction -> ms of one call of `fn` (compiled and warm)."""
-    out = {}
+def time_directions(fn, case, directions, device, reps_ms) -> tuple[dict, dict]:
+    """(direction -> ms of one call of `fn` (compiled and warm), direction -> ms of its GPU work alone)."""
+    out, gpu = {}, {}
+
+    def both(d, call):
+        out[d] = bench(call, reps_ms, device)
+        gpu[d] = kernel_ms(call, device)
+
     for d in directions:
         if d == "fwd":
             det = [x.detach() for x in case.inputs]
             with torch.no_grad():
-                out[d] = bench(lambda det=det: fn(*det), reps_ms, device)
+                both(d, lambda det=det: fn(*det))
         elif d == "fwd_train":
             ins = fresh(case.inputs)
-            out[d] = bench(lambda ins=ins: fn(*ins), reps_ms, device)
+            both(d, lambda ins=ins: fn(*ins))
         else:
             ins = fresh(case.inputs)
             y = fn(*ins)
             dy = torch.randn_like(y)
             wrt = differentiated(fn, ins)
-            out[d] = bench(lambda y=y, wrt=wrt, dy=dy: torch.autograd.grad(y, wrt, dy, retain_graph=True),
-                           reps_ms, device)
+            both(d, lambda y=y, wrt=wrt, dy=dy: torch.autograd.grad(y, wrt, dy, retain_graph=True))
             del y, dy, wrt, ins
-    return out
+    return out, gpu
 
 
 def run_point(name, m, n, dtype, directions, contenders, device, reps_ms, pipeline=None):
@@ -171,7 +177,7 @@ def run_point(name, m, n, dtype, directions, contenders, device, reps_ms, pipeli
             sync(device)
             res["compile_s"] = time.perf_counter() - t0
             res["errors"] = errs
-            res["ms"] = time_directions(fn, case, directions, device, reps_ms)
+            res["ms"], res["kernel_ms"] = time_directions(fn, case, directions, device, reps_ms)
             if be is not None:
                 res["reports"] = {r.name.rstrip("0123456789"): (r.codegen, r.kernels, r.externs) for r in be.reports}
         except Exception as e:  # one failing point must not hide the others
@@ -207,8 +213,12 @@ def rows_of_point(name, m, n, kind, dtype, directions, results, eager_errs, nbyt
                 row[f"{label}_pct_copy"] = 100 * gbs / copy_gbs
         for label in ("inductor", "passline"):
             row[f"compile_s_{label}"] = results.get(label, {}).get("compile_s")
+        for label in ("inductor", "passline"):
+            row[f"{label}_kernel_ms"] = results.get(label, {}).get("kernel_ms", {}).get(d)
         if row.get("passline_ms") and row.get("inductor_ms"):
             row["passline_over_inductor"] = row["passline_ms"] / row["inductor_ms"]
+        if row.get("passline_kernel_ms") and row.get("inductor_kernel_ms"):
+            row["kernels_over_inductor"] = row["passline_kernel_ms"] / row["inductor_kernel_ms"]
         p = results.get("passline")
         if p is None:
             row["check"] = "-"
@@ -275,6 +285,12 @@ def summary(rows: list[dict], header: str, skipped: list[str]) -> str:
         by_dtype = {dt: geomean(r["passline_over_inductor"] for r in ratio if r["dtype"] == dt)
                     for dt in dict.fromkeys(r["dtype"] for r in ratio)}
         lines += ["", "By dtype: " + ", ".join(f"{dt} {g:.3f}" for dt, g in by_dtype.items())]
+    kernels = [r for r in rows if r.get("kernels_over_inductor")]
+    if kernels:  # GPU work alone (torch.profiler): what host-bound steps hide
+        slow = sum(r["kernels_over_inductor"] > SLOWER for r in kernels)
+        lines += ["", f"GPU time of the kernels alone, passline / Inductor: geometric mean "
+                      f"**{geomean(r['kernels_over_inductor'] for r in kernels):.3f}** ({len(kernels)} points, "
+                      f"{slow} above {SLOWER}x)"]
     # compile seconds per point (each point's rows repeat them: one per point)
     per_point = {(r["case"], r["dtype"], r["shape"]): r for r in rows}.values()
     for label in ("passline", "inductor"):
@@ -282,14 +298,16 @@ def summary(rows: list[dict], header: str, skipped: list[str]) -> str:
         if secs:
             lines.append(f"\nCompile seconds per point, {label}: median "
                          f"{secs[len(secs) // 2]:.1f}, max {secs[-1]:.1f}, total {sum(secs):.0f}")
-    cols = "| case | direction | dtype | shape | Inductor ms | passline ms | passline / Inductor | % of copy | check |"
-    sep = "|---|---|---|---|---|---|---|---|---|"
+    cols = ("| case | direction | dtype | shape | Inductor ms | passline ms | passline / Inductor | "
+            "kernels alone, passline / Inductor | % of copy | check |")
+    sep = "|---|---|---|---|---|---|---|---|---|---|"
 
     def table(rs):
         return [cols, sep] + [
             f"| {r['case']} | {r['direction']} | {r['dtype']} | {r['shape']} | {fmt(r.get('inductor_ms'))} | "
             f"{fmt(r.get('passline_ms'))} | {fmt(r.get('passline_over_inductor'))} | "
-            f"{fmt(r.get('passline_pct_copy'))} | {r['check']} |" for r in rs]
+            f"{fmt(r.get('kernels_over_inductor'))} | {fmt(r.get('passline_pct_copy'))} | {r['check']} |"
+            for r in rs]
 
     slow = sorted((r for r in ratio if r["passline_over_inductor"] > SLOWER),
                   key=lambda r: -r["passline_over_inductor"])
