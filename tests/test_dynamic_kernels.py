@@ -216,3 +216,43 @@ def test_dynamic_transposes_at_odd_sizes_match_eager(monkeypatch):
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     _train_like_eager(Heads, [(2, 7, 15), (3, 17, 15), (5, 9, 15)])
+
+
+# -- the rule: a dynamic kernel gets its static twin's configuration ---------------------------------------
+
+
+def _rule_choices(fn, x, dynamic: bool, tmp_path) -> list:
+    """(kind, variant, XBLOCK, RBLOCK, warps) of each GPU kernel of fn's training step by rule, at x's sizes,
+    with the arguments its launch passes (a dynamic kernel's size arguments are the call's sizes)."""
+    be = passline.backend(codegen="reference", fallback="raise", capture=True)
+    torch._dynamo.reset()
+    x = x.detach().clone().requires_grad_()  # a fresh tensor: dynamo remembers a dynamic one's dims
+    torch.compile(fn, backend=be, dynamic=dynamic)(x).float().square().mean().backward()
+    assert all(bool(size_sources(report.graph)) == dynamic for report in be.reports)
+    out = []
+    for report in be.reports:
+        runner = TritonRunner(report.graph, interpret=False, cache=KernelCache(tmp_path / "passline"))
+        bind = _Bindings(size_sources(report.graph), report.inputs)
+        for kind, _, data in runner.steps:
+            if kind not in ("kernel", "mix"):
+                continue
+            k = data[0]
+            first = next(iter(k.info.variants.values()))
+            xn, rn = bind.int(first.xnumel), None if first.rnumel is None else bind.int(first.rnumel)
+            args = [bind.int(v) if what == "size" else None for what, v in first.args]
+            cfg = k._rule(xn, rn, args)
+            out.append((k.info.kind, str(cfg.variant), cfg.xblock, cfg.rblock, cfg.warps))
+    return sorted(out)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dynamic_kernels_take_the_static_configurations(tmp_path, dtype):
+    # the rule reads the bytes a kernel moves an element (the mix-order blocks, online softmax loops): under
+    # dynamic shapes they are evaluated at the launch's sizes, not assumed (float32 LayerNorm backward at
+    # 384 columns took 2 warps dynamic against 4 static before)
+    ln = torch.nn.LayerNorm(384).to(dtype)
+    x = torch.randn(4099, 384, dtype=dtype, requires_grad=True)
+    assert _rule_choices(ln, x, True, tmp_path) == _rule_choices(ln, x, False, tmp_path)
+    sm = lambda x: torch.softmax(x.float(), -1)  # noqa: E731 - a looped online softmax (30000 wide)
+    x = torch.randn(9, 30000, dtype=dtype, requires_grad=True)
+    assert _rule_choices(sm, x, True, tmp_path) == _rule_choices(sm, x, False, tmp_path)

@@ -16,6 +16,7 @@ import math
 import threading
 
 import attrs
+import sympy
 import torch
 
 from ... import __version__
@@ -131,14 +132,25 @@ class Kernel:
         self.info.chosen, self.info.blocks = str(cfg.variant), dict(cfg.blocks(), num_warps=cfg.warps)
         return cfg
 
-    def _rule(self, xnumel, rnumel) -> Config:
+    def _rule(self, xnumel, rnumel, args=None) -> Config:
         return rule(self.splits, xnumel, rnumel, self.interpret, self.device, self.rows_contiguous, self.only,
-                    self._row_bytes(xnumel), self.online, self.row_sums)
+                    self._row_bytes(xnumel, rnumel, args), self.online, self.row_sums)
 
-    def _row_bytes(self, xnumel: int) -> float | None:
-        """The bytes the kernel reads and writes a row (its traffic over its rows), where its sizes are
-        numbers; None under dynamic shapes (the rule then assumes 4 bytes an element)."""
+    def _row_bytes(self, xnumel: int, rnumel: int | None = None, args=None) -> float | None:
+        """The bytes the kernel reads and writes a row (its traffic over its rows). Under dynamic shapes
+        the traffic is an expression of the size symbols, evaluated at the launch's sizes — the element
+        counts where they are one symbol each, and the size arguments (`args`, in the kernel's signature
+        order) — so a dynamic kernel gets its static twin's configuration; None where some size stays
+        unknown (the rule then assumes 4 bytes an element)."""
         total = self.info.bytes
+        if isinstance(total, sympy.Expr) and total.free_symbols:
+            src = next(iter(self.info.variants.values()))
+            values = {e: a for (kind, e), a in zip(src.args, args or ())
+                      if kind == "size" and isinstance(e, sympy.Symbol) and isinstance(a, int)}
+            for expr, n in ((src.xnumel, xnumel), (src.rnumel, rnumel)):
+                if isinstance(expr, sympy.Symbol) and n is not None:
+                    values[expr] = n
+            total = total.subs(values)
         try:
             return float(total) / max(1, xnumel) if total else None
         except TypeError:  # symbolic
@@ -146,7 +158,7 @@ class Kernel:
 
     def _choose(self, args, xnumel, rnumel, stream, after=None) -> Config:
         if not self.autotune or self.interpret or self.mutates or args is None:
-            return self._rule(xnumel, rnumel)
+            return self._rule(xnumel, rnumel, args)
         cands = candidates(self.splits, xnumel, rnumel, self.interpret, self.only)
         if len(cands) == 1:
             return cands[0]
@@ -359,7 +371,7 @@ class MixKernel(Kernel):
             ckey = digest(self.key, xnumel, rnumel, torch.cuda.get_device_name(), "split")
             return self._remembered(ckey, lambda: self._pick_split(args, xnumel, rnumel, stream, after))
         # by rule: one whole wave, from what the compiled kernel takes (compiled now, not launched)
-        cfg = self._rule(xnumel, rnumel)
+        cfg = self._rule(xnumel, rnumel, args)
         return self.placed(cfg, self._compile_only(cfg, args, xnumel, rnumel), xnumel)
 
     def placed(self, cfg: Config, compiled, xnumel: int) -> Config:
