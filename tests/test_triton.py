@@ -142,6 +142,18 @@ def test_negative_scalars_with_unsigned_tensors_wrap_as_eager():
     assert_matches_eager(lambda u: (u > -1, u + (-1), torch.where(u > 3, u, -1)), [u], codegen="triton")
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_constants_round_to_nearest_as_eager(dtype):
+    # a bfloat16 literal was truncated by the interpreter's tl.full: where(x > 1, x, 0.1) gave 0.0996 where
+    # eager's is 0.1001 (one ulp: inside the dtype's tolerance, so compared bitwise here)
+    x = torch.tensor([0.1, 2.0, 0.3, 5.0], dtype=dtype)
+    fn = lambda x: (torch.where(x > 1, x, 0.1), torch.full_like(x, 0.3), x.clamp(max=1 / 3),
+                    x.masked_fill(x > 1, 1e-3))
+    compiled = torch.compile(fn, backend=passline.backend(codegen="triton", fallback="raise"))
+    for got, want in zip(compiled(x), fn(x)):
+        torch.testing.assert_close(got, want, atol=0, rtol=0)
+
+
 def test_report_has_kernel_sources_variants_and_bytes():
     be = assert_matches_eager(torch.nn.LayerNorm(32), [torch.randn(64, 32)], codegen="triton")
     (report,) = be.reports

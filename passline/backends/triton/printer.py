@@ -62,6 +62,10 @@ def tl_dtype(dtype: torch.dtype) -> str:
 def constant(value, dtype: torch.dtype) -> str:
     if dtype.is_floating_point:
         v = float(value)
+        if dtype in (torch.float16, torch.bfloat16):
+            # the literal is the dtype's value, rounded as torch converts a scalar: the interpreter's tl.full
+            # truncates to bfloat16 (where(x > 1, x, 0.1) gave 0.0996, eager 0.1001)
+            v = float(torch.tensor(v, dtype=dtype))
         if v != v:
             lit = 'float("nan")'
         elif v in (float("inf"), float("-inf")):
