@@ -111,6 +111,18 @@ def test_negative_zero_constants_keep_their_sign():
     assert_matches_eager(fn, [x], codegen="triton")
 
 
+def test_relu_clamp_tanh_expm1_keep_negative_zero():
+    # eager's relu and clamp keep x on a tie (relu(-0.0) is -0.0), tanh and expm1 are odd: the kernels
+    # gave +0.0 (the interpreter's tanh and expm1 too), so 1 / them was inf where eager's is -inf
+    x = torch.tensor([-0.0, 0.0, -1.0, 2.0, float("nan")])
+    fn = lambda x: (torch.relu(x), x.clamp(min=0.0), x.clamp(max=0.0), x.clamp(-0.0, 0.0), torch.tanh(x),
+                    torch.expm1(x), torch.nn.functional.celu(x, 0.5))
+    compiled = torch.compile(fn, backend=passline.backend(codegen="triton", fallback="raise"))
+    for k, (got, want) in enumerate(zip(compiled(x), fn(x))):
+        torch.testing.assert_close(got, want, equal_nan=True, msg=f"output {k}")
+        assert torch.equal(got.signbit(), want.signbit()), (k, got, want)
+
+
 def test_bfloat16_negative_zero_is_false():
     # the interpreter holds bfloat16 as raw words: -0.0 (0x8000) != 0 made bool(-0.0) True
     x = torch.tensor([-0.0, 0.0, 1.0, float("nan"), -2.0], dtype=torch.bfloat16)

@@ -153,19 +153,21 @@ _COMMON = '''
 def _sigmoid(x):
     return 1.0 / (1.0 + tl.exp(-x))
 
+# On a tie the first operand wins, as eager's clamp (std::max(x, lo)) and relu keep x: relu(-0.0) and
+# clamp(-0.0, min=0) are -0.0, and 1 / them -inf
 @triton.jit
 def _maximum(a, b):
-    return tl.where((a > b) | (a != a), a, b)
+    return tl.where((a < b) | (b != b), b, a)
 
 
 @triton.jit
 def _minimum(a, b):
-    return tl.where((a < b) | (a != a), a, b)
+    return tl.where((b < a) | (b != b), b, a)
 
 
 @triton.jit
 def _relu(x):
-    return tl.where((x > 0) | (x != x), x, 0)
+    return tl.where(x < 0, 0, x)
 
 
 @triton.jit
@@ -354,13 +356,16 @@ def _tanh(x):
     a = tl.abs(d)
     e = tl.exp(-2.0 * a)
     t = tl.where(a < 1e-5, a - a * a * a / 3.0, (1.0 - e) / (1.0 + e))
-    return tl.where(d != d, d, tl.where(d < 0, -t, t)).to(x.dtype)
+    # tanh(-0.0) is -0.0 (d == 0 keeps the zero's sign)
+    return tl.where((d != d) | (d == 0), d, tl.where(d < 0, -t, t)).to(x.dtype)
 
 
 @triton.jit
 def _expm1(x):
     d = x.to(tl.float64)
-    return tl.where(tl.abs(d) < 1e-5, d + 0.5 * d * d + d * d * d / 6.0, tl.exp(d) - 1.0).to(x.dtype)
+    # expm1(-0.0) is -0.0: the series' sum came out +0.0
+    s = tl.where(d == 0, d, d + 0.5 * d * d + d * d * d / 6.0)
+    return tl.where(tl.abs(d) < 1e-5, s, tl.exp(d) - 1.0).to(x.dtype)
 
 
 @triton.jit
