@@ -332,6 +332,16 @@ def _check_index(value, ok, mask, what, bound):
         bad = np.broadcast_to(value.handle.data, ok.shape)[~ok].flat[0]
         size = getattr(getattr(bound, "handle", None), "data", bound)
         raise IndexError(f"index {int(bad)} is out of bounds for {what} with size {int(size)}")
+
+
+def _check_divisor(value, mask):
+    # not @triton.jit: an integer division by zero raises on the CPU, as eager's (numpy gave 0); a GPU
+    # kernel does not check it, as eager's CUDA kernels do not
+    ok = value.handle.data != 0
+    if mask is not None:
+        ok = ok | ~mask.handle.data
+    if not ok.all():
+        raise RuntimeError("ZeroDivisionError")
 ''' + _COMMON + '''
 
 # Triton's interpreter sums with numpy when the combine function is its own, and otherwise calls ours once
