@@ -105,6 +105,40 @@ def test_bool_and_integer_tensors():
     _triton(fn, [a, b, i])
 
 
+RAISES_AS_EAGER = {
+    # an integer division by zero raises on the CPU: the interpreter's kernels returned 0 (numpy's)
+    "floordiv_by_zero": lambda i, z: i // z,
+    "remainder_by_zero": lambda i, z: (i % z).sum(),
+    "fmod_by_zero": lambda i, z: torch.fmod(i, z[:, :1]),
+    "floordiv_by_scalar_zero": lambda i, z: i // 0,
+    # eager refuses these; the kernels computed 1 - True and 7 ** -1 (0)
+    "sub_of_bools": lambda i, z: (i > 0) - 0,
+    "int_to_negative_power": lambda i, z: i ** -1,
+}
+
+
+@pytest.mark.parametrize("codegen", ["reference", "triton"])
+@pytest.mark.parametrize("name", sorted(RAISES_AS_EAGER))
+def test_errors_eager_raises_are_raised(name, codegen):
+    fn = RAISES_AS_EAGER[name]
+    i, z = torch.randint(-9, 9, (5, 7)), torch.randint(1, 4, (5, 7))
+    z[3, 0] = 0
+    with pytest.raises(Exception) as eager:
+        fn(i, z)
+    with pytest.raises(Exception, match=str(eager.value)[:30].replace("(", r"\(")):
+        torch._dynamo.reset()
+        torch.compile(fn, backend=passline.backend(codegen=codegen, fallback="raise"))(i, z)
+
+
+def test_integer_division_checks_only_lanes_inside_the_masks():
+    # masked lanes hold a load's 0: no division by zero there (7 x 13 leaves partial blocks)
+    i = torch.randint(-50, 50, (7, 13))
+    z = torch.randint(1, 9, (7, 13)) * torch.where(torch.rand(7, 13) > 0.5, 1, -1)
+    fn = lambda i, z: ((i // z).sum(1), (i % z).amax(0), torch.fmod(i, z[:, :1]), i.t() // z.t())
+    for variant in ["persistent", "looped"]:
+        _triton(fn, [i, z], kernel_variant=variant)
+
+
 @pytest.mark.parametrize("codegen", ["reference", "triton"])
 def test_cumprod_backward_argmaxes_bools(codegen):
     """cumprod's backward finds each row's first zero with an argmax over bools, which torch.argmax

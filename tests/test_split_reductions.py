@@ -117,6 +117,16 @@ def test_inner_member_read_outside_stays_a_node():
     assert set(partials(be)[0].read_names()) == {"arg0_1"}
 
 
+def test_row_tiles_of_pointwise_members_are_not_split():
+    # tile_rows makes a group over (rows | columns) with no reduction in it; split_reductions after it
+    # took that for a reduction group and failed with "max() arg is an empty sequence" (found by fuzzing)
+    fn = lambda x, m: (x - m.amax(1, keepdim=True)).exp() * m.sum(1, keepdim=True)
+    be = assert_matches_eager(fn, [torch.randn(6, 9, requires_grad=True), torch.randn(6, 9)],
+                              pipeline="tile_rows(sms=1, min_rows_per_sm=1), split_reductions(splits=2)")
+    assert sum(r.metrics.counters.get("row_tiles", 0) for r in be.reports) > 0
+    assert split_count(be) == 2  # the amax and the sum, still split
+
+
 def test_cpu_target_splits_nothing_by_default():
     # on the CPU whatever PASSLINE_TEST_DEVICE says (on a GPU this very sum is split)
     be = assert_matches_eager(lambda x: x.sum(), [torch.randn(1 << 16)], codegen="reference", device="cpu")

@@ -111,6 +111,18 @@ def test_negative_zero_constants_keep_their_sign():
     assert_matches_eager(fn, [x], codegen="triton")
 
 
+def test_relu_clamp_tanh_expm1_keep_negative_zero():
+    # eager's relu and clamp keep x on a tie (relu(-0.0) is -0.0), tanh and expm1 are odd: the kernels
+    # gave +0.0 (the interpreter's tanh and expm1 too), so 1 / them was inf where eager's is -inf
+    x = torch.tensor([-0.0, 0.0, -1.0, 2.0, float("nan")])
+    fn = lambda x: (torch.relu(x), x.clamp(min=0.0), x.clamp(max=0.0), x.clamp(-0.0, 0.0), torch.tanh(x),
+                    torch.expm1(x), torch.nn.functional.celu(x, 0.5))
+    compiled = torch.compile(fn, backend=passline.backend(codegen="triton", fallback="raise"))
+    for k, (got, want) in enumerate(zip(compiled(x), fn(x))):
+        torch.testing.assert_close(got, want, equal_nan=True, msg=f"output {k}")
+        assert torch.equal(got.signbit(), want.signbit()), (k, got, want)
+
+
 def test_bfloat16_negative_zero_is_false():
     # the interpreter holds bfloat16 as raw words: -0.0 (0x8000) != 0 made bool(-0.0) True
     x = torch.tensor([-0.0, 0.0, 1.0, float("nan"), -2.0], dtype=torch.bfloat16)
@@ -140,6 +152,18 @@ def test_negative_scalars_with_unsigned_tensors_wrap_as_eager():
     # u8 + (-1): the scalar is uint8 255, as torch converts it; tl.full refused -1 for tl.uint8
     u = torch.tensor([0, 1, 3, 200, 255], dtype=torch.uint8)
     assert_matches_eager(lambda u: (u > -1, u + (-1), torch.where(u > 3, u, -1)), [u], codegen="triton")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_constants_round_to_nearest_as_eager(dtype):
+    # a bfloat16 literal was truncated by the interpreter's tl.full: where(x > 1, x, 0.1) gave 0.0996 where
+    # eager's is 0.1001 (one ulp: inside the dtype's tolerance, so compared bitwise here)
+    x = torch.tensor([0.1, 2.0, 0.3, 5.0], dtype=dtype)
+    fn = lambda x: (torch.where(x > 1, x, 0.1), torch.full_like(x, 0.3), x.clamp(max=1 / 3),
+                    x.masked_fill(x > 1, 1e-3))
+    compiled = torch.compile(fn, backend=passline.backend(codegen="triton", fallback="raise"))
+    for got, want in zip(compiled(x), fn(x)):
+        torch.testing.assert_close(got, want, atol=0, rtol=0)
 
 
 def test_report_has_kernel_sources_variants_and_bytes():

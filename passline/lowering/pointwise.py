@@ -128,9 +128,16 @@ for _name, _kind in [
 _register("round", KIND.DEFAULT, aten.round.default)
 
 
+def _bool_tensor(x) -> bool:
+    m = meta(x)
+    return isinstance(m, torch.Tensor) and m.dtype == torch.bool
+
+
 @lowering(aten.add.Tensor, aten.add.Scalar, aten.sub.Tensor, aten.sub.Scalar)
 def lower_add_sub(ctx, node, a, b, *, alpha=1):
     name = "add" if node.target in (aten.add.Tensor, aten.add.Scalar) else "sub"
+    if name == "sub" and any(map(_bool_tensor, node.args[:2])):
+        return NotImplemented  # eager raises (no `-` with a bool tensor): the aten call raises as it does
     if alpha == 1:
         return pointwise_op(ctx, node, name, (a, b), node.args, KIND.DEFAULT)
     out = out_meta(node)
@@ -145,7 +152,7 @@ def lower_add_sub(ctx, node, a, b, *, alpha=1):
 
 @lowering(aten.rsub.Tensor, aten.rsub.Scalar)
 def lower_rsub(ctx, node, a, b, *, alpha=1):
-    if alpha != 1:
+    if alpha != 1 or any(map(_bool_tensor, node.args[:2])):
         return NotImplemented
     return pointwise_op(ctx, node, "sub", (b, a), node.args[::-1], KIND.DEFAULT)
 
@@ -289,6 +296,8 @@ def lower_pow_scalar(ctx, node, x, exponent):
     out = out_meta(node)
     compute = promote(node, node.args, KIND.BOOL_TO_LONG)
     e = exponent
+    if not compute.is_floating_point and isinstance(e, int) and not isinstance(e, bool) and e < 0:
+        return NotImplemented  # eager raises (integers to negative integer powers): so does the aten call
     forms = {2: "sq", 3: "cube", 1: "id", 0.5: "sqrt", -0.5: "rsqrt", -1: "recip", -2: "recip_sq"}
     if not isinstance(e, (int, float)) or isinstance(e, bool) or e not in forms or \
             (not compute.is_floating_point and forms[e] in ("sqrt", "rsqrt", "recip", "recip_sq")):

@@ -123,7 +123,8 @@ def _group(node):
     if isinstance(node, Reduction):
         outer, red = shape(node)
         return (node,), outer, red
-    if isinstance(node, FusedNode) and node.reduction_ranges:
+    # a group with no reduction (tile_rows' row tile of pointwise members) has nothing to split
+    if isinstance(node, FusedNode) and node.reduction_ranges and any(isinstance(m, Reduction) for m in node.nodes):
         # an in-place write (a running statistic's update) is fine as an epilogue, which the finishing
         # node runs after the partials; inside the reduction loop it would be inlined into the partials
         if all(isinstance(m, (Pointwise, Reduction)) for m in node.nodes) and \

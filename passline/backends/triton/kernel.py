@@ -36,6 +36,7 @@ from .printer import Unsupported, tl_dtype
 
 COMBINE = {"sum": "_sum_combine", "prod": "_prod_combine", "max": "_max_combine", "min": "_min_combine",
            "any": "_max_combine", "all": "_min_combine"}
+INTEGER_DIVISIONS = ("floordiv", "remainder", "fmod")  # of integers: eager raises on a zero divisor (CPU)
 
 
 class ColumnRole(StrEnum):
@@ -273,6 +274,8 @@ class KernelWriter:
                 src = printer.cast(scope.values[id(node.value)], node.value.dtype, node.dtype)
             elif isinstance(node, Op):
                 src = printer.op(node, [scope.values[id(a)] for a in node.args])
+                if self.interpret and node.name in INTEGER_DIVISIONS and not node.args[1].dtype.is_floating_point:
+                    self.check_divisor(node.args[1], scope, cmap)
             else:
                 raise Unsupported(f"value {node!r}")
             var = self.tmp()
@@ -320,6 +323,14 @@ class KernelWriter:
             self.locals.add(sym)
             at[b.symbol] = sym
         return at, deps
+
+    def check_divisor(self, divisor, scope: _Scope, cmap) -> None:
+        """Under the interpreter, raise as eager does on the CPU where an integer divisor is 0 in a lane
+        inside the masks of the loops it depends on (a masked load's 0 is no divisor)."""
+        deps = {s for v in walk(divisor) if isinstance(v, (Load, IndexValue))
+                for s in (v.index if isinstance(v, Load) else v.expr).xreplace(cmap).free_symbols if is_canonical(s)}
+        mask = self.mask_for(sympy.S.Zero, deps)
+        self.emit(f"_check_divisor({scope.values[id(divisor)]}, {mask or 'None'})")
 
     def load(self, buffer: str, expr, scope: _Scope, also=()) -> str:
         """The variable holding `buffer[expr]`: loaded once per distinct address in a scope and the scopes

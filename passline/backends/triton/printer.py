@@ -64,6 +64,10 @@ def tl_dtype(dtype: torch.dtype) -> str:
 def constant(value, dtype: torch.dtype) -> str:
     if dtype.is_floating_point:
         v = float(value)
+        if dtype in (torch.float16, torch.bfloat16):
+            # the literal is the dtype's value, rounded as torch converts a scalar: the interpreter's tl.full
+            # truncates to bfloat16 (where(x > 1, x, 0.1) gave 0.0996, eager 0.1001)
+            v = float(torch.tensor(v, dtype=dtype))
         if v != v:
             lit = 'float("nan")'
         elif v in (float("inf"), float("-inf")):
@@ -155,19 +159,21 @@ _COMMON = '''
 def _sigmoid(x):
     return 1.0 / (1.0 + tl.exp(-x))
 
+# On a tie the first operand wins, as eager's clamp (std::max(x, lo)) and relu keep x: relu(-0.0) and
+# clamp(-0.0, min=0) are -0.0, and 1 / them -inf
 @triton.jit
 def _maximum(a, b):
-    return tl.where((a > b) | (a != a), a, b)
+    return tl.where((a < b) | (b != b), b, a)
 
 
 @triton.jit
 def _minimum(a, b):
-    return tl.where((a < b) | (a != a), a, b)
+    return tl.where((b < a) | (b != b), b, a)
 
 
 @triton.jit
 def _relu(x):
-    return tl.where((x > 0) | (x != x), x, 0)
+    return tl.where(x < 0, 0, x)
 
 
 @triton.jit
@@ -332,6 +338,16 @@ def _check_index(value, ok, mask, what, bound):
         bad = np.broadcast_to(value.handle.data, ok.shape)[~ok].flat[0]
         size = getattr(getattr(bound, "handle", None), "data", bound)
         raise IndexError(f"index {int(bad)} is out of bounds for {what} with size {int(size)}")
+
+
+def _check_divisor(value, mask):
+    # not @triton.jit: an integer division by zero raises on the CPU, as eager's (numpy gave 0); a GPU
+    # kernel does not check it, as eager's CUDA kernels do not
+    ok = value.handle.data != 0
+    if mask is not None:
+        ok = ok | ~mask.handle.data
+    if not ok.all():
+        raise RuntimeError("ZeroDivisionError")
 ''' + _COMMON + '''
 
 # Triton's interpreter sums with numpy when the combine function is its own, and otherwise calls ours once
@@ -356,13 +372,16 @@ def _tanh(x):
     a = tl.abs(d)
     e = tl.exp(-2.0 * a)
     t = tl.where(a < 1e-5, a - a * a * a / 3.0, (1.0 - e) / (1.0 + e))
-    return tl.where(d != d, d, tl.where(d < 0, -t, t)).to(x.dtype)
+    # tanh(-0.0) is -0.0 (d == 0 keeps the zero's sign)
+    return tl.where((d != d) | (d == 0), d, tl.where(d < 0, -t, t)).to(x.dtype)
 
 
 @triton.jit
 def _expm1(x):
     d = x.to(tl.float64)
-    return tl.where(tl.abs(d) < 1e-5, d + 0.5 * d * d + d * d * d / 6.0, tl.exp(d) - 1.0).to(x.dtype)
+    # expm1(-0.0) is -0.0: the series' sum came out +0.0
+    s = tl.where(d == 0, d, d + 0.5 * d * d + d * d * d / 6.0)
+    return tl.where(tl.abs(d) < 1e-5, s, tl.exp(d) - 1.0).to(x.dtype)
 
 
 @triton.jit
