@@ -107,7 +107,7 @@ def test_reductions_keep_the_sign_of_zero(variant):
 def test_negative_zero_constants_keep_their_sign():
     # a -0.0 literal in a kernel (tl.full) must stay -0.0 on every Triton: 1 / it is -inf
     x = torch.tensor([1.0, -2.0, 0.0, -0.0])
-    fn = lambda x: (1 / (x * -0.0), 1 / torch.full_like(x, -0.0), 1 / (x.sum() * -0.0 + x))
+    fn = lambda x: (1 / (x * -0.0), 1 / torch.full_like(x, -0.0), 1 / (x.sum() * -0.0 + x), 1 / -x)
     assert_matches_eager(fn, [x], codegen="triton")
 
 

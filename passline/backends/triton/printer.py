@@ -129,6 +129,9 @@ def op(v: Op, args: list[str]) -> str:
         return f"tl.where({args[0]} > 0, 1, tl.where({args[0]} < 0, -1, 0)).to({tl_dtype(v.dtype)})"
     if name in ("abs", "neg", "maximum", "minimum") and dtype == torch.bool:
         raise Unsupported(f"{name} on bool")
+    if name == "neg" and dtype.is_floating_point:
+        # -x is 0 - x in Triton 3.6's GPU code: neg(+0.0) came out +0.0 (eager's is -0.0); x * -1.0 is exact
+        return f"({args[0]} * -1.0)"
     if name == "add" and dtype == torch.bool:
         # torch's bool + bool is logical or; Triton's int1 add wraps (True + True == False)
         return f"({args[0]} | {args[1]})"
