@@ -72,13 +72,18 @@ def constant(value, dtype: torch.dtype) -> str:
             lit = 'float("nan")'
         elif v in (float("inf"), float("-inf")):
             lit = f'float("{"-" if v < 0 else ""}inf")'
-        elif v == 0 and math.copysign(1.0, v) < 0:
-            # Triton 3.6 on a GPU made tl.full(.., -0.0, ..) +0.0 and -(+0.0) too (0 - x): 1 / it was inf.
-            # -1.0 * 0.0 is -0.0 under IEEE rules, however it is folded
-            return f"(tl.full([1], -1.0, {tl_dtype(dtype)}) * 0.0)"
         else:
             lit = repr(v)
-        return f"tl.full([1], {lit}, {tl_dtype(dtype)})"
+        # a bfloat16 literal is made in float32 and converted (exact: v is a bfloat16 value already): Triton
+        # 3.6's interpreter has no bfloat16 constants (InterpreterBuilder.get_bf16)
+        made = "tl.float32" if dtype == torch.bfloat16 else tl_dtype(dtype)
+        if v == 0 and math.copysign(1.0, v) < 0:
+            # Triton 3.6 on a GPU made tl.full(.., -0.0, ..) +0.0 and -(+0.0) too (0 - x): 1 / it was inf.
+            # -1.0 * 0.0 is -0.0 under IEEE rules, however it is folded
+            full = f"(tl.full([1], -1.0, {made}) * 0.0)"
+        else:
+            full = f"tl.full([1], {lit}, {made})"
+        return full if made == tl_dtype(dtype) else f"{full}.to({tl_dtype(dtype)})"
     if dtype == torch.bool:
         return f"tl.full([1], {1 if value else 0}, tl.int1)"
     # wrapped into the dtype's range, as torch converts a scalar (uint8 + (-1) adds 255): tl.full refuses
