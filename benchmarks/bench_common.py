@@ -154,6 +154,13 @@ def kernel_ms(fn, device="cuda", calls=10) -> float | None:
     if device != "cuda":
         return None
     from torch.autograd import DeviceType
+
+    prof = gpu_profile(fn, calls)
+    return sum(e.device_time for e in prof.events() if e.device_type == DeviceType.CUDA) / calls / 1e3
+
+
+def gpu_profile(fn, calls=10):
+    """torch.profiler's record of the GPU work of `calls` calls of `fn`, after one call outside it."""
     from torch.profiler import ProfilerActivity, profile
 
     fn()
@@ -162,7 +169,7 @@ def kernel_ms(fn, device="cuda", calls=10) -> float | None:
         for _ in range(calls):
             fn()
         torch.cuda.synchronize()
-    return sum(e.device_time for e in prof.events() if e.device_type == DeviceType.CUDA) / calls / 1e3
+    return prof
 
 
 def copy_bandwidth(device="cuda", numel=1 << 28) -> float:

@@ -88,14 +88,9 @@ def host_ms(step, steps: int = 30) -> float:
 
 def kernel_profile(step, steps: int = 10) -> tuple[float, list]:
     """GPU kernel ms per step and [(ms per step, launches per step, kernel name)], largest first."""
-    from torch.profiler import ProfilerActivity, profile
+    from bench_common import gpu_profile
 
-    step()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            step()
-        torch.cuda.synchronize()
+    prof = gpu_profile(step, steps)
     rows = [(e.device_time_total / 1e3 / steps, e.count / steps, e.key) for e in prof.key_averages()
             if e.device_time_total > 0]
     rows.sort(reverse=True)

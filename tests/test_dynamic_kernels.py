@@ -20,6 +20,14 @@ from passline.backends.triton.runner import TritonRunner
 # -- PTX: the dynamic kernels against the static ones ----------------------------------------------------
 
 
+def _training_reports(fn, x, dynamic: bool) -> list:
+    """The compile reports (graphs captured, reference codegen) of fn's training step on x."""
+    be = passline.backend(codegen="reference", fallback="raise", capture=True)
+    torch._dynamo.reset()
+    torch.compile(fn, backend=be, dynamic=dynamic)(x).float().square().mean().backward()
+    return be.reports
+
+
 def _gpu_kernels(fn, x, dynamic: bool, tmp_path, monkeypatch, split: int = 64) -> dict:
     """{kernel name: PTX} for the sm_90 kernels of fn's training step (forward and backward), generated for
     the GPU from graphs traced on the CPU, each compiled with the configuration its rule picks at x's sizes
@@ -32,11 +40,8 @@ def _gpu_kernels(fn, x, dynamic: bool, tmp_path, monkeypatch, split: int = 64) -
     from passline.backends.triton.cache import digest
     from passline.backends.triton.precompile import Job, Pool
 
-    be = passline.backend(codegen="reference", fallback="raise", capture=True)
-    torch._dynamo.reset()
-    torch.compile(fn, backend=be, dynamic=dynamic)(x).float().square().mean().backward()
     jobs = {}
-    for report in be.reports:
+    for report in _training_reports(fn, x, dynamic):
         runner = TritonRunner(report.graph, interpret=False, cache=KernelCache(tmp_path / "passline"))
         bind = _Bindings(size_sources(report.graph), report.inputs)
         for kind, _, data in runner.steps:
@@ -224,13 +229,10 @@ def test_dynamic_transposes_at_odd_sizes_match_eager(monkeypatch):
 def _rule_choices(fn, x, dynamic: bool, tmp_path) -> list:
     """(kind, variant, XBLOCK, RBLOCK, warps) of each GPU kernel of fn's training step by rule, at x's sizes,
     with the arguments its launch passes (a dynamic kernel's size arguments are the call's sizes)."""
-    be = passline.backend(codegen="reference", fallback="raise", capture=True)
-    torch._dynamo.reset()
-    x = x.detach().clone().requires_grad_()  # a fresh tensor: dynamo remembers a dynamic one's dims
-    torch.compile(fn, backend=be, dynamic=dynamic)(x).float().square().mean().backward()
-    assert all(bool(size_sources(report.graph)) == dynamic for report in be.reports)
+    reports = _training_reports(fn, x.detach().clone().requires_grad_(), dynamic)  # a fresh tensor: dynamo
+    assert all(bool(size_sources(report.graph)) == dynamic for report in reports)  # remembers dynamic dims
     out = []
-    for report in be.reports:
+    for report in reports:
         runner = TritonRunner(report.graph, interpret=False, cache=KernelCache(tmp_path / "passline"))
         bind = _Bindings(size_sources(report.graph), report.inputs)
         for kind, _, data in runner.steps:
