@@ -47,12 +47,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import (  # noqa: E402
     SWEEP_CASES,
     bench,
-    kernel_ms,
     copy_bandwidth,
     differentiated,
     errors,
     fresh,
     grads,
+    kernel_ms,
     make_case,
     passed,
     reference,

@@ -108,9 +108,9 @@ for dt, loss, grad, smooth in itertools.product(("bf16", "fp16", "fp32"), (True,
            "scale_stride": "i32", "ignore_index": "i32", "eps": "fp32", "VOCAB": "constexpr", "HAS_LOSS": "constexpr",
            "HAS_GRAD": "constexpr", "SMOOTH": "constexpr", "BLOCK": "constexpr", "ROUND_BF16": "constexpr"}
     try:
-        c = triton.compile(ASTSource(kernel, signature=sig, constexprs={"VOCAB": 128256, "HAS_LOSS": loss, "HAS_GRAD": grad,
-                                                                        "SMOOTH": smooth, "BLOCK": 4096,
-                                                                        "ROUND_BF16": False},
+        c = triton.compile(ASTSource(kernel, signature=sig, constexprs={"VOCAB": 128256, "HAS_LOSS": loss,
+                                                                        "HAS_GRAD": grad, "SMOOTH": smooth,
+                                                                        "BLOCK": 4096, "ROUND_BF16": False},
                                      attrs={(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3, 4)}),
                            target=GPUTarget("cuda", 90, 32), options={"num_warps": R.WARPS})
     except RuntimeError as e:  # no CUDA toolchain in this Triton build

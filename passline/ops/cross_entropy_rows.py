@@ -25,7 +25,6 @@ import contextlib
 import os
 
 import torch
-
 import triton  # (this module is imported when the op first runs, not with passline)
 import triton.language as tl
 
@@ -102,8 +101,8 @@ def _rows_aten(z, target, ignore_index, eps, losses, scale):
 
 
 def _rows_body(z_ptr, z_stride, target_ptr, loss_ptr, scale_ptr, scale_stride, ignore_index, eps,
-               VOCAB: tl.constexpr, HAS_LOSS: tl.constexpr, HAS_GRAD: tl.constexpr, SMOOTH: tl.constexpr, BLOCK: tl.constexpr,
-               ROUND_BF16: tl.constexpr):
+               VOCAB: tl.constexpr, HAS_LOSS: tl.constexpr, HAS_GRAD: tl.constexpr, SMOOTH: tl.constexpr,
+               BLOCK: tl.constexpr, ROUND_BF16: tl.constexpr):
     """One program per row (see the module docstring); jitted by `_kernel`. The vocabulary is a constexpr:
     a model has one (one compile), and Triton 3.6's interpreter turns a run-time int into a one-element
     array, which `range` refuses under NumPy >= 2.5."""
