@@ -168,11 +168,12 @@ class _NoLaunch:
         return lambda *a, **k: None
 
 
-def _first_call_plan(monkeypatch, tmp_path, fn, inputs, backward=True):
+def _first_call_plan(monkeypatch, tmp_path, fn, inputs, backward=True, calls=1, after_call=None):
     """Compile `fn` with GPU kernels for CPU tensors (as benchmarks/first_call.py does), with a stand-in
     for the GPU's compile: each planned binary gets a launcher that records its key, and a compiled kernel
     of 255 registers a thread (a mix-order split is placed from it as on a GPU: a few programs an SM).
-    Then the first call (forward and backward) runs those launchers. Returns (planned, launched, reports)."""
+    Then the first call (forward and backward; `calls` calls) runs those launchers. Returns (planned,
+    launched: (kernel, key, grid, arguments) a launch, reports)."""
     from types import SimpleNamespace
 
     from passline.backends import dynamo as pdynamo
@@ -185,7 +186,7 @@ def _first_call_plan(monkeypatch, tmp_path, fn, inputs, backward=True):
             raise prunner._Unplanned
 
         def launch(grid0, stream, *args, _p=p):
-            launched.append((_p.kernel, _p.key))
+            launched.append((_p.kernel, _p.key, grid0, args))
 
         p.kernel.install(p.key, launch, p.consts, p.nfull, p.variant)
         planned.append(p)
@@ -201,9 +202,13 @@ def _first_call_plan(monkeypatch, tmp_path, fn, inputs, backward=True):
     monkeypatch.setattr(prunner.Kernel, "fn", lambda self, v: _NoLaunch(real_fn(self, v)))
     be = passline.backend(codegen="triton", fallback="raise", cache_dir=str(tmp_path / "passline"))
     torch._dynamo.reset()
-    out = torch.compile(fn, backend=be)(*inputs)
-    if backward:
-        out.sum().backward()
+    compiled = torch.compile(fn, backend=be)
+    for i in range(calls):
+        out = compiled(*inputs)
+        if backward:
+            out.sum().backward()
+        if after_call is not None:
+            after_call(i)
     return planned, launched, be.reports
 
 
@@ -229,7 +234,7 @@ def test_the_plan_is_what_the_first_call_launches(tmp_path, monkeypatch, case):
         assert r.metrics.counters["kernels_compiled_at_launch"] == 0, r.runner.source
         assert "0 at launch" in r.summary()
     keys = {(id(p.kernel), p.key) for p in planned}
-    ran = {(id(k), key) for k, key in launched}
+    ran = {(id(k), key) for k, key, *_ in launched}
     assert ran <= keys
     # one binary a launch: what was planned and never launched is only a mix-order main kernel compiled at
     # the IR's split to read its registers (its launch takes the whole-wave split placed from them)
@@ -243,7 +248,7 @@ def test_the_plan_is_what_the_first_call_launches(tmp_path, monkeypatch, case):
         fin = [k for r in reports for k in _kernels(r.runner) if k.info.kind == "mix_finish"]
         assert fin and all(any(i == id(k) for i, _ in ran) for k in fin)
         # the split placed from the registers (one whole wave), not the IR's, and its binary planned too
-        (main_key,) = [key for k, key in launched if isinstance(k, MixKernel)]
+        (main_key,) = [key for k, key, *_ in launched if isinstance(k, MixKernel)]
         assert main_key.split != mixes[0].split and extra
     # the listing (no GPU: a mix-order split left at the IR's) has one job a launched binary
     assert len({p.job for p in planned if (id(p.kernel), p.key) in ran}) <= len(ran)
@@ -256,3 +261,53 @@ def _kernels(runner):
         elif kind == "mix":
             yield data[0]
             yield data[2]
+
+
+@pytest.mark.parametrize("case", ["layer_norm", "cross_entropy"])
+def test_later_calls_replay_the_first_calls_launches(tmp_path, monkeypatch, case):
+    """A launch settled on its first call (configuration chosen, binary loaded, nothing specialized per
+    call) is replayed from `Kernel.ready` on the next: the same binaries, grids and arguments in the same
+    order, without choosing again — mix-order steps (their split, finishing kernel) included."""
+    from passline.backends.triton.runner import Kernel, MixStep
+
+    chosen, marks = [], []
+    for cls, name in ((Kernel, "config"), (MixStep, "_choose")):
+        real = getattr(cls, name)
+        monkeypatch.setattr(cls, name, lambda self, *a, _real=real, **kw: chosen.append(self) or _real(self, *a, **kw))
+    make, inputs = CASES[case]
+    _, launched, reports = _first_call_plan(monkeypatch, tmp_path, make(), inputs(), calls=3,
+                                            after_call=lambda i: marks.append(len(chosen)))
+    per_call = len(launched) // 3
+    assert per_call and len(launched) == 3 * per_call
+
+    def shape(launch):
+        k, key, grid0, args = launch
+        return id(k), key, grid0, [(tuple(a.shape), a.dtype) if isinstance(a, torch.Tensor) else a for a in args]
+    first, second, third = (launched[i * per_call:(i + 1) * per_call] for i in range(3))
+    assert [shape(x) for x in second] == [shape(x) for x in first] == [shape(x) for x in third]
+    kernels = [k for r in reports for k in _kernels(r.runner)]
+    assert all(k.ready for k in kernels), [k.info.name for k in kernels if not k.ready]
+    assert marks[0] > 0 and marks[2] == marks[0], marks  # nothing chosen again after the first call
+    if case == "layer_norm":
+        steps = [data for r in reports for kind, _, data in r.runner.steps if kind == "mix"]
+        assert steps  # a mix-order step was among the replays
+
+
+def test_a_launch_specialized_per_call_is_not_replayed():
+    """An argument whose specialization may change between calls (an extern's result that may be a
+    misaligned view) keeps the full launch path: a replay would reuse the first call's binary. The
+    element counts are the replay's key, so their specialization never blocks it."""
+    from passline.backends.triton.configs import Config, Variant
+    from passline.backends.triton.runner import Kernel
+
+    k = Kernel.__new__(Kernel)
+    k.interpret, k.ready, k.binaries, k.checked, k.per_launch, k.last = False, {}, {}, set(), set(), None
+    cfg = Config(Variant.POINTWISE, xblock=1024, warps=4)
+    k.check = (1,)  # the second pointer
+    k.binaries[(cfg, None, (True,))] = (lambda *a: None, ())
+    k._settle(cfg, 2, 4096, None, False)
+    assert not k.ready
+    k.check = (2,)  # the element count: 4096 is divisible by 16, not 1, fits 32 bits
+    k.binaries[(cfg, None, ((True, False, False),))] = (lambda *a: None, ())
+    k._settle(cfg, 2, 4096, None, False)
+    assert list(k.ready) == [(4096, None, False)] and k.ready[4096, None, False][1] == 4  # 4096 / 1024 programs

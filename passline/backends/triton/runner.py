@@ -79,6 +79,9 @@ class Kernel:
         self.binaries: dict = {}  # Config, or (Config, INT64, specialization) -> (launch, constexpr tail)
         self.check: tuple = ()  # positions of arguments that may change between calls (set by the wrapper)
         self.last = None  # (xnumel, rnumel, Config) of the latest launch: static shapes skip the lookup
+        # (xnumel, rnumel, wide) -> (binary launch, grid, constexpr tail, `last`): launches whose choice and
+        # binary are settled, replayed without choosing again (see __call__)
+        self.ready: dict = {}
         self.mutates = False  # writes a graph input: never launched more than once per call (no timing)
         # variants whose index width is chosen per launch (kernel.index_width), and whether this call's
         # buffers span more than int32 addresses (the generated call sets it from the sizes, per call)
@@ -241,11 +244,46 @@ class Kernel:
         return compiled
 
     def __call__(self, stream, args: tuple, xnumel: int, rnumel: int | None = None, wide: bool = False) -> None:
+        ready = self.ready.get((xnumel, rnumel, wide))
+        if ready is not None:  # the steady state: one lookup, then the binary's launcher
+            launch, grid0, tail, last = ready
+            if self.last is not last:
+                self._show(last)
+            if rnumel is None:
+                launch(grid0, stream, *args, xnumel, *tail)
+            else:
+                launch(grid0, stream, *args, xnumel, rnumel, *tail)
+            return
         self.wide = wide
         cfg = self.config(xnumel, rnumel, args, stream)
         compiled = self.launch(cfg, stream, args, xnumel, rnumel)
-        if compiled is not None and not self.interpret:
-            self._unspill(cfg, compiled, xnumel, rnumel)
+        if compiled is not None and not self.interpret and self._unspill(cfg, compiled, xnumel, rnumel):
+            return
+        self._settle(cfg, len(args), xnumel, rnumel, wide)
+
+    def _settle(self, cfg: Config, nargs: int, xnumel: int, rnumel: int | None, wide: bool) -> None:
+        """Remember this launch for replay when nothing of it can change on a later call with the same sizes:
+        its configuration is chosen (the rule's, or timed and stored) and its binary loaded, and no argument
+        outside the replay's key is specialized per call (`check`: an extern's result that may be a
+        misaligned view, a symbolic size other than the element counts) — a replay would skip that
+        specialization. The element counts are the key, so their specialization is the key's. The launch
+        through JITFunction.run (no binary) and Triton's interpreter keep the full path."""
+        if self.interpret or any(i < nargs for i in self.check):
+            return
+        full = (0,) * nargs + ((xnumel,) if rnumel is None else (xnumel, rnumel))
+        found = self.binaries.get(self.binary_key(cfg, self.constexprs(cfg, xnumel, rnumel, wide), full))
+        if found is None:
+            return
+        if len(self.ready) >= 64:  # dynamic shapes: many sizes; forget the old ones
+            self.ready.clear()
+        launch, tail = found
+        self.ready[xnumel, rnumel, wide] = launch, max(1, -(-xnumel // cfg.per_program)), tail, self.last
+
+    def _show(self, last) -> None:
+        """The report's configuration: the latest launch's (a replay of another size's settled launch)."""
+        cfg = last[2]
+        self.last = last
+        self.info.chosen, self.info.blocks = str(cfg.variant), dict(cfg.blocks(), num_warps=cfg.warps)
 
     def _unspill(self, cfg: Config, compiled, xnumel: int, rnumel: int | None) -> bool:
         """A persistent configuration chosen by rule whose compiled kernel spills registers to local memory
@@ -425,6 +463,7 @@ class MixStep:
         self.main, self.finish = main, finish
         self.workspaces = workspaces  # name -> Layout (dtype, device; rows and columns set per call)
         self.main_slots, self.finish_slots = main_slots, finish_slots  # workspace name -> argument position
+        self.programs_at: dict = {}  # (rows, cols) -> the main kernel's programs, once its split is chosen
 
     def _with(self, args: tuple, slots: dict, ws: dict) -> tuple:
         out = list(args)
@@ -437,18 +476,28 @@ class MixStep:
         """The main kernel's programs at `cfg`'s split: the finishing kernel's rows to sum."""
         return max(1, -(-rows // cfg.split))
 
-    def _alloc(self, rows: int, cols: int) -> dict:
-        return {name: torch.empty((rows, cols), dtype=lay.dtype, device=lay.device)
-                for name, lay in self.workspaces.items()}
+    def _alloc(self, empty, rows: int, cols: int) -> dict:
+        return {name: empty((rows, cols), (cols, 1), lay.dtype) for name, lay in self.workspaces.items()}
 
-    def __call__(self, stream, margs: tuple, fargs: tuple, rows: int, cols: int, wide: bool = False,
+    def __call__(self, empty, stream, margs: tuple, fargs: tuple, rows: int, cols: int, wide: bool = False,
                  wide_finish: bool = False) -> None:
+        """Run the step; `empty(size, stride, dtype)` allocates the workspaces (the call's allocator)."""
+        n = self.programs_at.get((rows, cols))
+        if n is None:
+            n = self._choose(empty, stream, margs, fargs, rows, cols, wide, wide_finish)
+        ws = self._alloc(empty, n, cols)
+        self.main(stream, self._with(margs, self.main_slots, ws), rows, cols, wide)
+        self.finish(stream, self._with(fargs, self.finish_slots, ws), cols, n, wide_finish)
+
+    def _choose(self, empty, stream, margs, fargs, rows, cols, wide, wide_finish) -> int:
+        """The main kernel's configuration and split at these sizes, chosen at their first launch (with
+        workspaces to time or compile on); its count of programs is returned and kept."""
         main, finish = self.main, self.finish
         main.wide, finish.wide = wide, wide_finish
         cfg = main.cached(rows, cols)
-        if cfg is None:  # the first launch at these sizes: choose, with workspaces to time or compile on
+        if cfg is None:
             timing = main.autotune and main._tuned() and not main.mutates
-            ws = self._alloc(main.workspace_rows(rows) if timing else 1, cols)
+            ws = self._alloc(empty, main.workspace_rows(rows) if timing else 1, cols)
             f = self._with(fargs, self.finish_slots, ws)
 
             def after(c: Config):  # timed after each candidate: the finish for its program count
@@ -456,12 +505,10 @@ class MixStep:
                 finish.launch(finish.config(cols, n), stream, f, cols, n)
 
             cfg = main.config(rows, cols, self._with(margs, self.main_slots, ws), stream, after)
-        else:
-            main.config(rows, cols)  # the report shows the configuration of the latest launch
-        n = self.programs(rows, cfg)
-        ws = self._alloc(n, cols)
-        main.launch(cfg, stream, self._with(margs, self.main_slots, ws), rows, cols)
-        finish(stream, self._with(fargs, self.finish_slots, ws), cols, n, wide_finish)
+        if len(self.programs_at) >= 64:  # dynamic shapes: many sizes; forget the old ones
+            self.programs_at.clear()
+        n = self.programs_at[rows, cols] = self.programs(rows, cfg)
+        return n
 
 
 @attrs.define(eq=False)

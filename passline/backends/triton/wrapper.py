@@ -285,9 +285,15 @@ class CallWriter:
             self.maybe_misaligned.update(b.name for _, b in outs)
         for i, b in outs:
             lay = b.layout
-            result = "first(r)" if single else f"r[{i}]"
-            self.emit(f"{self.name(b.name)} = conform({self.const(node, 'node')}, {result}, "
-                      f"{self.ints(lay.size)}, {self.ints(lay.stride)}, {self.const(lay.dtype, 'dt')})")
+            result = ("r" if _one_tensor(node.op) else "first(r)") if single else f"r[{i}]"
+            if result != "r":
+                self.emit(f"r{i} = {result}")
+                result = f"r{i}"
+            size, stride, dt = self.ints(lay.size), self.ints(lay.stride), self.const(lay.dtype, 'dt')
+            # the usual case (the recorded layout) tested here, without a call: an extern a launch
+            self.emit(f"{self.name(b.name)} = {result} if {result}.dtype is {dt} and {result}.shape == {size} "
+                      f"and {result}.stride() == {stride} else "
+                      f"conform({self.const(node, 'node')}, {result}, {size}, {stride}, {dt})")
             self.defined.add(b.name)
 
     def step_kernel(self, node, k) -> None:
@@ -339,7 +345,9 @@ class CallWriter:
         empty = [c for c in (self.zero(main.xnumel), self.zero(main.rnumel)) if c is not None]
         k_main.wide_when, k_fin.wide_when = (self.wide(src) for src in (main, fin_src))  # for the plan too
         wides = [w or "False" for w in (k_main.wide_when, k_fin.wide_when)]
-        launch = f"{self.const(step, 'M')}(stream, {margs}, {fargs}, {self.py(main.xnumel)}, {self.py(main.rnumel)}" + \
+        device = next(iter(workspaces.values())).device
+        launch = f"{self.const(step, 'M')}({self.empty(device)}, stream, {margs}, {fargs}, " \
+                 f"{self.py(main.xnumel)}, {self.py(main.rnumel)}" + \
                  ("".join(f", {w}" for w in wides) if wides != ["False", "False"] else "") + ")"
         self.guarded(node, empty, launch, self.visible(node))
 
@@ -456,6 +464,12 @@ def _may_alias(op) -> bool:
     if schema is None:
         return True
     return any(r.alias_info is not None for r in schema.returns)
+
+
+def _one_tensor(op) -> bool:
+    """Whether an op returns one Tensor, not in a tuple (its schema says so)."""
+    schema = getattr(op, "_schema", None)
+    return schema is not None and len(schema.returns) == 1 and str(schema.returns[0].type) == "Tensor"
 
 
 def _first(r):
