@@ -126,6 +126,44 @@ def test_inline_pointwise_removes_the_weight_cast_of_a_norm_backward():
     assert isinstance(mix, MixOrderNode)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_inline_pointwise_folds_cross_entropy_backward_into_one_kernel(dtype):
+    """Cross-entropy backward's per-row factors (the target where it is not ignored, the upstream gradient
+    over the count of targets, the one-hot's row sum) are made from the inputs alone and broadcast over the
+    vocabulary: recomputed in the [rows, vocabulary] kernel, not launched ahead of it."""
+    logits = torch.randn(48, 300, dtype=dtype, requires_grad=True)
+    target = torch.randint(0, 300, (48,))
+    target[::5] = -100  # ignored rows: the factors must still be zero there
+    fn = lambda x, t: torch.nn.functional.cross_entropy(x.float(), t, label_smoothing=0.1)
+    bwd = assert_matches_eager(fn, [logits, target]).reports[-1]
+    assert bwd.metrics.counters["inlined_broadcast"] >= 1
+    assert bwd.kernels == 1, bwd.graph.format()
+    off = passline.DEFAULT_PIPELINE.replace("inline_pointwise", "inline_pointwise(broadcast_ratio=0)")
+    assert assert_matches_eager(fn, [logits, target], pipeline=off).reports[-1].kernels > 1
+
+
+def test_inline_pointwise_broadcasts_only_values_of_the_inputs_into_bigger_loops():
+    """A per-row value computed from a reduction stays a node (fusion decides where it runs), and so does a
+    value of the inputs read by a loop of its own size."""
+    s = Reduction("s", (4,), (8,), "sum", Load("x", 8 * i0 + r0, F32), Buffer("s", Layout.contiguous([4], F32)))
+    f = Pointwise("f", (4,), Op("mul", (Load("s", i0, F32), Constant(2.0, F32)), F32),
+                  Buffer("f", Layout.contiguous([4], F32)))
+    big = Pointwise("big", (4, 8), Op("mul", (Load("x", 8 * i0 + i1, F32), Load("f", i0, F32)), F32),
+                    Buffer("big", Layout.contiguous([4, 8], F32)))
+    out, (rec,) = run("inline_pointwise(max_ops=0)", graph(s, f, big, outputs=["big"]))
+    assert "f" in out.names() and not rec.stats.get("inlined_broadcast")
+    # the same factor made from the input itself (x's first column), read by the [4, 8] loop: recomputed
+    g = Pointwise("g", (4,), Op("mul", (Load("x", 8 * i0, F32), Constant(2.0, F32)), F32),
+                  Buffer("g", Layout.contiguous([4], F32)))
+    big = Pointwise("big", (4, 8), Op("mul", (Load("x", 8 * i0 + i1, F32), Load("g", i0, F32)), F32),
+                    Buffer("big", Layout.contiguous([4, 8], F32)))
+    out, (rec,) = run("inline_pointwise(max_ops=0, broadcast_ratio=8)", graph(g, big, outputs=["big"]))
+    assert out.names() == ["big"] and rec.stats["inlined_broadcast"] == 1
+    # ... unless the loop is not big enough
+    out, (rec,) = run("inline_pointwise(max_ops=0, broadcast_ratio=16)", graph(g, big, outputs=["big"]))
+    assert "g" in out.names() and not rec.stats.get("inlined_broadcast")
+
+
 # -- fuse -----------------------------------------------------------------------------------------------
 def test_fuse_chain_and_siblings():
     g = graph(pw("a", "x"), pw("b", "a"), pw("c", "b"), pw("s1", "x", op="mul"), outputs=["c", "s1"])

@@ -16,6 +16,16 @@ once, not once per use); each consumer's load of P maps to one point of P's loop
 of the consumer's loop variables times P's output strides, each variable's range within the dimension
 it addresses). All or nothing per node.
 
+Values made from the graph's inputs alone and broadcast into bigger loops — cross-entropy backward's
+per-row factors (the target, `target != ignore_index`, the upstream gradient over the count of targets)
+read by the [rows, vocabulary] gradient — are each a kernel of a few programs launched ahead of the big
+one, and the big one waits for them. Such a node P is recomputed in its consumers when every consumer
+iterates at least `broadcast_ratio` times P's points (each of P's values is reused along a row: its loads
+hit the cache and its operations are a few a point of a memory-bound loop) and P's body, with the cheap
+pointwise nodes it reads expanded in turn down to the graph's inputs, has at most `broadcast_max_loads`
+distinct loads and `broadcast_max_ops` operations. The expanded nodes go when nothing reads them. Stat:
+`inlined_broadcast`.
+
 Consumers that read the node at indirect positions (see `ir.Indirect`) cannot fuse with it and never
 will: up to `indirect_max_loads` loads, the node's body is recomputed at those positions, consumer by
 consumer, whatever its other consumers do; it is removed when none is left. Stat: `inlined_indirect`.
@@ -28,6 +38,7 @@ from __future__ import annotations
 from typing import Annotated
 
 import attrs
+import sympy
 
 from ..ir import Pointwise, Reduction
 from ..ir.body import Cast, IndexValue, Load, Op, rebuild, substitute_index, walk
@@ -98,15 +109,105 @@ def _inlined_indirect(consumer, node: Pointwise):
     return attrs.evolve(consumer, body=body) if changed else None
 
 
+def _inline_cheap(graph, ctx, node: Pointwise, max_loads: int, max_ops: int) -> bool:
+    """Recompute `node` in consumers that cannot fuse with it for a reason of shape; True when done."""
+    if not _cheap(node, max_loads, max_ops):
+        return False
+    consumers = [graph.node(c) for c in graph.consumers(node.output.name)]
+    if not consumers or any(not isinstance(c, (Pointwise, Reduction))  # no extern, no group
+                            or can_fuse(graph, node, c).reason not in SHAPE_REASONS for c in consumers):
+        return False
+    rewritten = [_inlined(c, node) for c in consumers]
+    if any(r is None for r in rewritten) or not ctx.decide("inline", node, *consumers):
+        return False
+    for new in rewritten:
+        graph.replace_node(new.name, new)
+    graph.remove_node(node.name)
+    ctx.count("inlined_pointwise")
+    return True
+
+
+def _from_inputs(graph, node: Pointwise, inputs, blocked, depth: int = 8):
+    """`node`'s body with each load of another pointwise node replaced by that node's body at that point,
+    down to loads of the graph's `inputs` alone; None where some load reads anything else (a reduction, an
+    extern, a node in `blocked`: an output or a mutated buffer) or cannot be mapped to a point."""
+    if depth == 0:
+        return None
+    failed = []
+
+    def leaf(v):
+        if not isinstance(v, Load) or v.buffer in inputs:
+            return v
+        name = graph.producer(v.buffer)
+        producer = graph.node(name) if name is not None else None
+        if not isinstance(producer, Pointwise) or v.buffer in blocked or v.indirect:
+            failed.append(v)
+            return v
+        at = point(producer, v.index, node.var_ranges)
+        inner = _from_inputs(graph, producer, inputs, blocked, depth - 1) if at is not None else None
+        if inner is None:
+            failed.append(v)
+            return v
+        value = substitute_index(inner, at)
+        return value if value.dtype == v.dtype else Cast(value, v.dtype)
+
+    body = rebuild(node.body, leaf)
+    return None if failed else body
+
+
+def _bigger(consumer, node, ratio: int) -> bool:
+    """Whether `consumer` provably iterates at least `ratio` times `node`'s points."""
+    more = sympy.simplify(consumer.numel - ratio * node.numel)
+    return bool(more.is_nonnegative)
+
+
+def _inline_broadcast(graph, ctx, node: Pointwise, inputs, blocked, ratio: int, max_loads: int,
+                      max_ops: int) -> bool:
+    """Recompute `node` (made from the graph's inputs, expanded) in its consumers, each at least `ratio`
+    times bigger; True when done (the node is then removed)."""
+    consumers = [graph.node(c) for c in graph.consumers(node.output.name)]
+    if not consumers or any(not isinstance(c, (Pointwise, Reduction)) or not _bigger(c, node, ratio)
+                            for c in consumers):
+        return False
+    body = _from_inputs(graph, node, inputs, blocked)
+    if body is None or not _cheap(attrs.evolve(node, body=body), max_loads, max_ops):
+        return False
+    rewritten = [_inlined(c, attrs.evolve(node, body=body)) for c in consumers]
+    if any(r is None for r in rewritten) or not ctx.decide("inline_broadcast", node, *consumers):
+        return False
+    for new in rewritten:
+        graph.replace_node(new.name, new)
+    graph.remove_node(node.name)
+    ctx.count("inlined_broadcast")
+    return True
+
+
+def _drop_unread(graph, names, outputs) -> None:
+    """Remove the pointwise nodes among `names` that nothing reads any more (expanded into their readers)."""
+    for name in reversed([n for n in graph.names() if n in names]):
+        node = graph.node(name)
+        if isinstance(node, Pointwise) and node.output.name not in outputs \
+                and not graph.consumers(node.output.name):
+            graph.remove_node(name)
+
+
 @register_pass("inline_pointwise", provides={"pointwise_inlined"})
 def inline_pointwise(graph, ctx, *,
                      max_loads: Annotated[int, "most distinct loads in an inlined node's body"] = 1,
                      max_ops: Annotated[int, "most operations (casts included) in an inlined node's body"] = 4,
                      indirect_max_loads: Annotated[int, "most distinct loads of a node recomputed at indirect "
-                                                   "positions (0: never)"] = 2):
-    """Recompute cheap pointwise nodes inside consumers they cannot fuse with (a weight cast), and at the
-    positions a consumer reads them indirectly (log-softmax gathered at the target)."""
+                                                   "positions (0: never)"] = 2,
+                     broadcast_ratio: Annotated[int, "least ratio of a consumer's points to a broadcast node's "
+                                                "(0: never inline broadcast values)"] = 8,
+                     broadcast_max_loads: Annotated[int, "most distinct loads of a broadcast node, expanded"] = 8,
+                     broadcast_max_ops: Annotated[int, "most operations of a broadcast node, expanded"] = 32):
+    """Recompute cheap pointwise nodes inside consumers they cannot fuse with (a weight cast), at the
+    positions a consumer reads them indirectly (log-softmax gathered at the target), and values made from
+    the inputs alone inside the bigger loops they are broadcast into (cross-entropy's per-row factors)."""
     outputs, mutated = graph.output_names(), graph.mutated_names()
+    inputs = set(graph.input_buffers()) - mutated
+    expanded = set(graph.names())  # the nodes a broadcast expansion may leave unread
+    broadcast = False
     for name in reversed(graph.names()):  # consumers first: a chain of such nodes goes in one sweep
         node = graph.node(name) if name in graph else None  # a consumer rewritten above is a new object
         if not isinstance(node, Pointwise) or node.output.name in outputs | mutated \
@@ -123,17 +224,11 @@ def inline_pointwise(graph, ctx, *,
             if not graph.consumers(node.output.name):
                 graph.remove_node(node.name)  # every read was at indirect positions: nothing needs it stored
                 continue
-        if not _cheap(node, max_loads, max_ops):
+        if _inline_cheap(graph, ctx, node, max_loads, max_ops):
             continue
-        consumers = [graph.node(c) for c in graph.consumers(node.output.name)]
-        if not consumers or any(not isinstance(c, (Pointwise, Reduction))  # no extern, no group
-                                or can_fuse(graph, node, c).reason not in SHAPE_REASONS for c in consumers):
-            continue
-        rewritten = [_inlined(c, node) for c in consumers]
-        if any(r is None for r in rewritten) or not ctx.decide("inline", node, *consumers):
-            continue
-        for new in rewritten:
-            graph.replace_node(new.name, new)
-        graph.remove_node(node.name)
-        ctx.count("inlined_pointwise")
+        if broadcast_ratio and _inline_broadcast(graph, ctx, node, inputs, outputs | mutated, broadcast_ratio,
+                                                 broadcast_max_loads, broadcast_max_ops):
+            broadcast = True
+    if broadcast:
+        _drop_unread(graph, expanded, outputs)
     return graph
