@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import re
 
+import attrs
 import sympy
 import torch
 
@@ -48,6 +49,8 @@ class CallWriter:
         self.maybe_misaligned: set = set()  # buffers returned by an extern that may return a view
         self.allocators: dict = {}  # device -> name of its allocation function in the call
         self.prologue: list = []  # lines the call runs first (after binding sizes)
+        self.gpu = None  # the GPU device of a graph launched there (not the interpreter)
+        self.moved: set = set()  # one-element CPU buffers a kernel writes, kept on `gpu` (alloc)
 
     # -- names and constants ------------------------------------------------------------------------------
     def name(self, buf: str) -> str:
@@ -159,6 +162,12 @@ class CallWriter:
         if buf in self.defined:
             return
         lay = self.buffers[buf].layout
+        if self.gpu is not None and lay.device.type == "cpu":
+            # a one-element CPU value computed by a kernel of a GPU graph (from a float argument dynamo
+            # passes as a 0-d CPU tensor, see move_scalars): computed and kept on the GPU
+            lay = attrs.evolve(lay, device=self.gpu)
+            self.moved.add(buf)
+            donors = ()
         key = _key(lay)
         dead = self.reusable.get(key)
         new = f"{self.empty(lay.device)}({self.ints(lay.size)}, {self.ints(lay.stride)}, {self.const(lay.dtype, 'dt')})"
@@ -354,11 +363,27 @@ class CallWriter:
     def output(self, o) -> str:
         if isinstance(o, TensorArg):
             b = self.name(o.buffer)
+            if o.buffer in self.moved:  # a value the caller expects on the CPU (move_scalars)
+                b = f"{b}.cpu()"
             lay = self.buffers[o.buffer].layout
             if list(o.size) == list(lay.size) and list(o.stride) == list(lay.stride) and o.offset == 0:
                 return b
             return f"as_strided({b}, {self.ints(o.size)}, {self.ints(o.stride)}, {self.py(o.offset)})"
         return self.value(o)
+
+    def move_scalars(self, device) -> None:
+        """One-element CPU tensors among the inputs that kernels read, copied to the GPU `device` first:
+        dynamo passes a float argument under dynamic shapes as a 0-d CPU tensor, which a GPU kernel cannot
+        load (an aten extern on the GPU takes it as it is). A copy of 4-8 bytes per call; what kernels
+        compute from it stays on the GPU too (`alloc`)."""
+        read = {value for kind, _, data in self.runner.steps if kind in ("kernel", "mix")
+                for src in _sources(kind, data) for k, value in src.args if k == "buffer"}
+        for inp in self.graph.inputs:
+            lay = inp.buffer.layout if inp.buffer is not None else None
+            if lay is not None and lay.device.type == "cpu" and inp.name in read \
+                    and sympy.sympify(product(lay.size)) == 1:
+                name = self.name(inp.name)
+                self.emit(f"{name} = {name}.to({self.const(device, 'dev')}, non_blocking=True)")
 
     # -- the function ---------------------------------------------------------------------------------------
     def write(self) -> str:
@@ -379,6 +404,8 @@ class CallWriter:
             from .compat import current_stream
 
             self.ns["current_stream"] = current_stream
+            self.gpu = next(iter(devices))
+            self.move_scalars(self.gpu)
         else:
             self.emit("stream = None")
         # last reader of each buffer: deleted after it (outputs are the caller's; so are inputs written in
@@ -464,6 +491,13 @@ def _may_alias(op) -> bool:
     if schema is None:
         return True
     return any(r.alias_info is not None for r in schema.returns)
+
+
+def _sources(kind: str, data) -> list:
+    """The KernelSources a kernel or mix-order step launches (one variant each: they share arguments)."""
+    if kind == "kernel":
+        return [next(iter(data[1].values()))]
+    return [data[1], next(iter(data[2].info.variants.values()))]
 
 
 def _one_tensor(op) -> bool:
