@@ -117,13 +117,20 @@ def _inline_cheap(graph, ctx, node: Pointwise, max_loads: int, max_ops: int) -> 
     if not consumers or any(not isinstance(c, (Pointwise, Reduction))  # no extern, no group
                             or can_fuse(graph, node, c).reason not in SHAPE_REASONS for c in consumers):
         return False
-    rewritten = [_inlined(c, node) for c in consumers]
-    if any(r is None for r in rewritten) or not ctx.decide("inline", node, *consumers):
+    return _recompute(graph, ctx, node, node, consumers, "inline", "inlined_pointwise")
+
+
+def _recompute(graph, ctx, node: Pointwise, computed: Pointwise, consumers, decision: str, stat: str) -> bool:
+    """Replace every consumer's loads of `node` by `computed`'s body at those points (`computed`: the node
+    itself, or its body expanded) and remove `node` — all or nothing, a decision `passline.bisect` can stop
+    at; True when done."""
+    rewritten = [_inlined(c, computed) for c in consumers]
+    if any(r is None for r in rewritten) or not ctx.decide(decision, node, *consumers):
         return False
     for new in rewritten:
         graph.replace_node(new.name, new)
     graph.remove_node(node.name)
-    ctx.count("inlined_pointwise")
+    ctx.count(stat)
     return True
 
 
@@ -170,16 +177,12 @@ def _inline_broadcast(graph, ctx, node: Pointwise, inputs, blocked, ratio: int, 
                             for c in consumers):
         return False
     body = _from_inputs(graph, node, inputs, blocked)
-    if body is None or not _cheap(attrs.evolve(node, body=body), max_loads, max_ops):
+    if body is None:
         return False
-    rewritten = [_inlined(c, attrs.evolve(node, body=body)) for c in consumers]
-    if any(r is None for r in rewritten) or not ctx.decide("inline_broadcast", node, *consumers):
+    computed = attrs.evolve(node, body=body)
+    if not _cheap(computed, max_loads, max_ops):
         return False
-    for new in rewritten:
-        graph.replace_node(new.name, new)
-    graph.remove_node(node.name)
-    ctx.count("inlined_broadcast")
-    return True
+    return _recompute(graph, ctx, node, computed, consumers, "inline_broadcast", "inlined_broadcast")
 
 
 def _drop_unread(graph, names, outputs) -> None:

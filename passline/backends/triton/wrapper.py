@@ -50,7 +50,7 @@ class CallWriter:
         self.allocators: dict = {}  # device -> name of its allocation function in the call
         self.prologue: list = []  # lines the call runs first (after binding sizes)
         self.gpu = None  # the GPU device of a graph launched there (not the interpreter)
-        self.moved: set = set()  # one-element CPU buffers a kernel writes, kept on `gpu` (alloc)
+        self.moved: set = set()  # CPU buffers a kernel of this GPU graph writes, kept on `gpu` (alloc)
 
     # -- names and constants ------------------------------------------------------------------------------
     def name(self, buf: str) -> str:
@@ -163,8 +163,9 @@ class CallWriter:
             return
         lay = self.buffers[buf].layout
         if self.gpu is not None and lay.device.type == "cpu":
-            # a one-element CPU value computed by a kernel of a GPU graph (from a float argument dynamo
-            # passes as a 0-d CPU tensor, see move_scalars): computed and kept on the GPU
+            # a CPU buffer written by a kernel of a GPU graph: in practice a one-element value computed from
+            # a float argument dynamo passes as a 0-d CPU tensor (move_scalars; a kernel reading bigger CPU
+            # tensors cannot launch on the GPU at all): computed and kept on the GPU
             lay = attrs.evolve(lay, device=self.gpu)
             self.moved.add(buf)
             donors = ()
