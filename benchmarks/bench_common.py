@@ -15,6 +15,8 @@ import torch
 
 # Cases of the sweep (gpu_suite also has cross_entropy_native and embedding).
 SWEEP_CASES = ("layer_norm", "rms_norm", "softmax", "log_softmax", "gelu_epilogue", "cross_entropy")
+# Cases the sweep runs only when named in --cases.
+EXTRA_SWEEP_CASES = ("cross_entropy_smooth",)
 EMBEDDING_VOCAB = 32768
 # Tolerance floor of the check, per dtype: a result passes when each relative error is within
 # max(floor, 4 x eager's own error against the same float64 reference).
@@ -69,6 +71,11 @@ def make_case(name: str, m: int, n: int, dtype, device="cuda") -> Case:
     if name == "cross_entropy":  # reads the logits; the backward reads them again and writes their gradient
         t = torch.randint(0, n, (m,), device=device)
         return Case(lambda x, t: torch.nn.functional.cross_entropy(x.float(), t), [x, t], mn, mn + stat, 2 * mn)
+    if name == "cross_entropy_smooth":  # label smoothing adds a row sum of the log-softmax; some rows ignored
+        t = torch.randint(0, n, (m,), device=device)
+        t[::7] = -100
+        return Case(lambda x, t: torch.nn.functional.cross_entropy(x.float(), t, label_smoothing=0.1), [x, t], mn,
+                    mn + stat, 2 * mn)
     if name == "cross_entropy_native":  # the logits' own dtype (the decomposition computes in float32)
         t = torch.randint(0, n, (m,), device=device)
         t[::7] = -100  # some ignored rows

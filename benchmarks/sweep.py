@@ -45,6 +45,7 @@ import torch  # (does not import triton: TRITON_INTERPRET is set in main(), befo
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import (  # noqa: E402
+    EXTRA_SWEEP_CASES,
     SWEEP_CASES,
     bench,
     copy_bandwidth,
@@ -385,7 +386,8 @@ def parse(argv):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="\n".join(__doc__.splitlines()[1:]))
-    ap.add_argument("--cases", default=",".join(SWEEP_CASES), help="comma-separated (default: all)")
+    ap.add_argument("--cases", default=",".join(SWEEP_CASES),
+                    help=f"comma-separated (default: {','.join(SWEEP_CASES)}; also {','.join(EXTRA_SWEEP_CASES)})")
     ap.add_argument("--dtypes", help=f"comma-separated (default: {','.join(DTYPES)})")
     ap.add_argument("--widths", help=f"WIDTH or ROWSxWIDTH, comma-separated, or 'all' ({ALL_WIDTHS}); "
                                      f"default {DEFAULT_WIDTHS}")
@@ -422,7 +424,8 @@ def parse(argv):
             list(points(args.widths, getattr(torch, dt, torch.float32), 2**20))
     except ValueError as e:
         ap.error(f"--widths {args.widths!r}: {e}")
-    for what, given, known in (("case", args.cases, SWEEP_CASES), ("direction", args.directions, DIRECTIONS),
+    for what, given, known in (("case", args.cases, SWEEP_CASES + EXTRA_SWEEP_CASES),
+                               ("direction", args.directions, DIRECTIONS),
                                ("dtype", args.dtypes, ("float32", "bfloat16", "float16"))):
         unknown = [x for x in given.split(",") if x not in known]
         if unknown:

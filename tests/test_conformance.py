@@ -213,7 +213,7 @@ def run_sample(op, sample, backward: bool):
                 _compare(list(g_ours), list(g_eager), "grad", precise_grad)
     if be.failures:
         kind, e = be.failures[0]
-        return "refused", f"{kind}: {type(e).__name__}: {str(e).splitlines()[0][:160]}"
+        return "refused", f"{kind}: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:160]}"
     if not be.reports:
         raise Skip("dynamo compiled nothing (graph break or no tensor op)")
     externs = sorted({n.op.__name__ if hasattr(n.op, "__name__") else str(n.op) for r in be.reports

@@ -25,7 +25,7 @@ from passline.pipeline import SchedulerGraph
 from passline.testing import assert_matches_eager
 from passline.testing.synthetic import chain_and_fanout
 
-F32 = torch.float32
+F32, I64 = torch.float32, torch.int64
 i0, i1 = loop_vars("i", 2)
 (r0,) = loop_vars("r", 1)
 
@@ -140,6 +140,57 @@ def test_inline_pointwise_folds_cross_entropy_backward_into_one_kernel(dtype):
     assert bwd.kernels == 1, bwd.graph.format()
     off = passline.DEFAULT_PIPELINE.replace("inline_pointwise", "inline_pointwise(broadcast_ratio=0)")
     assert assert_matches_eager(fn, [logits, target], pipeline=off).reports[-1].kernels > 1
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_inline_pointwise_lets_label_smoothing_read_the_logits_in_one_kernel(grad):
+    """Label smoothing adds a pass over the logits (their row sum) whose per-row result reads the mask
+    `target == ignore_index`, a graph output when training (saved for backward). Fused with the target's
+    term it tied the two passes over the logits into a cycle; recomputed by its readers from the target,
+    the max, log-sum-exp and row sum are one kernel."""
+    logits = torch.randn(48, 300, requires_grad=grad)
+    target = torch.randint(0, 300, (48,))
+    target[::5] = -100
+    fn = lambda x, t: torch.nn.functional.cross_entropy(x, t, label_smoothing=0.1)
+
+    def logit_readers(report):  # kernels that loop over rows x vocabulary (the target's logit is a gather)
+        return [n.name for n in report.graph.nodes()
+                if n.numel * getattr(n, "reduction_numel", 1) == logits.numel()]
+
+    fwd = assert_matches_eager(fn, [logits, target]).reports[0]
+    assert fwd.metrics.counters["inlined_input"] >= 1
+    assert len(logit_readers(fwd)) == 1, fwd.graph.format()
+    off = passline.DEFAULT_PIPELINE.replace("inline_pointwise", "inline_pointwise(input_max_ops=0)")
+    assert len(logit_readers(assert_matches_eager(fn, [logits, target], pipeline=off).reports[0])) == 2
+
+
+def test_inline_pointwise_recomputes_a_value_of_one_input_point_only_where_it_pays():
+    """A mask of the input read by two loops is recomputed in each; an output stays as well. A mask of a
+    wider input (int64 → bool) is recomputed only when some loop of the graph is much bigger than it."""
+    mask = Pointwise("m", (8,), Op("eq", (Load("t", i0, I64), Constant(-100, I64)), torch.bool),
+                     Buffer("m", Layout.contiguous([8], torch.bool)))
+    a = Pointwise("a", (8,), Op("where", (Load("m", i0, torch.bool), Constant(0.0, F32), Load("x", i0, F32)), F32),
+                  Buffer("a", Layout.contiguous([8], F32)))
+    b = Pointwise("b", (8,), Op("where", (Load("m", i0, torch.bool), Load("x", i0, F32), Constant(1.0, F32)), F32),
+                  Buffer("b", Layout.contiguous([8], F32)))
+    big = Pointwise("big", (8, 16), Op("mul", (Load("y", 16 * i0 + i1, F32), Constant(2.0, F32)), F32),
+                    Buffer("big", Layout.contiguous([8, 16], F32)))
+
+    def program(*nodes, outputs):
+        inputs = [GraphInput(n, buffer=Buffer(n, Layout.contiguous(size, dtype)))
+                  for n, size, dtype in (("t", [8], I64), ("x", [8], F32), ("y", [8, 16], F32))]
+        outs = [TensorArg(n.name, n.output.layout.size, n.output.layout.stride) for n in nodes
+                if n.name in outputs]
+        return SchedulerGraph.from_program(Program(tuple(inputs), tuple(nodes), tuple(outs)))
+
+    out, (rec,) = run("inline_pointwise(max_ops=0)", program(mask, a, b, big, outputs="m a b big"))
+    assert rec.stats["inlined_input"] == 1 and "m" in out.names() and not out.consumers("m")
+    assert all("t" in out.node(n).read_names() for n in ("a", "b"))
+    out, (rec,) = run("inline_pointwise(max_ops=0)", program(mask, a, b, big, outputs="a b big"))
+    assert rec.stats["inlined_input"] == 1 and "m" not in out.names()
+    # no loop 8x bigger than the mask: the int64 target is not read twice in place of the bool mask
+    out, (rec,) = run("inline_pointwise(max_ops=0)", program(mask, a, b, outputs="a b"))
+    assert not rec.stats.get("inlined_input") and "m" in out.names()
 
 
 def test_inline_pointwise_broadcasts_only_values_of_the_inputs_into_bigger_loops():

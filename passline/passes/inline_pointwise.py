@@ -26,6 +26,17 @@ pointwise nodes it reads expanded in turn down to the graph's inputs, has at mos
 distinct loads and `broadcast_max_ops` operations. The expanded nodes go when nothing reads them. Stat:
 `inlined_broadcast`.
 
+Values of one point of one graph input (`target == ignore_index`, a cast of a weight), expanded through
+the pointwise nodes between, with at most `input_max_ops` operations, are recomputed by every reader when
+the node is a graph output (it is stored anyway; a saved mask) or has two readers or more: such a node ties
+its readers' kernels to the kernel it joins. In cross-entropy with label smoothing the saved mask
+`target == ignore_index`, fused into the loss's kernel, made the per-row smoothing term wait for it, and
+the two passes over the logits could not be one kernel (fuse refused them: a cycle). Each reader loads
+the input at the same point instead of the node's output, and at most `input_max_ops` operations more;
+where the input's dtype is wider than the node's (an int64 target for a bool mask), only for a node with
+`broadcast_ratio` times fewer points than one of the graph's loops (per-row values), whose extra bytes are
+nothing beside that loop's. An output stays, computed where it fuses. Stat: `inlined_input`.
+
 Consumers that read the node at indirect positions (see `ir.Indirect`) cannot fuse with it and never
 will: up to `indirect_max_loads` loads, the node's body is recomputed at those positions, consumer by
 consumer, whatever its other consumers do; it is removed when none is left. Stat: `inlined_indirect`.
@@ -120,16 +131,18 @@ def _inline_cheap(graph, ctx, node: Pointwise, max_loads: int, max_ops: int) -> 
     return _recompute(graph, ctx, node, node, consumers, "inline", "inlined_pointwise")
 
 
-def _recompute(graph, ctx, node: Pointwise, computed: Pointwise, consumers, decision: str, stat: str) -> bool:
+def _recompute(graph, ctx, node: Pointwise, computed: Pointwise, consumers, decision: str, stat: str,
+               keep: bool = False) -> bool:
     """Replace every consumer's loads of `node` by `computed`'s body at those points (`computed`: the node
-    itself, or its body expanded) and remove `node` — all or nothing, a decision `passline.bisect` can stop
-    at; True when done."""
+    itself, or its body expanded) and remove `node` unless `keep` (a graph output) — all or nothing, a
+    decision `passline.bisect` can stop at; True when done."""
     rewritten = [_inlined(c, computed) for c in consumers]
     if any(r is None for r in rewritten) or not ctx.decide(decision, node, *consumers):
         return False
     for new in rewritten:
         graph.replace_node(new.name, new)
-    graph.remove_node(node.name)
+    if not keep:
+        graph.remove_node(node.name)
     ctx.count(stat)
     return True
 
@@ -185,6 +198,32 @@ def _inline_broadcast(graph, ctx, node: Pointwise, inputs, blocked, ratio: int, 
     return _recompute(graph, ctx, node, computed, consumers, "inline_broadcast", "inlined_broadcast")
 
 
+def _inline_input_value(graph, ctx, node: Pointwise, inputs, blocked, max_ops: int, ratio: int,
+                        output: bool) -> bool:
+    """Recompute `node`, a value of one point of one graph input (expanded), in every consumer; the node
+    stays when it is a graph `output`. True when done."""
+    consumers = [graph.node(c) for c in graph.consumers(node.output.name)]
+    if len(consumers) < (1 if output else 2) or any(not isinstance(c, (Pointwise, Reduction)) for c in consumers):
+        return False  # one reader of a node that is not an output can simply fuse with it
+    body = _from_inputs(graph, node, inputs, blocked)
+    if body is None:
+        return False
+    computed = attrs.evolve(node, body=body)
+    if not _cheap(computed, 1, max_ops) or not _no_wider(graph, computed, ratio):
+        return False
+    return _recompute(graph, ctx, node, computed, consumers, "inline_input", "inlined_input", keep=output)
+
+
+def _no_wider(graph, node: Pointwise, ratio: int) -> bool:
+    """Whether readers loading `node`'s one input in place of its output read no more bytes, or `node` is
+    small beside the graph's loops (at least `ratio` times fewer points than one of them: a per-row value)."""
+    loads = [v for v in walk(node.body) if isinstance(v, Load)]
+    if not loads or loads[0].dtype.itemsize <= node.output.dtype.itemsize:  # none: a value of the indices
+        return True
+    return bool(ratio) and any(isinstance(n, (Pointwise, Reduction)) and _bigger(n, node, ratio)
+                               for n in graph.nodes())
+
+
 def _drop_unread(graph, names, outputs) -> None:
     """Remove the pointwise nodes among `names` that nothing reads any more (expanded into their readers)."""
     for name in reversed([n for n in graph.names() if n in names]):
@@ -203,18 +242,25 @@ def inline_pointwise(graph, ctx, *,
                      broadcast_ratio: Annotated[int, "least ratio of a consumer's points to a broadcast node's "
                                                 "(0: never inline broadcast values)"] = 8,
                      broadcast_max_loads: Annotated[int, "most distinct loads of a broadcast node, expanded"] = 8,
-                     broadcast_max_ops: Annotated[int, "most operations of a broadcast node, expanded"] = 32):
+                     broadcast_max_ops: Annotated[int, "most operations of a broadcast node, expanded"] = 32,
+                     input_max_ops: Annotated[int, "most operations of a value of one input point recomputed by "
+                                              "its readers (0: never)"] = 4):
     """Recompute cheap pointwise nodes inside consumers they cannot fuse with (a weight cast), at the
-    positions a consumer reads them indirectly (log-softmax gathered at the target), and values made from
-    the inputs alone inside the bigger loops they are broadcast into (cross-entropy's per-row factors)."""
+    positions a consumer reads them indirectly (log-softmax gathered at the target), values made from
+    the inputs alone inside the bigger loops they are broadcast into (cross-entropy's per-row factors), and
+    values of one input point in each of their readers (a saved `target == ignore_index` mask)."""
     outputs, mutated = graph.output_names(), graph.mutated_names()
     inputs = set(graph.input_buffers()) - mutated
     expanded = set(graph.names())  # the nodes a broadcast expansion may leave unread
     broadcast = False
     for name in reversed(graph.names()):  # consumers first: a chain of such nodes goes in one sweep
         node = graph.node(name) if name in graph else None  # a consumer rewritten above is a new object
-        if not isinstance(node, Pointwise) or node.output.name in outputs | mutated \
-                or mutated & set(node.read_names()):
+        if not isinstance(node, Pointwise) or node.output.name in mutated or mutated & set(node.read_names()):
+            continue
+        if node.output.name in outputs:  # stored anyway; its readers may still compute it themselves
+            if input_max_ops:
+                _inline_input_value(graph, ctx, node, inputs, outputs | mutated, input_max_ops, broadcast_ratio,
+                                    output=True)
             continue
         if indirect_max_loads and _cheap(node, indirect_max_loads, max_ops) \
                 and not any(getattr(v, "indirect", ()) for v in walk(node.body)):
@@ -231,6 +277,9 @@ def inline_pointwise(graph, ctx, *,
             continue
         if broadcast_ratio and _inline_broadcast(graph, ctx, node, inputs, outputs | mutated, broadcast_ratio,
                                                  broadcast_max_loads, broadcast_max_ops):
+            broadcast = True
+        elif input_max_ops and _inline_input_value(graph, ctx, node, inputs, outputs | mutated, input_max_ops,
+                                                   broadcast_ratio, output=False):
             broadcast = True
     if broadcast:
         _drop_unread(graph, expanded, outputs)
