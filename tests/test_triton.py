@@ -453,6 +453,20 @@ def test_static_counts_are_literals_but_a_tuned_split_reaches_the_finishing_kern
     assert "rindex < rnumel" in kernels["mix_finish"]  # the splits, passed at launch
 
 
+@pytest.mark.parametrize("shape", [(7, 123), (5, 3, 37)])
+def test_contiguous_accesses_of_a_multi_dim_loop_use_the_flat_index(shape):
+    """A bias add over rows of an odd width keeps two loop variables (the bias needs the column), and the
+    row-major input's address, `12345 * o0 + o1`, is written as `xindex`: Triton proves vectors from
+    `xindex`, not from `(xindex // 12345) * 12345 + xindex % 12345` (odd widths loaded element by element)."""
+    x = torch.randn(*shape)
+    b = torch.randn(shape[-1])
+    be = assert_matches_eager(lambda x, b: torch.nn.functional.gelu(x + b), [x, b], codegen="triton")
+    (k,) = be.reports[0].runner.kernels
+    ptr = lambda name: re.search(rf"tl\.load\((p_\w+) \+ {name}\b", k.source)
+    assert ptr("xindex") and ptr(r"o\d+"), k.source  # the input flat, the bias by its column
+    assert re.search(r"tl\.store\(p_\w+ \+ xindex,", k.source), k.source
+
+
 _FREED: list = []  # (probe) whether the weakly referenced input was gone when the extern ran
 _REF: list = []
 

@@ -185,6 +185,7 @@ class KernelWriter:
         self.online: dict | None = None  # online_pairs(), computed once
         self._expansions: dict = {}  # _expanded()'s memo
         self.int64: bool | None = False  # the index width (None: the INT64 constexpr chooses it per launch)
+        self.flat: dict = {}  # VarKind -> (sizes, flat index name) of the canonical variables in scope
 
     def pid(self) -> str:
         """The program id in the kernel's index width: every offset is computed from it (and from sizes,
@@ -211,7 +212,33 @@ class KernelWriter:
         for s in expr.free_symbols:
             if not is_canonical(s) and s not in self.locals:
                 self.sizes.add(s)
-        return printer.index(expr)
+        return printer.index(self._flattened(expr))
+
+    def decompose(self, kind: VarKind, sizes, flat: str) -> None:
+        """Emit the canonical variables of `kind` over `sizes` from the flat index `flat`."""
+        self.flat[kind] = (tuple(sizes), flat)
+        for name, src in _decompose(kind.value, sizes, flat, self.sizes):
+            self.emit(f"{name} = {src}")
+
+    def _flattened(self, expr):
+        """`expr` with a sum over all the canonical variables of one kind at their contiguous strides (times
+        one factor) written as the flat index they came from. Triton proves an address contiguous, and
+        loads it in vectors, from `xindex`, but not from `(xindex // 12345) * 12345 + xindex % 12345`: a
+        bias-add over [5436, 12345] float32 rows loaded one float at a time ran at 87% of copy, 97% as xindex."""
+        for kind, (sizes, flat) in self.flat.items():
+            vs = [canon_var(kind, k) for k in range(len(sizes))]
+            if len(vs) < 2 or not set(vs) <= expr.free_symbols:
+                continue
+            expr = sympy.expand(expr)
+            a = expr.coeff(vs[-1])
+            strides = contiguous_strides(sizes)
+            if a == 0 or a.free_symbols & set(vs) \
+                    or any(sympy.expand(expr.coeff(v) - a * st) != 0 for v, st in zip(vs, strides)):
+                continue
+            rest = sympy.expand(expr - sum(a * st * v for v, st in zip(vs, strides)))
+            if not rest.free_symbols & set(vs):
+                expr = rest + a * sympy.Symbol(flat, integer=True, nonnegative=True)
+        return expr
 
     def canon(self, member) -> dict:
         n = len(self.outer) if member not in self.swap else len(self.red)
@@ -428,8 +455,7 @@ class KernelWriter:
     def pointwise(self) -> list[str]:
         self.emit(f"xindex = {self.pid()} * XBLOCK + tl.arange(0, XBLOCK)")
         self.emit(f"xmask = xindex < {self.numel('xnumel')}")
-        for name, src in _decompose("o", self.outer, "xindex", self.sizes):
-            self.emit(f"{name} = {src}")
+        self.decompose(VarKind.CANON_OUTER, self.outer, "xindex")
         scope = _Scope()
         for m in self.nodes:
             var = self.compute(m, scope)
@@ -461,14 +487,12 @@ class KernelWriter:
     def _xr(self):
         self.emit(f"xindex = {self.pid()} * XBLOCK + tl.arange(0, XBLOCK)[:, None]")
         self.emit(f"xmask = xindex < {self.numel('xnumel')}")
-        for name, src in _decompose("o", self.outer, "xindex", self.sizes):
-            self.emit(f"{name} = {src}")
+        self.decompose(VarKind.CANON_OUTER, self.outer, "xindex")
 
     def _rindex(self, base: str) -> None:
         self.emit(f"rindex = {base}tl.arange(0, RBLOCK)[None, :]")
         self.emit(f"rmask = rindex < {self.numel('rnumel')}")
-        for name, src in _decompose("q", self.red, "rindex", self.sizes):
-            self.emit(f"{name} = {src}")
+        self.decompose(VarKind.CANON_REDUCTION, self.red, "rindex")
 
     def _reduce_block(self, m, val: str, acc: str | None) -> str:
         """Reduce a [XBLOCK, RBLOCK] value over axis 1, or fold it into accumulator `acc`."""
@@ -1024,8 +1048,7 @@ def generate_mix(mix: MixOrderNode, graph, interpret: bool, blocks: dict,
     w.indent += 1
     w.emit("xindex = row_start + xoffset + tl.arange(0, XBLOCK)[:, None]")
     w.emit(f"xmask = (xindex < {w.numel('xnumel')}) & (xoffset + tl.arange(0, XBLOCK)[:, None] < SPLIT)")
-    for vname, src in _decompose("o", rows, "xindex", w.sizes):
-        w.emit(f"{vname} = {src}")
+    w.decompose(VarKind.CANON_OUTER, rows, "xindex")
     w.prefetch(scope)
     w.emit_members(scope, column)
     w.indent -= 1
