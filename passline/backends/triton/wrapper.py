@@ -284,7 +284,10 @@ class CallWriter:
     def step_extern(self, node) -> None:
         args = ", ".join(self.value(a) for a in node.args)
         kwargs = ", ".join(f"{k}={self.value(v)}" for k, v in node.kwargs)
-        call = f"{self.const(node.op, 'op')}({args}{', ' if args and kwargs else ''}{kwargs})"
+        # an OpOverload's __call__ is one Python frame around its C++ handle: the call uses the handle (the
+        # same dispatch, ~0.7 µs a call less on the CPU; ResNet's backward makes dozens of extern calls)
+        fn = node.op._op if type(node.op) is torch._ops.OpOverload else node.op
+        call = f"{self.const(fn, 'op')}({args}{', ' if args and kwargs else ''}{kwargs})"
         outs = [(i, b) for i, b in enumerate(node.outputs) if b is not None]
         if not outs:
             self.emit(call)
