@@ -99,6 +99,27 @@ def test_correct_model_trains_checked_once(codegen, oracle_runs):
     assert be.failures == []
 
 
+def test_a_sliced_input_of_a_dynamic_graph_is_checked_in_its_own_layout():
+    """BatchNorm in training writes its running statistics in place, so the oracle runs on copies of the
+    inputs; a sliced input's copy keeps its strides (clone() made it contiguous, and the oracle of a
+    dynamic-shape graph, whose stride symbols bind from its inputs, failed its first call)."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model, eager = torch.nn.BatchNorm2d(3), torch.nn.BatchNorm2d(3)
+    be = passline.backend(codegen="reference", check=True, fallback="raise")
+    compiled = torch.compile(model, backend=be, dynamic=True)
+    for b in (2, 4):
+        x = torch.randn(b, 3, 5, 15)[..., 1::2].requires_grad_()
+        xe = x.detach().clone().requires_grad_()
+        out, want = compiled(x), eager(xe)
+        torch.testing.assert_close(out, want, **tolerance(torch.float32))
+        out.square().sum().backward()
+        want.square().sum().backward()
+        torch.testing.assert_close(x.grad, xe.grad, **tolerance(torch.float32))
+    torch.testing.assert_close(model.running_var, eager.running_var)
+    assert be.reports and all(r.check.ok for r in be.reports)
+
+
 # -- (b) a wrong pass is caught, named, worked around and saved ---------------------------------------------
 def test_wrong_pass_warns_falls_back_bisects_and_saves(sign_flip, tmp_path, oracle_runs):
     torch._dynamo.reset()

@@ -54,8 +54,18 @@ class ConvPool1d(torch.nn.Sequential):
                          torch.nn.AdaptiveAvgPool1d(2))
 
 
+class StridedConvBN(torch.nn.Sequential):
+    """A batch equal to the channel count is specialized with it (duck sizing), so BatchNorm's
+    `numel / channels` (its unbiased running variance) is a fraction of sizes over a number: once an index
+    value `(h + 1)*(24*h + 24)/6` that no backend evaluates."""
+
+    def __init__(self):
+        super().__init__(torch.nn.Conv2d(4, 6, 3, stride=2, padding=1), torch.nn.BatchNorm2d(6))
+
+
 MODELS = {
     "conv1d_pool": (ConvPool1d, [(2, 3, 5), (2, 3, 7), (3, 3, 13)]),
+    "conv_stride_bn": (StridedConvBN, [(4, 4, 8, 6), (4, 4, 9, 7), (4, 4, 7, 5)]),
     "gpt": (TransformerBlock, [(2, 8, 32), (2, 13, 32), (3, 5, 32)]),
     "llama": (LlamaBlock, [(2, 8, 32), (2, 11, 32), (3, 17, 32)]),  # batch 1 would specialize
     # height != width on the first call: dynamo's duck sizing would otherwise tie them and recompile
@@ -140,6 +150,19 @@ def test_size_values_in_loop_bodies_and_outputs(codegen):
         x = torch.randn(*shape, device=DEVICE)
         torch.testing.assert_close(compiled(x), fn(x))
     assert len(be.reports) == 1
+
+
+def test_integer_size_values_are_written_without_fractions():
+    import sympy
+
+    from passline.ir.index import FloorDiv
+    from passline.lowering.sizes import _integral
+
+    h = sympy.Symbol("h", integer=True, positive=True)
+    assert _integral((h + 1) * (18 * h + 18) / 6) == 3 * h**2 + 6 * h + 3
+    half = _integral(h * (h + 1) / 2)  # integer-valued, fractions after expanding: the exact quotient
+    assert half == FloorDiv(h**2 + h, 2)
+    assert all(int(half.subs(h, v)) == v * (v + 1) // 2 for v in range(1, 9))
 
 
 def test_a_size_function_passline_cannot_evaluate_is_refused_at_compile_time():

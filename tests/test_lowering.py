@@ -169,3 +169,18 @@ def test_complex_runs_as_extern():
 def test_matmul_is_extern_and_correct():
     fn = lambda x, w: torch.relu(x @ w) + 1
     assert_matches_eager(fn, [A.clone().requires_grad_(), torch.randn(8, 5, requires_grad=True)])
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_multilabel_margin_loss_ignores_targets_after_the_first_minus_one(reduction):
+    """torch's decomposition of multilabel_margin_loss_forward (which runs at the autograd key, before any
+    decomposition table) counted the positions after a row's -1 terminator as targets too; passline
+    replaces the function in dynamo's graph with a correct one. Rows: a terminator mid-row, one first
+    (no targets), none (every entry a target, duplicates included); a 1-D input too."""
+    F = torch.nn.functional
+    x = torch.randn(3, 5, requires_grad=True)
+    t = torch.tensor([[1, 3, -1, 0, 2], [-1, 1, 2, 3, 4], [2, 2, 0, 4, 1]])
+    fn = lambda x, t: F.multilabel_margin_loss(x, t, reduction=reduction)  # noqa: E731
+    assert_matches_eager(fn, [x, t])
+    assert_matches_eager(fn, [torch.randn(5, requires_grad=True), torch.tensor([4, 0, -1, 1, 1])])
+    assert_matches_eager(torch.nn.MultiLabelMarginLoss(reduction=reduction), [x, t])

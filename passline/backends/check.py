@@ -117,7 +117,19 @@ def output_names(gm: torch.fx.GraphModule) -> list:
 
 
 def _clone(xs) -> list:
-    return [x.detach().clone() if isinstance(x, torch.Tensor) else x for x in xs]
+    """Copies of the tensors with their strides: `clone()` makes a sliced view contiguous, and the oracle,
+    whose dynamic-shape layouts bind stride symbols from the inputs, then read a copy of another layout
+    than the runner's inputs (a BatchNorm over `x[..., 1::2]` with check=True failed its first call). The
+    copies start at offset 0, as `conform_inputs` makes the runner's. An input whose elements overlap (an
+    expanded one) cannot be written so and is cloned."""
+    def copy(x):
+        x = x.detach()
+        try:
+            return torch.empty_strided(x.size(), x.stride(), dtype=x.dtype, device=x.device).copy_(x)
+        except RuntimeError:  # internal overlap
+            return x.clone()
+
+    return [copy(x) if isinstance(x, torch.Tensor) else x for x in xs]
 
 
 def _as_list(out) -> list:

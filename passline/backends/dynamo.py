@@ -18,6 +18,7 @@ from torch._dynamo.backends.common import aot_autograd
 
 from ..config import current_settings, use_settings
 from ..lowering import decomposition_table, lower_graph
+from ..lowering.decompositions import replace_wrong_decompositions
 from ..pipeline.graph import SchedulerGraph
 from ..pipeline.manager import PassManager
 from ..pipeline.metrics import Metrics
@@ -105,6 +106,7 @@ class Backend:
         self._ids = itertools.count()
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs):
+        replace_wrong_decompositions(gm)
         # the FX stage rewrites gm in place: keep a copy to run as captured, should a pass fail half-way
         as_captured = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph)) if self.pipeline.fx_calls() else gm
         try:

@@ -79,6 +79,10 @@ def _lower_nodes(ctx: LoweringContext, gm: torch.fx.GraphModule, env: dict) -> N
             ctx.fx_node = n
             value = getattr(gm, n.target)
             env[n] = ctx.extern(TensorConstant(n.target, value), (), {}, value)
+        elif n.op == "get_attr" and isinstance(getattr(gm, n.target, None), torch.fx.GraphModule):
+            # the body of a higher-order operator (torch.cond's branches, flex_attention's score_mod)
+            raise LoweringError(f"higher-order operators with subgraphs (torch.cond, torch.while_loop, "
+                                f"flex_attention) are not supported: {n.format_node()}")
         elif n.op not in ("placeholder", "output"):
             raise LoweringError(f"unsupported FX node kind {n.op!r}: {n.format_node()}")
 

@@ -63,6 +63,41 @@ def _roll(x, shifts, dims=()):
 # ours in place of torch's (each says why)
 OVERRIDES = {"channel_shuffle": _channel_shuffle, "native_channel_shuffle": _channel_shuffle, "roll": _roll}
 
+
+def _multilabel_margin_loss(input, target, size_average=None, reduce=None, reduction="mean"):
+    """F.multilabel_margin_loss in torch ops: for each row, the hinge `max(0, 1 - (x[y] - x[i])) / C`
+    summed over its targets y — those before the first -1 — and the classes i that are not targets."""
+    if size_average is not None or reduce is not None:
+        reduction = torch.nn._reduction.legacy_get_string(size_average, reduce)
+    x, t = torch.atleast_2d(input), torch.atleast_2d(target)
+    dim = x.shape[1]
+    idx = torch.arange(dim, device=t.device)
+    end = torch.amin(torch.where(t == -1, idx, dim), dim=-1, keepdim=True)
+    valid = idx < end  # [N, targets]
+    u = torch.gather(x, -1, torch.where(valid, t, 0))  # each target's score
+    is_target = (idx == torch.where(valid, t, -1).unsqueeze(-1)).any(1)  # [N, classes]
+    z = (1.0 - u.unsqueeze(-1) + x.unsqueeze(1)).clamp_min(0) / dim  # [N, targets, classes]
+    loss = torch.where(valid.unsqueeze(-1) & ~is_target.unsqueeze(1), z, 0).sum((1, 2))
+    loss = loss.reshape(input.shape[:-1])
+    return loss.mean() if reduction == "mean" else loss.sum() if reduction == "sum" else loss
+
+
+# Functions of dynamo's graphs replaced before aot_autograd traces them, where torch's decomposition is
+# wrong and runs at the autograd key (`py_impl(DispatchKey.Autograd)`), before any decomposition table:
+# aten.multilabel_margin_loss_forward's sums the hinge over the positions after a target row's -1 too
+# (wrong losses and gradients; aot_eager's as well; pytorch/pytorch PR #189552).
+FX_REPLACEMENTS = {torch.nn.functional.multilabel_margin_loss: _multilabel_margin_loss,
+                   torch._C._nn.multilabel_margin_loss: _multilabel_margin_loss}
+
+
+def replace_wrong_decompositions(gm: torch.fx.GraphModule) -> None:
+    """Point dynamo's calls of FX_REPLACEMENTS' functions at ours (in place)."""
+    hits = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in FX_REPLACEMENTS]
+    for n in hits:
+        n.target = FX_REPLACEMENTS[n.target]
+    if hits:
+        gm.recompile()
+
 # Batch norm's forward ops: eager's kernels (CPU, CUDA, cuDNN) write the normalized output as
 # empty_like(input, input.suggest_memory_format()), but torch's decompositions compute it pointwise from
 # the input, in the input's stride order: BatchNorm1d on a transposed [N, C, L] activation returned a

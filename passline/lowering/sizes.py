@@ -96,6 +96,19 @@ def runtime_value(expr, values: dict):
     return int(v) if v.is_integer else float(v)
 
 
+def _integral(e):
+    """An integer-valued size expression written without fractions, which no index printer evaluates:
+    `numel / 6` of a conv output with a static batch of 3 is `(h + 1)*(18*h + 18)/6` — expanded, `3*h**2 +
+    6*h + 3`; where expanding leaves fractions (`h*(h + 1)/2`), the exact quotient `FloorDiv(h**2 + h, 2)`."""
+    if not any(not r.is_Integer for r in e.atoms(sympy.Rational)):
+        return e
+    expanded = sympy.expand(e)
+    if not any(not r.is_Integer for r in expanded.atoms(sympy.Rational)):
+        return expanded
+    num, den = sympy.fraction(sympy.together(expanded))
+    return FloorDiv(sympy.expand(num), den)
+
+
 def scalar_body(expr, dtype: torch.dtype):
     """A loop-body value computing size expression `expr` (an integer or rational size) as `dtype`.
 
@@ -104,7 +117,7 @@ def scalar_body(expr, dtype: torch.dtype):
     division ever reaches an index printer and the value rounds as eager's scalar would."""
     def build(e):
         if e.is_integer:
-            return cast(IndexValue(e, torch.int64), dtype)
+            return cast(IndexValue(_integral(e), torch.int64), dtype)
         if e.is_Number:
             return Constant(float(e), dtype)
         if e.is_Add or e.is_Mul:
