@@ -127,14 +127,15 @@ def run(args, root) -> int:
             usage = subprocess.run([str(cuobjdump), "--dump-resource-usage", str(cubin)], capture_output=True,
                                    text=True).stdout
             regs = int(re.search(r"REG:(\d+)", usage).group(1))
-            local = int(re.search(r"LOCAL:(\d+)", usage).group(1))
+            # spills land on the stack (STACK); LOCAL counts only local arrays and stays 0 when a kernel spills
+            local = max(int(m) for m in re.findall(r"(?:LOCAL|STACK):(\d+)", usage))
             smem = k.metadata.shared
             progs = resident(regs, kwargs["num_warps"], smem)
             blocks = " ".join(f"{b}={kwargs[b]}" for b in ("XBLOCK", "RBLOCK", "SPLIT", "STAGES") if b in kwargs)
             sizes = " x ".join(str(a) for a in job.args if isinstance(a, int))
             print(f"{'--' if i == 0 else '  '} {job.fn_name} [{sizes}] {blocks} warps={kwargs['num_warps']}"
                   f"{' (rule)' if i == 0 else ''}\n   loads {dict(loads)} stores {dict(stores)}\n"
-                  f"   registers {regs}, local {local} B, shared {smem} B: {progs} programs"
+                  f"   registers {regs}, local (spills) {local} B, shared {smem} B: {progs} programs"
                   f" ({progs * kwargs['XBLOCK']} {'rows' if 'RBLOCK' in kwargs else 'elements'}) an SM")
             if args.source and i == 0:
                 src = Path(job.path).read_text()
