@@ -189,13 +189,18 @@ def _inline_broadcast(graph, ctx, node: Pointwise, inputs, blocked, ratio: int, 
     if not consumers or any(not isinstance(c, (Pointwise, Reduction)) or not _bigger(c, node, ratio)
                             for c in consumers):
         return False
-    body = _from_inputs(graph, node, inputs, blocked)
-    if body is None:
-        return False
-    computed = attrs.evolve(node, body=body)
-    if not _cheap(computed, max_loads, max_ops):
+    computed = _expanded(graph, node, inputs, blocked, max_loads, max_ops)
+    if computed is None:
         return False
     return _recompute(graph, ctx, node, computed, consumers, "inline_broadcast", "inlined_broadcast")
+
+
+def _expanded(graph, node: Pointwise, inputs, blocked, max_loads: int, max_ops: int) -> Pointwise | None:
+    """`node` with its body expanded down to the graph's inputs (`_from_inputs`), or None where it cannot
+    be or is not cheap after expanding."""
+    body = _from_inputs(graph, node, inputs, blocked)
+    computed = attrs.evolve(node, body=body) if body is not None else None
+    return computed if computed is not None and _cheap(computed, max_loads, max_ops) else None
 
 
 def _inline_input_value(graph, ctx, node: Pointwise, inputs, blocked, max_ops: int, ratio: int,
@@ -205,11 +210,8 @@ def _inline_input_value(graph, ctx, node: Pointwise, inputs, blocked, max_ops: i
     consumers = [graph.node(c) for c in graph.consumers(node.output.name)]
     if len(consumers) < (1 if output else 2) or any(not isinstance(c, (Pointwise, Reduction)) for c in consumers):
         return False  # one reader of a node that is not an output can simply fuse with it
-    body = _from_inputs(graph, node, inputs, blocked)
-    if body is None:
-        return False
-    computed = attrs.evolve(node, body=body)
-    if not _cheap(computed, 1, max_ops) or not _no_wider(graph, computed, ratio):
+    computed = _expanded(graph, node, inputs, blocked, 1, max_ops)
+    if computed is None or not _no_wider(graph, computed, ratio):
         return False
     return _recompute(graph, ctx, node, computed, consumers, "inline_input", "inlined_input", keep=output)
 
