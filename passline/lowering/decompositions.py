@@ -85,9 +85,10 @@ def _multilabel_margin_loss(input, target, size_average=None, reduce=None, reduc
 # Functions of dynamo's graphs replaced before aot_autograd traces them, where torch's decomposition is
 # wrong and runs at the autograd key (`py_impl(DispatchKey.Autograd)`), before any decomposition table:
 # aten.multilabel_margin_loss_forward's sums the hinge over the positions after a target row's -1 too
-# (wrong losses and gradients; aot_eager's as well; pytorch/pytorch PR #189552).
-FX_REPLACEMENTS = {torch.nn.functional.multilabel_margin_loss: _multilabel_margin_loss,
-                   torch._C._nn.multilabel_margin_loss: _multilabel_margin_loss}
+# (wrong losses and gradients; aot_eager's as well; pytorch/pytorch PR #189552). Only the public function
+# (nn.MultiLabelMarginLoss calls it): the private binding torch._C._nn.multilabel_margin_loss takes the
+# reduction as an enum, with a default of its own, and is left to torch.
+FX_REPLACEMENTS = {torch.nn.functional.multilabel_margin_loss: _multilabel_margin_loss}
 
 
 def replace_wrong_decompositions(gm: torch.fx.GraphModule) -> None:

@@ -253,16 +253,16 @@ def inline_pointwise(graph, ctx, *,
     values of one input point in each of their readers (a saved `target == ignore_index` mask)."""
     outputs, mutated = graph.output_names(), graph.mutated_names()
     inputs = set(graph.input_buffers()) - mutated
-    expanded = set(graph.names())  # the nodes a broadcast expansion may leave unread
-    broadcast = False
+    present = set(graph.names())  # the nodes an expansion may leave unread
+    expanded = False  # some node was recomputed from the inputs (_from_inputs) in its readers
     for name in reversed(graph.names()):  # consumers first: a chain of such nodes goes in one sweep
         node = graph.node(name) if name in graph else None  # a consumer rewritten above is a new object
         if not isinstance(node, Pointwise) or node.output.name in mutated or mutated & set(node.read_names()):
             continue
         if node.output.name in outputs:  # stored anyway; its readers may still compute it themselves
-            if input_max_ops:
-                _inline_input_value(graph, ctx, node, inputs, outputs | mutated, input_max_ops, broadcast_ratio,
-                                    output=True)
+            if input_max_ops and _inline_input_value(graph, ctx, node, inputs, outputs | mutated, input_max_ops,
+                                                     broadcast_ratio, output=True):
+                expanded = True
             continue
         if indirect_max_loads and _cheap(node, indirect_max_loads, max_ops) \
                 and not any(getattr(v, "indirect", ()) for v in walk(node.body)):
@@ -279,10 +279,10 @@ def inline_pointwise(graph, ctx, *,
             continue
         if broadcast_ratio and _inline_broadcast(graph, ctx, node, inputs, outputs | mutated, broadcast_ratio,
                                                  broadcast_max_loads, broadcast_max_ops):
-            broadcast = True
+            expanded = True
         elif input_max_ops and _inline_input_value(graph, ctx, node, inputs, outputs | mutated, input_max_ops,
                                                    broadcast_ratio, output=False):
-            broadcast = True
-    if broadcast:
-        _drop_unread(graph, expanded, outputs)
+            expanded = True
+    if expanded:
+        _drop_unread(graph, present, outputs)
     return graph

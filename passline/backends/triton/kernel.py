@@ -185,7 +185,7 @@ class KernelWriter:
         self.online: dict | None = None  # online_pairs(), computed once
         self._expansions: dict = {}  # _expanded()'s memo
         self.int64: bool | None = False  # the index width (None: the INT64 constexpr chooses it per launch)
-        self.flat: dict = {}  # VarKind -> (sizes, flat index name) of the canonical variables in scope
+        self.flat: dict = {}  # VarKind -> (variables, their contiguous strides, flat index name) in scope
 
     def pid(self) -> str:
         """The program id in the kernel's index width: every offset is computed from it (and from sizes,
@@ -216,7 +216,7 @@ class KernelWriter:
 
     def decompose(self, kind: VarKind, sizes, flat: str) -> None:
         """Emit the canonical variables of `kind` over `sizes` from the flat index `flat`."""
-        self.flat[kind] = (tuple(sizes), flat)
+        self.flat[kind] = ([canon_var(kind, k) for k in range(len(sizes))], contiguous_strides(sizes), flat)
         for name, src in _decompose(kind.value, sizes, flat, self.sizes):
             self.emit(f"{name} = {src}")
 
@@ -225,13 +225,11 @@ class KernelWriter:
         one factor) written as the flat index they came from. Triton proves an address contiguous, and
         loads it in vectors, from `xindex`, but not from `(xindex // 12345) * 12345 + xindex % 12345`: a
         bias-add over [5436, 12345] float32 rows loaded one float at a time ran at 87% of copy, 97% as xindex."""
-        for kind, (sizes, flat) in self.flat.items():
-            vs = [canon_var(kind, k) for k in range(len(sizes))]
+        for vs, strides, flat in self.flat.values():
             if len(vs) < 2 or not set(vs) <= expr.free_symbols:
                 continue
             expr = sympy.expand(expr)
             a = expr.coeff(vs[-1])
-            strides = contiguous_strides(sizes)
             if a == 0 or a.free_symbols & set(vs) \
                     or any(sympy.expand(expr.coeff(v) - a * st) != 0 for v, st in zip(vs, strides)):
                 continue
