@@ -238,10 +238,12 @@ def test_fuse_prologue_reduction_epilogue():
 def test_fuse_refusal_reasons():
     from passline.pipeline.metrics import Metrics
 
-    shifted = pw("b", "a", size=(3, 8), index=8 * i0 + i1 + 8)  # reads a one row further on
-    other = pw("c", "x", size=(2, 16))  # same numel as a, other loop sizes, shares x with a
-    g = graph(pw("a", "x"), shifted, other)
-    g.outputs = (TensorArg("b", (3, 8), (8, 1)), TensorArg("c", (2, 16), (16, 1)))
+    shifted = pw("b", "a", size=(3, 6), index=6 * i0 + i1 + 6)  # reads a one row further on
+    # same numel as a, shares x with a, loops that split to no nest of a's: 4 x 6 against 3 x 8 (a 2 x 16
+    # against 4 x 8 would fuse, both split to 2 x 2 x 8: fuse's common_loops)
+    other = pw("c", "x", size=(3, 8))
+    g = graph(pw("a", "x", size=(4, 6)), shifted, other, size=(4, 6))
+    g.outputs = (TensorArg("b", (3, 6), (6, 1)), TensorArg("c", (3, 8), (8, 1)))
     m = Metrics()
     out, _ = passline.PassManager("fuse").run(g, m)
     assert len(out) == 3

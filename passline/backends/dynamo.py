@@ -13,7 +13,7 @@ import warnings
 
 import attrs
 import torch
-from functorch.compile import make_boxed_func, min_cut_rematerialization_partition
+from functorch.compile import make_boxed_func
 from torch._dynamo.backends.common import aot_autograd
 
 from ..config import current_settings, use_settings
@@ -28,6 +28,7 @@ from ..pipeline.text import Pipeline
 from .check import checked
 from .choosing import TimedChooser
 from .layouts import conform_inputs
+from .partition import partition
 from .reference import ReferenceRunner
 from .variants import AUTO, FORCEABLE, KernelVariant
 
@@ -124,8 +125,9 @@ class Backend:
             bw_compiler=self._compiler("backward", fx),
             inference_compiler=self._compiler("inference", fx),
             decompositions=decomposition_table(),
-            # save few activations; recompute cheap pointwise work in the backward (as Inductor does)
-            partition_fn=min_cut_rematerialization_partition,
+            # save few activations; recompute cheap pointwise work in the backward (as Inductor does);
+            # max-pool indices saved as window offsets (backends/partition.py)
+            partition_fn=partition,
             # a mutated graph input (BatchNorm's running statistics) stays in the graph as `copy_`, which
             # lowering turns into the store of the kernel computing the new value (lowering/mutation.py);
             # without it aot_autograd applies each mutation after the graph with an eager copy_ (a launch)

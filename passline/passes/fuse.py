@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from typing import Annotated
 
+import sympy
+
 from ..ir import Extern, FusedNode
 from ..ir.loops import members, shape
 from ..pipeline.registry import register_pass
@@ -71,14 +73,61 @@ def _candidates(graph, vertical: bool, horizontal: bool, window: int, dirty):
     return pairs, order
 
 
+def _quotient(big, small):
+    """big / small where it is an integer for every value of the sizes' symbols (a polynomial with integer
+    coefficients: (s0 * s1 * 4) / (s0 * 2) is 2 * s1), else None."""
+    q = sympy.cancel(sympy.sympify(big) / small)
+    if q.is_Integer:
+        return q
+    if q.is_number or not q.is_polynomial(*q.free_symbols):
+        return None
+    poly = sympy.Poly(q, *sorted(q.free_symbols, key=str))
+    return q if all(c.is_Integer for c in poly.coeffs()) else None
+
+
+def common_loops(a: tuple, b: tuple) -> tuple | None:
+    """The loops two flat nests of the same points both split into: sizes whose running products reach
+    every boundary of either nest ((2, 5, 20) and (10, 5, 4): (2, 5, 5, 4); (s0, 5, 20) and (5*s0, 5, 4):
+    (s0, 5, 5, 4)); None when the boundaries do not nest, for some value of the sizes' symbols."""
+    def cuts(sizes):
+        out, run = [], sympy.Integer(1)
+        for size in sizes:
+            run = sympy.expand(run * size)
+            out.append(run)
+        return out
+    ca, cb = cuts(a), cuts(b)
+    if not ca or not cb or sympy.expand(ca[-1] - cb[-1]) != 0:
+        return None
+    points = list(dict.fromkeys(ca + cb))  # each boundary once (expanded expressions compare exactly)
+    # in a nest, every boundary divides the next: order them by how many others divide them
+    divisors = {c: sum(_quotient(c, d) is not None for d in points) for c in points}
+    loops, prev = [], sympy.Integer(1)
+    for c in sorted(points, key=lambda c: divisors[c]):
+        q = _quotient(c, prev)
+        if q is None:
+            return None
+        loops.append(int(q) if q.is_Integer else q)
+        prev = c
+    return tuple(loops)
+
+
 def _lined_up(graph, na, nb, fixed: set):
-    """(the node split, the verdict on the pair with it) for the first side whose loops split to the
-    other's nest; None when neither does. A refusal then gives the deeper reason (an indexing mismatch)."""
+    """(the nodes split, the verdict on the pair with them) for the first side whose loops split to the
+    other's nest, else for both split to the loops they share (two pointwise groups that merge_loops left
+    as different merges of one walk over memory: one reads a per-row value, the other a per-column one);
+    None when no split applies. A refusal then gives the deeper reason (an indexing mismatch)."""
+    def judged(a, b, n_outer, detail):
+        verdict = can_fuse(graph, a, b)
+        if verdict.ok and not accesses_agree(a, b, n_outer):
+            # exact, but the two would walk what they share at other points: nothing gained
+            verdict = refuse("indexing mismatch", f"split to {detail}: shared buffers meet at other points")
+        return verdict
+
+    first = None
     for x, y in ((na, nb), (nb, na)):
         outer, red = shape(y)
         if shape(x)[1] or outer + red == shape(x)[0]:
             continue
-        first = None
         # the nest itself, or its rows alone (an epilogue). Not a column reduction's nest walked in
         # memory order: a column reduction fused with its producers that way is no longer the column side
         # mix_order_reduction pairs with the row work (channels_last BatchNorm backward)
@@ -86,16 +135,20 @@ def _lined_up(graph, na, nb, fixed: set):
             new = split_group(x, target, fixed)
             if new is None:
                 continue
-            verdict = can_fuse(graph, *((new, y) if x is na else (y, new)))
-            if verdict.ok and not accesses_agree(new, y, len(outer)):
-                # exact, but the two would walk what they share at other points: nothing gained
-                verdict = refuse("indexing mismatch", f"split to {list(target)}: shared buffers meet at other points")
+            verdict = judged(*((new, y) if x is na else (y, new)), len(outer), list(target))
             if verdict.ok:
-                return new, verdict
-            first = first or (new, verdict)
-        if first is not None:
-            return first
-    return None
+                return [new], verdict
+            first = first or ([new], verdict)
+    if first is not None:
+        return first
+    (oa, ra), (ob, rb) = shape(na), shape(nb)
+    target = None if ra or rb else common_loops(tuple(oa), tuple(ob))
+    if target is None or target in (tuple(oa), tuple(ob)):
+        return None
+    new_a, new_b = split_group(na, target, fixed), split_group(nb, target, fixed)
+    if new_a is None or new_b is None:
+        return None
+    return [new_a, new_b], judged(new_a, new_b, len(target), list(target))
 
 
 @register_pass("fuse", provides={"fused"})
@@ -131,10 +184,11 @@ def fuse(graph, ctx, *,
             if not verdict.ok and verdict.reason == "loop structure":
                 lined = _lined_up(graph, na, nb, fixed)
                 if lined is not None and lined[1].ok:
-                    new, verdict = lined
-                    graph.replace_node(new.name, new)
-                    na, nb = (new, nb) if new.name == na.name else (na, new)
-                    ctx.count("split_loops")
+                    split, verdict = lined
+                    for new in split:
+                        graph.replace_node(new.name, new)
+                        na, nb = (new, nb) if new.name == na.name else (na, new)
+                        ctx.count("split_loops")
                 elif lined is not None:
                     verdict = lined[1]
             if not verdict.ok:
