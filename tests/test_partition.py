@@ -35,6 +35,7 @@ POOLS = [  # (dims, kernel, stride, padding, dilation, ceil_mode, input spatial 
     (2, 2, 2, 0, 1, False, (8, 6)),
     (2, (3, 2), (1, 2), (1, 0), (2, 1), True, (11, 7)),  # dilation, uneven windows, ceil_mode
     (2, 12, 4, 5, 1, True, (19, 23)),   # 144-element windows: offsets need int16
+    (2, (16, 8), 8, 0, 1, False, (32, 16)),  # 128 elements: offsets 0..127 still fit int8
     (3, 2, 2, 0, 1, False, (4, 6, 5)),
 ]
 
@@ -58,7 +59,7 @@ def test_max_pool_saves_window_offsets_and_trains_like_eager(dims, kernel, strid
     saved, be = saved_by(fn, x.detach().clone().requires_grad_())
     out_shape = tuple(fn(x.detach()).shape)
     elements = torch.Size(kernel if isinstance(kernel, tuple) else (kernel,) * dims).numel()
-    small = torch.int8 if elements <= 127 else torch.int16
+    small = torch.int8 if elements <= 128 else torch.int16
     assert (small, out_shape) in saved
     assert not any(d == torch.int64 for d, _ in saved), saved
     # one kernel computes the offsets (fuse splits its per-row and per-column parts to common loops), one

@@ -8,7 +8,7 @@ it, on the two graphs it returns:
 element, the flat position of its window's maximum in the input plane, an int64; the backward needs it,
 so the forward saves it: 8 bytes an output element, twice the float32 activation itself. The position is
 a window offset (0 .. kernel elements - 1) away from the window's start, which the output position
-gives: the forward saves the offset as an int8 (int16 for windows of more than 127 elements) and the
+gives: the forward saves the offset as an int8 (int16 for windows of more than 128 elements) and the
 backward computes the position again, exactly, before its first use. In a ResNet-18 training step
 (batch 32, 224², float32) the stem's max-pool indices were 49 MB of the peak (818 MB; Inductor, which
 saves offsets too, 776). The rewrite happens after partitioning because the partitioner saves a value the
@@ -103,7 +103,7 @@ def compact_pool_indices(fw: torch.fx.GraphModule, bw: torch.fx.GraphModule, num
             continue
         kernel, stride, padding, dilation = _window(pool, n)
         elements = math.prod(kernel)
-        small = torch.int8 if elements <= 127 else torch.int16 if elements <= 32767 else None
+        small = torch.int8 if elements <= 128 else torch.int16 if elements <= 32768 else None  # offsets < elements
         mode = detect_fake_mode([val])
         if small is None or mode is None:
             continue

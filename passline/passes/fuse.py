@@ -17,6 +17,7 @@ mismatch (left to reorder_loops); indexing mismatch; a per-row node reading an i
 """
 from __future__ import annotations
 
+import functools
 from typing import Annotated
 
 import sympy
@@ -85,6 +86,7 @@ def _quotient(big, small):
     return q if all(c.is_Integer for c in poly.coeffs()) else None
 
 
+@functools.lru_cache(maxsize=4096)  # asked again for each refused pair of the same nests (ms with symbols)
 def common_loops(a: tuple, b: tuple) -> tuple | None:
     """The loops two flat nests of the same points both split into: sizes whose running products reach
     every boundary of either nest ((2, 5, 20) and (10, 5, 4): (2, 5, 5, 4); (s0, 5, 20) and (5*s0, 5, 4):
@@ -181,8 +183,13 @@ def fuse(graph, ctx, *,
             if len(members(na)) + len(members(nb)) > max_nodes:
                 continue  # the cap: not worth a refusal record per pair, counted once below
             verdict = can_fuse(graph, na, nb, max_nodes)
-            if not verdict.ok and verdict.reason == "loop structure":
+            # other loops: a split may line them up. Sizes that are a permutation of each other look like a
+            # transpose ((2, 3, 6) against (6, 2, 3)) yet may be two merges of one walk: tried too, and
+            # where no split fuses them the transpose verdict stands (reorder_loops' cue)
+            if not verdict.ok and verdict.reason in ("loop structure", "loop order mismatch"):
                 lined = _lined_up(graph, na, nb, fixed)
+                if lined is not None and not lined[1].ok and verdict.reason == "loop order mismatch":
+                    lined = None
                 if lined is not None and lined[1].ok:
                     split, verdict = lined
                     for new in split:
