@@ -23,7 +23,8 @@ from typing import Annotated
 import sympy
 
 from ..ir import Extern, FusedNode
-from ..ir.loops import members, shape
+from ..ir.index import VarKind, contiguous_strides
+from ..ir.loops import canon_var, canonical_map, members, shape
 from ..pipeline.registry import register_pass
 from .legality import accesses_agree, can_fuse, fixed_layouts, fuse_nodes, refuse, saved_bytes, split_group
 
@@ -113,6 +114,31 @@ def common_loops(a: tuple, b: tuple) -> tuple | None:
     return tuple(loops)
 
 
+def _flat(node, other) -> bool:
+    """Whether `node` walks every buffer it shares with `other` in its own loop order, point after point
+    (each access `a * (the flat position in node's loops) + b`): the condition for two nests that merge one
+    walk differently to meet at the same points once split to common loops. A transpose between them (the
+    usual `loop order mismatch`) fails it, cheaply, before any split is built."""
+    outer = shape(node)[0]
+    names = [canon_var(VarKind.CANON_OUTER, k) for k in range(len(outer))]
+    strides = contiguous_strides(outer)
+    shared = (set(node.read_names()) | set(node.output_names())) & (set(other.read_names()) | set(other.output_names()))
+    for m in members(node):
+        mine = [b for b in m.read_names() if b in shared]
+        exprs = [e for b in mine for e in m.load_indices(b)]
+        if m.output.name in shared:
+            exprs.append(m.store_index())
+        if not exprs:
+            continue
+        cmap = canonical_map(m, len(outer))
+        for e in exprs:
+            e = sympy.expand(e.xreplace(cmap))
+            a = e.coeff(names[-1])
+            if a == 0 or any(e.coeff(v) != a * st for v, st in zip(names[:-1], strides[:-1])):
+                return False
+    return True
+
+
 def _lined_up(graph, na, nb, fixed: set):
     """(the nodes split, the verdict on the pair with them) for the first side whose loops split to the
     other's nest, else for both split to the loops they share (two pointwise groups that merge_loops left
@@ -134,6 +160,8 @@ def _lined_up(graph, na, nb, fixed: set):
         # memory order: a column reduction fused with its producers that way is no longer the column side
         # mix_order_reduction pairs with the row work (channels_last BatchNorm backward)
         for target in ((outer + red, outer) if red else (outer,)):
+            if common_loops(tuple(shape(x)[0]), tuple(target)) != tuple(target):
+                continue  # x's loops are no merge of target's: no split (checked cheaply, memoized)
             new = split_group(x, target, fixed)
             if new is None:
                 continue
@@ -141,16 +169,15 @@ def _lined_up(graph, na, nb, fixed: set):
             if verdict.ok:
                 return [new], verdict
             first = first or ([new], verdict)
-    if first is not None:
-        return first
     (oa, ra), (ob, rb) = shape(na), shape(nb)
     target = None if ra or rb else common_loops(tuple(oa), tuple(ob))
-    if target is None or target in (tuple(oa), tuple(ob)):
-        return None
+    if target is None or target in (tuple(oa), tuple(ob)) or not (_flat(na, nb) and _flat(nb, na)):
+        return first
     new_a, new_b = split_group(na, target, fixed), split_group(nb, target, fixed)
     if new_a is None or new_b is None:
-        return None
-    return [new_a, new_b], judged(new_a, new_b, len(target), list(target))
+        return first
+    both = [new_a, new_b], judged(new_a, new_b, len(target), list(target))
+    return both if both[1].ok or first is None else first
 
 
 @register_pass("fuse", provides={"fused"})
