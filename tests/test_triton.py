@@ -346,7 +346,7 @@ def test_configuration_rules_follow_from_sizes_and_device():
     assert (pw.variant, pw.xblock, pw.warps) == (Variant.POINTWISE, 1024, 4)
     assert rule({Variant.POINTWISE: None}, 100, None, False, gpu).xblock == 128  # small: the next power of two
     red = {Variant.PERSISTENT: None, Variant.LOOPED: None}
-    # rows of 384 (block 512, wider than a warp's 128 float32): one warp a program, 2 rows a block make
+    # rows of 384 (block 512, wider than a warp covers in any dtype): one warp a program, 2 rows a block make
     # 1024 elements; 576000 rows keep every SM busy
     c = rule(red, 576000, 384, False, gpu)
     assert (c.variant, c.xblock, c.rblock, c.warps) == (Variant.PERSISTENT, 2, 512, 1)
@@ -396,12 +396,12 @@ def test_persistent_rows_take_32_elements_a_thread_and_few_rows_more_warps():
         c = rule(red, rows, width, False, gpu)
         return c.variant, c.xblock, c.rblock, c.warps
 
-    # many rows: blocks of about 2048 elements on one warp per 1024 (32 elements a thread); rows of 256 to
+    # many rows: blocks of about 2048 elements on one warp per 1024 (32 elements a thread); rows of 512 to
     # 1024 one warp a program, so that no row's reduction crosses warps
     assert pick(576000, 384) == (Variant.PERSISTENT, 2, 512, 1)
     assert pick(134218, 1000) == (Variant.PERSISTENT, 1, 1024, 1)  # cross-entropy's rows, 1000 wide
-    assert pick(1 << 20, 200) == (Variant.PERSISTENT, 4, 256, 1)
-    assert pick(1 << 20, 100) == (Variant.PERSISTENT, 16, 128, 2)  # a row within a warp: 2048 a block
+    assert pick(1 << 20, 200) == (Variant.PERSISTENT, 8, 256, 2)  # within a warp in bfloat16: 2048 a block
+    assert pick(1 << 20, 100) == (Variant.PERSISTENT, 16, 128, 2)
     assert pick(16384, 8192) == (Variant.PERSISTENT, 1, 8192, 8)  # LayerNorm 8192 wide: 8 warps, not 16
     assert pick(1024, 16384) == (Variant.PERSISTENT, 1, 16384, 16)
     assert pick(1 << 20, 64) == (Variant.PERSISTENT, 32, 64, 2)

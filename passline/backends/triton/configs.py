@@ -17,7 +17,7 @@ from ..variants import KernelVariant as Variant
 
 GPU_PERSISTENT_MAX = 16384  # elements of a reduced row kept in registers
 ROW_PER_THREAD = 32  # elements of a persistent block per thread (see rule)
-WARP_ROW = 128  # elements a warp's 32 threads cover with 16-byte float32 vectors (see rule)
+WARP_ROW = 256  # elements a warp's 32 threads cover with 16-byte vectors: 128 float32, 256 bfloat16 (see rule)
 FEW_PER_THREAD = 8  # ... per thread where every program has an SM to itself (see rule)
 LOOP_PER_THREAD = 16  # elements of a looped row's chunk per thread (see rule)
 MAX_WARPS = 32  # 1024 threads: the most one program may have
@@ -223,13 +223,15 @@ def rule(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, devic
       backwards alike, none spilling (docs/backends.md has the figures). On an H200, LayerNorm forward
       (576000, 384) ran at copy speed with 4 rows on 2 warps (32 a thread) and took 280 µs instead of 212
       on 4 (16 a thread); Inductor's persistent reductions keep 32 a thread too (one warp for a row of up
-      to 1024). Rows of 256 to 1024 (after rounding up) take one warp a program (1024 elements, 32 a
+      to 1024). Rows of 512 to 1024 (after rounding up) take one warp a program (1024 elements, 32 a
       thread): on more warps Triton spreads a row over them once it is wider than a warp covers (32
-      threads of 16-byte vectors: 128 float32), and its reduction crosses warps through shared memory and
-      a barrier. On an H200 at 384 wide, float32 cross-entropy forward (174763 rows) took 72 µs with 2 rows
-      on 1 warp against 95 with 4 rows on 2, bfloat16 log-softmax forward (349525) 150 against 168; at
+      threads of 16-byte vectors: 128 float32, 256 bfloat16; past 256 in either dtype), and its reduction
+      crosses warps through shared memory and a barrier. On an H200 at 384 wide, float32 cross-entropy
+      forward (174763 rows) took 72 µs with 2 rows on 1 warp against 95 with 4 rows on 2, bfloat16
+      log-softmax forward (349525) 150 against 168; at
       100 and 64 wide (a row within one warp either way) fewer rows a program were slower (bfloat16
-      softmax forward 1342177 × 100: 238 µs against 185), so narrower rows keep the 2048-element blocks.
+      softmax forward 1342177 × 100: 238 µs against 185), so narrower rows keep the 2048-element blocks
+      (rows of 129–256, spread over warps in float32 only, were not measured: they keep them too).
       Where even one row per program leaves fewer programs than SMs (each program has an SM to
       itself, whose other warp slots would stay empty), the row is spread over more warps: 8 elements a
       thread, up to 32 warps;
