@@ -184,3 +184,13 @@ def test_multilabel_margin_loss_ignores_targets_after_the_first_minus_one(reduct
     assert_matches_eager(fn, [x, t])
     assert_matches_eager(fn, [torch.randn(5, requires_grad=True), torch.tensor([4, 0, -1, 1, 1])])
     assert_matches_eager(torch.nn.MultiLabelMarginLoss(reduction=reduction), [x, t])
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_weight_norm_trains_in_half_precision(dtype):
+    """weight_norm's norms stay float32 for float16 as for bfloat16 (eager's accumulation type): torch's
+    decomposition kept float16 norms, and the backward's aten kernel refused them at the first step."""
+    torch.manual_seed(0)
+    m = torch.nn.utils.parametrizations.weight_norm(torch.nn.Conv1d(3, 5, 3, padding=2)).to(dtype)
+    x = torch.randn(2, 3, 16, dtype=dtype, requires_grad=True)
+    assert_matches_eager(m, [x])

@@ -108,3 +108,38 @@ def test_pointwise_groups_merged_differently_fuse_after_a_split():
     rows, cols = torch.randn(5, 1), torch.randn(6)
     be = assert_matches_eager(lambda x, r, c: fn(x, r, c).exp() + fn(x, r, c).cos(), [x, rows, cols])
     assert len(be.reports[0].kernel_info) == 1
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+def test_max_pool_offsets_under_dynamic_image_sizes(layout):
+    """Symbolic spatial sizes: the conversions read them from size nodes (the pool's input and output in
+    the forward, the pool backward's input and the offsets in the backward). One compile serves every
+    size after the first two (duck sizing makes a square first image one symbol)."""
+    def fn(x):
+        return F.max_pool2d(torch.relu(x) * 1.5, 3, 2, 1, ceil_mode=True) + 1
+
+    device = passline.settings.test_device or "cpu"
+    torch._dynamo.reset()
+    be = passline.backend(fallback="raise")
+    compiled = torch.compile(fn, backend=be, dynamic=True)
+    for shape in [(2, 3, 9, 9), (2, 3, 11, 13), (3, 3, 16, 10), (2, 3, 7, 20)]:  # (a size 1 specializes)
+        x = torch.randn(*shape, device=device)
+        if layout == "channels_last":
+            x = x.contiguous(memory_format=torch.channels_last)
+        ours, ref = x.clone().requires_grad_(), x.clone().requires_grad_()
+        saved = []
+
+        def pack(t, saved=saved):
+            saved.append(t.dtype)
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            y = compiled(ours)
+        g = torch.randn_like(y)
+        y.backward(g)
+        fn(ref).backward(g)
+        torch.testing.assert_close(y, fn(x))
+        torch.testing.assert_close(ours.grad, ref.grad)
+        assert torch.int8 in saved and torch.int64 not in saved, saved
+    assert len(be.reports) == 4  # (9, 9), then one dynamic graph pair for every other size
+    assert any(not str(s).isdigit() for n in be.reports[-1].graph.leaf_nodes() for s in getattr(n, "ranges", ()))

@@ -727,3 +727,25 @@ def test_column_sums_with_per_row_statistics_are_column_reductions():
     be = assert_matches_eager(lambda x, m, r: ((x - m) * r).sum(1), [x, mean, rstd], codegen="reference")
     (node,) = be.reports[0].graph.nodes()
     assert kgen.rows_contiguous(node)
+
+
+def test_the_kernel_cache_never_serves_another_dtypes_kernel():
+    """The same program in float32, then float64: a scatter's two kernels differ only in the dtype they
+    add in, which the IR's repr omits. The float64 graph ran the float32 kernel from the cache (embedding
+    and unfold gradients at float32 precision) until the cache key named the sources."""
+    import torch.nn.functional as F
+
+    def fn(idx, w):
+        return F.embedding(idx, w) * 3
+
+    device = passline.settings.test_device or "cpu"
+    idx = torch.randint(0, 5, (40,), device=device)
+    for dtype in (torch.float32, torch.float64):
+        torch._dynamo.reset()
+        w0 = torch.randn(5, 3, dtype=dtype, device=device) * 1e3 + 1 / 3
+        cot = torch.randn(40, 3, dtype=dtype, device=device) / 3
+        ours, ref = w0.clone().requires_grad_(), w0.clone().requires_grad_()
+        torch.compile(fn, backend=passline.backend(fallback="raise"))(idx, ours).backward(cot)
+        fn(idx, ref).backward(cot)
+        tol = dict(rtol=1e-12, atol=1e-12) if dtype == torch.float64 else {}
+        torch.testing.assert_close(ours.grad, ref.grad, **tol)

@@ -13,7 +13,8 @@ backward computes the position again, exactly, before its first use. In a ResNet
 (batch 32, 224², float32) the stem's max-pool indices were 49 MB of the peak (818 MB; Inductor, which
 saves offsets too, 776). The rewrite happens after partitioning because the partitioner saves a value the
 backward reads with an op it cannot recompute (the max-pool backward, an extern call) as it is: the
-offsets must be what is saved, not an alternative it may weigh.
+offsets must be what is saved, not an alternative it may weigh. Symbolic spatial sizes (dynamic shapes)
+are read from `sym_size` nodes.
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from torch.fx.node import map_arg
 aten = torch.ops.aten
 
 POOLS = {aten.max_pool2d_with_indices.default: 2, aten.max_pool3d_with_indices.default: 3}
+BACKWARDS = {aten.max_pool2d_with_indices_backward.default, aten.max_pool3d_with_indices_backward.default}
 
 
 def partition(joint_module, joint_inputs, *, num_fwd_outputs, **kwargs):
@@ -54,6 +56,12 @@ class _Emit:
             node.meta["val"] = op(*vals[0], **vals[1])
         return node
 
+    def arith(self, op, a, b):
+        """Size arithmetic: a number where both sides are, else a node (symbolic sizes)."""
+        if not isinstance(a, torch.fx.Node) and not isinstance(b, torch.fx.Node):
+            return op(a, b)
+        return self(op, a, b)
+
 
 def _window(pool: torch.fx.Node, n: int):
     """(kernel, stride, padding, dilation) of a max-pool call, each with n entries, as eager reads them."""
@@ -71,18 +79,27 @@ def _window(pool: torch.fx.Node, n: int):
 
 def _starts(emit, n, outs, stride, padding, device):
     """Per spatial dimension d, the first input position of each output's window (may be negative: in the
-    padding), shaped to broadcast against the trailing n dimensions of an output."""
+    padding), shaped to broadcast against the trailing n dimensions of an output. `outs`: the output's
+    spatial sizes, numbers or size nodes."""
     starts = []
     for d in range(n):
-        start = emit(aten.arange.start_step, -padding[d], outs[d] * stride[d] - padding[d], stride[d],
-                     dtype=torch.int64, device=device)
+        end = emit.arith(operator.sub, emit.arith(operator.mul, outs[d], stride[d]), padding[d])
+        start = emit(aten.arange.start_step, -padding[d], end, stride[d], dtype=torch.int64, device=device)
         starts.append(emit(aten.view.default, start, [outs[d]] + [1] * (n - 1 - d)))
     return starts
 
 
+def _sizes(emit, node: torch.fx.Node, n: int) -> list:
+    """The trailing n sizes of tensor `node`: numbers where its fake value's are, else `sym_size` nodes."""
+    val = node.meta["val"]
+    dims = range(val.dim() - n, val.dim())
+    return [val.shape[d] if isinstance(val.shape[d], int) else emit(aten.sym_size.int, node, d) for d in dims]
+
+
 def compact_pool_indices(fw: torch.fx.GraphModule, bw: torch.fx.GraphModule, num_fwd_outputs: int) -> bool:
     """Rewrite each saved max-pool indices tensor as window offsets (see the module's docstring); True if
-    any was. Only where the spatial sizes are numbers (a symbolic batch or channel count is fine)."""
+    any was. Symbolic spatial sizes are read from size nodes (`sym_size`) of the pool's input and output in
+    the forward, of the max-pool backward's input and the saved offsets in the backward."""
     out_node = next(n for n in fw.graph.nodes if n.op == "output")
     outputs = list(out_node.args[0])
     holders = {n.name: n for n in bw.graph.nodes if n.op == "placeholder"}
@@ -98,8 +115,12 @@ def compact_pool_indices(fw: torch.fx.GraphModule, bw: torch.fx.GraphModule, num
         x, val = pool.args[0].meta.get("val"), idx.meta.get("val")
         if holder is None or x is None or val is None or not holder.users:
             continue
-        ins, outs = list(x.shape[-n:]), list(val.shape[-n:])
-        if not all(isinstance(s, int) for s in ins + outs):
+        # symbolic spatial sizes: the backward reads them from the max-pool backward's input (the pool's
+        # input, which it takes for its shape); a backward without one keeps the indices
+        first = min(holder.users, key=lambda u: list(bw.graph.nodes).index(u))
+        static = all(isinstance(s, int) for s in (*x.shape[-n:], *val.shape[-n:]))
+        source = first.args[1] if getattr(first, "target", None) in BACKWARDS else None
+        if not static and not isinstance(source, torch.fx.Node):
             continue
         kernel, stride, padding, dilation = _window(pool, n)
         elements = math.prod(kernel)
@@ -111,6 +132,7 @@ def compact_pool_indices(fw: torch.fx.GraphModule, bw: torch.fx.GraphModule, num
         # forward: offset = sum over d of k_d * (kernel elements after d), k_d = (c_d - start_d) / dilation_d
         emit = _Emit(fw.graph, mode)
         with fw.graph.inserting_before(idx.next):  # (inserting_after would put each new node before the last)
+            ins, outs = _sizes(emit, pool.args[0], n), _sizes(emit, idx, n)
             flat, coords = idx, [None] * n
             for d in reversed(range(n)):
                 coords[d] = emit(aten.remainder.Scalar, flat, ins[d]) if d else flat
@@ -126,10 +148,11 @@ def compact_pool_indices(fw: torch.fx.GraphModule, bw: torch.fx.GraphModule, num
 
         # backward: the position again, c_d = start_d + k_d * dilation_d, flattened over the input plane
         emit = _Emit(bw.graph, mode)
-        first = min(holder.users, key=lambda u: list(bw.graph.nodes).index(u))
         uses = list(holder.users)
         holder.meta["val"] = saved.meta["val"]
         with bw.graph.inserting_before(first):
+            ins = [s for s in x.shape[-n:]] if static else _sizes(emit, source, n)
+            outs = _sizes(emit, holder, n)
             rest, ks = emit(aten._to_copy.default, holder, dtype=torch.int64), [None] * n
             for d in reversed(range(n)):
                 ks[d] = emit(aten.remainder.Scalar, rest, kernel[d]) if d else rest
@@ -139,7 +162,8 @@ def compact_pool_indices(fw: torch.fx.GraphModule, bw: torch.fx.GraphModule, num
             position = None
             for d in range(n):
                 c = emit(aten.add.Tensor, starts[d], emit(aten.mul.Tensor, ks[d], dilation[d]))
-                position = c if position is None else emit(aten.add.Tensor, emit(aten.mul.Tensor, position, ins[d]), c)
+                position = c if position is None else \
+                    emit(aten.add.Tensor, emit(aten.mul.Tensor, position, ins[d]), c)
         for u in uses:
             u.replace_input_with(holder, position)
         changed = True

@@ -60,8 +60,19 @@ def _roll(x, shifts, dims=()):
     return y.contiguous(memory_format=suggest_memory_format(x))
 
 
+def _weight_norm_interface(v, g, dim=0):
+    """weight_norm's forward with the norms in float32 for float16 as well as bfloat16, as eager's kernels
+    keep them (their accumulation type): torch's decomposition keeps float16 norms, which the backward (an
+    extern aten call, `_weight_norm_interface_backward`) refuses ("expected scalar type Float but found
+    Half" at the first float16 training step)."""
+    keep = tuple(i for i in range(v.dim()) if i != dim)
+    norm = v.norm(2, keep, keepdim=True, dtype=torch.float if g.dtype in (torch.float16, torch.bfloat16) else None)
+    return v * (g / norm.to(g.dtype)), norm
+
+
 # ours in place of torch's (each says why)
-OVERRIDES = {"channel_shuffle": _channel_shuffle, "native_channel_shuffle": _channel_shuffle, "roll": _roll}
+OVERRIDES = {"channel_shuffle": _channel_shuffle, "native_channel_shuffle": _channel_shuffle, "roll": _roll,
+             "_weight_norm_interface": _weight_norm_interface}
 
 
 def _multilabel_margin_loss(input, target, size_average=None, reduce=None, reduction="mean"):

@@ -764,7 +764,11 @@ class TritonRunner:
         r, w = node_bytes(self.graph, node) if not kind.startswith("mix_finish") else (0, 0)
         info.bytes = r + w
         self.kernels.append(info)
-        k = cls(info, self.cache, self.interpret, self.autotune, self._key(node, stored), self.variant, self.device,
+        # the key names the sources themselves: the IR's repr omits dtypes a kernel's code depends on (a
+        # scatter's float32 and float64 forms printed alike, and the float64 graph ran the cached float32
+        # kernel: gradients at float32 precision)
+        key = digest(self._key(node, stored), {str(v): src.source for v, src in variants.items()})
+        k = cls(info, self.cache, self.interpret, self.autotune, key, self.variant, self.device,
                 kgen.rows_contiguous(node) if kind == "reduction" else True, **extra)
         # writes a graph input, or writes in place (a scatter's atomic adds): launched once a call, never timed
         inputs = set(self.graph.input_buffers())
