@@ -143,3 +143,24 @@ def test_max_pool_offsets_under_dynamic_image_sizes(layout):
         assert torch.int8 in saved and torch.int64 not in saved, saved
     assert len(be.reports) == 4  # (9, 9), then one dynamic graph pair for every other size
     assert any(not str(s).isdigit() for n in be.reports[-1].graph.leaf_nodes() for s in getattr(n, "ranges", ()))
+
+
+@pytest.mark.parametrize("shape,window", [((3, 4, 2, 2), (3, 2, 1)), ((3, 2, 16, 12), (12, 1, 0))])
+def test_max_pool_offsets_where_tracing_pins_a_dynamic_size(shape, window):
+    """An output size of 1 makes the pool's shape check narrow a symbolic input size to one value: the
+    fake sizes are then SymInts with constant expressions, taken as the numbers they are (a `sym_size`
+    node of them lowered to nothing and the graph failed to compile)."""
+    def fn(x):
+        return F.max_pool2d(x, *window)
+
+    device = passline.settings.test_device or "cpu"
+    torch._dynamo.reset()
+    be = passline.backend(fallback="raise")
+    x = torch.randn(*shape, device=device)
+    ours, ref = x.clone().requires_grad_(), x.clone().requires_grad_()
+    y = torch.compile(fn, backend=be, dynamic=True)(ours)
+    y.sum().backward()
+    fn(ref).sum().backward()
+    torch.testing.assert_close(y, fn(x))
+    torch.testing.assert_close(ours.grad, ref.grad)
+    assert len(be.reports) == 2

@@ -89,11 +89,21 @@ def _starts(emit, n, outs, stride, padding, device):
     return starts
 
 
+def _number(size) -> int | None:
+    """`size` as an int where it is one: a plain int, or a SymInt whose expression is a constant (a guard
+    can narrow a symbol to one value while tracing: an output size of 1 pins a small input's)."""
+    if isinstance(size, int):
+        return size
+    expr = getattr(getattr(size, "node", None), "expr", None)
+    return int(expr) if expr is not None and expr.is_number else None
+
+
 def _sizes(emit, node: torch.fx.Node, n: int) -> list:
     """The trailing n sizes of tensor `node`: numbers where its fake value's are, else `sym_size` nodes."""
     val = node.meta["val"]
     dims = range(val.dim() - n, val.dim())
-    return [val.shape[d] if isinstance(val.shape[d], int) else emit(aten.sym_size.int, node, d) for d in dims]
+    return [_number(val.shape[d]) if _number(val.shape[d]) is not None else emit(aten.sym_size.int, node, d)
+            for d in dims]
 
 
 def compact_pool_indices(fw: torch.fx.GraphModule, bw: torch.fx.GraphModule, num_fwd_outputs: int) -> bool:
@@ -118,7 +128,7 @@ def compact_pool_indices(fw: torch.fx.GraphModule, bw: torch.fx.GraphModule, num
         # symbolic spatial sizes: the backward reads them from the max-pool backward's input (the pool's
         # input, which it takes for its shape); a backward without one keeps the indices
         first = min(holder.users, key=lambda u: list(bw.graph.nodes).index(u))
-        static = all(isinstance(s, int) for s in (*x.shape[-n:], *val.shape[-n:]))
+        static = all(_number(s) is not None for s in (*x.shape[-n:], *val.shape[-n:]))
         source = first.args[1] if getattr(first, "target", None) in BACKWARDS else None
         if not static and not isinstance(source, torch.fx.Node):
             continue
@@ -151,7 +161,7 @@ def compact_pool_indices(fw: torch.fx.GraphModule, bw: torch.fx.GraphModule, num
         uses = list(holder.users)
         holder.meta["val"] = saved.meta["val"]
         with bw.graph.inserting_before(first):
-            ins = [s for s in x.shape[-n:]] if static else _sizes(emit, source, n)
+            ins = [_number(s) for s in x.shape[-n:]] if static else _sizes(emit, source, n)
             outs = _sizes(emit, holder, n)
             rest, ks = emit(aten._to_copy.default, holder, dtype=torch.int64), [None] * n
             for d in reversed(range(n)):

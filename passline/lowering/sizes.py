@@ -31,12 +31,18 @@ SIZE_OPS = {operator.add, operator.sub, operator.mul, operator.floordiv, operato
             torch.sym_ite, torch.sym_sum}
 
 
+# size queries of a tensor: their value is a plain number where the size is (or was narrowed to) one
+SIZE_QUERIES = {torch.ops.aten.sym_size.int, torch.ops.aten.sym_stride.int, torch.ops.aten.sym_numel.default,
+                torch.ops.aten.sym_storage_offset.default}
+
+
 def is_size_node(n: torch.fx.Node) -> bool:
-    """Whether FX node `n` computes a size value (a Sym* value, or size arithmetic on plain numbers)."""
+    """Whether FX node `n` computes a size value (a Sym* value, or size arithmetic or a size query giving
+    a plain number)."""
     val = n.meta.get("val")
     if isinstance(val, SYMBOLIC):
         return True
-    return n.target in SIZE_OPS and isinstance(val, (int, float, bool))
+    return (n.target in SIZE_OPS or n.target in SIZE_QUERIES) and isinstance(val, (int, float, bool))
 
 
 def size_value(n: torch.fx.Node):
