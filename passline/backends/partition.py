@@ -101,9 +101,29 @@ def _number(size) -> int | None:
 def _sizes(emit, node: torch.fx.Node, n: int) -> list:
     """The trailing n sizes of tensor `node`: numbers where its fake value's are, else `sym_size` nodes."""
     val = node.meta["val"]
-    dims = range(val.dim() - n, val.dim())
-    return [_number(val.shape[d]) if _number(val.shape[d]) is not None else emit(aten.sym_size.int, node, d)
-            for d in dims]
+    numbers = {d: _number(val.shape[d]) for d in range(val.dim() - n, val.dim())}
+    return [v if v is not None else emit(aten.sym_size.int, node, d) for d, v in numbers.items()]
+
+
+def _digits(emit, value, radices) -> list:
+    """The mixed-radix digits of `value` (a tensor node), most significant first: a flat position in the
+    input plane into its coordinates, an offset in the window into its per-dimension steps."""
+    digits = [None] * len(radices)
+    for d in reversed(range(len(radices))):
+        if d:
+            digits[d] = emit(aten.remainder.Scalar, value, radices[d])
+            value = emit(aten.floor_divide.Scalar, value, radices[d])
+        else:
+            digits[d] = value
+    return digits
+
+
+def _compose(emit, digits, radices):
+    """The inverse of `_digits`: sum over d of digit d times the radices after d."""
+    out = digits[0]
+    for d in range(1, len(digits)):
+        out = emit(aten.add.Tensor, emit(aten.mul.Tensor, out, radices[d]), digits[d])
+    return out
 
 
 def compact_pool_indices(fw: torch.fx.GraphModule, bw: torch.fx.GraphModule, num_fwd_outputs: int) -> bool:
@@ -113,6 +133,7 @@ def compact_pool_indices(fw: torch.fx.GraphModule, bw: torch.fx.GraphModule, num
     out_node = next(n for n in fw.graph.nodes if n.op == "output")
     outputs = list(out_node.args[0])
     holders = {n.name: n for n in bw.graph.nodes if n.op == "placeholder"}
+    order = {n: i for i, n in enumerate(bw.graph.nodes)}  # the readers of every holder are among these
     changed = False
     for i in range(num_fwd_outputs, len(outputs)):
         idx = outputs[i]
@@ -127,7 +148,7 @@ def compact_pool_indices(fw: torch.fx.GraphModule, bw: torch.fx.GraphModule, num
             continue
         # symbolic spatial sizes: the backward reads them from the max-pool backward's input (the pool's
         # input, which it takes for its shape); a backward without one keeps the indices
-        first = min(holder.users, key=lambda u: list(bw.graph.nodes).index(u))
+        first = min(holder.users, key=order.__getitem__)
         static = all(_number(s) is not None for s in (*x.shape[-n:], *val.shape[-n:]))
         source = first.args[1] if getattr(first, "target", None) in BACKWARDS else None
         if not static and not isinstance(source, torch.fx.Node):
@@ -143,17 +164,11 @@ def compact_pool_indices(fw: torch.fx.GraphModule, bw: torch.fx.GraphModule, num
         emit = _Emit(fw.graph, mode)
         with fw.graph.inserting_before(idx.next):  # (inserting_after would put each new node before the last)
             ins, outs = _sizes(emit, pool.args[0], n), _sizes(emit, idx, n)
-            flat, coords = idx, [None] * n
-            for d in reversed(range(n)):
-                coords[d] = emit(aten.remainder.Scalar, flat, ins[d]) if d else flat
-                if d:
-                    flat = emit(aten.floor_divide.Scalar, flat, ins[d])
+            coords = _digits(emit, idx, ins)
             starts = _starts(emit, n, outs, stride, padding, val.device)
-            offset = None
-            for d in range(n):
-                k = emit(aten.floor_divide.Scalar, emit(aten.sub.Tensor, coords[d], starts[d]), dilation[d])
-                offset = k if offset is None else emit(aten.add.Tensor, emit(aten.mul.Tensor, offset, kernel[d]), k)
-            saved = emit(aten._to_copy.default, offset, dtype=small)
+            steps = [emit(aten.floor_divide.Scalar, emit(aten.sub.Tensor, c, s), dl)
+                     for c, s, dl in zip(coords, starts, dilation)]
+            saved = emit(aten._to_copy.default, _compose(emit, steps, kernel), dtype=small)
         outputs[i] = saved
 
         # backward: the position again, c_d = start_d + k_d * dilation_d, flattened over the input plane
@@ -163,17 +178,11 @@ def compact_pool_indices(fw: torch.fx.GraphModule, bw: torch.fx.GraphModule, num
         with bw.graph.inserting_before(first):
             ins = [_number(s) for s in x.shape[-n:]] if static else _sizes(emit, source, n)
             outs = _sizes(emit, holder, n)
-            rest, ks = emit(aten._to_copy.default, holder, dtype=torch.int64), [None] * n
-            for d in reversed(range(n)):
-                ks[d] = emit(aten.remainder.Scalar, rest, kernel[d]) if d else rest
-                if d:
-                    rest = emit(aten.floor_divide.Scalar, rest, kernel[d])
+            steps = _digits(emit, emit(aten._to_copy.default, holder, dtype=torch.int64), kernel)
             starts = _starts(emit, n, outs, stride, padding, val.device)
-            position = None
-            for d in range(n):
-                c = emit(aten.add.Tensor, starts[d], emit(aten.mul.Tensor, ks[d], dilation[d]))
-                position = c if position is None else \
-                    emit(aten.add.Tensor, emit(aten.mul.Tensor, position, ins[d]), c)
+            coords = [emit(aten.add.Tensor, s, emit(aten.mul.Tensor, k, dl))
+                      for s, k, dl in zip(starts, steps, dilation)]
+            position = _compose(emit, coords, ins)
         for u in uses:
             u.replace_input_with(holder, position)
         changed = True

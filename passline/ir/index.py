@@ -186,6 +186,20 @@ def contiguous_strides(size: Sequence[Expr]) -> tuple[Expr, ...]:
     return tuple(reversed(strides))
 
 
+def flat_walk(expr: Expr, variables: Sequence, strides: Sequence) -> tuple[Expr, Expr] | None:
+    """(a, rest) where `expr` == a * sum(v * stride) + rest over `variables` at `strides`, with neither a nor
+    rest depending on the variables — an access walking those loops in their own order, point after
+    point — else None."""
+    expr = sympy.expand(expr)
+    a = expr.coeff(variables[-1])
+    vs = set(variables)
+    if a == 0 or a.free_symbols & vs or any(sympy.expand(expr.coeff(v) - a * st) != 0
+                                             for v, st in zip(variables, strides)):
+        return None
+    rest = sympy.expand(expr - sum(a * st * v for v, st in zip(variables, strides)))
+    return None if rest.free_symbols & vs else (a, rest)
+
+
 def product(xs) -> Expr:
     out: Expr = sympy.S.One
     for x in xs:

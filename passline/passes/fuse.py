@@ -23,7 +23,7 @@ from typing import Annotated
 import sympy
 
 from ..ir import Extern, FusedNode
-from ..ir.index import VarKind, contiguous_strides
+from ..ir.index import VarKind, contiguous_strides, flat_walk
 from ..ir.loops import canon_var, canonical_map, members, shape
 from ..pipeline.registry import register_pass
 from .legality import accesses_agree, can_fuse, fixed_layouts, fuse_nodes, refuse, saved_bytes, split_group
@@ -124,18 +124,12 @@ def _flat(node, other) -> bool:
     strides = contiguous_strides(outer)
     shared = (set(node.read_names()) | set(node.output_names())) & (set(other.read_names()) | set(other.output_names()))
     for m in members(node):
-        mine = [b for b in m.read_names() if b in shared]
-        exprs = [e for b in mine for e in m.load_indices(b)]
+        exprs = [e for b in m.read_names() if b in shared for e in m.load_indices(b)]
         if m.output.name in shared:
             exprs.append(m.store_index())
-        if not exprs:
-            continue
-        cmap = canonical_map(m, len(outer))
-        for e in exprs:
-            e = sympy.expand(e.xreplace(cmap))
-            a = e.coeff(names[-1])
-            if a == 0 or any(e.coeff(v) != a * st for v, st in zip(names[:-1], strides[:-1])):
-                return False
+        cmap = canonical_map(m, len(outer)) if exprs else None
+        if any(flat_walk(e.xreplace(cmap), names, strides) is None for e in exprs):
+            return False
     return True
 
 
@@ -160,7 +154,7 @@ def _lined_up(graph, na, nb, fixed: set):
         # memory order: a column reduction fused with its producers that way is no longer the column side
         # mix_order_reduction pairs with the row work (channels_last BatchNorm backward)
         for target in ((outer + red, outer) if red else (outer,)):
-            if common_loops(tuple(shape(x)[0]), tuple(target)) != tuple(target):
+            if common_loops(tuple(shape(x)[0]), tuple(target)) != tuple(s for s in target if s != 1):
                 continue  # x's loops are no merge of target's: no split (checked cheaply, memoized)
             new = split_group(x, target, fixed)
             if new is None:

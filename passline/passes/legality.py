@@ -246,7 +246,7 @@ def split_group(node, target: tuple, fixed: set):
     return FusedNode(node.name, tuple(split), target, (), node.origins)
 
 
-def accesses(node, n_outer: int) -> dict:
+def _accesses(node, n_outer: int) -> dict:
     """{buffer: indices at which `node`'s members read or write it}, in the canonical loop variables of
     a nest with `n_outer` outer loops."""
     out: dict = {}
@@ -263,6 +263,6 @@ def accesses_agree(a, b, n_outer: int) -> bool:
     nest (a profitability filter: can_fuse decides legality). Splitting a flat node to a nest that walks a
     shared buffer in another order (a column sum's) is exact but fuses nothing worth having: no value
     passes in registers, no load is shared."""
-    pa, pb = accesses(a, n_outer), accesses(b, n_outer)
+    pa, pb = _accesses(a, n_outer), _accesses(b, n_outer)
     shared = pa.keys() & pb.keys()
     return bool(shared) and all(pa[k] & pb[k] for k in shared)

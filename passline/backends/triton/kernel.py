@@ -28,7 +28,7 @@ from ...ir import (
     members,
 )
 from ...ir.body import rebuild, walk
-from ...ir.index import StrEnum, VarKind, contiguous_strides, loop_vars, product, var_kind
+from ...ir.index import StrEnum, VarKind, contiguous_strides, flat_walk, loop_vars, product, var_kind
 from ...ir.loops import Role, canon_var, canonical_map, is_canonical, role, transposed
 from ..variants import MIX_FORMS, KernelVariant
 from . import compat, printer
@@ -229,13 +229,9 @@ class KernelWriter:
             if len(vs) < 2 or not set(vs) <= expr.free_symbols:
                 continue
             expr = sympy.expand(expr)
-            a = expr.coeff(vs[-1])
-            if a == 0 or a.free_symbols & set(vs) \
-                    or any(sympy.expand(expr.coeff(v) - a * st) != 0 for v, st in zip(vs, strides)):
-                continue
-            rest = sympy.expand(expr - sum(a * st * v for v, st in zip(vs, strides)))
-            if not rest.free_symbols & set(vs):
-                expr = rest + a * sympy.Symbol(flat, integer=True, nonnegative=True)
+            walk = flat_walk(expr, vs, strides)
+            if walk is not None:
+                expr = walk[1] + walk[0] * sympy.Symbol(flat, integer=True, nonnegative=True)
         return expr
 
     def canon(self, member) -> dict:
