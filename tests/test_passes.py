@@ -211,8 +211,12 @@ def test_inline_pointwise_broadcasts_only_values_of_the_inputs_into_bigger_loops
     out, (rec,) = run("inline_pointwise(max_ops=0, broadcast_ratio=8)", graph(g, big, outputs=["big"]))
     assert out.names() == ["big"] and rec.stats["inlined_broadcast"] == 1
     # ... unless the loop is not big enough
-    out, (rec,) = run("inline_pointwise(max_ops=0, broadcast_ratio=16)", graph(g, big, outputs=["big"]))
+    out, (rec,) = run("inline_pointwise(max_ops=0, broadcast_ratio=16, chain_max_ops=0)",
+                      graph(g, big, outputs=["big"]))
     assert "g" in out.names() and not rec.stats.get("inlined_broadcast")
+    # (with chains on, one load of x and one operation: recomputed as a chain, whatever the ratio)
+    out, (rec,) = run("inline_pointwise(max_ops=0, broadcast_ratio=16)", graph(g, big, outputs=["big"]))
+    assert out.names() == ["big"] and rec.stats["inlined_chain"] == 1
 
 
 # -- fuse -----------------------------------------------------------------------------------------------

@@ -12,9 +12,10 @@ gives: the forward saves the offset as an int8 (int16 for windows of more than 1
 backward computes the position again, exactly, before its first use. In a ResNet-18 training step
 (batch 32, 224², float32) the stem's max-pool indices were 49 MB of the peak (818 MB; Inductor, which
 saves offsets too, 776). The rewrite happens after partitioning because the partitioner saves a value the
-backward reads with an op it cannot recompute (the max-pool backward, an extern call) as it is: the
-offsets must be what is saved, not an alternative it may weigh. Symbolic spatial sizes (dynamic shapes)
-are read from `sym_size` nodes.
+backward reads with an op it cannot recompute (the max-pool backward) as it is: the offsets must be what
+is saved, not an alternative it may weigh. Where lowering/pooling.py lowers the pool, the conversions join
+its kernels (the backward's positions are recomputed inside its gather by inline_pointwise). Symbolic
+spatial sizes (dynamic shapes) are read from `sym_size` nodes.
 """
 from __future__ import annotations
 

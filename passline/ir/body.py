@@ -113,7 +113,7 @@ class Op:
             raise ValueError(f"unknown {len(self.args)}-ary op {self.name!r}")
 
     def __repr__(self):
-        return f"{self.name}({', '.join(map(repr, self.args))})"
+        return show(self)
 
 
 @attrs.frozen(cache_hash=True)
@@ -122,7 +122,7 @@ class Cast:
     dtype: torch.dtype
 
     def __repr__(self):
-        return f"to_{str(self.dtype).replace('torch.', '')}({self.value!r})"
+        return show(self)
 
 
 Value = Load | Constant | IndexValue | Op | Cast
@@ -160,6 +160,32 @@ def walk(root: Value) -> Iterator[Value]:
 
 def loads(root: Value) -> list[Load]:
     return [v for v in walk(root) if isinstance(v, Load)]
+
+
+def show(root: Value) -> str:
+    """The printed form of a body, as dumps, reports and kernel-cache keys show it. An operation used
+    more than once is printed once, as `%k = ...; ` ahead of the expression (a tree of the same DAG doubles
+    with each level of sharing: a max-pool's chain over 25 taps, each reading the best so far twice, would
+    print 2**25 times); a body without shared operations prints as a plain nested expression."""
+    uses: dict[int, int] = {}
+    for v in walk(root):
+        for c in children(v):
+            uses[id(c)] = uses.get(id(c), 0) + 1
+    text: dict[int, str] = {}
+    lets: list[str] = []
+    for v in walk(root):
+        if isinstance(v, Op):
+            s = f"{v.name}({', '.join(text[id(a)] for a in v.args)})"
+        elif isinstance(v, Cast):
+            s = f"to_{str(v.dtype).replace('torch.', '')}({text[id(v.value)]})"
+        else:
+            s = repr(v)
+        if uses.get(id(v), 0) > 1 and isinstance(v, (Op, Cast)) and v is not root:
+            name = f"%{len(lets)}"
+            lets.append(f"{name} = {s}; ")
+            s = name
+        text[id(v)] = s
+    return "".join(lets) + text[id(root)]
 
 
 def rebuild(root: Value, leaf) -> Value:

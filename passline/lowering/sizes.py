@@ -146,7 +146,9 @@ def lower_bounds(node: torch.fx.Node) -> dict:
     """The lower bound of each size symbol dynamo's ShapeEnv knows (from the node's traced value): a
     backed size is at least 2, as dynamo specializes 0 and 1. Empty for static shapes."""
     val = node.meta.get("val")
-    env = next((s.node.shape_env for s in getattr(val, "shape", ()) if isinstance(s, torch.SymInt)), None)
+    vals = val if isinstance(val, (tuple, list)) else (val,)  # a multi-output op: any of its tensors
+    env = next((s.node.shape_env for v in vals for s in getattr(v, "shape", ()) if isinstance(s, torch.SymInt)),
+               None)
     if env is None:
         return {}
     out = {}

@@ -37,6 +37,12 @@ where the input's dtype is wider than the node's (an int64 target for a bool mas
 `broadcast_ratio` times fewer points than one of the graph's loops (per-row values), whose extra bytes are
 nothing beside that loop's. An output stays, computed where it fuses. Stat: `inlined_input`.
 
+A chain of such nodes down to one point of one graph input (the max-pool backward's positions,
+recomputed from the int8 window offsets the forward saved) is recomputed in consumers that cannot fuse
+with it for a reason of shape, when its body expanded to the inputs has one distinct load, at most
+`chain_max_ops` operations and reads no wider a dtype than the node stores: each use still loads one
+element. Stat: `inlined_chain`.
+
 Consumers that read the node at indirect positions (see `ir.Indirect`) cannot fuse with it and never
 will: up to `indirect_max_loads` loads, the node's body is recomputed at those positions, consumer by
 consumer, whatever its other consumers do; it is removed when none is left. Stat: `inlined_indirect`.
@@ -129,6 +135,19 @@ def _inline_cheap(graph, ctx, node: Pointwise, max_loads: int, max_ops: int) -> 
                             or can_fuse(graph, node, c).reason not in SHAPE_REASONS for c in consumers):
         return False
     return _recompute(graph, ctx, node, node, consumers, "inline", "inlined_pointwise")
+
+
+def _inline_chain(graph, ctx, node: Pointwise, inputs, blocked, max_ops: int) -> bool:
+    """Recompute `node`, expanded down to one point of one graph input, in consumers that cannot fuse
+    with it for a reason of shape; True when done (the chain's nodes left unread go at the sweep's end)."""
+    consumers = [graph.node(c) for c in graph.consumers(node.output.name)]
+    if not consumers or any(not isinstance(c, (Pointwise, Reduction))
+                            or can_fuse(graph, node, c).reason not in SHAPE_REASONS for c in consumers):
+        return False
+    computed = _expanded(graph, node, inputs, blocked, 1, max_ops)
+    if computed is None or not _no_wider(graph, computed, 0):
+        return False
+    return _recompute(graph, ctx, node, computed, consumers, "inline_chain", "inlined_chain")
 
 
 def _recompute(graph, ctx, node: Pointwise, computed: Pointwise, consumers, decision: str, stat: str,
@@ -246,7 +265,9 @@ def inline_pointwise(graph, ctx, *,
                      broadcast_max_loads: Annotated[int, "most distinct loads of a broadcast node, expanded"] = 8,
                      broadcast_max_ops: Annotated[int, "most operations of a broadcast node, expanded"] = 32,
                      input_max_ops: Annotated[int, "most operations of a value of one input point recomputed by "
-                                              "its readers (0: never)"] = 4):
+                                              "its readers (0: never)"] = 4,
+                     chain_max_ops: Annotated[int, "most operations of a chain down to one input point recomputed "
+                                              "in readers that cannot fuse with it (0: never)"] = 16):
     """Recompute cheap pointwise nodes inside consumers they cannot fuse with (a weight cast), at the
     positions a consumer reads them indirectly (log-softmax gathered at the target), values made from
     the inputs alone inside the bigger loops they are broadcast into (cross-entropy's per-row factors), and
@@ -282,6 +303,8 @@ def inline_pointwise(graph, ctx, *,
             expanded = True
         elif input_max_ops and _inline_input_value(graph, ctx, node, inputs, outputs | mutated, input_max_ops,
                                                    broadcast_ratio, output=False):
+            expanded = True
+        elif chain_max_ops and _inline_chain(graph, ctx, node, inputs, outputs | mutated, chain_max_ops):
             expanded = True
     if expanded:
         _drop_unread(graph, present, outputs)

@@ -14,6 +14,11 @@ import torch
 from ...ir import Op
 from ...ir.index import FloorDiv, ModularIndexing
 
+try:  # the floor division dynamo writes in symbolic sizes (a pool's output: (s0 - 1)//2 + 1)
+    from torch.utils._sympy.functions import FloorDiv as SizeFloorDiv
+except ImportError:  # pragma: no cover
+    SizeFloorDiv = ()
+
 TL_DTYPE = {
     torch.float32: "tl.float32", torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16",
     torch.float64: "tl.float64", torch.int64: "tl.int64", torch.int32: "tl.int32", torch.int16: "tl.int16",
@@ -37,6 +42,9 @@ def index(expr: sympy.Expr) -> str:
         return "(" + " * ".join(index(a) for a in expr.args) + ")"
     if isinstance(expr, FloorDiv):
         return f"({index(expr.args[0])} // {index(expr.args[1])})"
+    if isinstance(expr, SizeFloorDiv):
+        # Python's floor, which the operands' signs need not be known for (Triton's // truncates)
+        return f"_floordiv_i({index(expr.args[0])}, {index(expr.args[1])})"
     if isinstance(expr, ModularIndexing):
         base, div, mod = map(index, expr.args)
         return f"(({base} // {div}) % {mod})" if div != "1" else f"({base} % {mod})"

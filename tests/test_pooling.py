@@ -1,0 +1,140 @@
+"""Max pooling as generated kernels (lowering/pooling.py): values, indices and gradients as eager's."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import passline
+from passline.lowering.pooling import MAX_TAPS
+
+WINDOWS = [  # (kernel, stride, padding, dilation, ceil_mode, input spatial size)
+    (3, 2, 1, 1, False, (9, 11)),              # ResNet's stem, odd sizes
+    (3, 2, 1, 1, True, (10, 9)),               # ceil_mode: a last window hanging over the edge
+    (2, 2, 0, 1, False, (8, 6)),               # one window a point: no check at all
+    (3, 1, 1, 1, False, (5, 7)),               # three windows a point along each dimension
+    ((3, 2), (2, 1), (1, 0), (2, 1), True, (12, 7)),  # dilation, uneven windows and strides
+    (5, 3, 2, 1, False, (13, 11)),             # 25 taps: the most the lowering unrolls
+]
+
+
+def _device():
+    return passline.settings.test_device or "cpu"
+
+
+def _run(pool, x, *window, dynamic=False):
+    """Eager and passline's values, indices and input gradient (through loss.backward()) of `pool` over x
+    scaled by 2 (so the pool reads a computed value), and passline's reports."""
+    torch._dynamo.reset()
+
+    def fn(x):
+        y, i = pool(x * 2, *window, return_indices=True)
+        return y, i
+
+    be = passline.backend(fallback="raise")
+    compiled = torch.compile(fn, backend=be, dynamic=dynamic)
+    out = []
+    for f in (fn, compiled):
+        xi = x.detach().clone().requires_grad_()
+        y, i = f(xi)
+        g = torch.linspace(-1, 1, y.numel(), device=y.device).reshape(y.shape).to(y.dtype)
+        (y * g).sum().backward()
+        out.append((y.detach(), i, xi.grad))
+    return out, be
+
+
+def _assert_same(eager, ours):
+    (y0, i0, g0), (y1, i1, g1) = eager, ours
+    assert torch.equal(i0, i1)
+    torch.testing.assert_close(y1, y0, equal_nan=True, rtol=0, atol=0)
+    assert y1.stride() == y0.stride() and g1.stride() == g0.stride()
+    torch.testing.assert_close(g1, g0, equal_nan=True)
+
+
+@pytest.mark.parametrize("kernel,stride,padding,dilation,ceil_mode,size", WINDOWS)
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+def test_max_pool2d_lowers_to_kernels_and_matches_eager(kernel, stride, padding, dilation, ceil_mode, size, layout):
+    x = torch.randn(2, 3, *size, device=_device())
+    if layout == "channels_last":
+        x = x.contiguous(memory_format=torch.channels_last)
+    (eager, ours), be = _run(F.max_pool2d, x, kernel, stride, padding, dilation, ceil_mode)
+    _assert_same(eager, ours)
+    # no extern call in either graph: the pool, its indices and its backward are generated kernels
+    assert [r.externs for r in be.reports] == [0, 0]
+
+
+def test_ties_nan_and_minus_infinity_pick_eagers_positions():
+    """Ties keep the first maximum, a NaN wins (the last NaN of a window), a window of -inf keeps its first
+    tap in bounds: the indices (and so where the gradient goes) are eager's on the CPU. (Eager's CUDA kernel
+    for channels_last starts a window of -inf at index 0, outside the window; its contiguous kernel and the
+    CPU's start at the first tap in bounds, which passline follows on every device: the saved window offsets
+    can only name a tap.)"""
+    x = torch.randint(-2, 3, (2, 3, 9, 11)).float()
+    flat = x.view(-1)
+    flat[::13] = float("nan")
+    flat[5::7] = float("-inf")
+    x[0, 0, :4, :4] = float("-inf")  # whole windows of -inf, at the padded corner too
+    for layout in (torch.contiguous_format, torch.channels_last):
+        xl = x.contiguous(memory_format=layout)
+        (eager, _), _ = _run(F.max_pool2d, xl, 3, 2, 1)  # eager on the CPU
+        (_, ours), _ = _run(F.max_pool2d, xl.to(_device()), 3, 2, 1)
+        _assert_same(eager, [t.cpu() for t in ours])
+
+
+def test_unbatched_input_and_three_dimensions():
+    (eager, ours), be = _run(F.max_pool2d, torch.randn(3, 9, 10, device=_device()), 3, 2, 1)
+    _assert_same(eager, ours)
+    x = torch.randn(2, 3, 5, 6, 7, device=_device()).contiguous(memory_format=torch.channels_last_3d)
+    (eager, ours), be = _run(F.max_pool3d, x, 2, 2, 0)  # 8 taps: lowered
+    _assert_same(eager, ours)
+    assert [r.externs for r in be.reports] == [0, 0]
+    (eager, ours), be = _run(F.max_pool3d, x, 3, 2, 1)  # 27 taps: the forward stays an extern call
+    _assert_same(eager, ours)
+    assert 27 > MAX_TAPS and [r.externs for r in be.reports] == [1, 0]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_sums_gradients_in_float32(dtype):
+    """Values and indices exact; the gradient of a point several windows chose is summed in float32 (as
+    eager's CUDA kernel does), so it is at least as close to a float64 reference as eager's."""
+    x = torch.randn(2, 4, 10, 9, device=_device()).to(dtype).contiguous(memory_format=torch.channels_last)
+    (eager, ours), _ = _run(F.max_pool2d, x, 3, 1, 1)
+    (ref, _), _ = _run(F.max_pool2d, x.double(), 3, 1, 1)
+    assert torch.equal(eager[1], ours[1]) and torch.equal(eager[0], ours[0])
+    err = lambda g: ((g.double() - ref[2]).norm() / ref[2].norm()).item()  # noqa: E731
+    assert err(ours[2]) <= max(err(eager[2]), 1e-3)
+
+
+def test_dynamic_sizes_compile_once():
+    """Under dynamic=True the window bounds are checked at run time: three image sizes, one compile (of
+    one parity: torch 2.11's meta of a strided pool guards on it)."""
+    torch._dynamo.reset()
+    be = passline.backend(fallback="raise")
+
+    def fn(x):
+        return F.max_pool2d(torch.relu(x), 3, 2, 1, ceil_mode=True) * 2
+
+    compiled = torch.compile(fn, backend=be, dynamic=True)
+    for h, w in [(9, 11), (13, 7), (15, 17)]:
+        x = torch.randn(2, 3, h, w, device=_device()).contiguous(memory_format=torch.channels_last)
+        x0, x1 = x.clone().requires_grad_(), x.clone().requires_grad_()
+        fn(x0).sum().backward()
+        y = compiled(x1)
+        y.sum().backward()
+        torch.testing.assert_close(y, fn(x))
+        torch.testing.assert_close(x1.grad, x0.grad)
+    assert len(be.reports) == 2  # one forward, one backward
+    assert all(r.externs == 0 for r in be.reports)
+    # every kernel runs on the chosen backend (a size like (s0 - 1)//2 + 1 is printed, not a fallback)
+    assert all("on the reference backend" not in r.codegen_reason for r in be.reports)
+
+
+def test_backward_reads_the_saved_offsets_in_one_kernel():
+    """The backward is one kernel: the gather of the output gradient, with the positions recomputed from
+    the int8 offsets the forward saved (inline_pointwise's chains) and the gradient's producer inlined."""
+    torch._dynamo.reset()
+    be = passline.backend(fallback="raise")
+    x = torch.randn(2, 3, 9, 11, device=_device()).contiguous(memory_format=torch.channels_last).requires_grad_()
+    y = torch.compile(lambda x: F.max_pool2d(x, 3, 2, 1) * 2, backend=be)(x)
+    y.sum().backward()
+    backward = be.reports[1]
+    assert backward.kernels == 1 and backward.externs == 0
+    assert backward.metrics.counters["inlined_chain"] >= 1
