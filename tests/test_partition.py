@@ -67,10 +67,9 @@ def test_max_pool_saves_window_offsets_and_trains_like_eager(dims, kernel, strid
     # and + 1 in one kernel; a window of more than MAX_TAPS taps is an extern pool, and its offsets one
     # kernel (fuse splits their per-row and per-column parts to common loops) with + 1. Backward: the
     # gather of lowering/pooling.py with the positions recomputed from the offsets inside it (inline_pointwise's
-    # chains) and relu's backward, one kernel; in 3-d the positions take more operations than a chain may
-    # have and are a kernel of their own
+    # chains) and relu's backward, one kernel
     lowered = elements <= MAX_TAPS
-    assert [len(r.kernel_info) for r in be.reports] == [2 if lowered else 3, 1 if dims == 2 else 2]
+    assert [len(r.kernel_info) for r in be.reports] == [2 if lowered else 3, 1]
     assert [r.externs for r in be.reports] == [0 if lowered else 1, 0]
 
 

@@ -127,12 +127,15 @@ def test_dynamic_sizes_compile_once():
     assert all("on the reference backend" not in r.codegen_reason for r in be.reports)
 
 
-def test_backward_reads_the_saved_offsets_in_one_kernel():
+@pytest.mark.parametrize("batch", [1, 2])
+def test_backward_reads_the_saved_offsets_in_one_kernel(batch):
     """The backward is one kernel: the gather of the output gradient, with the positions recomputed from
-    the int8 offsets the forward saved (inline_pointwise's chains) and the gradient's producer inlined."""
+    the int8 offsets the forward saved (inline_pointwise's chains) and the gradient's producer inlined. A
+    batch of one too (a loop of one point in the gather's reads)."""
     torch._dynamo.reset()
     be = passline.backend(fallback="raise")
-    x = torch.randn(2, 3, 9, 11, device=_device()).contiguous(memory_format=torch.channels_last).requires_grad_()
+    x = torch.randn(batch, 3, 9, 11, device=_device()).contiguous(memory_format=torch.channels_last)
+    x.requires_grad_()
     y = torch.compile(lambda x: F.max_pool2d(x, 3, 2, 1) * 2, backend=be)(x)
     y.sum().backward()
     backward = be.reports[1]

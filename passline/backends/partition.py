@@ -57,6 +57,10 @@ class _Emit:
             node.meta["val"] = op(*vals[0], **vals[1])
         return node
 
+    def scaled(self, op, a, factor):
+        """a multiplied or divided by a number: a itself for 1 (a dilation of 1, the usual case)."""
+        return a if factor == 1 else self(op, a, factor)
+
     def arith(self, op, a, b):
         """Size arithmetic: a number where both sides are, else a node (symbolic sizes)."""
         if not isinstance(a, torch.fx.Node) and not isinstance(b, torch.fx.Node):
@@ -78,14 +82,14 @@ def _window(pool: torch.fx.Node, n: int):
     return kernel, full(stride) if len(stride) else kernel, full(padding), full(dilation)
 
 
-def _starts(emit, n, outs, stride, padding, device):
+def _starts(emit, n, outs, stride, padding, device, dtype):
     """Per spatial dimension d, the first input position of each output's window (may be negative: in the
     padding), shaped to broadcast against the trailing n dimensions of an output. `outs`: the output's
     spatial sizes, numbers or size nodes."""
     starts = []
     for d in range(n):
         end = emit.arith(operator.sub, emit.arith(operator.mul, outs[d], stride[d]), padding[d])
-        start = emit(aten.arange.start_step, -padding[d], end, stride[d], dtype=torch.int64, device=device)
+        start = emit(aten.arange.start_step, -padding[d], end, stride[d], dtype=dtype, device=device)
         starts.append(emit(aten.view.default, start, [outs[d]] + [1] * (n - 1 - d)))
     return starts
 
@@ -161,13 +165,18 @@ def compact_pool_indices(fw: torch.fx.GraphModule, bw: torch.fx.GraphModule, num
         if small is None or mode is None:
             continue
 
+        # The arithmetic in 32 bits where every position of the input plane fits (a GPU divides 64-bit
+        # integers in software: in 64 bits the backward's kernel was bound by its divisions), else in 64
+        wide = not static or math.prod(_number(s) for s in x.shape[-n:]) >= 2**31
+        itype = torch.int64 if wide else torch.int32
+
         # forward: offset = sum over d of k_d * (kernel elements after d), k_d = (c_d - start_d) / dilation_d
         emit = _Emit(fw.graph, mode)
         with fw.graph.inserting_before(idx.next):  # (inserting_after would put each new node before the last)
             ins, outs = _sizes(emit, pool.args[0], n), _sizes(emit, idx, n)
-            coords = _digits(emit, idx, ins)
-            starts = _starts(emit, n, outs, stride, padding, val.device)
-            steps = [emit(aten.floor_divide.Scalar, emit(aten.sub.Tensor, c, s), dl)
+            coords = _digits(emit, idx if wide else emit(aten._to_copy.default, idx, dtype=itype), ins)
+            starts = _starts(emit, n, outs, stride, padding, val.device, itype)
+            steps = [emit.scaled(aten.floor_divide.Scalar, emit(aten.sub.Tensor, c, s), dl)
                      for c, s, dl in zip(coords, starts, dilation)]
             saved = emit(aten._to_copy.default, _compose(emit, steps, kernel), dtype=small)
         outputs[i] = saved
@@ -179,11 +188,13 @@ def compact_pool_indices(fw: torch.fx.GraphModule, bw: torch.fx.GraphModule, num
         with bw.graph.inserting_before(first):
             ins = [_number(s) for s in x.shape[-n:]] if static else _sizes(emit, source, n)
             outs = _sizes(emit, holder, n)
-            steps = _digits(emit, emit(aten._to_copy.default, holder, dtype=torch.int64), kernel)
-            starts = _starts(emit, n, outs, stride, padding, val.device)
-            coords = [emit(aten.add.Tensor, s, emit(aten.mul.Tensor, k, dl))
+            steps = _digits(emit, emit(aten._to_copy.default, holder, dtype=itype), kernel)
+            starts = _starts(emit, n, outs, stride, padding, val.device, itype)
+            coords = [emit(aten.add.Tensor, s, emit.scaled(aten.mul.Tensor, k, dl))
                       for s, k, dl in zip(starts, steps, dilation)]
             position = _compose(emit, coords, ins)
+            if not wide:  # eager's indices are int64
+                position = emit(aten._to_copy.default, position, dtype=torch.int64)
         for u in uses:
             u.replace_input_with(holder, position)
         changed = True

@@ -104,6 +104,8 @@ def point(node: Pointwise, index, var_ranges, flat: bool = False) -> dict | None
     dimension too (`_opaque_clamps`). `flat`: a node of one loop may be mapped from any index
     that stays inside it (`_flat_point`); only for indirect reads, which fusion can never serve: a direct
     read of a node merge_loops flattened is what fuse splits back to the reader's nest."""
+    # a consumer variable of one value is 0 (a batch of 1: `90*i0` in the index, i0 in range(1))
+    index = index.xreplace({v: sympy.S.Zero for v, size in var_ranges if size == 1})
     if index.has(sympy.Min, sympy.Max):
         opaque = _opaque_clamps(index, var_ranges)
         if opaque is None:
