@@ -141,3 +141,32 @@ def test_backward_reads_the_saved_offsets_in_one_kernel(batch):
     backward = be.reports[1]
     assert backward.kernels == 1 and backward.externs == 0
     assert backward.metrics.counters["inlined_chain"] >= 1
+
+
+def test_batchnorm_backward_after_the_pool_keeps_its_column_sums_together():
+    """BatchNorm -> ReLU -> max-pool (ResNet's stem): the pool's gather stores the gradient once, and
+    BatchNorm's two column sums run together as a mix-order reduction, with `grad * (x - mean)` computed
+    inside it, not split to the gather's loops and stored for a sum of its own (fuse, *common loops*)."""
+    import copy
+
+    from passline.ir import MixOrderNode
+    from passline.ir.loops import shape
+
+    torch._dynamo.reset()
+    be = passline.backend(fallback="raise")
+    model = torch.nn.Sequential(torch.nn.BatchNorm2d(16), torch.nn.ReLU(), torch.nn.MaxPool2d(3, 2, 1))
+    model = model.to(_device()).to(memory_format=torch.channels_last)
+    eager = copy.deepcopy(model)
+    x = torch.randn(2, 16, 12, 12, device=_device()).contiguous(memory_format=torch.channels_last)
+    ours, ref = x.clone().requires_grad_(), x.clone().requires_grad_()
+    torch.compile(model, backend=be)(ours).square().sum().backward()
+    eager(ref).square().sum().backward()
+    torch.testing.assert_close(ours.grad, ref.grad)
+    torch.testing.assert_close(model[0].weight.grad, eager[0].weight.grad)
+    backward = be.reports[1].graph
+    gathers = [n for n in backward.nodes() if len(shape(n)[0]) == 4 and not shape(n)[1]]
+    (gather,) = gathers
+    stored = [b for b in gather.output_names()
+              if b in backward.output_names() or set(backward.consumers(b)) - {gather.name}]
+    assert len(stored) == 1  # the gradient; not also grad * (x - mean), nor x - mean
+    assert any(isinstance(n, MixOrderNode) for n in backward.nodes())

@@ -27,6 +27,8 @@ from functorch.compile import min_cut_rematerialization_partition
 from torch._guards import detect_fake_mode
 from torch.fx.node import map_arg
 
+from ..lowering.pooling import Window
+
 aten = torch.ops.aten
 
 POOLS = {aten.max_pool2d_with_indices.default: 2, aten.max_pool3d_with_indices.default: 3}
@@ -68,18 +70,12 @@ class _Emit:
         return self(op, a, b)
 
 
-def _window(pool: torch.fx.Node, n: int):
-    """(kernel, stride, padding, dilation) of a max-pool call, each with n entries, as eager reads them."""
-    args = list(pool.args) + [None] * 5
-    kernel, stride, padding, dilation = (args[1], args[2] or pool.kwargs.get("stride") or [],
-                                         args[3] if args[3] is not None else pool.kwargs.get("padding", [0]),
-                                         args[4] if args[4] is not None else pool.kwargs.get("dilation", [1]))
-
-    def full(v):
-        v = list(v)
-        return v * n if len(v) == 1 else v
-    kernel = full(kernel)
-    return kernel, full(stride) if len(stride) else kernel, full(padding), full(dilation)
+def _window(pool: torch.fx.Node, n: int) -> Window | None:
+    """The window of a max-pool call, as eager reads its arguments (lowering/pooling.py's Window)."""
+    names = ("kernel_size", "stride", "padding", "dilation")
+    args = list(pool.args[1:5]) + [pool.kwargs.get(k) for k in names[len(pool.args) - 1:]]
+    defaults = (None, (), 0, 1)
+    return Window.of(n, *(d if a is None else a for a, d in zip(args, defaults)))
 
 
 def _starts(emit, n, outs, stride, padding, device, dtype):
@@ -158,7 +154,10 @@ def compact_pool_indices(fw: torch.fx.GraphModule, bw: torch.fx.GraphModule, num
         source = first.args[1] if getattr(first, "target", None) in BACKWARDS else None
         if not static and not isinstance(source, torch.fx.Node):
             continue
-        kernel, stride, padding, dilation = _window(pool, n)
+        window = _window(pool, n)
+        if window is None:
+            continue
+        kernel, stride, padding, dilation = window.kernel, window.stride, window.padding, window.dilation
         elements = math.prod(kernel)
         small = torch.int8 if elements <= 128 else torch.int16 if elements <= 32768 else None  # offsets < elements
         mode = detect_fake_mode([val])

@@ -133,6 +133,26 @@ def _flat(node, other) -> bool:
     return True
 
 
+def _feeds_column_sum(graph, x, other) -> bool:
+    """Whether pointwise `x` is read by a reduction (outside `other`) over x's own points with rows and
+    columns swapped: a column sum, which mix_order_reduction runs with x as its column side. Split to
+    `other`'s loops, x would no longer line up with it: ResNet's stem backward, a BatchNorm backward after
+    the max-pool's gather, stored `grad * (x - mean)` for its column sum instead."""
+    outer, red = shape(x)
+    if red:
+        return False
+    inside = set(members(other)) if other is not None else set()
+    for buf in x.output_names():
+        for name in graph.consumers(buf):
+            reader = graph.node(name)
+            if reader is other or isinstance(reader, Extern) or inside & set(members(reader)):
+                continue
+            o, r = shape(reader)
+            if r and tuple(r) + tuple(o) == tuple(outer):
+                return True
+    return False
+
+
 def _lined_up(graph, na, nb, fixed: set):
     """(the nodes split, the verdict on the pair with them) for the first side whose loops split to the
     other's nest, else for both split to the loops they share (two pointwise groups that merge_loops left
@@ -148,7 +168,7 @@ def _lined_up(graph, na, nb, fixed: set):
     first = None
     for x, y in ((na, nb), (nb, na)):
         outer, red = shape(y)
-        if shape(x)[1] or outer + red == shape(x)[0]:
+        if shape(x)[1] or outer + red == shape(x)[0] or _feeds_column_sum(graph, x, y):
             continue
         # the nest itself, or its rows alone (an epilogue). Not a column reduction's nest walked in
         # memory order: a column reduction fused with its producers that way is no longer the column side
@@ -165,7 +185,8 @@ def _lined_up(graph, na, nb, fixed: set):
             first = first or ([new], verdict)
     (oa, ra), (ob, rb) = shape(na), shape(nb)
     target = None if ra or rb else common_loops(tuple(oa), tuple(ob))
-    if target is None or target in (tuple(oa), tuple(ob)) or not (_flat(na, nb) and _flat(nb, na)):
+    if target is None or target in (tuple(oa), tuple(ob)) or not (_flat(na, nb) and _flat(nb, na)) \
+            or _feeds_column_sum(graph, na, nb) or _feeds_column_sum(graph, nb, na):
         return first
     new_a, new_b = split_group(na, target, fixed), split_group(nb, target, fixed)
     if new_a is None or new_b is None:
