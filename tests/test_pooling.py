@@ -13,6 +13,7 @@ WINDOWS = [  # (kernel, stride, padding, dilation, ceil_mode, input spatial size
     (3, 1, 1, 1, False, (5, 7)),               # three windows a point along each dimension
     ((3, 2), (2, 1), (1, 0), (2, 1), True, (12, 7)),  # dilation, uneven windows and strides
     (5, 3, 2, 1, False, (13, 11)),             # 25 taps: the most the lowering unrolls
+    (5, (4, 2), 2, (3, 1), True, (10, 10)),    # 25 taps, dilated, ceil_mode: never finished compiling once
 ]
 
 
@@ -170,3 +171,18 @@ def test_batchnorm_backward_after_the_pool_keeps_its_column_sums_together():
               if b in backward.output_names() or set(backward.consumers(b)) - {gather.name}]
     assert len(stored) == 1  # the gradient; not also grad * (x - mean), nor x - mean
     assert any(isinstance(n, MixOrderNode) for n in backward.nodes())
+
+
+def test_bodies_compare_as_dags():
+    """Two equal bodies built apart compare in time linear in their size: a scan reads its best-so-far
+    twice a step (compare and select), which attrs' tree-walking __eq__ doubled at every step (the verifier
+    compares a node a pass rebuilt with its predecessor; a 25-tap dilated window never finished)."""
+    from passline.ir import Constant, Op
+
+    def scan(steps, start):
+        best = Constant(start, torch.float32)
+        for _ in range(steps):
+            best = Op("where", (Op("gt", (best, best), torch.bool), best, best), torch.float32)
+        return best
+
+    assert scan(200, 0.0) == scan(200, 0.0) and scan(200, 0.0) != scan(200, 1.0)
