@@ -87,9 +87,19 @@ def test_unbatched_input_and_three_dimensions():
     (eager, ours), be = _run(F.max_pool3d, x, 2, 2, 0)  # 8 taps: lowered
     _assert_same(eager, ours)
     assert [r.externs for r in be.reports] == [0, 0]
-    (eager, ours), be = _run(F.max_pool3d, x, 3, 2, 1)  # 27 taps: the forward stays an extern call
+    (eager, ours), be = _run(F.max_pool3d, x, 3, 2, 1)  # 27 taps: forward and backward stay extern calls
     _assert_same(eager, ours)
-    assert 27 > MAX_TAPS and [r.externs for r in be.reports] == [1, 0]
+    assert 27 > MAX_TAPS and [r.externs for r in be.reports] == [1, 1]
+
+
+def test_an_extern_pools_minus_infinity_windows_keep_their_gradient():
+    """A window of more than MAX_TAPS taps runs aten's forward, which on the CPU's channels_last_3d kernel
+    gives a window of -inf the index 0, outside it: its backward stays aten's too, so the gradient goes
+    where that index says, as eager's (a gather over the windows holding a point dropped it)."""
+    x = torch.full((1, 2, 5, 6, 7), float("-inf"))
+    x[..., -1, -1] = 1
+    (eager, ours), _ = _run(F.max_pool3d, x.contiguous(memory_format=torch.channels_last_3d), 3, 2, 1)
+    _assert_same(eager, ours)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

@@ -18,8 +18,9 @@ order (outputs in increasing order), in float32 for half-precision gradients. A 
 tap of that window, so comparing it with the point's position is exact: no output is counted twice or
 missed.
 
-Windows of more than MAX_TAPS taps (and backwards with more than MAX_TAPS candidate windows), integer
-dtypes and non-constant window parameters stay extern calls.
+Windows of more than MAX_TAPS taps (forward and backward alike: the gather is exact only for indices
+that are taps, which aten's forward does not guarantee for a window of -inf; and backwards with more than
+MAX_TAPS candidate windows), integer dtypes and non-constant window parameters stay extern calls.
 """
 from __future__ import annotations
 
@@ -164,6 +165,11 @@ def lower_max_pool_backward(ctx, node, grad, x, kernel_size, stride, padding, di
     val = node.meta["val"]
     if w is None or not all(isinstance(t, TensorRef) for t in (grad, x, indices)) \
             or not val.dtype.is_floating_point:
+        return NotImplemented
+    if math.prod(w.kernel) > MAX_TAPS:
+        # the forward of this window is aten's, whose index for a window of -inf is not always one of its
+        # taps (0, on the CPU's channels_last_3d kernel and CUDA's channels_last one): the gather would drop
+        # that gradient, where aten's backward puts it at the index, as eager does
         return NotImplemented
     ins, outs = x.size[-n:], grad.size[-n:]
     # windows that may hold a point as a tap, per dimension (at most the outputs there)
