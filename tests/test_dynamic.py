@@ -63,6 +63,15 @@ class StridedConvBN(torch.nn.Sequential):
         super().__init__(torch.nn.Conv2d(4, 6, 3, stride=2, padding=1), torch.nn.BatchNorm2d(6))
 
 
+class Stem(torch.nn.Sequential):
+    """ResNet's stem: a strided conv, BatchNorm, ReLU and a 3x3 max-pool of stride 2, channels_last."""
+
+    def __init__(self):
+        super().__init__(torch.nn.Conv2d(3, 8, 3, stride=2, padding=1, bias=False), torch.nn.BatchNorm2d(8),
+                         torch.nn.ReLU(), torch.nn.MaxPool2d(3, 2, 1))
+        self.to(memory_format=torch.channels_last)
+
+
 MODELS = {
     "conv1d_pool": (ConvPool1d, [(2, 3, 5), (2, 3, 7), (3, 3, 13)]),
     "conv_stride_bn": (StridedConvBN, [(4, 4, 8, 6), (4, 4, 9, 7), (4, 4, 7, 5)]),
@@ -70,6 +79,8 @@ MODELS = {
     "llama": (LlamaBlock, [(2, 8, 32), (2, 11, 32), (3, 17, 32)]),  # batch 1 would specialize
     # height != width on the first call: dynamo's duck sizing would otherwise tie them and recompile
     "resnet": (ConvBlock, [(2, 4, 8, 6), (3, 4, 6, 9), (5, 4, 7, 5)]),
+    # the pool's input sizes of one parity: torch 2.11's meta of a strided pool guards on it
+    "stem": (Stem, [(2, 3, 16, 12), (3, 3, 12, 20), (2, 3, 20, 8)]),
 }
 
 
@@ -109,11 +120,12 @@ def test_dynamic_models_train_like_eager_with_one_compile(name, codegen):
     assert any(not str(s).isdigit() for n in be.reports[0].graph.leaf_nodes() for s in getattr(n, "ranges", ()))
 
 
-@pytest.mark.parametrize("name", ["gpt", "llama"])
+@pytest.mark.parametrize("name", ["gpt", "llama", "stem"])
 def test_dynamic_graphs_schedule_like_static_ones(name):
     # a reshape of symbolic sizes, (s0, s1, 32) -> (s0*s1, 32), is a view as it is for numbers (the
     # comparisons of ATen's view rule proven with dynamo's lower bounds: sizes are at least 2), so the
-    # dynamic graphs fuse into as many kernels, with as many extern calls, as the static ones
+    # dynamic graphs fuse into as many kernels, with as many extern calls, as the static ones; the stem's
+    # pool too (sizes `(s0 - 1)//2 + 1` split to and clamped at, see test_pooling)
     make, shapes = MODELS[name]
     counts = {}
     for dynamic in (False, True):

@@ -21,6 +21,7 @@ from passline.ir import (
     loop_vars,
     walk,
 )
+from passline.ir.index import least, provably_nonnegative
 from passline.lowering import GraphInput, Program
 from passline.lowering.tensor import TensorRef, compute_stride
 from passline.pipeline import SchedulerGraph, VerificationError
@@ -35,6 +36,19 @@ def test_index_functions_simplify():
     assert FloorDiv(sympy.Integer(17), 5) == 3
     assert ModularIndexing(i0, 1, 1) == 0
     assert ModularIndexing(sympy.Integer(17), 2, 3) == 2
+
+
+def test_least_values_of_size_expressions():
+    """ir.index.least: a lower bound over every size at least its bound (dynamo's: a backed size >= 2)."""
+    from torch.utils._sympy.functions import FloorDiv as SizeFloorDiv
+
+    s0, s1 = sympy.symbols("s0 s1", integer=True, positive=True)
+    assert least(FloorDiv(s0, 2) - 1, {s0: 2}) == 0 and least(SizeFloorDiv(s0, 2) - 1, {s0: 2}) == 0
+    assert least(FloorDiv(s0, 2) - 1) == -1  # s0 = 1 allowed without the bound
+    assert provably_nonnegative(SizeFloorDiv(s0 - 1, 2), {s0: 2}) and not provably_nonnegative(s0 - 3, {s0: 2})
+    assert least(s0 - s1, {s0: 2, s1: 2}) is None  # no upper bound of s1: nothing known
+    assert least(sympy.Max(s0 - 5, 1) * s1, {s0: 2, s1: 3}) == 3
+    assert least(sympy.Min(s0, s1 - 1), {s0: 4, s1: 2}) == 1
 
 
 def test_layout_and_buffer():

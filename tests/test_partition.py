@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 
 import passline
+from passline.ir.index import FloorDiv
 from passline.lowering.pooling import MAX_TAPS
 from passline.passes.fuse import common_loops
 from passline.testing import assert_matches_eager
@@ -103,6 +104,10 @@ def test_common_loops():
     assert common_loops((s0, 5, 20), (5 * s0, 5, 4)) == (s0, 5, 5, 4)
     assert common_loops((s0, 4 * s1), (s0 * s1, 4)) == (s0, s1, 4)
     assert common_loops((s0, s1), (s1, s0)) is None  # s0 need not divide s1
+    # a size function (a pool's output under dynamic shapes) is an integer of its own
+    h, w = FloorDiv(s0, 2), FloorDiv(s1, 2)
+    assert common_loops((3 * s1, h, w), (3 * s1 * h * w,)) == (3 * s1, h, w)
+    assert common_loops((h, w), (w, h)) is None
 
 
 def test_pointwise_groups_merged_differently_fuse_after_a_split():

@@ -138,6 +138,31 @@ def test_dynamic_sizes_compile_once():
     assert all("on the reference backend" not in r.codegen_reason for r in be.reports)
 
 
+@pytest.mark.parametrize("window", [(2,), (3, 2, 1), ((3, 2), (2, 1), 1, 2, True), (2, 3, 1, 1, True)])
+def test_dynamic_graphs_run_the_static_graphs_kernels(window):
+    """Under dynamic sizes the graphs schedule as the static ones of the same size: the forward's offsets
+    fuse into the scan (fuse splits a flat node to loops over `s0//2`, an opaque integer there), the
+    backward recomputes them in its gather (a clamp `Min(o, (s0//2) - 1)` maps to a point given dynamo's
+    lower bounds), and every index prints (`Max(1, s0//2)`: torch's own Max)."""
+    def fn(x):
+        return F.max_pool2d(x * 2, *window)
+
+    counts = []
+    for dynamic in (False, True):
+        torch._dynamo.reset()
+        be = passline.backend(fallback="raise")
+        x = torch.randn(2, 3, 10, 12, device=_device(), requires_grad=True)
+        y = torch.compile(fn, backend=be, dynamic=dynamic)(x)
+        y.sum().backward()
+        x0 = x.detach().clone().requires_grad_()
+        fn(x0).sum().backward()
+        torch.testing.assert_close(y, fn(x0))
+        torch.testing.assert_close(x.grad, x0.grad)
+        assert all("on the reference backend" not in r.codegen_reason for r in be.reports)
+        counts.append([(r.kernels, r.externs) for r in be.reports])
+    assert counts[1] == counts[0]
+
+
 @pytest.mark.parametrize("batch", [1, 2])
 def test_backward_reads_the_saved_offsets_in_one_kernel(batch):
     """The backward is one kernel: the gather of the output gradient, with the positions recomputed from

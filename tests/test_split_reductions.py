@@ -306,3 +306,53 @@ def test_independent_reductions_share_their_partial_and_finishing_kernels():
     (finish,) = [n for n in graph.nodes() if isinstance(n, FusedNode) and n.reduction_ranges == (4,)]
     assert sum(isinstance(m, Reduction) for m in finish.nodes) == 2
     assert len(graph) == 3, graph.format()  # the row statistics, the partials, the finish
+
+
+@pytest.mark.parametrize("codegen", BOTH)
+def test_run_time_reduced_ranges_split_into_a_fixed_number_of_chunks(codegen):
+    """Under dynamic shapes a reduced range of run-time size (BatchNorm's rows over a varying batch) is split
+    into S chunks of ceil(R / S), every chunk masked: one compile serves every size, including sizes below
+    S * (S - 1), whose last chunks hold no point (their partials are the identity, and the variance's
+    combination skips them rather than add 0 * NaN). var_mean's deviations and softmax's exponentials still
+    pair with their mean and max chunk by chunk."""
+    def fn(x):
+        var, mean = torch.var_mean(x, dim=0)
+        return var * 2 + mean, torch.softmax(x, dim=0), x.amax(0)
+
+    torch._dynamo.reset()
+    be = passline.backend(codegen=codegen, pipeline=pipeline(splits=8), fallback="raise")
+    compiled = torch.compile(fn, backend=be)
+    for rows in (3, 9, 61):  # 3 and 9 leave chunks empty (ceil(3/8) = 1: chunks 3..7 hold nothing)
+        x = torch.randn(rows, 6) * 3 + 50
+        xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+        torch._dynamo.mark_dynamic(xa, 0)  # the rows vary, the 6 columns stay numbers
+        outs_a, outs_b = compiled(xa), fn(xb)
+        for a, b in zip(outs_a, outs_b):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+        sum((a * torch.linspace(-1, 1, a.numel()).reshape(a.shape)).sum() for a in outs_a).backward()
+        sum((b * torch.linspace(-1, 1, b.numel()).reshape(b.shape)).sum() for b in outs_b).backward()
+        torch.testing.assert_close(xa.grad, xb.grad, rtol=1e-4, atol=1e-4)
+    assert len(be.reports) == 2  # one forward and one backward for every size
+    forward = be.reports[0].graph
+    assert split_count(be) >= 4 and any(not s.is_number for p in partials(be) for s in p.reduction_ranges)
+    # the pairs share their partial kernels as at static sizes
+    assert any(set(g.nodes[1].read_names()) & {g.nodes[0].output.name} for g in groups_of_partials(forward))
+    if codegen == "triton":
+        assert all("reference backend" not in r.codegen_reason for r in be.reports)
+
+
+def test_run_time_reduced_ranges_split_by_the_rule_at_the_traced_size():
+    """The rule counts chunks from the device (programs per SM) and caps them by the size dynamo traced the
+    graph at (its hint): a BatchNorm-like column sum over a run-time number of rows is split on a GPU
+    target, into a fixed number of masked chunks."""
+    torch._dynamo.reset()
+    be = passline.backend(codegen="reference", pipeline=pipeline(sms=132), fallback="raise")
+    compiled = torch.compile(lambda x: x.sum(0), backend=be)
+    for rows in (40000, 123):
+        x = torch.randn(rows, 64)
+        torch._dynamo.mark_dynamic(x, 0)
+        torch.testing.assert_close(compiled(x), x.sum(0), rtol=1e-4, atol=1e-3)
+    (p,) = partials(be)
+    # 4 column blocks want 66 chunks for 2 programs per SM; 40000 rows of the trace allow 39 (min_chunk 1024)
+    assert p.ranges == (39, 64) and not p.reduction_ranges[0].is_number
+    assert len(be.reports) == 1

@@ -187,7 +187,12 @@ def compact_pool_indices(fw: torch.fx.GraphModule, bw: torch.fx.GraphModule, num
         with bw.graph.inserting_before(first):
             ins = [_number(s) for s in x.shape[-n:]] if static else _sizes(emit, source, n)
             outs = _sizes(emit, holder, n)
-            steps = _digits(emit, emit(aten._to_copy.default, holder, dtype=itype), kernel)
+            # the offsets' digits (steps within the window: < kernel) in 32 bits at any plane size: a GPU
+            # divides 64-bit integers in software, and under dynamic shapes (`wide`) these divisions were
+            # most of the backward's gather kernel
+            steps = _digits(emit, emit(aten._to_copy.default, holder, dtype=torch.int32), kernel)
+            if wide:
+                steps = [emit(aten._to_copy.default, k, dtype=itype) for k in steps]
             starts = _starts(emit, n, outs, stride, padding, val.device, itype)
             coords = [emit(aten.add.Tensor, s, emit.scaled(aten.mul.Tensor, k, dl))
                       for s, k, dl in zip(starts, steps, dilation)]

@@ -177,6 +177,49 @@ def _bounded_below(rest: Expr, divisor: Expr) -> bool:
     return rest.is_Integer and 0 <= int(rest) < int(divisor)
 
 
+def least(expr: Expr, bounds: dict | None = None) -> int | None:
+    """A lower bound of `expr` over every value of its size symbols, each at least its bound in `bounds`
+    (dynamo's ranges: a backed size is at least 2, as 0 and 1 are specialized; otherwise 1 for a positive
+    symbol, 0 for a non-negative one), or None where none is known. Interval arithmetic on the lower end,
+    so loose but never wrong: `(s0//2) - 1` with s0 >= 2 is at least 0, which sympy's assumptions cannot
+    tell (`is_nonnegative` is None)."""
+    if expr.is_Integer:
+        return int(expr)
+    if expr.is_Symbol:
+        if bounds and expr in bounds:
+            return bounds[expr]
+        return 1 if expr.is_positive else 0 if expr.is_nonnegative else None
+    kind = type(expr).__name__  # passline's FloorDiv and torch's size functions alike (FloorDiv, Max, ...)
+    if expr.is_Add:
+        parts = [least(a, bounds) for a in expr.args]
+        return None if None in parts else sum(parts)
+    if expr.is_Mul:
+        parts = [least(a, bounds) for a in expr.args]
+        if None in parts or min(parts) < 0:
+            return None
+        return functools.reduce(lambda a, b: a * b, parts, 1)
+    if kind == "FloorDiv" and expr.args[1].is_Integer and int(expr.args[1]) > 0:
+        low = least(expr.args[0], bounds)
+        return None if low is None else low // int(expr.args[1])
+    if kind == "Max":
+        parts = [p for p in (least(a, bounds) for a in expr.args) if p is not None]
+        return max(parts) if parts else None
+    if kind == "Min":
+        parts = [least(a, bounds) for a in expr.args]
+        return None if None in parts else min(parts)
+    if kind in ("ModularIndexing", "PythonMod", "Mod"):
+        return 0
+    return None
+
+
+def provably_nonnegative(expr: Expr, bounds: dict | None = None) -> bool:
+    """Whether `expr` >= 0 for every value of the size symbols (each at least its bound in `bounds`)."""
+    if expr.is_nonnegative:
+        return True
+    low = least(sympy.expand(expr), bounds)
+    return low is not None and low >= 0
+
+
 def contiguous_strides(size: Sequence[Expr]) -> tuple[Expr, ...]:
     strides: list[Expr] = []
     acc: Expr = sympy.S.One

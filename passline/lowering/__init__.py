@@ -18,7 +18,7 @@ from .context import GraphInput, LoweringContext, Program, dense_order, hint, st
 from .decompositions import decomposition_table
 from .extern import is_rng_state_op, lower_extern, lower_rng_state_op, touches_complex
 from .registry import LOWERINGS, lowering
-from .sizes import is_size_node, size_value
+from .sizes import is_size_node, size_facts, size_value
 from .tensor import TensorRef
 
 __all__ = ["lower_graph", "Program", "GraphInput", "LOWERINGS", "lowering", "decomposition_table",
@@ -55,7 +55,7 @@ def lower_graph(gm: torch.fx.GraphModule, example_inputs=None, chooser=None) -> 
     outs = _output_node(gm).args[0]
     outputs = tuple(_output(ctx, env[o], o.meta.get("val")) if isinstance(o, torch.fx.Node) else o
                     for o in (outs if isinstance(outs, (tuple, list)) else (outs,)))
-    return Program(tuple(inputs), tuple(ctx.nodes), outputs, tuple(ctx.choices))
+    return Program(tuple(inputs), tuple(ctx.nodes), outputs, tuple(ctx.choices), *size_facts(gm))
 
 
 def _output_node(gm: torch.fx.GraphModule) -> torch.fx.Node:

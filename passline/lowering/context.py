@@ -30,6 +30,8 @@ class Program:
     nodes: tuple
     outputs: tuple  # TensorArg (a view of a buffer), sympy.Expr, or a Python value per FX output
     choices: tuple = ()  # a ChoiceRecord per node whose op had other candidates (lowering/choices.py)
+    bounds: dict = attrs.Factory(dict)  # size symbol -> its least value (sizes.size_facts)
+    hints: dict = attrs.Factory(dict)  # size symbol -> the value it was traced at (sizes.size_facts)
 
 
 def upcast(dtype: torch.dtype) -> torch.dtype:

@@ -149,6 +149,32 @@ def lower_bounds(node: torch.fx.Node) -> dict:
     vals = val if isinstance(val, (tuple, list)) else (val,)  # a multi-output op: any of its tensors
     env = next((s.node.shape_env for v in vals for s in getattr(v, "shape", ()) if isinstance(s, torch.SymInt)),
                None)
+    return _env_bounds(env)
+
+
+def size_facts(gm: torch.fx.GraphModule) -> tuple[dict, dict]:
+    """(`lower_bounds` for a whole graph, the example value of each size symbol: dynamo's hint, the size
+    it traced the graph at), from the ShapeEnv of its inputs' symbols. Bounds are facts for every size;
+    hints only guide choices that are right at any size and best near the hint (how many chunks a
+    reduction is split into)."""
+    for n in gm.graph.nodes:
+        if n.op != "placeholder":
+            break
+        val = n.meta.get("val")
+        syms = [s for s in getattr(val, "shape", ()) if isinstance(s, torch.SymInt)]
+        if isinstance(val, torch.SymInt):
+            syms.append(val)
+        if syms:
+            env = syms[0].node.shape_env
+            # torch 2.13 names it backed_var_to_val (var_to_val still answers, with a FutureWarning)
+            values = getattr(env, "backed_var_to_val", None)
+            values = values if values is not None else getattr(env, "var_to_val", {})
+            hints = {sym: int(v) for sym, v in values.items() if isinstance(v, sympy.Integer)}
+            return _env_bounds(env), hints
+    return {}, {}
+
+
+def _env_bounds(env) -> dict:
     if env is None:
         return {}
     out = {}

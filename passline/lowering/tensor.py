@@ -12,7 +12,17 @@ import attrs
 import sympy
 
 from ..ir import Buffer, Load, TensorArg
-from ..ir.index import Expr, ModularIndexing, VarKind, as_strided_form, contiguous_strides, product, strided_index, var
+from ..ir.index import (
+    Expr,
+    ModularIndexing,
+    VarKind,
+    as_strided_form,
+    contiguous_strides,
+    least,
+    product,
+    strided_index,
+    var,
+)
 
 
 def view_var(i: int) -> sympy.Symbol:
@@ -37,7 +47,10 @@ def provably_lt(a: Expr, b: Expr, bounds: dict | None = None) -> bool:
     shift = {}
     for sym in d.free_symbols:  # sym = lower bound + a non-negative integer
         shift[sym] = sympy.Dummy(integer=True, nonnegative=True) + (bounds or {}).get(sym, 1)
-    return bool(sympy.expand(d.xreplace(shift)).is_positive)
+    if sympy.expand(d.xreplace(shift)).is_positive:
+        return True
+    low = least(d, bounds)  # through floor divisions, which sympy's assumptions do not see into
+    return low is not None and low > 0
 
 
 @attrs.frozen

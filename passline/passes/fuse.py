@@ -77,14 +77,24 @@ def _candidates(graph, vertical: bool, horizontal: bool, window: int, dirty):
 
 def _quotient(big, small):
     """big / small where it is an integer for every value of the sizes' symbols (a polynomial with integer
-    coefficients: (s0 * s1 * 4) / (s0 * 2) is 2 * s1), else None."""
-    q = sympy.cancel(sympy.sympify(big) / small)
+    coefficients: (s0 * s1 * 4) / (s0 * 2) is 2 * s1), else None. A size function of the symbols (a
+    pool's output height `s0//2`) is an integer of its own here, as a symbol is: (s1 * (s0//2)) / (s0//2)
+    is s1."""
+    big, small = sympy.sympify(big), sympy.sympify(small)
+    opaque = {f: sympy.Dummy(integer=True, positive=True)
+              for f in (big.atoms(sympy.Function) | small.atoms(sympy.Function))}
+    back = {d: f for f, d in opaque.items()}
+    q = sympy.cancel(big.xreplace(opaque) / small.xreplace(opaque))
     if q.is_Integer:
         return q
     if q.is_number or not q.is_polynomial(*q.free_symbols):
         return None
     poly = sympy.Poly(q, *sorted(q.free_symbols, key=str))
-    return q if all(c.is_Integer for c in poly.coeffs()) else None
+    if not all(c.is_Integer for c in poly.coeffs()):
+        return None
+    # factored, as products of sizes are written (torch's `s0*(h + 1)`, not `s0*h + s0`): the loops a split
+    # gives then compare equal to the same sizes elsewhere (a column sum's rows, fused_shape's checks)
+    return sympy.factor(q).xreplace(back)
 
 
 @functools.lru_cache(maxsize=4096)  # asked again for each refused pair of the same nests (ms with symbols)

@@ -58,8 +58,8 @@ import attrs
 import sympy
 
 from ..ir import Pointwise, Reduction
-from ..ir.body import Cast, IndexValue, Load, Op, rebuild, substitute_index, walk
-from ..ir.index import is_indirect
+from ..ir.body import Cast, Constant, IndexValue, Load, Op, children, rebuild, substitute_index, walk
+from ..ir.index import is_indirect, var_kind
 from ..pipeline.registry import register_pass
 from .legality import can_fuse
 from .points import point
@@ -68,20 +68,30 @@ SHAPE_REASONS = ("different numel", "loop structure")
 
 
 def _cheap(node: Pointwise, max_loads: int, max_ops: int) -> bool:
+    """At most `max_loads` distinct loads and `max_ops` operations, not counting those of a value of the
+    sizes alone (`1 / (s0 * s1)` under dynamic shapes, a constant folded by lowering at static sizes)."""
     values = list(walk(node.body))
     n_loads = len({(v.buffer, v.index) for v in values if isinstance(v, Load)})
-    n_ops = sum(isinstance(v, (Op, Cast)) for v in values)
+    sizes_only: set = set()  # ids of values computed from constants and sizes alone
+    for v in values:  # operands before users
+        if isinstance(v, Constant) or (isinstance(v, IndexValue) and not v.indirect
+                                       and not any(var_kind(s) for s in v.expr.free_symbols)):
+            sizes_only.add(id(v))
+        elif isinstance(v, (Op, Cast)) and all(id(c) in sizes_only for c in children(v)):
+            sizes_only.add(id(v))
+    n_ops = sum(isinstance(v, (Op, Cast)) and id(v) not in sizes_only for v in values)
     return n_loads <= max_loads and n_ops <= max_ops
 
 
-def _inlined(consumer, node: Pointwise):
-    """`consumer` with each load of `node`'s output replaced by `node`'s body at that point, or None."""
+def _inlined(consumer, node: Pointwise, bounds: dict):
+    """`consumer` with each load of `node`'s output replaced by `node`'s body at that point, or None
+    (`bounds`: the graph's, see points.point)."""
     name, var_ranges = node.output.name, consumer.var_ranges
     points = {}
     for ix in consumer.load_indices(name):
         if is_indirect(ix):
             return None  # read at positions known only at run time: see _inlined_indirect
-        points[ix] = point(node, ix, var_ranges)
+        points[ix] = point(node, ix, var_ranges, bounds=bounds)
         if points[ix] is None:
             return None
 
@@ -95,7 +105,7 @@ def _inlined(consumer, node: Pointwise):
     return attrs.evolve(consumer, body=rebuild(consumer.body, leaf))
 
 
-def _inlined_indirect(consumer, node: Pointwise):
+def _inlined_indirect(consumer, node: Pointwise, bounds: dict):
     """`consumer` with each load of `node`'s output at an indirect position (a gather of log-softmax at the
     target) replaced by `node`'s body at that position, or None when there is none. The index symbols
     stand for the node's loop variables there, and the loads of the recomputed body that use them take
@@ -107,7 +117,7 @@ def _inlined_indirect(consumer, node: Pointwise):
         if not (isinstance(v, Load) and v.buffer == name and v.indirect):
             return v
         mapping = point(node, v.index, tuple(consumer.var_ranges) + tuple((b.symbol, b.bound) for b in v.indirect),
-                         flat=True)
+                         flat=True, bounds=bounds)
         if mapping is None:
             return v
 
@@ -155,7 +165,7 @@ def _recompute(graph, ctx, node: Pointwise, computed: Pointwise, consumers, deci
     """Replace every consumer's loads of `node` by `computed`'s body at those points (`computed`: the node
     itself, or its body expanded) and remove `node` unless `keep` (a graph output) — all or nothing, a
     decision `passline.bisect` can stop at; True when done."""
-    rewritten = [_inlined(c, computed) for c in consumers]
+    rewritten = [_inlined(c, computed, graph.bounds) for c in consumers]
     if any(r is None for r in rewritten) or not ctx.decide(decision, node, *consumers):
         return False
     for new in rewritten:
@@ -182,7 +192,7 @@ def _from_inputs(graph, node: Pointwise, inputs, blocked, depth: int = 8):
         if not isinstance(producer, Pointwise) or v.buffer in blocked or v.indirect:
             failed.append(v)
             return v
-        at = point(producer, v.index, node.var_ranges)
+        at = point(producer, v.index, node.var_ranges, bounds=graph.bounds)
         inner = _from_inputs(graph, producer, inputs, blocked, depth - 1) if at is not None else None
         if inner is None:
             failed.append(v)
@@ -289,7 +299,8 @@ def inline_pointwise(graph, ctx, *,
                 and not any(getattr(v, "indirect", ()) for v in walk(node.body)):
             for c in graph.consumers(node.output.name):
                 consumer = graph.node(c)
-                new = _inlined_indirect(consumer, node) if isinstance(consumer, (Pointwise, Reduction)) else None
+                new = _inlined_indirect(consumer, node, graph.bounds) \
+                    if isinstance(consumer, (Pointwise, Reduction)) else None
                 if new is not None and ctx.decide("inline_indirect", node, consumer):
                     graph.replace_node(c, new)
                     ctx.count("inlined_indirect")

@@ -8,7 +8,7 @@ import sympy
 
 from ..ir import Pointwise
 from ..ir.body import Cast, Load, rebuild, substitute_index, walk
-from ..ir.index import as_strided_form, is_indirect
+from ..ir.index import as_strided_form, is_indirect, provably_nonnegative
 
 
 class _TooBig(Exception):
@@ -32,7 +32,7 @@ def read_through(graph, body, var_ranges, max_values: int, mutated: set):
             if not isinstance(producer, Pointwise) or producer.in_place or v.buffer in mutated \
                     or mutated & set(producer.read_names()):
                 return v
-            mapping = point(producer, v.index, var_ranges)
+            mapping = point(producer, v.index, var_ranges, bounds=graph.bounds)
             if mapping is None:
                 return v
             budget[0] -= sum(1 for _ in walk(producer.body))
@@ -50,15 +50,16 @@ def read_through(graph, body, var_ranges, max_values: int, mutated: set):
         return None
 
 
-def _clamp_top(expr, loops: set):
+def _clamp_top(expr, loops: set, bounds: dict):
     """The largest value of a clamp of loop variables, `Min(e, hi)` with `e` provably >= 0 (a cat's
     position in one input, `Min(Max(i - o, 0), n - 1)`, or in its first, `Min(i, n - 1)`): `hi`, free of
-    loop variables; None for any other expression."""
+    loop variables and provably >= 0 for every size at least its bound in `bounds` (a pool's last
+    window, `(s0//2) - 1`); None for any other expression."""
     if not isinstance(expr, sympy.Min) or not expr.free_symbols & loops:
         return None
     tops = [a for a in expr.args if not a.free_symbols & loops]
     rest = [a for a in expr.args if a.free_symbols & loops]
-    if len(tops) != 1 or not tops[0].is_nonnegative or not all(_nonnegative(a, loops) for a in rest):
+    if len(tops) != 1 or not provably_nonnegative(tops[0], bounds) or not all(_nonnegative(a, loops) for a in rest):
         return None
     return tops[0]
 
@@ -70,7 +71,7 @@ def _nonnegative(expr, loops: set) -> bool:
     return isinstance(expr, sympy.Max) and any(not a.free_symbols & loops and a.is_nonnegative for a in expr.args)
 
 
-def _opaque_clamps(index, var_ranges):
+def _opaque_clamps(index, var_ranges, bounds: dict):
     """`index` with each clamp of loop variables (see `_clamp_top`) replaced by a new variable ranging
     over [0, hi], those variables' (variable, range) pairs, and the substitution back; None when a Max or
     Min of loop variables is not such a clamp. A clamp then addresses a dimension of the node like a loop
@@ -80,7 +81,7 @@ def _opaque_clamps(index, var_ranges):
 
     def visit(e):
         if isinstance(e, (sympy.Min, sympy.Max)) and e.free_symbols & loops:
-            top = _clamp_top(e, loops)
+            top = _clamp_top(e, loops, bounds)
             if top is None:
                 raise ValueError(e)
             if e not in back.values():
@@ -98,20 +99,21 @@ def _opaque_clamps(index, var_ranges):
         return None
 
 
-def point(node: Pointwise, index, var_ranges, flat: bool = False) -> dict | None:
+def point(node: Pointwise, index, var_ranges, flat: bool = False, bounds: dict | None = None) -> dict | None:
     """{node's loop variable: expression in the consumer's variables} so that the node stores at
     `index`, or None when that is not provable. A clamp of the consumer's variables may address a
     dimension too (`_opaque_clamps`). `flat`: a node of one loop may be mapped from any index
     that stays inside it (`_flat_point`); only for indirect reads, which fusion can never serve: a direct
-    read of a node merge_loops flattened is what fuse splits back to the reader's nest."""
+    read of a node merge_loops flattened is what fuse splits back to the reader's nest. `bounds`: the
+    graph's least value of each size symbol (SchedulerGraph.bounds), for what holds under dynamic shapes."""
     # a consumer variable of one value is 0 (a batch of 1: `90*i0` in the index, i0 in range(1))
     index = index.xreplace({v: sympy.S.Zero for v, size in var_ranges if size == 1})
     if index.has(sympy.Min, sympy.Max):
-        opaque = _opaque_clamps(index, var_ranges)
+        opaque = _opaque_clamps(index, var_ranges, bounds or {})
         if opaque is None:
             return None
         inner, extra, back = opaque
-        mapping = point(node, inner, tuple(var_ranges) + extra, flat)
+        mapping = point(node, inner, tuple(var_ranges) + extra, flat, bounds)
         if mapping is None:
             return None
         mapping = {k: v.xreplace(back) for k, v in mapping.items()}

@@ -71,6 +71,7 @@ import torch
 
 from ..ir import (
     Buffer,
+    Cast,
     Constant,
     FusedNode,
     IndexValue,
@@ -94,6 +95,7 @@ from ..ir.index import (
     var_kind,
 )
 from ..ir.loops import Role, canon_var, canonical_map, role, shape, store_access
+from ..lowering.sizes import translate
 from ..pipeline.registry import PipelineError, register_pass
 
 COMBINABLE = ("sum", "prod", "max", "min", "any", "all")
@@ -194,11 +196,21 @@ class _Split:
     """The index math of one split: R points as S chunks of `chunk`, over the group's canonical loops."""
 
     def __init__(self, outer: tuple, red: tuple, splits: int, column: bool):
-        self.outer, self.red = tuple(int(s) for s in outer), tuple(int(s) for s in red)
-        self.R = math.prod(self.red)
-        self.chunk = -(-self.R // splits)
-        self.S = -(-self.R // self.chunk)  # no chunk past the end
-        self.masked = self.S * self.chunk != self.R
+        self.outer = tuple(int(s) for s in outer)
+        self.symbolic = not product(red).is_number
+        self.red = tuple(sympy.sympify(s) if self.symbolic else int(s) for s in red)
+        if self.symbolic:
+            # a run-time R: S chunks of ceil(R / S), every chunk masked; at sizes below S * (S - 1) the
+            # last chunks may hold no point at all (their partials are the identity, see _chunk_points)
+            self.R = product(self.red)
+            self.chunk = FloorDiv(self.R + splits - 1, splits)
+            self.S = splits
+            self.masked = True
+        else:
+            self.R = math.prod(self.red)
+            self.chunk = -(-self.R // splits)
+            self.S = -(-self.R // self.chunk)  # no chunk past the end
+            self.masked = self.S * self.chunk != self.R
         self.column = column
         n = len(self.outer)
         # the partial node's loops: (S, X...) for columns (lanes walk the columns), else (X..., S)
@@ -216,8 +228,8 @@ class _Split:
     def _unflatten(self, k: int):
         """Reduction variable k from the flat reduced index."""
         size, stride = self.red[k], contiguous_strides(self.red)[k]
-        stride = int(stride)
-        if not self.masked:  # whole chunks: a variable that only one of s and j reaches needs only that one
+        if not self.masked:
+            stride = int(stride)  # whole chunks: a variable that only one of s and j reaches needs only that one
             if self.chunk % (stride * size) == 0:
                 return ModularIndexing(self.j, stride, size)
             if stride % self.chunk == 0:
@@ -248,9 +260,16 @@ class _Split:
 
         out = rebuild(body, leaf)
         if self.masked:
-            inside = Op("lt", (IndexValue(self.flat, torch.int64), Constant(self.R, torch.int64)), torch.bool)
+            inside = Op("lt", (IndexValue(self.flat, torch.int64), self.points(torch.int64)), torch.bool)
             out = Op("where", (inside, out, _identity(rtype, out.dtype)), out.dtype)
         return out
+
+    def points(self, dtype: torch.dtype):
+        """R as a value of `dtype` (a size expression under dynamic shapes)."""
+        if self.symbolic:
+            value = IndexValue(self.R, torch.int64)
+            return value if dtype == torch.int64 else Cast(value, dtype)
+        return Constant(float(self.R) if dtype.is_floating_point else self.R, dtype)
 
     def finish_index(self, m: Reduction):
         """Where the finishing reduction `m` (its own loops, with r0 over the chunks) reads the partials."""
@@ -281,6 +300,15 @@ def _is_result(v, a: Reduction, at) -> bool:
     return isinstance(v, Load) and v.buffer == a.output.name and not v.indirect and sympy.expand(v.index - at) == 0
 
 
+def _is_count(v, R) -> bool:
+    """Whether `v` is the value R: a constant, or under dynamic shapes the size expression as a float."""
+    if isinstance(v, Constant):
+        return float(v.value) == R
+    if isinstance(v, Cast) and isinstance(v.value, IndexValue) and not v.value.indirect:
+        return sympy.expand(v.value.expr - R) == 0
+    return False
+
+
 def _pair(a: Reduction, b: Reduction, body_a, body_b, n_outer: int, R: int) -> str | None:
     """How `b`, whose body reads the finished result of `a` (and of no other reduction of the group), can
     still be reduced chunk by chunk, its chunks combined afterwards — or None:
@@ -302,7 +330,7 @@ def _pair(a: Reduction, b: Reduction, body_a, body_b, n_outer: int, R: int) -> s
             return None
         mean = d.args[1]
         if isinstance(mean, Op) and mean.name == "truediv" and _is_result(mean.args[0], a, at) and \
-                isinstance(mean.args[1], Constant) and float(mean.args[1].value) == R:
+                _is_count(mean.args[1], R):
             return "deviation"
     if a.reduction_type == "max" and isinstance(body_b, Op) and body_b.name == "exp":
         (d,) = body_b.args
@@ -409,7 +437,10 @@ def _split_group(graph, node, members, outer, red, splits: int, column: bool, bo
 
 
 def _chunk_points(sp: _Split, s, dtype: torch.dtype):
-    """The points of chunk `s` as a value: `chunk`, and fewer for the last one where it runs past R."""
+    """The points of chunk `s` as a value: `chunk`, and fewer for the last one where it runs past R (none
+    for a chunk past R, which only a run-time R has)."""
+    if sp.symbolic:
+        return IndexValue(sympy.Max(sympy.Min(sp.chunk, sp.R - s * sp.chunk), 0), dtype)
     if sp.masked:
         return IndexValue(sympy.Min(sp.chunk, sp.R - s * sp.chunk), dtype)
     return Constant(float(sp.chunk), dtype)
@@ -444,8 +475,11 @@ def _paired_finish(sp: _Split, pair, fin: Reduction, partial_a: Reduction, parti
     total = Load(a.output.name, store_access(a, n_outer).index.xreplace(back), dt)
     if how == "deviation":  # m2_k + n_k (s_k / n_k - a / R)^2
         n_k = _chunk_points(sp, r0, dt)
-        d = Op("sub", (Op("truediv", (a_k, n_k), dt), Op("truediv", (total, Constant(float(sp.R), dt)), dt)), dt)
-        body = Op("add", (b_k, Op("mul", (n_k, Op("mul", (d, d), dt)), dt)), dt)
+        d = Op("sub", (Op("truediv", (a_k, n_k), dt), Op("truediv", (total, sp.points(dt)), dt)), dt)
+        term = Op("mul", (n_k, Op("mul", (d, d), dt)), dt)
+        if sp.symbolic:  # a chunk of no point: s_k / 0 is NaN, and 0 * NaN would spoil the sum
+            term = Op("where", (Op("gt", (n_k, Constant(0.0, dt)), torch.bool), term, Constant(0.0, dt)), dt)
+        body = Op("add", (b_k, term), dt)
     else:  # exp(m_k - a) s_k; a chunk of -inf adds 0 (its s_k is NaN), a row of -inf is NaN
         ninf = Constant(float("-inf"), dt)
         term = Op("mul", (Op("exp", (Op("sub", (a_k, total), dt),), dt), b_k), dt)
@@ -453,6 +487,14 @@ def _paired_finish(sp: _Split, pair, fin: Reduction, partial_a: Reduction, parti
         body = Op("where", (Op("eq", (total, ninf), torch.bool), Constant(float("nan"), dt), term), dt)
     return Reduction(fin.name, fin.ranges, fin.reduction_ranges, "sum", body, fin.output, fin.origins,
                      fin.permutation)
+
+
+def _at_hint(e, hints: dict) -> int | None:
+    """A size expression's value at the sizes the graph was traced at, or None where some symbol has none."""
+    if not e.free_symbols <= hints.keys():
+        return None
+    v = e.xreplace({s: sympy.Integer(hints[s]) for s in e.free_symbols})
+    return int(translate(v)) if not v.is_number else int(v)
 
 
 def _fresh(graph, name: str) -> str:
@@ -487,9 +529,14 @@ def split_reductions(graph, ctx, *,
             continue
         members, outer, red = found
         X, R = product(outer), product(red)
-        if not (X.is_number and R.is_number) or int(R) < 2:
-            continue  # symbolic sizes: left alone (documented)
-        X, R = int(X), int(R)
+        if not X.is_number:
+            continue  # symbolic outputs: left alone (documented)
+        # a run-time reduced range is split too, into chunks counted from its size at the hint
+        symbolic = not R.is_number
+        R = _at_hint(R, graph.hints) if symbolic else int(R)
+        if R is None or R < 2:
+            continue
+        X = int(X)
         if not splits and (-(-X // COLUMN_BLOCK) >= programs_per_sm * gpu_sms or R < min_reduced):
             continue  # busy enough even as a column reduction, or too short: no need to look closer
         reductions = [m for m in members if isinstance(m, Reduction)]
@@ -500,7 +547,7 @@ def split_reductions(graph, ctx, *,
             continue
         column = _columns(bodies[1].values(), outer, red)
         if splits:
-            S = min(splits, R)
+            S = splits if symbolic else min(splits, R)
         else:
             programs = -(-X // COLUMN_BLOCK) if column else X
             aim = programs_per_sm * gpu_sms
@@ -510,7 +557,7 @@ def split_reductions(graph, ctx, *,
             S = min(-(-aim // programs), most)
             if S < 2:
                 continue
-            S = _near_divisor(R, S, most)
+            S = S if symbolic else _near_divisor(R, S, most)
         bad = [m.reduction_type for m in reductions if m.reduction_type not in COMBINABLE]
         if bad:
             ctx.count("split_reductions_refused")  # argmax/argmin: see the module docstring

@@ -65,6 +65,12 @@ class SchedulerGraph:
         self.comms: tuple[str, ...] = ()
         # how lowering implemented each node whose op had other candidates (lowering/choices.py)
         self.choices: tuple = ()
+        # size symbol -> the least value dynamo allows it (a backed size is at least 2): what passes prove
+        # index facts from under dynamic shapes (ir.index.least); empty for static shapes
+        self.bounds: dict = {}
+        # size symbol -> the size the graph was traced at (dynamo's hint): for choices that are right at
+        # every size and best near it, never for facts
+        self.hints: dict = {}
 
     @classmethod
     def from_program(cls, program: Program) -> "SchedulerGraph":
@@ -73,6 +79,7 @@ class SchedulerGraph:
             g.add_node(node)
         g.comms = tuple(n.name for n in program.nodes if isinstance(n, Extern) and n.comm)
         g.choices = program.choices
+        g.bounds, g.hints = dict(program.bounds), dict(program.hints)
         return g
 
     # -- queries ----------------------------------------------------------------------------------
@@ -358,6 +365,7 @@ class SchedulerGraph:
         g._mutators = {b: set(r) for b, r in self._mutators.items()}
         g.comms = self.comms
         g.choices = self.choices
+        g.bounds, g.hints = self.bounds, self.hints
         g._order = itertools.count(max((d for _, d in self.nx.nodes(data="order")), default=-1) + 1)
         return g
 

@@ -13,6 +13,7 @@ import torch
 
 from ...ir import Op
 from ...ir.index import FloorDiv, ModularIndexing
+from ...lowering.sizes import translate
 
 try:  # the floor division dynamo writes in symbolic sizes (a pool's output: (s0 - 1)//2 + 1)
     from torch.utils._sympy.functions import FloorDiv as SizeFloorDiv
@@ -60,6 +61,12 @@ def index(expr: sympy.Expr) -> str:
         for a in expr.args[1:]:
             out = f"tl.minimum({out}, {index(a)})"
         return out
+    try:  # torch's own size functions (Max, CeilDiv... in a layout taken from a traced value): plain sympy
+        plain = translate(expr)
+    except NotImplementedError:
+        plain = expr
+    if plain != expr:
+        return index(plain)
     raise Unsupported(f"index expression {expr}")
 
 
