@@ -258,13 +258,18 @@ def case_ddp(rank):
 
 
 def case_fsdp2(rank):
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
+
+    # the ranks talk over gloo on the CPU: a mesh of CPU devices (by default FSDP2 meshes the GPU where
+    # there is one, and moved the model there while the batches stayed on the CPU)
+    mesh = init_device_mesh("cpu", (WORLD,))
 
     def sharded():
         model = _mlp()
         for layer in (model.up, model.down):
-            fully_shard(layer)
-        return fully_shard(model)
+            fully_shard(layer, mesh=mesh)
+        return fully_shard(model, mesh=mesh)
 
     torch._dynamo.reset()
     be = passline.backend(fallback="raise")

@@ -94,6 +94,17 @@ def translate(expr):
     raise NotImplementedError(f"{type(expr).__name__} is not a size function passline evaluates")
 
 
+def at_hint(expr, hints: dict) -> int | None:
+    """A size expression's value at the sizes a graph was traced at (`SchedulerGraph.hints`), or None where
+    some symbol has no hint. For choices right at every size and best near the traced one, never facts."""
+    expr = sympy.sympify(expr)
+    if not expr.free_symbols <= hints.keys():
+        return None
+    v = expr.xreplace({s: sympy.Integer(hints[s]) for s in expr.free_symbols})
+    v = v if v.is_number else translate(v)
+    return int(v) if v.is_number else None
+
+
 def runtime_value(expr, values: dict):
     """A size expression's value for one call: int, float or bool, as eager returns it."""
     v = sympy.sympify(expr.xreplace(values) if values else expr)  # a bare symbol xreplaces to an int

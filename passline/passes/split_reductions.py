@@ -95,7 +95,7 @@ from ..ir.index import (
     var_kind,
 )
 from ..ir.loops import Role, canon_var, canonical_map, role, shape, store_access
-from ..lowering.sizes import translate
+from ..lowering.sizes import at_hint
 from ..pipeline.registry import PipelineError, register_pass
 
 COMBINABLE = ("sum", "prod", "max", "min", "any", "all")
@@ -489,14 +489,6 @@ def _paired_finish(sp: _Split, pair, fin: Reduction, partial_a: Reduction, parti
                      fin.permutation)
 
 
-def _at_hint(e, hints: dict) -> int | None:
-    """A size expression's value at the sizes the graph was traced at, or None where some symbol has none."""
-    if not e.free_symbols <= hints.keys():
-        return None
-    v = e.xreplace({s: sympy.Integer(hints[s]) for s in e.free_symbols})
-    return int(translate(v)) if not v.is_number else int(v)
-
-
 def _fresh(graph, name: str) -> str:
     new, k = name, 1
     taken = graph.buffers()
@@ -533,7 +525,7 @@ def split_reductions(graph, ctx, *,
             continue  # symbolic outputs: left alone (documented)
         # a run-time reduced range is split too, into chunks counted from its size at the hint
         symbolic = not R.is_number
-        R = _at_hint(R, graph.hints) if symbolic else int(R)
+        R = at_hint(R, graph.hints) if symbolic else int(R)
         if R is None or R < 2:
             continue
         X = int(X)

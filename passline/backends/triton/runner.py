@@ -22,6 +22,7 @@ import torch
 from ... import __version__
 from ...config import current_settings
 from ...ir import Extern, MixOrderNode, members
+from ...lowering.sizes import at_hint
 from ...pipeline.metrics import node_bytes
 from ..reference import ReferenceRunner, _Bindings
 from ..variants import MIX_FORMS
@@ -93,6 +94,7 @@ class Kernel:
         self.wide = False
         self.wide_when: str | None = None  # the generated call's `wide=` condition (wrapper.py), or None
         self.counters: collections.Counter = collections.Counter()  # the runner's (report.metrics.counters)
+        self.hinted_row_bytes: float | None = None  # bytes a row at the traced sizes (set by the runner)
 
     @property
     def splits(self) -> dict:
@@ -143,8 +145,10 @@ class Kernel:
         """The bytes the kernel reads and writes a row (its traffic over its rows). Under dynamic shapes
         the traffic is an expression of the size symbols, evaluated at the launch's sizes — the element
         counts where they are one symbol each, and the size arguments (`args`, in the kernel's signature
-        order) — so a dynamic kernel gets its static twin's configuration; None where some size stays
-        unknown (the rule then assumes 4 bytes an element)."""
+        order) — so a dynamic kernel gets its static twin's configuration. Where some size stays unknown
+        (rows of `s0*s1` with neither size an argument: a GPT block's LayerNorm backward), the bytes a row
+        at the size the graph was traced at (`hinted_row_bytes`: traffic grows with the rows, so a row's
+        share barely moves); None without hints (the rule then assumes 4 bytes an element)."""
         total = self.info.bytes
         if isinstance(total, sympy.Expr) and total.free_symbols:
             src = next(iter(self.info.variants.values()))
@@ -157,7 +161,7 @@ class Kernel:
         try:
             return float(total) / max(1, xnumel) if total else None
         except TypeError:  # symbolic
-            return None
+            return self.hinted_row_bytes
 
     def _choose(self, args, xnumel, rnumel, stream, after=None) -> Config:
         if not self.autotune or self.interpret or self.mutates or args is None:
@@ -764,12 +768,17 @@ class TritonRunner:
         r, w = node_bytes(self.graph, node) if not kind.startswith("mix_finish") else (0, 0)
         info.bytes = r + w
         self.kernels.append(info)
+        hinted = None
+        if isinstance(info.bytes, sympy.Expr) and info.bytes.free_symbols:
+            total, rows = at_hint(info.bytes, self.graph.hints), at_hint(first.xnumel, self.graph.hints)
+            hinted = total / rows if total and rows else None
         # the key names the sources themselves: the IR's repr omits dtypes a kernel's code depends on (a
         # scatter's float32 and float64 forms printed alike, and the float64 graph ran the cached float32
         # kernel: gradients at float32 precision)
         key = digest(self._key(node, stored), {str(v): src.source for v, src in variants.items()})
         k = cls(info, self.cache, self.interpret, self.autotune, key, self.variant, self.device,
                 kgen.rows_contiguous(node) if kind == "reduction" else True, **extra)
+        k.hinted_row_bytes = hinted
         # writes a graph input, or writes in place (a scatter's atomic adds): launched once a call, never timed
         inputs = set(self.graph.input_buffers())
         k.mutates = bool(set(node.output_names()) & inputs) or bool(getattr(node, "mutates", ()))
