@@ -27,12 +27,9 @@ from functorch.compile import min_cut_rematerialization_partition
 from torch._guards import detect_fake_mode
 from torch.fx.node import map_arg
 
-from ..lowering.pooling import Window
+from ..lowering.pooling import BACKWARDS, FORWARDS, Window
 
 aten = torch.ops.aten
-
-POOLS = {aten.max_pool2d_with_indices.default: 2, aten.max_pool3d_with_indices.default: 3}
-BACKWARDS = {aten.max_pool2d_with_indices_backward.default, aten.max_pool3d_with_indices_backward.default}
 
 
 def partition(joint_module, joint_inputs, *, num_fwd_outputs, **kwargs):
@@ -139,11 +136,11 @@ def compact_pool_indices(fw: torch.fx.GraphModule, bw: torch.fx.GraphModule, num
     for i in range(num_fwd_outputs, len(outputs)):
         idx = outputs[i]
         if not (isinstance(idx, torch.fx.Node) and idx.target is operator.getitem and idx.args[1] == 1
-                and getattr(idx.args[0], "target", None) in POOLS):
+                and getattr(idx.args[0], "target", None) in FORWARDS):
             continue
         holder = holders.get(idx.name)
         pool = idx.args[0]
-        n = POOLS[pool.target]
+        n = FORWARDS[pool.target]
         x, val = pool.args[0].meta.get("val"), idx.meta.get("val")
         if holder is None or x is None or val is None or not holder.users:
             continue

@@ -46,8 +46,10 @@ aten = torch.ops.aten
 # saved, and the extern's loop is as good.
 MAX_TAPS = 25
 
-POOLS = {aten.max_pool2d_with_indices.default: 2, aten.max_pool3d_with_indices.default: 3,
-         aten.max_pool2d_with_indices_backward.default: 2, aten.max_pool3d_with_indices_backward.default: 3}
+# the max-pool ops passline lowers (and backends/partition.py compacts), with their spatial dimensions
+FORWARDS = {aten.max_pool2d_with_indices.default: 2, aten.max_pool3d_with_indices.default: 3}
+BACKWARDS = {aten.max_pool2d_with_indices_backward.default: 2, aten.max_pool3d_with_indices_backward.default: 3}
+POOLS = FORWARDS | BACKWARDS
 
 
 @attrs.frozen

@@ -136,13 +136,20 @@ def _inlined_indirect(consumer, node: Pointwise, bounds: dict):
     return attrs.evolve(consumer, body=body) if changed else None
 
 
+def _shape_refused(graph, node: Pointwise) -> list | None:
+    """`node`'s consumers where every one is a Pointwise or Reduction node (no extern, no group) that
+    cannot fuse with it for a reason of shape, else None."""
+    consumers = [graph.node(c) for c in graph.consumers(node.output.name)]
+    if not consumers or any(not isinstance(c, (Pointwise, Reduction))
+                            or can_fuse(graph, node, c).reason not in SHAPE_REASONS for c in consumers):
+        return None
+    return consumers
+
+
 def _inline_cheap(graph, ctx, node: Pointwise, max_loads: int, max_ops: int) -> bool:
     """Recompute `node` in consumers that cannot fuse with it for a reason of shape; True when done."""
-    if not _cheap(node, max_loads, max_ops):
-        return False
-    consumers = [graph.node(c) for c in graph.consumers(node.output.name)]
-    if not consumers or any(not isinstance(c, (Pointwise, Reduction))  # no extern, no group
-                            or can_fuse(graph, node, c).reason not in SHAPE_REASONS for c in consumers):
+    consumers = _shape_refused(graph, node) if _cheap(node, max_loads, max_ops) else None
+    if consumers is None:
         return False
     return _recompute(graph, ctx, node, node, consumers, "inline", "inlined_pointwise")
 
@@ -150,9 +157,8 @@ def _inline_cheap(graph, ctx, node: Pointwise, max_loads: int, max_ops: int) -> 
 def _inline_chain(graph, ctx, node: Pointwise, inputs, blocked, max_ops: int) -> bool:
     """Recompute `node`, expanded down to one point of one graph input, in consumers that cannot fuse
     with it for a reason of shape; True when done (the chain's nodes left unread go at the sweep's end)."""
-    consumers = [graph.node(c) for c in graph.consumers(node.output.name)]
-    if not consumers or any(not isinstance(c, (Pointwise, Reduction))
-                            or can_fuse(graph, node, c).reason not in SHAPE_REASONS for c in consumers):
+    consumers = _shape_refused(graph, node)
+    if consumers is None:
         return False
     computed = _expanded(graph, node, inputs, blocked, 1, max_ops)
     if computed is None or not _no_wider(graph, computed, 0):
