@@ -163,6 +163,22 @@ def test_dynamic_graphs_run_the_static_graphs_kernels(window):
     assert counts[1] == counts[0]
 
 
+def test_dynamic_offsets_compute_in_32_bits_under_a_guard():
+    """Under dynamic sizes the offsets' arithmetic is 32-bit as at static sizes, with the plane's bound kept
+    as a dynamo guard (a larger plane recompiles with 64 bits) rather than 64-bit arithmetic at every size."""
+    torch._dynamo.reset()
+    be = passline.backend(fallback="raise", capture=True)
+    x = torch.randn(2, 3, 9, 11, device=_device(), requires_grad=True)
+    torch.compile(lambda x: F.max_pool2d(x, 3, 2, 1), backend=be, dynamic=True)(x).sum().backward()
+    forward = be.reports[0]
+    val = next(n.meta["val"] for n in forward.gm.graph.nodes if n.op == "placeholder"
+               and isinstance(n.meta.get("val"), torch.Tensor))
+    env = next(s.node.shape_env for s in val.shape if isinstance(s, torch.SymInt))
+    assert any("< 2147483648" in str(g.expr) for g in env.guards)
+    casts = [n.kwargs.get("dtype") for n in forward.gm.graph.nodes if n.target is torch.ops.aten._to_copy.default]
+    assert torch.int32 in casts, casts
+
+
 @pytest.mark.parametrize("batch", [1, 2])
 def test_backward_reads_the_saved_offsets_in_one_kernel(batch):
     """The backward is one kernel: the gather of the output gradient, with the positions recomputed from

@@ -162,8 +162,12 @@ def compact_pool_indices(fw: torch.fx.GraphModule, bw: torch.fx.GraphModule, num
             continue
 
         # The arithmetic in 32 bits where every position of the input plane fits (a GPU divides 64-bit
-        # integers in software: in 64 bits the backward's kernel was bound by its divisions), else in 64
-        wide = not static or math.prod(_number(s) for s in x.shape[-n:]) >= 2**31
+        # integers in software: in 64 bits the backward's kernel was bound by its divisions), else in 64.
+        # Under dynamic shapes the ShapeEnv answers for the traced sizes and keeps the answer as a guard
+        # (Inductor guards its index widths so too): a call with a plane past int32 recompiles, and
+        # gets 64 bits. Without it the dynamic kernels did 64-bit arithmetic at every size (a ResNet stem's
+        # backward gather 403 instructions on 64-bit operands against 13, 0.23 ms against 0.15)
+        wide = not bool(math.prod(x.shape[-n:]) < 2**31)
         itype = torch.int64 if wide else torch.int32
 
         # forward: offset = sum over d of k_d * (kernel elements after d), k_d = (c_d - start_d) / dilation_d
