@@ -130,6 +130,43 @@ def test_errors_eager_raises_are_raised(name, codegen):
         torch.compile(fn, backend=passline.backend(codegen=codegen, fallback="raise"))(i, z)
 
 
+@pytest.mark.parametrize("codegen", ["reference", "triton"])
+def test_assertions_run_and_raise_as_eager(codegen):
+    """`torch._assert_async` in a compiled program has no result anyone reads: dce removed it, and a
+    failed check passed silently. It runs now, raising as eager does, and passes where the check holds."""
+    def fn(x):
+        torch._assert_async((x > 0).all(), "all positive")
+        return x * 2
+
+    torch._dynamo.reset()
+    be = passline.backend(codegen=codegen, fallback="raise")
+    compiled = torch.compile(fn, backend=be)
+    x = torch.rand(5) + 1
+    torch.testing.assert_close(compiled(x), x * 2)
+    with pytest.raises(RuntimeError, match="all positive"):
+        fn(-x)
+    with pytest.raises(RuntimeError, match="all positive"):
+        compiled(-x)
+    assert len(be.reports) == 1
+
+
+def test_run_time_asserts_on_sizes_are_kept():
+    """dynamo's run-time asserts on sizes (`torch._check` under dynamic shapes: `_assert_scalar`) stay in
+    the generated call: called with sizes that break the check, it raises."""
+    def fn(x):
+        torch._check(x.shape[0] * x.shape[1] < 200, lambda: "plane too big")
+        return x * 2
+
+    torch._dynamo.reset()
+    be = passline.backend(fallback="raise")
+    compiled = torch.compile(fn, backend=be, dynamic=True)
+    torch.testing.assert_close(compiled(torch.ones(5, 7)), torch.full((5, 7), 2.0))
+    runner = be.reports[0].runner  # its arguments: the two sizes, then the tensor
+    torch.testing.assert_close(runner(6, 7, torch.ones(6, 7))[0], torch.full((6, 7), 2.0))
+    with pytest.raises(RuntimeError, match="plane too big"):
+        runner(30, 9, torch.ones(30, 9))
+
+
 def test_integer_division_checks_only_lanes_inside_the_masks():
     # masked lanes hold a load's 0: no division by zero there (7 x 13 leaves partial blocks)
     i = torch.randint(-50, 50, (7, 13))

@@ -3,7 +3,8 @@
 Removes nodes whose results nothing needs: not a graph output, not read by a live node, not writing a
 graph input in place (an in-place Pointwise, or a group holding one; a scatter is needed when its
 buffer is read after it or returned), and without side effects (an extern that mutates, draws random
-numbers, or is a collective or its wait, is kept).
+numbers, is a collective or its wait, or is an assertion — `torch._assert_async`, dynamo's run-time
+asserts on sizes — is kept: an assertion has no result to read, and dropping it let a failed check pass).
 Runs to a fixed point in one sweep, consumers before producers. Refuses nothing else.
 """
 from __future__ import annotations
@@ -13,12 +14,18 @@ import torch
 from ..ir import Extern, Scatter
 from ..pipeline.registry import register_pass
 
+aten = torch.ops.aten
+# checks a program makes of itself: each raises where its condition fails, and returns nothing to read
+ASSERTIONS = {aten._assert_async.default, aten._assert_async.msg, aten._assert_scalar.default,
+              aten._assert_tensor_metadata.default, aten.sym_constrain_range.default,
+              aten.sym_constrain_range_for_size.default}
+
 
 def has_side_effects(node) -> bool:
     if not isinstance(node, Extern):
         return False
     # a collective and its wait act across ranks: dropping one where another rank keeps it hangs both
-    if node.mutates or node.comm:
+    if node.mutates or node.comm or node.op in ASSERTIONS:
         return True
     op = node.op
     schema = getattr(op, "_schema", None)
