@@ -79,6 +79,9 @@ class Kernel:
         self.choices: dict = {}  # size bucket -> Config
         self.binaries: dict = {}  # Config, or (Config, INT64, specialization) -> (launch, constexpr tail)
         self.check: tuple = ()  # positions of arguments that may change between calls (set by the wrapper)
+        # positions among `check` of run-time size arguments (dynamic shapes), whose values key a replay
+        # (`ready`) next to the element counts; set when the first launch settles
+        self.replay_sizes: tuple = ()
         self.last = None  # (xnumel, rnumel, Config) of the latest launch: static shapes skip the lookup
         # (xnumel, rnumel, wide) -> (binary launch, grid, constexpr tail, `last`): launches whose choice and
         # binary are settled, replayed without choosing again (see __call__)
@@ -248,7 +251,9 @@ class Kernel:
         return compiled
 
     def __call__(self, stream, args: tuple, xnumel: int, rnumel: int | None = None, wide: bool = False) -> None:
-        ready = self.ready.get((xnumel, rnumel, wide))
+        sized = self.replay_sizes
+        ready = self.ready.get((xnumel, rnumel, wide) if not sized else
+                               (xnumel, rnumel, wide, *[args[i] for i in sized]))
         if ready is not None:  # the steady state: one lookup, then the binary's launcher
             launch, grid0, tail, last = ready
             if self.last is not last:
@@ -263,25 +268,31 @@ class Kernel:
         compiled = self.launch(cfg, stream, args, xnumel, rnumel)
         if compiled is not None and not self.interpret and self._unspill(cfg, compiled, xnumel, rnumel):
             return
-        self._settle(cfg, len(args), xnumel, rnumel, wide)
+        self._settle(cfg, args, xnumel, rnumel, wide)
 
-    def _settle(self, cfg: Config, nargs: int, xnumel: int, rnumel: int | None, wide: bool) -> None:
+    def _settle(self, cfg: Config, args: tuple, xnumel: int, rnumel: int | None, wide: bool) -> None:
         """Remember this launch for replay when nothing of it can change on a later call with the same sizes:
         its configuration is chosen (the rule's, or timed and stored) and its binary loaded, and no argument
-        outside the replay's key is specialized per call (`check`: an extern's result that may be a
-        misaligned view, a symbolic size other than the element counts) — a replay would skip that
-        specialization. The element counts are the key, so their specialization is the key's. The launch
-        through JITFunction.run (no binary) and Triton's interpreter keep the full path."""
-        if self.interpret or any(i < nargs for i in self.check):
+        outside the replay's key is specialized per call — a replay would skip that specialization. The
+        element counts are in the key, and so are the run-time sizes among the arguments (`check`, dynamic
+        shapes: a softmax's row stride; without them in the key every launch of a dynamic kernel took the
+        full path, ~30 µs of host more); an extern's result that may be a misaligned view is not, and
+        keeps the full path. So do the launch through JITFunction.run (no binary) and Triton's interpreter."""
+        nargs = len(args)
+        inside = [i for i in self.check if i < nargs]
+        if self.interpret or not all(isinstance(args[i], int) for i in inside):
             return
+        self.replay_sizes = tuple(inside)
         full = (0,) * nargs + ((xnumel,) if rnumel is None else (xnumel, rnumel))
+        full = tuple(args[i] if i in inside else a for i, a in enumerate(full))
         found = self.binaries.get(self.binary_key(cfg, self.constexprs(cfg, xnumel, rnumel, wide), full))
         if found is None:
             return
         if len(self.ready) >= 64:  # dynamic shapes: many sizes; forget the old ones
             self.ready.clear()
         launch, tail = found
-        self.ready[xnumel, rnumel, wide] = launch, max(1, -(-xnumel // cfg.per_program)), tail, self.last
+        key = (xnumel, rnumel, wide, *[args[i] for i in inside]) if inside else (xnumel, rnumel, wide)
+        self.ready[key] = launch, max(1, -(-xnumel // cfg.per_program)), tail, self.last
 
     def _show(self, last) -> None:
         """The report's configuration: the latest launch's (a replay of another size's settled launch)."""
