@@ -158,9 +158,11 @@ def test_run_time_asserts_on_sizes_are_kept():
         return x * 2
 
     torch._dynamo.reset()
-    be = passline.backend(fallback="raise")
+    be = passline.backend(fallback="raise", capture=True)
     compiled = torch.compile(fn, backend=be, dynamic=True)
     torch.testing.assert_close(compiled(torch.ones(5, 7)), torch.full((5, 7), 2.0))
+    if not any(n.target is torch.ops.aten._assert_scalar.default for n in be.reports[0].gm.graph.nodes):
+        pytest.skip("no run-time assert in this torch's graph: the check is left to dynamo's guards")
     runner = be.reports[0].runner  # its arguments: the two sizes, then the tensor
     torch.testing.assert_close(runner(6, 7, torch.ones(6, 7))[0], torch.full((6, 7), 2.0))
     with pytest.raises(RuntimeError, match="plane too big"):
