@@ -150,15 +150,17 @@ def test_assertions_run_and_raise_as_eager(codegen):
     assert len(be.reports) == 1
 
 
-def test_run_time_asserts_on_sizes_are_kept():
+@pytest.mark.parametrize("codegen", ["reference", "triton"])
+def test_run_time_asserts_on_sizes_are_kept(codegen):
     """dynamo's run-time asserts on sizes (`torch._check` under dynamic shapes: `_assert_scalar`) stay in
-    the generated call: called with sizes that break the check, it raises."""
+    the generated call: called with sizes that break the check, it raises (the reference backend once
+    passed the condition to aten unevaluated, a sympy comparison)."""
     def fn(x):
         torch._check(x.shape[0] * x.shape[1] < 200, lambda: "plane too big")
         return x * 2
 
     torch._dynamo.reset()
-    be = passline.backend(fallback="raise", capture=True)
+    be = passline.backend(codegen=codegen, fallback="raise", capture=True)
     compiled = torch.compile(fn, backend=be, dynamic=True)
     torch.testing.assert_close(compiled(torch.ones(5, 7)), torch.full((5, 7), 2.0))
     if not any(n.target is torch.ops.aten._assert_scalar.default for n in be.reports[0].gm.graph.nodes):
@@ -167,6 +169,21 @@ def test_run_time_asserts_on_sizes_are_kept():
     torch.testing.assert_close(runner(6, 7, torch.ones(6, 7))[0], torch.full((6, 7), 2.0))
     with pytest.raises(RuntimeError, match="plane too big"):
         runner(30, 9, torch.ones(30, 9))
+
+
+@pytest.mark.parametrize("codegen", ["reference", "triton"])
+def test_a_check_of_a_value_read_from_a_tensor_does_not_crash(codegen):
+    """`torch._check(n >= 2)` on `n = t.item()`: passline binds no such value at run time, so the assertion
+    cannot be evaluated; it is dropped (unchecked, as before assertions were kept), not a crash."""
+    def fn(x):
+        n = (x > 0).sum().item()
+        torch._check(n >= 2)
+        return x * 3
+
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(capture_scalar_outputs=True):
+        out = torch.compile(fn, backend=passline.backend(codegen=codegen, fallback="raise"))(torch.ones(5))
+    torch.testing.assert_close(out, torch.full((5,), 3.0))
 
 
 def test_integer_division_checks_only_lanes_inside_the_masks():

@@ -218,6 +218,8 @@ class ReferenceRunner:
             return t.as_strided(bind.ints(x.size), bind.ints(x.stride), t.storage_offset() + bind.int(x.offset))
         if isinstance(x, sympy.Expr):
             return bind.int(x) if x.is_integer else float(x.xreplace(bind.values))
+        if isinstance(x, sympy.Basic):  # a comparison of sizes (a run-time assert's condition)
+            return runtime_value(x, bind.values)
         if isinstance(x, list):
             return [self._arg(y, env, bind) for y in x]
         if isinstance(x, tuple):
