@@ -57,9 +57,14 @@ and (X, S) otherwise. On a CPU target (Triton's interpreter, the reference backe
 per program, so the rule splits nothing there unless `sms` names a GPU to plan for; `splits=N` splits
 every eligible reduction into N chunks on any target (tests, experiments).
 
-Left alone: MixOrderNodes, pointwise and extern nodes, argmax/argmin, and symbolic X or R (dynamic
-shapes: the split count would have to be chosen per size). Stats: `num_split_reductions` (reductions
-split), `split_reductions_refused` (groups the rule chose but that cannot be split).
+A run-time R (dynamic shapes: BatchNorm's rows over a varying batch) is split too: S is a number, chosen
+by the rule with R taken at the size dynamo traced the graph at (`SchedulerGraph.hints`), and the chunks
+are ceil(R / S) points, all masked, so one kernel serves every size; below S * (S - 1) points the last
+chunks hold none (their partials are the identity; the variance's combination skips them, as 0 / 0 would
+carry a NaN into it). Left alone: MixOrderNodes, pointwise and extern nodes, argmax/argmin, and a
+symbolic X (the count of outputs decides the programs: S would have to be chosen per call). Stats:
+`num_split_reductions` (reductions split), `split_reductions_refused` (groups the rule chose but that
+cannot be split).
 """
 from __future__ import annotations
 
