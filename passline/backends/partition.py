@@ -15,7 +15,9 @@ saves offsets too, 776). The rewrite happens after partitioning because the part
 backward reads with an op it cannot recompute (the max-pool backward) as it is: the offsets must be what
 is saved, not an alternative it may weigh. Where lowering/pooling.py lowers the pool, the conversions join
 its kernels (the backward's positions are recomputed inside its gather by inline_pointwise). Symbolic
-spatial sizes (dynamic shapes) are read from `sym_size` nodes.
+spatial sizes (dynamic shapes) are read from `sym_size` nodes. The conversions compute in 32 bits where the
+input plane has fewer than 2**31 points; under dynamic shapes that is a dynamo guard (the one passline
+adds: a larger plane recompiles with 64-bit arithmetic).
 """
 from __future__ import annotations
 
