@@ -81,20 +81,17 @@ def step_fn(model, x):
     return step
 
 
-def loop_ms(step, steps: int = 100, reps: int = 7) -> float:
-    """ms a step of `steps` back-to-back steps between two CUDA events, the best of `reps`."""
+def loop_ms(step, steps: int = 100) -> float:
+    """ms a step of `steps` back-to-back steps between two CUDA events (one round; main takes the best)."""
     step()
-    best = float("inf")
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize()
-        start.record()
-        for _ in range(steps):
-            step()
-        end.record()
-        torch.cuda.synchronize()
-        best = min(best, start.elapsed_time(end) / steps)
-    return best
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(steps):
+        step()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / steps
 
 
 def check(model, compiled, x) -> float:
@@ -174,7 +171,7 @@ def main():
             times = {run: float("inf") if device == "cuda" else float("nan") for run in runs}
             for _ in range(7 if device == "cuda" else 0):
                 for run, step in steps.items():
-                    times[run] = min(times[run], loop_ms(step, reps=1))
+                    times[run] = min(times[run], loop_ms(step))
             for run in ("static", "dynamic", "inductor"):
                 if args.profile and device == "cuda":
                     profiles[run] = (host_ms(steps[run]), *kernel_profile(steps[run]))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import math
 import sys
 from typing import NamedTuple, Sequence
 
@@ -197,7 +198,7 @@ def least(expr: Expr, bounds: dict | None = None) -> int | None:
         parts = [least(a, bounds) for a in expr.args]
         if None in parts or min(parts) < 0:
             return None
-        return functools.reduce(lambda a, b: a * b, parts, 1)
+        return math.prod(parts)
     if kind == "FloorDiv" and expr.args[1].is_Integer and int(expr.args[1]) > 0:
         low = least(expr.args[0], bounds)
         return None if low is None else low // int(expr.args[1])

@@ -34,6 +34,25 @@ class Program:
     hints: dict = attrs.Factory(dict)  # size symbol -> the value it was traced at (sizes.size_facts)
 
 
+aten = torch.ops.aten
+# checks a program makes of itself: each raises where its condition fails and returns nothing to read, so
+# passes must keep them though nothing reads them (passes/dce.py)
+ASSERTIONS = {aten._assert_async.default, aten._assert_async.msg, aten._assert_scalar.default,
+              aten._assert_tensor_metadata.default, aten.sym_constrain_range.default,
+              aten.sym_constrain_range_for_size.default}
+
+
+def _free_symbols(x) -> set:
+    """The sympy symbols anywhere in a lowered argument (nested tuples, lists and dicts)."""
+    if isinstance(x, sympy.Basic):
+        return set(x.free_symbols)
+    if isinstance(x, dict):
+        x = tuple(x.values())
+    if isinstance(x, (list, tuple)):
+        return set().union(*map(_free_symbols, x)) if x else set()
+    return set()
+
+
 def upcast(dtype: torch.dtype) -> torch.dtype:
     """The dtype math is done in: low-precision floats compute in float32, like eager's opmath."""
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
@@ -88,7 +107,11 @@ class LoweringContext:
 
     def extern(self, op, args: tuple, kwargs: dict, out_val: Any, mutates=(), after=()) -> Any:
         """An Extern node calling `op` (after the buffers `after`, see Extern); returns TensorRefs shaped
-        like the op's result `out_val`."""
+        like the op's result `out_val`. An assertion on a value no input binds at run time (`torch._check`
+        of an `.item()`, as `_refuse_unbacked` finds such values) cannot be evaluated: it is left out,
+        unchecked, and None returned (its result: assertions return nothing)."""
+        if op in ASSERTIONS and not _free_symbols((args, kwargs)) <= self.bound_symbols:
+            return None
         name = self.new_name()
         vals = out_val if isinstance(out_val, (tuple, list)) else (out_val,)
         multi = isinstance(out_val, (tuple, list))

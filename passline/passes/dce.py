@@ -9,49 +9,18 @@ Runs to a fixed point in one sweep, consumers before producers. Refuses nothing 
 """
 from __future__ import annotations
 
-import sympy
 import torch
 
 from ..ir import Extern, Scatter
+from ..lowering.context import ASSERTIONS
 from ..pipeline.registry import register_pass
 
-aten = torch.ops.aten
-# checks a program makes of itself: each raises where its condition fails, and returns nothing to read
-ASSERTIONS = {aten._assert_async.default, aten._assert_async.msg, aten._assert_scalar.default,
-              aten._assert_tensor_metadata.default, aten.sym_constrain_range.default,
-              aten.sym_constrain_range_for_size.default}
 
-
-def _bound_symbols(graph) -> set:
-    """The size symbols a call binds from its inputs (their sizes and strides, and int inputs)."""
-    out = set()
-    for inp in graph.inputs:
-        lay = inp.buffer.layout if inp.buffer is not None else None
-        for e in ((*lay.size, *lay.stride) if lay is not None else (inp.symbol,)):
-            if isinstance(e, sympy.Symbol):
-                out.add(e)
-    return out
-
-
-def _symbols(x) -> set:
-    if isinstance(x, sympy.Basic):
-        return set(x.free_symbols)
-    if isinstance(x, (list, tuple)):
-        return set().union(*map(_symbols, x)) if x else set()
-    return set()
-
-
-def has_side_effects(node, bound: set | None = None) -> bool:
-    """Whether an extern must run though nothing reads it. `bound`: the symbols a call binds from its
-    inputs — an assertion on a symbol outside them (a value read from a tensor by `.item()`, which passline
-    does not bind at run time) cannot be evaluated: it is removed, unchecked, as every assertion was before
-    they were kept (issue: such values are not bound; the graph cannot compute with them either)."""
+def has_side_effects(node) -> bool:
     if not isinstance(node, Extern):
         return False
-    if node.op in ASSERTIONS:
-        return bound is None or _symbols((node.args, [v for _, v in node.kwargs])) <= bound
     # a collective and its wait act across ranks: dropping one where another rank keeps it hangs both
-    if node.mutates or node.comm:
+    if node.mutates or node.comm or node.op in ASSERTIONS:
         return True
     op = node.op
     schema = getattr(op, "_schema", None)
@@ -71,9 +40,8 @@ def dce(graph, ctx):
     """Remove nodes whose results nothing needs (not outputs, unread, no side effects)."""
     keep = graph.output_names()
     inputs = set(graph.input_buffers())
-    bound = _bound_symbols(graph)
     for node in reversed(graph.nodes()):
-        if has_side_effects(node, bound) or any(b in keep for b in node.output_names()):
+        if has_side_effects(node) or any(b in keep for b in node.output_names()):
             continue
         if not isinstance(node, Scatter) and set(node.mutates) & inputs:
             continue  # overwrites a graph input in place (a running statistic): the caller sees it
