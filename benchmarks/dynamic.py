@@ -16,7 +16,7 @@ dynamic / static (the issue's target: within 10%, <= 1.10) next to Inductor's ow
 which shows what dynamo and aot_autograd's symbolic handling cost any backend. `--profile` also prints,
 for passline static and dynamic and Inductor static, where a step's time goes: GPU kernel time per step
 and per kernel (torch.profiler), and the host's time to issue a step while the GPU is held busy (so the
-host never waits).
+host never waits), and how much of that host time is in passline's own calls (cProfile).
 """
 from __future__ import annotations
 
@@ -119,6 +119,32 @@ def host_ms(step, steps: int = 30) -> float:
     return ms
 
 
+def passline_host_us(step, steps: int = 50) -> float:
+    """µs of host time a step spent in passline's compiled calls (each graph's generated `call` and the
+    input-layout check around it), under cProfile while the GPU is held busy: the part of a step's host
+    time that is passline's, apart from dynamo's guards and aot_autograd's wrappers around it. cProfile
+    inflates every Python call alike, so compare static with dynamic, not with the step's own time."""
+    import cProfile
+    import pstats
+
+    step()
+    torch.cuda.synchronize()
+    torch.cuda._sleep(int(2e9))
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(steps):
+        step()
+    prof.disable()
+    torch.cuda.synchronize()
+    total = 0.0
+    for (file, _, name), (_, _, _, cum, callers) in pstats.Stats(prof).stats.items():
+        if file.endswith("layouts.py") and name in ("run", "boxed"):
+            total += cum
+        elif file.startswith("<passline call"):  # the calls not inside the layout check counted above
+            total += sum(c[3] for (f, _, _), c in callers.items() if not f.endswith("layouts.py"))
+    return total * 1e6 / steps
+
+
 def kernel_profile(step, steps: int = 10) -> tuple[float, list]:
     """GPU kernel ms per step and [(ms per step, launches per step, kernel name)], largest first."""
     from bench_common import gpu_profile
@@ -174,13 +200,15 @@ def main():
                     times[run] = min(times[run], loop_ms(step))
             for run in ("static", "dynamic", "inductor"):
                 if args.profile and device == "cuda":
-                    profiles[run] = (host_ms(steps[run]), *kernel_profile(steps[run]))
+                    profiles[run] = (host_ms(steps[run]), passline_host_us(steps[run]), *kernel_profile(steps[run]))
             print(f"| {name} | {label} | {times['eager']:.3f} | {times['inductor']:.3f} / "
                   f"{times['inductor_dynamic']:.3f} | {times['static']:.3f} | {times['dynamic']:.3f} "
                   f"| {times['dynamic'] / times['static']:.2f} | {times['inductor_dynamic'] / times['inductor']:.2f} "
                   f"| {errors['static']:.1e} / {errors['dynamic']:.1e} |", flush=True)
-            for run, (host, kernel, rows) in profiles.items():
-                print(f"    {name} {label} {run}: host {host:.3f} ms/step to issue, kernels {kernel:.3f} ms/step: "
+            for run, (host, own, kernel, rows) in profiles.items():
+                mine = f", {own:.0f} µs of it in passline's calls (cProfile)" if run != "inductor" else ""
+                print(f"    {name} {label} {run}: host {host:.3f} ms/step to issue{mine}, "
+                      f"kernels {kernel:.3f} ms/step: "
                       + "; ".join(f"{ms:.3f} ms x{n:g} {key[:60]}" for ms, n, key in rows[:8]), flush=True)
 
 

@@ -209,7 +209,8 @@ def test_a_size_is_never_bound_from_a_size_one_dims_stride():
     first = GraphInput("a", buffer=Buffer("a", Layout((2, 1, s0), (s0, s0, 1), torch.float32)))
     only = GraphInput("b", buffer=Buffer("b", Layout((1, 3), (s1, 1), torch.float32)))
     graph = SchedulerGraph([first, only])
-    bind = _Bindings(size_sources(graph), [torch.randn(2, 1, 7).as_strided((2, 1, 7), (7, 0, 1)), torch.randn(1, 3)])
+    args = [torch.randn(2, 1, 7).as_strided((2, 1, 7), (7, 0, 1)), torch.randn(1, 3)]
+    bind = _Bindings.read(size_sources(graph), args)
     assert bind.values == {s0: 7, s1: 3}
 
 

@@ -335,3 +335,40 @@ def test_bfloat16_broadcast_with_size_one_dims_keeps_eager_strides():
     v0 = torch.randn(1, 2, 3, 1, 3, dtype=torch.bfloat16).permute(4, 3, 2, 1, 0).requires_grad_()  # transposed
     v1 = torch.randn(3, 1, 5, 1, 2, dtype=torch.bfloat16)[:, :, 1:4, :, :1]                           # sliced
     assert_matches_eager(lambda v0, v1: torch.maximum(v1, v1 + v0), [v0, v1], codegen="reference")
+
+
+def test_symbolic_strides_are_checked_in_the_inputs_own_sizes():
+    """Under dynamic shapes the usual case is one generated expression too (`args[0].stride() ==
+    (args[0].shape[1], 1)`): tensors in the traced layout pass as they are, at any size; others are
+    re-laid out; a stride written in another input's size is left to the per-input check."""
+    import sympy
+
+    from passline.backends import layouts
+    from passline.ir import Buffer, Layout
+    from passline.lowering import GraphInput
+    from passline.pipeline import SchedulerGraph
+
+    s0, s1, s2 = sympy.symbols("s0 s1 s2", integer=True, positive=True)
+    lays = {"rows": Layout((s0, s1), (s1, 1), torch.float32), "cols": Layout((s0, s1), (1, s0), torch.float32),
+            "any": Layout((s0,), (s2,), torch.float32), "other": Layout((4,), (2 * s1,), torch.float32)}
+    graph = SchedulerGraph([GraphInput(n, buffer=Buffer(n, lay)) for n, lay in lays.items()])
+    expects = [layouts._Expect(k, lay, False) for k, lay in enumerate(lays.values())]
+    _, rest = layouts._usual_check(expects)
+    assert [e.pos for e in rest] == [3]
+    seen = []
+    run = layouts.conform_inputs(graph, lambda *args: seen.append(args))
+    for m, n in ((7, 5), (3, 9)):
+        rows, cols = torch.randn(m, n), torch.randn(n, m).t()
+        strided, other = torch.randn(2 * m)[::2], torch.randn(8 * n)[:: 2 * n]
+        run(rows, cols, strided, other)
+        assert all(a is b for a, b in zip(seen.pop(), (rows, cols, strided, other)))  # no copy
+        run(rows.t().contiguous().t(), cols.contiguous(), strided, other)
+        got = seen.pop()
+        assert got[0].stride() == (n, 1) and got[1].stride() == (1, m)  # re-laid out
+        torch.testing.assert_close(got[0], rows)
+        torch.testing.assert_close(got[1], cols)
+        shifted = torch.randn(m * n + 1)[1:].view(m, n)  # 4 bytes in: not 16-byte aligned
+        run(shifted, cols, strided, other)
+        got = seen.pop()
+        assert got[0] is not shifted and not got[0].data_ptr() % layouts.ALIGN
+        torch.testing.assert_close(got[0], shifted)

@@ -71,17 +71,52 @@ ALIGN = 16  # bytes: generated kernels are compiled for inputs aligned to this (
 
 
 def _usual_check(expects: list):
-    """`check(args)`: whether every input of `expects` (static strides) has exactly its traced strides and
-    a 16-byte aligned start — the usual case, decided in one generated expression (~0.3 µs an input,
-    against ~1 µs through `_Expect.wanted`: a training step's backward has dozens of inputs). False sends
-    the call through the full per-input check, which also accepts other strides on size-1 dims."""
-    if not expects:
-        return lambda args: True
-    strides = " and ".join(f"args[{e.pos}].stride() == {e.stride!r}" for e in expects)
-    starts = " | ".join(f"args[{e.pos}].data_ptr()" for e in expects)
+    """(`check(args)`, the rest): whether every input of `expects` has exactly its traced strides and a
+    16-byte aligned start — the usual case, decided in one generated expression (~0.3 µs an input,
+    against ~1 µs through `_Expect.wanted`: a training step's backward has dozens of inputs). Symbolic
+    strides (dynamic shapes) are written in the input's own sizes (`(args[2].shape[1], 1)`); the rest
+    are those whose strides are not (a symbol of another input's): the check leaves them to
+    `_Expect.wanted`. False sends the call through the full per-input check, which also accepts other
+    strides on size-1 dims."""
+    written = {e.pos: w for e in expects if (w := _written(e)) is not None}
+    rest = [e for e in expects if e.pos not in written]
+    if not written:
+        return (lambda args: True), rest
+    strides = " and ".join(f"args[{pos}].stride() == {w}" for pos, w in written.items())
+    starts = " | ".join(f"args[{pos}].data_ptr()" for pos in written)
     ns: dict = {}
     exec(f"def check(args):\n    return {strides} and not ({starts}) % {ALIGN}\n", ns)
-    return ns["check"]
+    return ns["check"], rest
+
+
+def _written(e: _Expect) -> str | None:
+    """Python source for input `e`'s expected strides, in its own sizes and strides, or None."""
+    if e.stride is not None:
+        return repr(e.stride)
+    lay, names = e.layout, {}
+    for d, n in enumerate(lay.size):
+        if isinstance(n, sympy.Symbol):
+            names.setdefault(n, sympy.Symbol(f"args[{e.pos}].shape[{d}]"))
+    for d, (n, st) in enumerate(zip(lay.size, lay.stride)):
+        # a stride that is a symbol of its own is whatever it is (as `_evaluate` binds it)
+        if isinstance(st, sympy.Symbol) and n != 1:
+            names.setdefault(st, sympy.Symbol(f"args[{e.pos}].stride({d})"))
+    out = []
+    for st in lay.stride:
+        st = sympy.sympify(st)
+        if not st.free_symbols <= set(names) or not _polynomial(st):
+            return None
+        out.append(str(st.xreplace(names)))
+    return "(" + "".join(w + ", " for w in out) + ")"
+
+
+def _polynomial(e) -> bool:
+    """Whether `e` is integers and symbols under + and * (what `str` writes as Python that means the same)."""
+    if e.is_Integer or e.is_Symbol:
+        return True
+    if e.is_Pow:
+        return e.exp.is_Integer and int(e.exp) >= 0 and _polynomial(e.base)
+    return (e.is_Add or e.is_Mul) and all(_polynomial(a) for a in e.args)
 
 
 def conform_inputs(graph: SchedulerGraph, runner):
@@ -94,8 +129,7 @@ def conform_inputs(graph: SchedulerGraph, runner):
     if not expects:
         return runner
 
-    usual = _usual_check([e for e in expects if e.stride is not None])
-    symbolic = [e for e in expects if e.stride is None]
+    usual, unwritten = _usual_check(expects)
 
     def conformed(args) -> dict | None:
         """{position: a re-laid-out copy} for the inputs that need one, or None."""
@@ -104,7 +138,7 @@ def conform_inputs(graph: SchedulerGraph, runner):
         except AttributeError:  # not a tensor where one was traced: the full check says what to do
             fine = False
         fixed = None
-        for e in (symbolic if fine else expects):
+        for e in (unwritten if fine else expects):
             t = args[e.pos]
             if not isinstance(t, torch.Tensor):
                 continue

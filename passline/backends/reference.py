@@ -65,14 +65,22 @@ def size_sources(graph: SchedulerGraph) -> list[tuple[sympy.Symbol, int, str, in
 class _Bindings:
     """Values of size symbols for one call (dynamic shapes); evaluates sympy to Python ints."""
 
-    def __init__(self, sources: list, args):
-        """`sources`: `size_sources(graph)`, computed once per runner (it walks every input's layout)."""
+    def __init__(self, values: dict):
         self._memo: dict = {}
         self.plans: dict = {}  # what a runner derives from these sizes (allocations), kept with them
-        self.values: dict[sympy.Symbol, int] = {}
-        for sym, k, kind, d in sources:
-            arg = args[k]
-            self.values[sym] = int(arg) if kind == "int" else arg.shape[d] if kind == "size" else arg.stride(d)
+        self.values: dict[sympy.Symbol, int] = values
+
+    @classmethod
+    def read(cls, sources: list, args) -> _Bindings:
+        """The sizes of a call's `args`; `sources`: `size_sources(graph)`, computed once per runner (it
+        walks every input's layout)."""
+        return cls({sym: int(args[k]) if kind == "int" else args[k].shape[d] if kind == "size" else args[k].stride(d)
+                    for sym, k, kind, d in sources})
+
+    @classmethod
+    def of(cls, sources: list, values: tuple) -> _Bindings:
+        """The binding of `values`, one for each of `sources` (already read from the arguments)."""
+        return cls({sym: int(v) for (sym, *_), v in zip(sources, values, strict=True)})
 
     def int(self, e) -> int:
         if isinstance(e, (int, bool)):
@@ -180,7 +188,7 @@ class ReferenceRunner:
                 self.free_after.setdefault(k, []).append(b)
 
     def __call__(self, *args):
-        bind = _Bindings(self.sources, args)
+        bind = _Bindings.read(self.sources, args)
         env: dict[str, torch.Tensor] = {}
         for inp, arg in zip(self.graph.inputs, args):
             if inp.buffer is not None:

@@ -585,7 +585,6 @@ class TritonRunner:
                 self.fallbacks[node.name] = str(e)
                 self.steps.append(("reference", node, None))
         self._binds: dict = {}  # dynamic shapes: recent bindings by their sizes (a training loop repeats them)
-        self._bind = None
         self.source, self.call = write_call(self)
         self.compile_seconds = 0.0
         if not self.interpret and not self.autotune:
@@ -829,18 +828,17 @@ class TritonRunner:
                 for v in (Variant.PERSISTENT, Variant.LOOPED)}
 
     # -- run ----------------------------------------------------------------------------------------
-    def binding(self, args) -> _Bindings:
-        """The sizes of this call, for what the generated call leaves to the reference backend (nodes it
-        could not generate, nodes with no points). A binding memoizes its sympy -> int conversions, so
-        calls with sizes seen before reuse theirs."""
-        bind = _Bindings(self.reference.sources, args)
-        if not bind.values:
-            self._bind = self._bind or bind
-            return self._bind
-        key = tuple(bind.values.items())
-        if key not in self._binds and len(self._binds) >= 16:
-            self._binds.clear()
-        return self._binds.setdefault(key, bind)
+    def bound(self, values: tuple) -> _Bindings:
+        """The binding of this call's size values (those of `reference.sources`, in order), for what the
+        generated call leaves to the reference backend or to sympy (nodes it could not generate, nodes
+        with no points). A binding memoizes its sympy -> int conversions, so calls with sizes seen
+        before reuse theirs (a training loop repeats a few)."""
+        bind = self._binds.get(values)
+        if bind is None:
+            if len(self._binds) >= 16:
+                self._binds.clear()
+            bind = self._binds[values] = _Bindings.of(self.reference.sources, values)
+        return bind
 
     def run_reference(self, node, env: dict, bind: _Bindings) -> dict:
         """Run `node`'s members on the reference backend: `env` holds what it reads; returns its outputs.

@@ -19,7 +19,7 @@ import torch
 
 from ...ir import TensorArg
 from ...ir.index import FloorDiv, ModularIndexing, product
-from ...lowering.sizes import runtime_value
+from ...lowering.sizes import runtime_value, translate
 from ..reference import conform_result, size_sources
 from . import compat
 from .kernel import overwritable
@@ -112,10 +112,22 @@ class CallWriter:
             return f"max({', '.join(args)})"
         if isinstance(e, sympy.Min):
             return f"min({', '.join(args)})"
-        raise _Unprintable(e)
+        try:  # torch's own size functions (a conv's output size is torch's FloorDiv): as passline's
+            plain = translate(e)
+        except NotImplementedError:
+            raise _Unprintable(e) from None
+        if plain == e:
+            raise _Unprintable(e)
+        return self._print(plain)
 
     def ints(self, es) -> str:
         return "(" + "".join(self.py(e) + ", " for e in es) + ")"
+
+    def binding(self) -> str:
+        """An expression for this call's `_Bindings` (what the reference backend and sympy fallbacks
+        evaluate with), from the size values bound above: one dict lookup at sizes seen before."""
+        values = "".join(f"{self.syms[sym]}, " for sym, *_ in size_sources(self.graph))
+        return f"runner.bound(({values}))"
 
     def bind_sizes(self) -> None:
         """Size symbols from the inputs: a SymInt argument, or a tensor's size or stride."""
@@ -272,10 +284,10 @@ class CallWriter:
 
     def on_reference(self, node, outputs, indent: int) -> None:
         """Run `node` on the reference backend (a node the generator refused, or one with no points)."""
-        self.needs_bind = True
         touched = dict.fromkeys((*node.read_names(), *node.mutates))  # and the inputs it overwrites
         reads = ", ".join(f"{b!r}: {self.name(b)}" for b in touched if b in self.defined)
-        env = f"runner.run_reference({self.const(node, 'node')}, {{{reads}}}, bind)"
+        # the binding is looked up here, not per call: such a step is mostly the branch for empty tensors
+        env = f"runner.run_reference({self.const(node, 'node')}, {{{reads}}}, {self.binding()})"
         self.emit(f"env = {env}", indent)
         for b in outputs:
             self.emit(f"{self.name(b)} = env[{b!r}]", indent)
@@ -400,6 +412,7 @@ class CallWriter:
         self.defined: set = set()
         body_start = len(self.lines)
         self.bind_sizes()
+        sizes_end = len(self.lines)
         for k, inp in enumerate(graph.inputs):
             if inp.buffer is not None:
                 self.emit(f"{self.name(inp.name)} = args[{k}]")
@@ -466,10 +479,9 @@ class CallWriter:
         if leftover:
             self.emit(f"del {', '.join(self.name(b) for b in leftover)}")
         self.emit("return [" + "".join(self.output(o) + ", " for o in graph.outputs) + "]")
-        head = ["def call(args):"]
-        if self.needs_bind:
-            head.append("    bind = runner.binding(args)")
-        head += ["    " + line for line in self.prologue]
+        if self.needs_bind:  # a sympy fallback on every call's path
+            self.lines.insert(sizes_end, f"    bind = {self.binding()}")
+        head = ["def call(args):"] + ["    " + line for line in self.prologue]
         self.lines[body_start:body_start] = head
         return "\n".join(self.lines) + "\n"
 
