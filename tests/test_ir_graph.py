@@ -173,3 +173,27 @@ def test_reference_is_vectorized():
     (out,) = ReferenceRunner(g)(x)
     assert time.perf_counter() - t < 5.0  # a Python loop per element would take minutes
     torch.testing.assert_close(out, x.exp())
+
+
+def test_substitute_renames_clamps_as_xreplace_does():
+    """`ir.index.substitute` rebuilds Min/Max without sympy's evaluation for a one-to-one renaming of
+    loop variables (sympy's pairwise comparison of a clamp's arguments took most of a ResNet's pass
+    time): the result must be exactly what xreplace gives, and anything else goes through xreplace."""
+    from passline.ir.index import VarKind, loop_vars, size_var, substitute
+
+    i0, i1, i2 = loop_vars(VarKind.OUTER, 3)
+    r0, r1 = loop_vars(VarKind.REDUCTION, 2)
+    s0 = size_var("s0")
+    exprs = [143 * i0 + sympy.Min(10, sympy.Max(0, i2 - 1) + 1) + 11 * sympy.Min(12, sympy.Max(0, i1 - 1)),
+             sympy.Min(s0 // 2 - 1, sympy.Max(0, i0 - 2) + i1) * s0 + i2,
+             sympy.Max(i0, i1 + 1) + sympy.Min(i0 - i1, 3),
+             i0 + 2 * i1]
+    renamings = [{i0: i1, i1: i0}, {i0: r0, i1: r1, i2: i0}, {i2: r0}]
+    for e in exprs:
+        for m in renamings:
+            assert substitute(e, m) == e.xreplace(m), (e, m)
+    # not a renaming onto fresh symbols: xreplace's own result (Max(i1, i1 + 1) evaluates to i1 + 1)
+    e = sympy.Max(i0, i1 + 1)
+    for m in ({i0: i1}, {i0: i2, i1: i2}, {i0: 2 * i1}, {i0: s0}):
+        assert substitute(e, m) == e.xreplace(m)
+    assert substitute(e, {i0: i1}) == i1 + 1

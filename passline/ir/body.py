@@ -12,6 +12,8 @@ import attrs
 import sympy
 import torch
 
+from .index import substitute
+
 UNARY_OPS = frozenset(
     """neg abs exp exp2 expm1 log log2 log10 log1p sqrt rsqrt sin cos tan tanh sinh cosh asin acos atan
     asinh acosh atanh sigmoid erf erfc erfinv relu reciprocal sign floor ceil round trunc logical_not
@@ -247,9 +249,9 @@ def substitute_index(root: Value, mapping: dict) -> Value:
 
     def leaf(v):
         if isinstance(v, Load):
-            return attrs.evolve(v, index=v.index.xreplace(mapping))
+            return attrs.evolve(v, index=substitute(v.index, mapping))
         if isinstance(v, IndexValue):
-            return attrs.evolve(v, expr=v.expr.xreplace(mapping))
+            return attrs.evolve(v, expr=substitute(v.expr, mapping))
         return v
 
     return rebuild(root, leaf)

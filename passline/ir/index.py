@@ -113,6 +113,37 @@ def size_var(name: str) -> sympy.Symbol:
     return s
 
 
+def substitute(expr, mapping: dict):
+    """`expr.xreplace(mapping)`. Where `mapping` renames symbols to other symbols of the same assumptions,
+    one-to-one and onto none the expression already holds (loop variables permuted, or renamed from one
+    nest to another), Min and Max are rebuilt without sympy's evaluation: it only compares their
+    arguments pairwise (~4 ms a clamp such as a pool's `Min(10, Max(0, i3 - 1))`, most of a small
+    ResNet's pass time), and a renaming keeps every relation between them, so the result is the one
+    evaluation gives."""
+    if not mapping or not isinstance(expr, sympy.Basic) or not expr.has(sympy.Min, sympy.Max):
+        return expr.xreplace(mapping) if mapping and isinstance(expr, sympy.Basic) else expr
+    free = expr.free_symbols
+    targets = set(mapping.values())
+    if len(targets) != len(mapping) or targets & (free - mapping.keys()) or not all(
+            isinstance(k, sympy.Symbol) and isinstance(v, sympy.Symbol) and k.assumptions0 == v.assumptions0
+            for k, v in mapping.items()):
+        return expr.xreplace(mapping)
+    return _renamed(expr, mapping)
+
+
+def _renamed(e, mapping: dict):
+    if e in mapping:
+        return mapping[e]
+    if not e.args:
+        return e
+    args = tuple(_renamed(a, mapping) for a in e.args)
+    if args == e.args:
+        return e
+    if isinstance(e, (sympy.Min, sympy.Max)):
+        return e.func(*args, evaluate=False)
+    return e.func(*args)
+
+
 def sympify(x) -> Expr:
     """Python ints, SymInts and sympy expressions to a sympy expression."""
     if isinstance(x, sympy.Basic):

@@ -11,7 +11,7 @@ import attrs
 import sympy
 
 from .body import substitute_index
-from .index import CANONICAL_KINDS, StrEnum, VarKind, as_strided_form, is_indirect, loop_vars, var, var_info
+from .index import CANONICAL_KINDS, StrEnum, VarKind, as_strided_form, is_indirect, loop_vars, substitute, var, var_info
 from .nodes import MixOrderNode, Pointwise, Reduction, _group_shape, members
 
 __all__ = ["Role", "role", "canon_var", "is_canonical", "transposed", "members", "shape", "canonical_map",
@@ -107,7 +107,7 @@ def store_access(member, n_outer: int) -> Access:
     memo = member.memo()
     key = ("store", n_outer)
     if key not in memo:
-        memo[key] = Access(sympy.expand(_store_index(member).xreplace(canonical_map(member, n_outer))),
+        memo[key] = Access(sympy.expand(substitute(_store_index(member), canonical_map(member, n_outer))),
                            canonical_sizes(member, n_outer))
     return memo[key]
 

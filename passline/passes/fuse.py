@@ -23,7 +23,7 @@ from typing import Annotated
 import sympy
 
 from ..ir import Extern, FusedNode
-from ..ir.index import VarKind, contiguous_strides, flat_walk
+from ..ir.index import VarKind, contiguous_strides, flat_walk, substitute
 from ..ir.loops import canon_var, canonical_map, members, shape
 from ..pipeline.registry import register_pass
 from .legality import accesses_agree, can_fuse, fixed_layouts, fuse_nodes, refuse, saved_bytes, split_group
@@ -138,7 +138,7 @@ def _flat(node, other) -> bool:
         if m.output.name in shared:
             exprs.append(m.store_index())
         cmap = canonical_map(m, len(outer)) if exprs else None
-        if any(flat_walk(e.xreplace(cmap), names, strides) is None for e in exprs):
+        if any(flat_walk(substitute(e, cmap), names, strides) is None for e in exprs):
             return False
     return True
 

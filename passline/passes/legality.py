@@ -11,7 +11,7 @@ import sympy
 
 from ..ir import Extern, FusedNode, MixOrderNode, Pointwise, Scatter
 from ..ir.body import loads
-from ..ir.index import product
+from ..ir.index import product, substitute
 from ..ir.loops import access_problem, canonical_map, is_canonical, members, shape, split_pointwise, transposed
 
 REASONS = {
@@ -180,7 +180,7 @@ def _crossed_reads(a, b, n_outer: int) -> str | None:
             cmap = canonical_map(m, n_outer)
             for ld in loads(m.body):
                 if not ld.indirect:
-                    out.setdefault(ld.buffer, set()).add(sympy.expand(ld.index.xreplace(cmap)))
+                    out.setdefault(ld.buffer, set()).add(sympy.expand(substitute(ld.index, cmap)))
         return out
 
     ra, rb = reads(a), reads(b)
@@ -253,8 +253,8 @@ def _accesses(node, n_outer: int) -> dict:
     for m in members(node):
         cm = canonical_map(m, n_outer)
         for b in m.read_names():
-            out.setdefault(b, set()).update(sympy.expand(e.xreplace(cm)) for e in m.load_indices(b))
-        out.setdefault(m.output.name, set()).add(sympy.expand(m.store_index().xreplace(cm)))
+            out.setdefault(b, set()).update(sympy.expand(substitute(e, cm)) for e in m.load_indices(b))
+        out.setdefault(m.output.name, set()).add(sympy.expand(substitute(m.store_index(), cm)))
     return out
 
 

@@ -30,7 +30,7 @@ from typing import Annotated
 import sympy
 
 from ..ir import Extern, FusedNode, MixOrderNode, Pointwise, Reduction
-from ..ir.index import product
+from ..ir.index import product, substitute
 from ..ir.loops import Role, canonical_map, members, role, shape, transposed
 from ..lowering.sizes import at_hint
 from ..pipeline.registry import register_pass
@@ -102,8 +102,8 @@ def _problem(graph, row, col, max_columns, min_rows, types, max_reads, rows, col
             p = writers.get(d.buffer)
             if p is None:
                 continue
-            read = sympy.expand(d.index.xreplace(cmap).xreplace(swap))
-            store = sympy.expand(p.store_index().xreplace(canonical_map(p, row_outer)))
+            read = sympy.expand(substitute(d.index, cmap).xreplace(swap))
+            store = sympy.expand(substitute(p.store_index(), canonical_map(p, row_outer)))
             if sympy.expand(read - store) != 0:
                 return f"{m.name} reads {d.buffer} at other points than {p.name} writes it"
     if other_path(graph, row.name, col.name) or other_path(graph, col.name, row.name):

@@ -31,7 +31,7 @@ import sympy
 
 from ..ir import FusedNode, Pointwise
 from ..ir.body import IndexValue, Load, walk
-from ..ir.index import as_strided_form, product
+from ..ir.index import as_strided_form, product, substitute
 from ..ir.loops import canonical_map, members, shape
 from ..pipeline.registry import PipelineError, register_pass
 
@@ -41,7 +41,7 @@ def _per_row(member, cmap: dict, outer_vars: set, last) -> bool:
     with an outer loop and not with the last one (canonical loop variables, through `cmap`)."""
     for v in walk(member.body):
         if isinstance(v, Load) or (isinstance(v, IndexValue) and v.indirect):
-            free = (v.index if isinstance(v, Load) else v.expr).xreplace(cmap).free_symbols
+            free = substitute(v.index if isinstance(v, Load) else v.expr, cmap).free_symbols
             if free & outer_vars and last not in free:
                 return True
     return False
@@ -64,7 +64,7 @@ def _rows(node):
     for m in group:
         cmap = canonical_map(m, n)
         names = [c for c in cmap.values() if isinstance(c, sympy.Symbol)]  # o0 .. o(n-1), in loop order
-        form = as_strided_form(sympy.expand(m.store_index().xreplace(cmap)), names)
+        form = as_strided_form(sympy.expand(substitute(m.store_index(), cmap)), names)
         if form is None or form[0][-1] != 1:
             return None  # the last loop does not walk this member's output contiguously
         per_row = per_row or _per_row(m, cmap, set(names[:-1]), names[-1])

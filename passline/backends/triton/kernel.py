@@ -28,7 +28,7 @@ from ...ir import (
     members,
 )
 from ...ir.body import rebuild, walk
-from ...ir.index import StrEnum, VarKind, contiguous_strides, flat_walk, loop_vars, product, var_kind
+from ...ir.index import StrEnum, VarKind, contiguous_strides, flat_walk, loop_vars, product, substitute, var_kind
 from ...ir.loops import Role, canon_var, canonical_map, is_canonical, role, transposed
 from ..variants import MIX_FORMS, KernelVariant
 from . import compat, printer
@@ -277,7 +277,7 @@ class KernelWriter:
                         raise Unsupported(f"{member.name} reads {node.buffer} of its own kernel indirectly")
                     scope.values[id(node)] = var
                     continue
-                expr = sympy.expand(node.index.xreplace(cmap))
+                expr = sympy.expand(substitute(node.index, cmap))
                 deps: set = set()
                 if node.indirect:
                     at, deps = self.indirect(node, scope, cmap)
@@ -287,7 +287,7 @@ class KernelWriter:
             elif isinstance(node, Constant):
                 src = printer.constant(node.value, node.dtype)
             elif isinstance(node, IndexValue):
-                expr = node.expr.xreplace(cmap)
+                expr = substitute(node.expr, cmap)
                 if node.indirect:
                     expr = expr.xreplace(self.indirect(node, scope, cmap)[0])
                 src = f"({self.idx(expr)} + tl.full([1], 0, tl.int64)).to({tl_dtype(node.dtype)})"
@@ -318,7 +318,7 @@ class KernelWriter:
         for b in holder.indirect:
             raw = scope.values[id(b.value)]
             dep = {s for v in walk(b.value) if isinstance(v, (Load, IndexValue))
-                   for s in (v.index if isinstance(v, Load) else v.expr).xreplace(cmap).free_symbols
+                   for s in substitute(v.index if isinstance(v, Load) else v.expr, cmap).free_symbols
                    if is_canonical(s)}
             deps |= dep
             bound = self.idx(sympy.expand(b.bound))
@@ -349,7 +349,7 @@ class KernelWriter:
         """Under the interpreter, raise as eager does on the CPU where an integer divisor is 0 in a lane
         inside the masks of the loops it depends on (a masked load's 0 is no divisor)."""
         deps = {s for v in walk(divisor) if isinstance(v, (Load, IndexValue))
-                for s in (v.index if isinstance(v, Load) else v.expr).xreplace(cmap).free_symbols if is_canonical(s)}
+                for s in substitute(v.index if isinstance(v, Load) else v.expr, cmap).free_symbols if is_canonical(s)}
         mask = self.mask_for(sympy.S.Zero, deps)
         self.emit(f"_check_divisor({scope.values[id(divisor)]}, {mask or 'None'})")
 
@@ -400,7 +400,7 @@ class KernelWriter:
                 # an indirect load waits for its index (its index loads are prefetched)
                 if isinstance(node, Load) and node.buffer not in self.by_output and not node.indirect:
                     cmap = self.canon(m) if cmap is None else cmap
-                    expr = sympy.expand(node.index.xreplace(cmap))
+                    expr = sympy.expand(substitute(node.index, cmap))
                     if keep is None or keep(expr):
                         self.load(node.buffer, expr, scope)  # once per address: load() looks in the scopes
 
@@ -467,7 +467,7 @@ class KernelWriter:
         for b in m.indirect:
             self.value(b.value, m, scope, cmap)
         at, _ = self.indirect(m, scope, cmap)
-        expr = sympy.expand(m.index.xreplace(cmap)).xreplace(at)
+        expr = sympy.expand(substitute(m.index, cmap)).xreplace(at)
         offset = self.idx(expr)
         if not _has_outer(expr):
             offset += " + 0 * xindex"  # one position for every lane: the pointer must be a block too
@@ -638,9 +638,9 @@ class KernelWriter:
                         too_big.append(p)
                         return u
                     return inner if inner.dtype == u.dtype else Cast(inner, u.dtype)
-                return attrs.evolve(u, index=sympy.expand(u.index.xreplace(cmap)))
+                return attrs.evolve(u, index=sympy.expand(substitute(u.index, cmap)))
             if isinstance(u, IndexValue):
-                return attrs.evolve(u, expr=sympy.expand(u.expr.xreplace(cmap)))
+                return attrs.evolve(u, expr=sympy.expand(substitute(u.expr, cmap)))
             return u
 
         out = None
@@ -812,7 +812,7 @@ def overwritable(node, graph) -> dict:
         cmap = w.canon(m)
         for v in walk(m.body):
             if isinstance(v, Load) and v.buffer not in w.by_output:
-                at.setdefault(v.buffer, set()).add(None if v.indirect else sympy.expand(v.index.xreplace(cmap)))
+                at.setdefault(v.buffer, set()).add(None if v.indirect else sympy.expand(substitute(v.index, cmap)))
                 readers.setdefault(v.buffer, set()).add(m.name)
     inner = {m.name for m in nodes if not red or w.role(m) == Role.INNER}
     by_name = {m.name: m for m in nodes}
@@ -1099,7 +1099,7 @@ def rows_contiguous(node) -> bool:
         cmap = canonical_map(m, len(outer))
         for v in walk(m.body):
             if isinstance(v, Load):
-                e = sympy.expand(_unclamped(v.index).xreplace(cmap))
+                e = sympy.expand(substitute(_unclamped(v.index), cmap))
                 if q in e.free_symbols:
                     moves_outer = any(var_kind(s) == VarKind.CANON_OUTER for s in e.free_symbols)
                     (full if moves_outer else partial).append(e.coeff(q) == 1)
