@@ -1,6 +1,7 @@
 """Dynamic shapes on real models: size arithmetic (SymInt/SymFloat/SymBool nodes) lowered to sympy, one
 passline compile per graph across sizes, training (`loss.backward()`) matching eager at every size."""
 import copy
+import math
 import os
 
 import pytest
@@ -257,3 +258,41 @@ def test_backward_of_a_fixed_table_sliced_to_a_symbolic_length(codegen):
         torch.testing.assert_close(ours, model.pos.grad)
         model.pos.grad = None
     assert len(be.reports) == 2
+
+
+FLOAT_SIZED = {
+    # int(n * 0.29) is 28 at n = 100 in Python floats (the rational 29/100 * 100 is 29): eager's rounding
+    "slice_times_float": lambda x: x[:, : int(x.shape[1] * 0.29)].exp(),
+    "slice_truediv": lambda x: x[:, : int(x.shape[1] / 3)] * 2,
+    "pad_ceil_div": lambda x: torch.nn.functional.pad(x, (0, math.ceil(x.shape[1] / 4))) * 2,
+    "view_sqrt": lambda x: x.view(x.shape[0], int(x.shape[1] ** 0.5), -1).sum(-1),
+    "interpolate_half": lambda x: torch.nn.functional.interpolate(x.view(1, *x.shape), scale_factor=0.5,
+                                                                  mode="nearest").view(x.shape[0], -1),
+    "interpolate_linear": lambda x: torch.nn.functional.interpolate(x.view(1, *x.shape), scale_factor=1.5,
+                                                                    mode="linear").view(x.shape[0], -1),
+}
+
+
+@pytest.mark.parametrize("codegen", CODEGENS)
+@pytest.mark.parametrize("name", list(FLOAT_SIZED))
+def test_sizes_computed_through_floats_train_like_eager(name, codegen):
+    """A size computed through float arithmetic (`int(n * 0.5)`, `math.ceil(n / 4)`, an interpolation's
+    scale) is a size symbol of its own, bound per call in Python floats as eager computed it: such
+    graphs compiled and then failed their first call (no index printer evaluates a float)."""
+    torch._dynamo.reset()
+    fn = FLOAT_SIZED[name]
+    be = passline.backend(codegen=codegen, fallback="raise")
+    compiled = torch.compile(fn, backend=be, dynamic=True)
+    for n in (100, 9, 16, 31):
+        if name == "view_sqrt":
+            n = {100: 100, 9: 9, 16: 16, 31: 36}[n]
+        x = torch.randn(3, n, device=DEVICE)
+        xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+        ya, yb = compiled(xa), fn(xb)
+        assert ya.shape == yb.shape
+        torch.testing.assert_close(ya, yb, **tolerance(torch.float32))
+        g = torch.randn_like(yb)
+        ya.backward(g)
+        yb.backward(g)
+        torch.testing.assert_close(xa.grad, xb.grad, **tolerance(torch.float32))
+    assert len(be.reports) == 2  # one forward and one backward graph for every size

@@ -27,7 +27,7 @@ from ..ir import (
     TensorArg,
     walk,
 )
-from ..ir.index import FloorDiv, ModularIndexing
+from ..ir.index import FloorDiv, ModularIndexing, derived_value
 from ..lowering.sizes import runtime_value, translate
 from ..pipeline.graph import SchedulerGraph
 
@@ -45,7 +45,8 @@ def size_sources(graph: SchedulerGraph) -> list[tuple[sympy.Symbol, int, str, in
     (symbol, input position, "int" | "size" | "stride", dim), the first source of each symbol only —
     SymInt inputs, then tensor sizes, then strides, the stride of a size-1 dim last: it addresses
     nothing and may be anything (a saved unsqueeze arrives with stride 0 where its layout says `s1`;
-    bound from it, every size made of s1 was 0, and an extern read out of bounds)."""
+    bound from it, every size made of s1 was 0, and an extern read out of bounds). Then the graph's
+    derived sizes no input gives, `(symbol, -1, "derived", 0)`: computed from the ones before."""
     found: dict = {}
     for k, inp in enumerate(graph.inputs):
         if inp.symbol is not None and isinstance(inp.symbol, sympy.Symbol):
@@ -59,6 +60,8 @@ def size_sources(graph: SchedulerGraph) -> list[tuple[sympy.Symbol, int, str, in
                 e = n if kind == "size" else st
                 if isinstance(e, sympy.Symbol) and (size_one is None or size_one == (n == 1)):
                     found.setdefault(e, (e, k, kind, d))
+    for s in getattr(graph, "derived", ()):  # computed from those above (ir.index.derive), last
+        found.setdefault(s, (s, -1, "derived", 0))
     return list(found.values())
 
 
@@ -74,8 +77,11 @@ class _Bindings:
     def read(cls, sources: list, args) -> _Bindings:
         """The sizes of a call's `args`; `sources`: `size_sources(graph)`, computed once per runner (it
         walks every input's layout)."""
-        return cls({sym: int(args[k]) if kind == "int" else args[k].shape[d] if kind == "size" else args[k].stride(d)
-                    for sym, k, kind, d in sources})
+        values: dict = {}
+        for sym, k, kind, d in sources:
+            values[sym] = int(args[k]) if kind == "int" else args[k].shape[d] if kind == "size" else \
+                args[k].stride(d) if kind == "stride" else derived_value(sym, values)
+        return cls(values)
 
     @classmethod
     def of(cls, sources: list, values: tuple) -> _Bindings:
@@ -100,6 +106,11 @@ def eval_index(expr: sympy.Expr, env: dict):
         return int(expr)
     if expr.is_Symbol:
         return env[expr]
+    if not (expr.is_Add or expr.is_Mul or expr.is_Pow or isinstance(expr, _EVALUATED)):
+        plain = translate(expr)  # torch's own size functions (a layout taken from a traced value's shape)
+        if plain != expr:
+            return eval_index(plain, env)
+        raise NotImplementedError(f"index expression {expr} ({type(expr).__name__})")
     args = [eval_index(a, env) for a in expr.args]
     if expr.is_Add:
         out = args[0]
@@ -121,10 +132,10 @@ def eval_index(expr: sympy.Expr, env: dict):
         return _fold(torch.maximum, max, args)
     if isinstance(expr, sympy.Min):
         return _fold(torch.minimum, min, args)
-    plain = translate(expr)  # torch's own size functions (a layout taken from a traced value's shape)
-    if plain != expr:
-        return eval_index(plain, env)
     raise NotImplementedError(f"index expression {expr} ({type(expr).__name__})")
+
+
+_EVALUATED = (FloorDiv, ModularIndexing, sympy.Max, sympy.Min)  # what eval_index computes itself
 
 
 def _fold(tfn, pyfn, args):

@@ -144,13 +144,85 @@ def _renamed(e, mapping: dict):
     return e.func(*args)
 
 
+# Sizes computed through float arithmetic (`int(n * 0.5)`, `math.ceil(n / 4)`, `int(n ** 0.5)`): torch's
+# expression rounds a float to an int (TruncToInt, FloorToInt, CeilToInt, RoundToInt). No index printer
+# evaluates float arithmetic, and it must round exactly as eager's Python did (`int(100 * 0.29)` is 28,
+# not the rational 29), so each such size is a symbol of its own, which passes treat as any size and the
+# runners bind per call from its definition, evaluated in Python floats (`derived_value`).
+_DERIVED: dict = {}  # symbol -> torch's expression (over the graph's size symbols)
+
+
+def _float_parts(e) -> bool:
+    from torch.utils._sympy import functions as F
+
+    return bool(e.atoms(F.ToFloat, F.FloatTrueDiv, F.IntTrueDiv, F.FloatPow, F.TruncToFloat)) or any(
+        not a.is_Integer for a in e.atoms(sympy.Number))
+
+
+def derive(expr):
+    """`expr` (torch's size expression) with each integer computed through float arithmetic replaced by
+    its derived size symbol (one per distinct expression, named by a digest of it, so the same size
+    is the same symbol in every graph and process)."""
+    from torch.utils._sympy import functions as F
+
+    to_int = (F.TruncToInt, F.FloorToInt, F.CeilToInt, F.RoundToInt)
+    if not isinstance(expr, sympy.Basic) or not expr.has(*to_int):
+        return expr
+
+    def go(e):
+        if isinstance(e, to_int) and _float_parts(e):
+            return derived_symbol(e)
+        if not e.args:
+            return e
+        args = tuple(go(a) for a in e.args)
+        return e if args == e.args else e.func(*args)
+
+    return go(expr)
+
+
+def derived_symbol(definition) -> sympy.Symbol:
+    import hashlib
+
+    name = "zf" + hashlib.sha1(sympy.srepr(definition).encode()).hexdigest()[:8]
+    s = sympy.Symbol(name, integer=True)
+    _VARS[s] = VarInfo(VarKind.SIZE, None)
+    _DERIVED[s] = definition
+    return s
+
+
+def derived_definition(sym):
+    """torch's expression of a derived size symbol, or None for any other symbol."""
+    return _DERIVED.get(sym)
+
+
+def derived_source(sym, names: dict) -> str:
+    """Python source computing derived size `sym` from the variables `names` ({size symbol: its name}),
+    with eager's float arithmetic (torch's own printer: `math.trunc(0.5*torch.sym_float(s_s27))`)."""
+    from torch.utils._sympy.printers import PythonPrinter
+
+    definition = _DERIVED[sym]
+    return PythonPrinter().doprint(definition.xreplace({k: sympy.Symbol(v) for k, v in names.items()
+                                                        if k in definition.free_symbols}))
+
+
+def derived_value(sym, values: dict) -> int:
+    """The value of derived size `sym` where the size symbols have `values` ({symbol: int})."""
+    import math
+
+    import torch
+
+    names = {k: f"_v{i}" for i, k in enumerate(_DERIVED[sym].free_symbols)}
+    scope = {"math": math, "torch": torch, **{n: values[k] for k, n in names.items()}}
+    return int(eval(derived_source(sym, names), scope))
+
+
 def sympify(x) -> Expr:
     """Python ints, SymInts and sympy expressions to a sympy expression."""
     if isinstance(x, sympy.Basic):
-        return x
+        return derive(x)
     node = getattr(x, "node", None)  # torch.SymInt
     if node is not None and hasattr(node, "expr"):
-        return node.expr
+        return derive(node.expr)
     return sympy.Integer(int(x))
 
 

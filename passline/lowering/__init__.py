@@ -12,13 +12,13 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from ..ir import Buffer, Layout, TensorArg
-from ..ir.index import sympify
+from ..ir.index import derived_definition, sympify
 from . import cat, choices, indexing, mutation, pointwise, pooling, reductions, views  # noqa: F401  (fill the lowering table)
 from .context import GraphInput, LoweringContext, Program, dense_order, hint, strides_in_order
 from .decompositions import decomposition_table
 from .extern import is_rng_state_op, lower_extern, lower_rng_state_op, touches_complex
 from .registry import LOWERINGS, lowering
-from .sizes import is_size_node, size_facts, size_value
+from .sizes import derived_hints, derived_sizes, is_size_node, size_facts, size_value
 from .tensor import TensorRef
 
 __all__ = ["lower_graph", "Program", "GraphInput", "LOWERINGS", "lowering", "decomposition_table",
@@ -55,7 +55,15 @@ def lower_graph(gm: torch.fx.GraphModule, example_inputs=None, chooser=None) -> 
     outs = _output_node(gm).args[0]
     outputs = tuple(_output(ctx, env[o], o.meta.get("val")) if isinstance(o, torch.fx.Node) else o
                     for o in (outs if isinstance(outs, (tuple, list)) else (outs,)))
-    return Program(tuple(inputs), tuple(ctx.nodes), outputs, tuple(ctx.choices), *size_facts(gm))
+    derived = derived_sizes(gm)
+    for s in derived:  # the runners compute each from the sizes they bind from the inputs
+        unbound = derived_definition(s).free_symbols - ctx.bound_symbols
+        if unbound:
+            raise NotImplementedError(f"size {derived_definition(s)} of values passline does not bind at run time "
+                                      f"({', '.join(sorted(map(str, unbound)))})")
+    bounds, hints = size_facts(gm)
+    return Program(tuple(inputs), tuple(ctx.nodes), outputs, tuple(ctx.choices), bounds,
+                   {**hints, **derived_hints(derived, hints)}, derived)
 
 
 def _output_node(gm: torch.fx.GraphModule) -> torch.fx.Node:

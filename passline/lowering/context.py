@@ -32,6 +32,7 @@ class Program:
     choices: tuple = ()  # a ChoiceRecord per node whose op had other candidates (lowering/choices.py)
     bounds: dict = attrs.Factory(dict)  # size symbol -> its least value (sizes.size_facts)
     hints: dict = attrs.Factory(dict)  # size symbol -> the value it was traced at (sizes.size_facts)
+    derived: tuple = ()  # size symbols computed from the others through floats (sizes.derived_sizes)
 
 
 aten = torch.ops.aten
@@ -85,7 +86,7 @@ class LoweringContext:
     def pointwise(self, size, dtype: torch.dtype, inner: Callable, device=None, stride=None) -> TensorRef:
         """A Pointwise node over `size` computing inner(index vars), stored as `dtype` with `stride`
         (default: the layout eager gives the FX node being lowered, see `eager_layout`)."""
-        size = tuple(sympy.sympify(s) for s in size)
+        size = tuple(sympify(s) for s in size)
         name = self.new_name()
         body = cast(inner(loop_vars(VarKind.OUTER, len(size))), dtype)
         device = device or self.device
@@ -97,8 +98,8 @@ class LoweringContext:
     def reduction(self, size, reduction_size, reduction_type: str, dtype: torch.dtype,
                   inner: Callable, device=None) -> TensorRef:
         """A Reduction node: for each point of `size`, reduce inner(i vars, r vars) over `reduction_size`."""
-        size = tuple(sympy.sympify(s) for s in size)
-        rsize = tuple(sympy.sympify(s) for s in reduction_size)
+        size = tuple(sympify(s) for s in size)
+        rsize = tuple(sympify(s) for s in reduction_size)
         name = self.new_name()
         body = inner(loop_vars(VarKind.OUTER, len(size)), loop_vars(VarKind.REDUCTION, len(rsize)))
         buf = Buffer(name, self.eager_layout(size, dtype, device or self.device))

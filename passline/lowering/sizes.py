@@ -19,7 +19,7 @@ import torch
 from torch.utils._sympy import functions as F
 
 from ..ir import Constant, IndexValue, Op
-from ..ir.index import FloorDiv, ModularIndexing
+from ..ir.index import FloorDiv, ModularIndexing, derive, derived_definition, derived_value
 from .context import cast
 
 SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
@@ -50,7 +50,7 @@ def size_value(n: torch.fx.Node):
     val = n.meta["val"]
     if not isinstance(val, SYMBOLIC):
         return val
-    expr = val.node.expr
+    expr = derive(val.node.expr)  # an int computed through floats is a size symbol of its own
     try:
         return translate(expr)
     except NotImplementedError as e:
@@ -81,10 +81,15 @@ _TRANSLATE = {
 
 
 def translate(expr):
-    """torch's size expression → plain sympy with passline's index functions."""
+    """torch's size expression → plain sympy with passline's index functions; an int computed through
+    float arithmetic → its derived size symbol (`ir.index.derive`), which the runners bind per call."""
+    return _translate(derive(expr))
+
+
+def _translate(expr):
     if isinstance(expr, (sympy.Symbol, sympy.Number)) or expr in (sympy.true, sympy.false):
         return expr
-    args = [translate(a) for a in expr.args]
+    args = [_translate(a) for a in expr.args]
     fn = _TRANSLATE.get(type(expr))
     if fn is not None:
         return fn(*args)
@@ -183,6 +188,34 @@ def size_facts(gm: torch.fx.GraphModule) -> tuple[dict, dict]:
             hints = {sym: int(v) for sym, v in values.items() if isinstance(v, sympy.Integer)}
             return _env_bounds(env), hints
     return {}, {}
+
+
+def derived_sizes(gm: torch.fx.GraphModule) -> tuple:
+    """The derived size symbols (`ir.index.derive`: ints computed through float arithmetic) in `gm`'s
+    traced values, in order of appearance: every size lowering can meet is one of those values."""
+    found: dict = {}
+    for n in gm.graph.nodes:
+        for v in torch.utils._pytree.tree_leaves(n.meta.get("val")):
+            if isinstance(v, torch.Tensor):
+                exprs = (*v.shape, *v.stride(), v.storage_offset()) if v.layout == torch.strided else v.shape
+            elif isinstance(v, SYMBOLIC):
+                exprs = (v,)
+            else:
+                continue
+            for e in exprs:
+                if isinstance(e, SYMBOLIC):
+                    found.update(dict.fromkeys(s for s in derive(e.node.expr).free_symbols
+                                               if derived_definition(s) is not None))
+    return tuple(found)
+
+
+def derived_hints(derived: tuple, hints: dict) -> dict:
+    """Each derived size's value at the traced sizes, where they are known."""
+    out = {}
+    for s in derived:
+        if derived_definition(s).free_symbols <= hints.keys():
+            out[s] = derived_value(s, hints)
+    return out
 
 
 def _env_bounds(env) -> dict:

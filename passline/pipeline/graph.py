@@ -71,6 +71,9 @@ class SchedulerGraph:
         # size symbol -> the size the graph was traced at (dynamo's hint): for choices that are right at
         # every size and best near it, never for facts
         self.hints: dict = {}
+        # sizes computed from the others through float arithmetic (`int(n * 0.5)`: ir.index.derive), which
+        # the runners bind per call after those they read from the inputs
+        self.derived: tuple = ()
 
     @classmethod
     def from_program(cls, program: Program) -> "SchedulerGraph":
@@ -80,6 +83,7 @@ class SchedulerGraph:
         g.comms = tuple(n.name for n in program.nodes if isinstance(n, Extern) and n.comm)
         g.choices = program.choices
         g.bounds, g.hints = dict(program.bounds), dict(program.hints)
+        g.derived = program.derived
         return g
 
     # -- queries ----------------------------------------------------------------------------------
@@ -365,7 +369,7 @@ class SchedulerGraph:
         g._mutators = {b: set(r) for b, r in self._mutators.items()}
         g.comms = self.comms
         g.choices = self.choices
-        g.bounds, g.hints = self.bounds, self.hints
+        g.bounds, g.hints, g.derived = self.bounds, self.hints, self.derived
         g._order = itertools.count(max((d for _, d in self.nx.nodes(data="order")), default=-1) + 1)
         return g
 

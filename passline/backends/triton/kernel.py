@@ -28,7 +28,17 @@ from ...ir import (
     members,
 )
 from ...ir.body import rebuild, walk
-from ...ir.index import StrEnum, VarKind, contiguous_strides, flat_walk, loop_vars, product, substitute, var_kind
+from ...ir.index import (
+    StrEnum,
+    VarKind,
+    contiguous_strides,
+    derive,
+    flat_walk,
+    loop_vars,
+    product,
+    substitute,
+    var_kind,
+)
 from ...ir.loops import Role, canon_var, canonical_map, is_canonical, role, transposed
 from ..variants import MIX_FORMS, KernelVariant
 from . import compat, printer
@@ -209,6 +219,7 @@ class KernelWriter:
         return name
 
     def idx(self, expr) -> str:
+        expr = derive(expr)  # a size computed through floats is an argument of its own (ir.index.derive)
         for s in expr.free_symbols:
             if not is_canonical(s) and s not in self.locals:
                 self.sizes.add(s)

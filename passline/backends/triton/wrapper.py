@@ -18,7 +18,7 @@ import sympy
 import torch
 
 from ...ir import TensorArg
-from ...ir.index import FloorDiv, ModularIndexing, product
+from ...ir.index import FloorDiv, ModularIndexing, derived_source, product
 from ...lowering.sizes import runtime_value, translate
 from ..reference import conform_result, size_sources
 from . import compat
@@ -39,7 +39,7 @@ class CallWriter:
         self.graph = runner.graph
         self.buffers = runner.buffers
         self.lines: list[str] = []
-        self.ns: dict = {"torch": torch, "runner": runner, "conform": conform_result,
+        self.ns: dict = {"torch": torch, "math": math, "runner": runner, "conform": conform_result,
                          "as_strided": _as_strided, "runtime_value": runtime_value, "first": _first}
         self.names: dict = {}  # buffer name -> identifier
         self.syms: dict = {}  # size symbol -> identifier
@@ -132,9 +132,9 @@ class CallWriter:
     def bind_sizes(self) -> None:
         """Size symbols from the inputs: a SymInt argument, or a tensor's size or stride."""
         for sym, k, kind, d in size_sources(self.graph):
-            self.syms[sym] = _ident(sym.name, "s_")
             value = f"int(args[{k}])" if kind == "int" else f"args[{k}].shape[{d}]" if kind == "size" else \
-                f"args[{k}].stride({d})"
+                f"args[{k}].stride({d})" if kind == "stride" else f"int({derived_source(sym, self.syms)})"
+            self.syms[sym] = _ident(sym.name, "s_")
             self.emit(f"{self.syms[sym]} = {value}")
         self.dynamic = bool(self.syms)
 
