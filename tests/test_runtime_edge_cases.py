@@ -289,3 +289,37 @@ def test_data_dependent_sizes_are_refused_when_compiled(codegen):
         torch.testing.assert_close(got, fn(x, w))
         assert be.failures
     torch._dynamo.reset()
+
+
+def test_a_refusal_at_the_first_call_falls_back_like_one_at_compile_time(monkeypatch):
+    """With the default fallback, a graph passline compiled but cannot run (a NotImplementedError at its
+    first call: once, sizes computed through floats) runs its aten code instead, with a warning and a
+    record in `failures`, forward and backward; a graph that writes its inputs is not re-run (it may have
+    written some before failing), so there the error stays."""
+    from passline.backends.reference import ReferenceRunner
+
+    def refuse(self, *args):
+        raise NotImplementedError("index expression the runner cannot evaluate")
+
+    monkeypatch.setattr(ReferenceRunner, "__call__", refuse)
+    torch._dynamo.reset()
+    be = passline.backend(codegen="reference")
+    fn = lambda x: (x * 2).sin().sum(-1)  # noqa: E731
+    compiled = torch.compile(fn, backend=be)
+    x = torch.randn(4, 5, requires_grad=True)
+    xe = x.detach().clone().requires_grad_()
+    with pytest.warns(UserWarning, match="runs it eagerly from now on"):
+        out = compiled(x)
+        out.sum().backward()
+    fn(xe).sum().backward()
+    torch.testing.assert_close(out, fn(xe))
+    torch.testing.assert_close(x.grad, xe.grad)
+    assert [kind for kind, _ in be.failures] == ["forward", "backward"]
+    torch.testing.assert_close(compiled(x), fn(x))  # later calls: eagerly, no new failure
+    assert len(be.failures) == 2
+
+    torch._dynamo.reset()
+    be = passline.backend(codegen="reference")
+    mutating = torch.compile(lambda y: y.add_(1).sum(), backend=be)
+    with pytest.raises(NotImplementedError, match="cannot evaluate"):
+        mutating(torch.randn(3))

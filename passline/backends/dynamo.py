@@ -160,7 +160,10 @@ class Backend:
     def _compiler(self, kind: str, fx: FxStage):
         def compile_graph(gm: torch.fx.GraphModule, example_inputs):
             try:
-                return _boxed(self.compile_aten(gm, example_inputs, kind, fx))
+                compiled = _boxed(self.compile_aten(gm, example_inputs, kind, fx))
+                if self.fallback == "raise":
+                    return compiled
+                return self._first_call_guarded(compiled, gm, kind, self.reports[-1].graph)
             except Exception as e:
                 if self.fallback == "raise":
                     raise
@@ -171,6 +174,38 @@ class Backend:
                 return make_boxed_func(gm.forward)
 
         return compile_graph
+
+    def _first_call_guarded(self, compiled, gm: torch.fx.GraphModule, kind: str, graph):
+        """`compiled`, whose first call falls back to `gm`'s aten code where passline refuses at run time
+        what it accepted at compile time (a NotImplementedError: an index form the runner cannot evaluate),
+        as the fallback does for a compile-time refusal. Only for a graph that writes none of its inputs:
+        a call that failed half-way may have written some, and running it again would read them changed.
+        Later calls go straight to `compiled` (one frame more, ~0.1 µs)."""
+        if graph.mutated_names():
+            return compiled
+        impl = None
+
+        def first(args):
+            nonlocal impl
+            saved = list(args)  # the generated call empties the list it is given
+            try:
+                out = compiled(args)
+            except NotImplementedError as e:
+                warnings.warn(f"passline could not run a {kind} graph and runs it eagerly from now on: "
+                              f"{type(e).__name__}: {e}", stacklevel=2)
+                self.failures.append((kind, e))
+                impl = make_boxed_func(gm.forward)
+                return impl(saved)
+            impl = compiled
+            return out
+
+        impl = first
+
+        def call(args):
+            return impl(args)
+
+        call._boxed_call = True
+        return call
 
     def compile_aten(self, gm: torch.fx.GraphModule, example_inputs, kind: str = "graph", fx: FxStage | None = None):
         """Lower an aten FX graph, run the pipeline's scheduler stage, and return a callable taking the graph
