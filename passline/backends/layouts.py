@@ -51,16 +51,23 @@ class _Expect:
         return stride
 
 
+def _own_symbols(layout) -> dict:
+    """{symbol: ("size" | "stride", dim)}: the symbols of `layout` that an input's own sizes give (a size
+    that is a symbol), then its own strides (a stride that is a symbol of its own is whatever it is,
+    except on a size-1 dim: anything there)."""
+    found: dict = {}
+    for d, n in enumerate(layout.size):
+        if isinstance(n, sympy.Symbol):
+            found.setdefault(n, ("size", d))
+    for d, (n, st) in enumerate(zip(layout.size, layout.stride)):
+        if isinstance(st, sympy.Symbol) and n != 1:
+            found.setdefault(st, ("stride", d))
+    return found
+
+
 def _evaluate(layout, t: torch.Tensor) -> tuple | None:
     """Symbolic strides evaluated with the sizes `t` has (dynamic shapes); None if they don't bind."""
-    values = {}
-    for e, actual in zip(layout.size, t.shape):
-        if isinstance(e, sympy.Symbol):
-            values[e] = int(actual)
-    for e, actual, n in zip(layout.stride, t.stride(), layout.size):
-        # a stride that is a symbol of its own is whatever it is, except on a size-1 dim (anything there)
-        if isinstance(e, sympy.Symbol) and n != 1:
-            values.setdefault(e, int(actual))
+    values = {s: int(t.shape[d] if kind == "size" else t.stride(d)) for s, (kind, d) in _own_symbols(layout).items()}
     try:
         return tuple(int(sympy.sympify(s).xreplace(values)) for s in layout.stride)
     except TypeError:
@@ -93,16 +100,10 @@ def _written(e: _Expect) -> str | None:
     """Python source for input `e`'s expected strides, in its own sizes and strides, or None."""
     if e.stride is not None:
         return repr(e.stride)
-    lay, names = e.layout, {}
-    for d, n in enumerate(lay.size):
-        if isinstance(n, sympy.Symbol):
-            names.setdefault(n, sympy.Symbol(f"args[{e.pos}].shape[{d}]"))
-    for d, (n, st) in enumerate(zip(lay.size, lay.stride)):
-        # a stride that is a symbol of its own is whatever it is (as `_evaluate` binds it)
-        if isinstance(st, sympy.Symbol) and n != 1:
-            names.setdefault(st, sympy.Symbol(f"args[{e.pos}].stride({d})"))
+    names = {s: sympy.Symbol(f"args[{e.pos}].shape[{d}]" if kind == "size" else f"args[{e.pos}].stride({d})")
+             for s, (kind, d) in _own_symbols(e.layout).items()}
     out = []
-    for st in lay.stride:
+    for st in e.layout.stride:
         st = sympy.sympify(st)
         if not st.free_symbols <= set(names) or not _polynomial(st):
             return None

@@ -60,7 +60,7 @@ def size_sources(graph: SchedulerGraph) -> list[tuple[sympy.Symbol, int, str, in
                 e = n if kind == "size" else st
                 if isinstance(e, sympy.Symbol) and (size_one is None or size_one == (n == 1)):
                     found.setdefault(e, (e, k, kind, d))
-    for s in getattr(graph, "derived", ()):  # computed from those above (ir.index.derive), last
+    for s in graph.derived:  # computed from those above (ir.index.derive), last
         found.setdefault(s, (s, -1, "derived", 0))
     return list(found.values())
 

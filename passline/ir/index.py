@@ -207,8 +207,6 @@ def derived_source(sym, names: dict) -> str:
 
 def derived_value(sym, values: dict) -> int:
     """The value of derived size `sym` where the size symbols have `values` ({symbol: int})."""
-    import math
-
     import torch
 
     names = {k: f"_v{i}" for i, k in enumerate(_DERIVED[sym].free_symbols)}

@@ -50,9 +50,9 @@ def size_value(n: torch.fx.Node):
     val = n.meta["val"]
     if not isinstance(val, SYMBOLIC):
         return val
-    expr = derive(val.node.expr)  # an int computed through floats is a size symbol of its own
+    expr = val.node.expr
     try:
-        return translate(expr)
+        return translate(expr)  # (an int computed through floats becomes a size symbol of its own)
     except NotImplementedError as e:
         raise NotImplementedError(f"size expression {expr} of {n.format_node()}: {e}") from None
 

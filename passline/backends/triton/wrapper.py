@@ -20,7 +20,7 @@ import torch
 from ...ir import TensorArg
 from ...ir.index import FloorDiv, ModularIndexing, derived_source, product
 from ...lowering.sizes import runtime_value, translate
-from ..reference import conform_result, size_sources
+from ..reference import conform_result
 from . import compat
 from .kernel import overwritable
 
@@ -126,12 +126,12 @@ class CallWriter:
     def binding(self) -> str:
         """An expression for this call's `_Bindings` (what the reference backend and sympy fallbacks
         evaluate with), from the size values bound above: one dict lookup at sizes seen before."""
-        values = "".join(f"{self.syms[sym]}, " for sym, *_ in size_sources(self.graph))
+        values = "".join(f"{self.syms[sym]}, " for sym, *_ in self.runner.reference.sources)
         return f"runner.bound(({values}))"
 
     def bind_sizes(self) -> None:
         """Size symbols from the inputs: a SymInt argument, or a tensor's size or stride."""
-        for sym, k, kind, d in size_sources(self.graph):
+        for sym, k, kind, d in self.runner.reference.sources:
             value = f"int(args[{k}])" if kind == "int" else f"args[{k}].shape[{d}]" if kind == "size" else \
                 f"args[{k}].stride({d})" if kind == "stride" else f"int({derived_source(sym, self.syms)})"
             self.syms[sym] = _ident(sym.name, "s_")
