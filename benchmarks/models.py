@@ -29,8 +29,12 @@ step / Inductor (below 1 is faster than Inductor), CPU ms/step (CUDA: the host's
 step, measured with the GPU held busy by a sleep kernel queued first, so the host never waits for the
 GPU; "(waited)" when it did anyway: a synchronization inside the step, or a full launch queue; CPU:
 process time per step), first call s (the first step, compilation of forward and backward included,
-synchronized), peak MB (torch.cuda.max_memory_allocated over three steps after the first, with only this
-contender's model alive: weights, gradients, activations and the inputs; "n/a" on the CPU).
+synchronized), peak MB (torch.cuda.max_memory_allocated over three steps after the first, less what was
+allocated before this contender's model was placed but its inputs: weights, gradients, activations and the
+inputs; what earlier
+contenders left behind is not counted against a later one, and cuBLAS's workspaces are freed before each
+contender, which allocates its own, one per stream it runs matmuls on (a CUDA graph's capture stream is
+one); "n/a" on the CPU).
 """
 from __future__ import annotations
 
@@ -327,9 +331,9 @@ def cycles_per_ms() -> float:
     return _CYCLES_PER_MS
 
 
-def steady_cuda(step, warmup: int, rep: int) -> tuple[float, float]:
-    """(peak MB over three steps after the first, median step ms by do_bench): the steady state, with only
-    this contender's model on the device."""
+def steady_cuda(step, warmup: int, rep: int, base: int) -> tuple[float, float]:
+    """(peak MB over three steps after the first, less `base` bytes, median step ms by do_bench): the steady
+    state, with only this contender's model on the device."""
     from triton.testing import do_bench
 
     gc.collect()
@@ -338,7 +342,7 @@ def steady_cuda(step, warmup: int, rep: int) -> tuple[float, float]:
     for _ in range(3):
         step()
     torch.cuda.synchronize()
-    return torch.cuda.max_memory_allocated() / 2**20, do_bench(step, warmup=warmup, rep=rep, return_mode="median")
+    return (torch.cuda.max_memory_allocated() - base) / 2**20, do_bench(step, warmup=warmup, rep=rep, return_mode="median")
 
 
 def host_ms_cuda(step, gpu_ms, reps=10):
@@ -395,8 +399,16 @@ def run_contender(name, options, master, dtype, fmt, inputs, ref, eager_result, 
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
     gc.collect()
+    base = 0
     if cuda:
+        # cuBLAS keeps a workspace per stream it ran on, allocated from torch's allocator at the first
+        # matmul there: freed here, each contender allocates (and counts) its own
+        getattr(torch._C, "_cuda_clearCublasWorkspaces", lambda: None)()
         torch.cuda.empty_cache()
+        # what is allocated now that is not this contender's: the inputs are (they count), earlier
+        # contenders' leftovers are not
+        base = torch.cuda.memory_allocated() - sum(t.untyped_storage().nbytes() for t in inputs
+                                                   if isinstance(t, torch.Tensor) and t.is_cuda)
     model = place(master, device, dtype, fmt)
     be = None
     if options is None:
@@ -446,7 +458,7 @@ def run_contender(name, options, master, dtype, fmt, inputs, ref, eager_result, 
 
     # peak memory: a few steady steps, this contender's model alone on the device
     if cuda:
-        row["peak_mb"], row["step_ms"] = steady_cuda(step, args.warmup, args.rep)
+        row["peak_mb"], row["step_ms"] = steady_cuda(step, args.warmup, args.rep, base)
         row["cpu_ms"], row["cpu_waited"] = host_ms_cuda(step, row["step_ms"])
         if args.profile and options is not None:
             prof = cProfile.Profile()

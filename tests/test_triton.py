@@ -337,6 +337,112 @@ def test_cudagraphs_replay_into_their_own_buffers_unless_held(accumulate):
     assert copied <= 2 + small, said  # x, the cotangent, the forward's small outputs; the rest read in place
 
 
+@pytest.mark.skipif(os.environ.get("PASSLINE_TEST_DEVICE", "cpu") != "cuda", reason="CUDA graphs need a GPU")
+def test_cudagraphs_pool_holds_one_steps_peak_and_replays_only_where_nothing_held_is_reused():
+    # a training step whose backward reads a wide saved activation (the tanh's output, saved for its own
+    # backward and for the second matmul's weight gradient): captured, the backward's buffers reuse the
+    # forward's saved activations once read, so the captured steps peak near an uncaptured step, not at
+    # forward + backward. Where a later step holds an output whose memory the backward's capture had reused
+    # (the hidden state, dropped before the captured backward ran), that backward runs uncaptured and the
+    # output stays right.
+    import re
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 4096), torch.nn.Tanh(), torch.nn.Linear(4096, 256)).cuda()
+
+    class Net(torch.nn.Module):  # the model, also returning its hidden state
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x):
+            h = self.inner[1](self.inner[0](x))
+            return self.inner[2](h), h
+
+    def run(cudagraphs, hidden=False, hold_at=None):
+        torch._dynamo.reset()
+        wrap = Net if hidden else (lambda m: m)
+        net, ref = wrap(__import__("copy").deepcopy(model)), wrap(__import__("copy").deepcopy(model))
+        be = passline.backend(codegen="triton", fallback="raise", cudagraphs=cudagraphs)
+        compiled = torch.compile(net, backend=be)
+        for step in range(6):
+            x = torch.randn(4096, 256, device="cuda")
+            net.zero_grad(set_to_none=True)
+            ref.zero_grad(set_to_none=True)
+            if step == 1:  # the capture and the replays
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+            (out, h), (out_ref, h_ref) = (compiled(x), ref(x)) if hidden else ((compiled(x), None), (ref(x), None))
+            if step != hold_at:
+                del h, h_ref
+            out.square().mean().backward()
+            out_ref.square().mean().backward()
+            del out, out_ref
+            if step == hold_at:  # held across the backward: not overwritten by it
+                torch.testing.assert_close(h, h_ref, rtol=1e-4, atol=1e-5)
+                del h, h_ref
+            for (name, pa), pb in zip(net.named_parameters(), ref.parameters()):
+                where = f"step {step}, {name}"
+                torch.testing.assert_close(pa.grad, pb.grad, rtol=1e-3, atol=1e-5,
+                                           msg=lambda m, w=where: f"{w}: {m}")
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated(), {r.name: r.cudagraphs for r in be.reports}
+
+    plain, _ = run(False)
+    captured, said = run(True)
+    assert all(s.startswith("on") and " 0 calls uncaptured" in s for s in said.values()), said
+    assert captured <= 1.05 * plain, (captured / 2**20, plain / 2**20, said)
+    _, said = run(True, hidden=True, hold_at=4)
+    backward = next(s for name, s in said.items() if name.startswith("backward"))
+    assert int(re.search(r"(\d+) calls uncaptured", backward).group(1)) == 1, said
+
+
+@pytest.mark.skipif(os.environ.get("PASSLINE_TEST_DEVICE", "cpu") != "cuda", reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("loop", ["adamw", "retain_graph", "inference_kept", "kept_every_step", "kept_every_other"])
+def test_cudagraphs_training_loops_match_eager(loop):
+    # loops as users write them, under cudagraphs=True against eager copies, every step: an optimizer
+    # updating parameters in place; two backwards of one graph (retain_graph: the saved activations stay
+    # held by autograd, so nothing the first backward reads may be overwritten); inference with every output
+    # kept; outputs kept every step, or every other step, across later steps
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.LayerNorm(512), torch.nn.GELU(),
+                                torch.nn.Linear(512, 64)).cuda()
+    ours = __import__("copy").deepcopy(model)
+    compiled = torch.compile(ours, backend=passline.backend(codegen="triton", fallback="raise", cudagraphs=True))
+    opt_a = torch.optim.AdamW(ours.parameters(), lr=1e-2) if loop == "adamw" else None
+    opt_b = torch.optim.AdamW(model.parameters(), lr=1e-2) if loop == "adamw" else None
+    kept = []
+    for step in range(7):
+        x = torch.randn(256, 64, device="cuda")
+        if loop == "inference_kept":
+            with torch.no_grad():
+                kept.append((compiled(x), model(x)))
+            continue
+        ours.zero_grad(set_to_none=True)
+        model.zero_grad(set_to_none=True)
+        out_a, out_b = compiled(x), model(x)
+        if loop == "kept_every_step" or (loop == "kept_every_other" and step % 2):
+            kept.append((out_a, out_b))
+        loss_a, loss_b = out_a.square().mean(), out_b.square().mean()
+        del out_a, out_b
+        if loop == "retain_graph":
+            loss_a.backward(retain_graph=True)
+            loss_b.backward(retain_graph=True)
+        loss_a.backward()
+        loss_b.backward()
+        for (name, pa), pb in zip(ours.named_parameters(), model.parameters()):
+            where = f"{loop}, step {step}, {name}"
+            torch.testing.assert_close(pa.grad, pb.grad, rtol=1e-3, atol=1e-5, msg=lambda m, w=where: f"{w}: {m}")
+        if opt_a is not None:
+            opt_a.step()
+            opt_b.step()
+    for k, (a, b) in enumerate(kept):  # nothing kept was overwritten by a later replay
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-5, msg=lambda m, k=k: f"{loop}, kept {k}: {m}")
+    for pa, pb in zip(ours.parameters(), model.parameters()):
+        torch.testing.assert_close(pa, pb, rtol=1e-3, atol=1e-5)
+
+
 def test_configuration_rules_follow_from_sizes_and_device():
     # hand facts of configs.rule on a 132-SM GPU (no timing): what each kernel launches with
     from passline.backends.triton.configs import Device, Variant, rule

@@ -6,34 +6,51 @@ static (a dynamic-shape graph would need one capture per size); otherwise the op
 report's `cudagraphs` says why it is off.
 
 Calls: the first runs the graph as it is (kernels compile and choose their configurations there); the
-second captures it and replays it. The graphs of one backend are captured into one memory pool (a
-backward's buffers reuse the forward's intermediates' memory); see `Pool` for what that asks of a replay.
+second captures it (a capture runs nothing) and replays it at once; later calls replay.
 
-Inputs: parameters, outputs of the backend's other captured graphs (a forward's saved activations, which
-it replays into the same buffers every step) and inputs found at the same address on the two calls
-before a capture (buffers) are read in place by the captured kernels; any other input is copied into a
-static buffer before each replay (and copied back after it where the graph writes it in place). An input
-read in place that arrives at another address makes the graph captured again (copying it from then on,
-unless it moved into another captured graph's outputs). After `MAX_CAPTURES` captures the graph runs
-uncaptured.
+Memory. The graphs of one backend are captured into one memory pool (an `Arena`), one after the other, and
+a capture uses the pool as an uncaptured call uses memory: each buffer is freed at its last use, inputs the
+call alone holds included (a backward's saved activations: the call empties aot_autograd's list of them),
+and a result may be written over such an input. So a backward's capture puts its buffers where the
+forward's saved activations were, and the pool holds about what one uncaptured step holds at its peak.
+A capture's outputs are returned as they are; a replay returns tensors over the same memory (`Slot`) that
+own none of it: the allocator counts a slot free once the capture's own tensors over it have died, which is
+what lets the next capture reuse it. A replay therefore happens only where its writes hurt nobody
+(`CudaGraphed._blocked`):
+  1. nothing holds this graph's outputs of its previous call;
+  2. nothing holds outputs of graphs captured after it into the same pool (they may lie in its buffers);
+  3. outputs of graphs captured before it that were free when it was captured (its buffers may lie in
+     them) are free now, or held by nothing but this call's list of inputs; and each group of inputs over
+     one storage that the call's list alone held at the capture (which may have freed it at its last use
+     or written a result over it) is again held by the list alone.
+Otherwise the call runs uncaptured, into fresh memory, and the report counts it. A capture goes into the
+backend's pool only while no replay output in it is held (the allocator cannot see those); otherwise into a
+new one. A pool's memory lives as long as one of its CUDA graphs: a backend dropped while a tensor over one
+of its slots is still held (a `.grad`) leaves its graphs in `_KEPT`.
 
-Outputs are the graph's own buffers, not copies: a replay returns fresh tensors over the same memory.
-That memory is overwritten by the next replay, so a replay happens only when nothing holds the previous
-replay's outputs any more (their storages' reference counts); while something does (the caller kept an
-activation, or a `.grad` that took a replay's gradient is kept, zeroed in place rather than set to None),
-the call runs uncaptured, into fresh memory, and the report counts it. Small outputs (a loss, up to
-`SMALL_BYTES`) are returned as copies, so that a loss kept in a variable across steps blocks no replay.
+Inputs: parameters, outputs of the backend's captured graphs and inputs found at the same address on the
+two calls before a capture (buffers) are read in place by the captured kernels; any other input is copied
+into a static buffer before each replay (and copied back after it where the graph writes it in place). A
+static input that arrives at another address makes the graph captured again (copying it from then on,
+unless it moved into another captured graph's outputs); one that was another captured graph's output and
+now comes from elsewhere (that graph ran uncaptured) makes the call run uncaptured too. After
+`MAX_CAPTURES` captures the graph runs uncaptured. Small outputs (a loss, up to `SMALL_BYTES`) are returned
+as copies, so that a loss kept in a variable across steps blocks no replay.
 """
 from __future__ import annotations
 
+import sys
+import weakref
 from collections import Counter
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from .triton import compat
 
 MAX_CAPTURES = 3
 SMALL_BYTES = 1024
+_KEPT: list = []  # arenas of dropped backends with a replay output still held: their memory must stay
 
 
 def why_not(graph) -> str | None:
@@ -48,28 +65,111 @@ def why_not(graph) -> str | None:
     return None
 
 
-class Pool:
-    """What the graphs one backend captures share: a CUDA graph memory pool, the storages of their outputs
-    (read in place by the others) and their order of capture. A capture takes only memory the pool has
-    free at that moment, so a later capture may put its outputs where an earlier graph keeps its
-    intermediates; an earlier graph therefore replays only while the later ones' outputs are free too."""
+def _count(storage) -> int:
+    """References to a storage (tensors over it, storage objects)."""
+    return torch._C._storage_Use_Count(storage._cdata)
+
+
+def _list_refs(items: list, j: int) -> int:
+    return sys.getrefcount(items[j])
+
+
+_LIST_ALONE = _list_refs([object()], 0)  # what `_list_refs` reads for an object one list alone holds
+
+
+class Slot:
+    """One storage of a capture's outputs: memory of its pool that the graph's replays write. `storage` is
+    ours, over the same memory and owning none of it; replays return tensors over it. `fresh` follows the
+    capture's own storage until it dies. `own`: the count of `storage` while only we hold it."""
+
+    __slots__ = ("seq", "ptr", "storage", "bases", "own", "fresh", "retired")
+
+    def __init__(self, seq: int, storage):
+        self.seq, self.ptr, self.retired = seq, storage.data_ptr(), False
+        self.fresh = StorageWeakRef(storage)
+        self.storage = torch._C._construct_storage_from_data_pointer(self.ptr, storage.device, storage.nbytes())
+        self.bases = {}  # dtype -> a tensor of ours over the whole storage
+        self.own = _count(self.storage)
+
+    def base(self, dtype):
+        b = self.bases.get(dtype)
+        if b is None:
+            n = self.storage.nbytes() // dtype.itemsize
+            b = self.bases[dtype] = torch.empty(0, dtype=dtype, device=self.storage.device).set_(
+                self.storage, 0, (n,), (1,))
+            self.own = _count(self.storage)
+        return b
+
+    def held(self) -> bool:
+        """A replay's tensor over the slot is alive."""
+        return _count(self.storage) != self.own
+
+    def fresh_live(self) -> bool:
+        """The capture's own tensor over the slot is alive (the allocator still counts it in use)."""
+        if self.fresh is not None and self.fresh.expired():
+            self.fresh = None
+        return self.fresh is not None
+
+    def live(self) -> bool:
+        return self.fresh_live() or self.held()
+
+
+class Arena:
+    """A CUDA graph memory pool and the slots of the captures made into it, numbered in capture order."""
 
     def __init__(self):
-        self.handle = None
-        self.owned: set = set()  # storage addresses of the captured graphs' outputs
-        self.order: list = []  # the captured graphs, the latest capture last
+        self.handle = torch.cuda.graph_pool_handle()
+        self.slots: list[Slot] = []
+        self.graphs: list = []  # every CUDA graph captured here: the pool's memory lives while one does
+        self.next = 0
 
-    def captured(self, graph) -> None:
-        if graph in self.order:
-            self.order.remove(graph)
-        self.order.append(graph)
+    def clean(self) -> bool:
+        """No replay output in the pool is held: a capture may take whatever the allocator has free here."""
+        return not any(s.held() for s in self.slots)
 
-    def later(self, graph) -> list:
-        return self.order[self.order.index(graph) + 1:] if graph in self.order else []
+    def add(self, graph, slots: list) -> None:
+        self.graphs.append(graph)
+        self.slots = [s for s in self.slots if not s.retired or s.live()] + slots
+
+
+class Pool:
+    """What the graphs one backend captures share: the arena captures go into (a new one where the current
+    one has replay outputs held), and the current slot at each address (inputs there are read in place)."""
+
+    def __init__(self):
+        self.arena = None
+        self.arenas: list[Arena] = []
+        self.owned: dict = {}  # storage address -> the Slot of a current capture there
+
+    def for_capture(self) -> Arena:
+        if self.arena is None or not self.arena.clean():
+            self.arena = Arena()
+            self.arenas.append(self.arena)
+        return self.arena
+
+    def __del__(self):
+        try:
+            held = [a for a in self.arenas if not a.clean()]
+            _KEPT[:] = [a for a in _KEPT if not a.clean()] + held
+        except Exception:  # pragma: no cover - at interpreter exit
+            pass
 
 
 def _ptrs(args) -> list:
     return [a.data_ptr() if isinstance(a, torch.Tensor) else None for a in args]
+
+
+def _storage_ptr(t) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+def _views(call: list) -> dict:
+    """storage address -> (position, size, stride, offset, dtype) of the first tensor of `call` over it."""
+    views = {}
+    for k, t in enumerate(call):
+        if isinstance(t, torch.Tensor):
+            views.setdefault(_storage_ptr(t), (k, tuple(t.shape), tuple(t.stride()), t.storage_offset(), t.dtype))
+    return views
 
 
 class CudaGraphed:
@@ -77,43 +177,87 @@ class CudaGraphed:
 
     def __init__(self, runner, graph, report, pool: Pool):
         self.runner, self.report, self.pool = runner, report, pool
+        boxed = getattr(runner, "boxed", None)
+        self._run = boxed if boxed is not None else (lambda args: runner(*args))
         self.unstable = set()  # inputs that moved after a capture read them in place
-        self.bases = []  # (tensor over an output storage, further bases over that storage): see _classify
         self.mutated = {k for k, inp in enumerate(graph.inputs) if inp.name in graph.mutated_names()}
-        self.captures = 0
-        self.replays = 0
-        self.uncaptured = 0  # calls run uncaptured because the previous replay's outputs were still held
+        self.captures = self.replays = 0
+        self.uncaptured, self.why = 0, ""  # calls run uncaptured, and the last one's reason
         self.last_ptrs = None  # the previous call's input addresses
         self.cuda_graph = None
+        self.arena, self.seq, self.slots = None, -1, []
+        self.reused: list[Slot] = []  # earlier slots of the arena that were free when this graph was captured
+        self.groups: list[tuple] = []  # inputs over one storage that the call's list alone held at the capture
+        self.outputs: list = []
 
     def __call__(self, *args):
+        return self.boxed(list(args))
+
+    def boxed(self, args: list):
+        """aot_autograd's boxed convention: `args` is emptied (inputs the caller held only there die)."""
         ptrs = _ptrs(args)
         last, self.last_ptrs = self.last_ptrs, ptrs
         if last is None or self.captures > MAX_CAPTURES:
-            return self.runner(*args)
-        if self.cuda_graph is None or self._moved(ptrs):
-            if not self._capture(args, ptrs, last):
-                return self.runner(*args)
-        elif not self._free():
-            self.uncaptured += 1
-            self._say()
-            return self.runner(*args)
-        for k in self.copied:
-            self.inputs[k].copy_(args[k])
+            return self._run(args)
+        if self.cuda_graph is not None:
+            moved = [k for k, p in zip(self.static, self.static_ptrs) if ptrs[k] != p]
+            if not moved:
+                why = self._blocked(args)
+                return self._replay(args) if why is None else self._uncaptured(args, why)
+            if all(k in self.pooled and ptrs[k] not in self.pool.owned for k in moved):
+                return self._uncaptured(args, "an input came from an uncaptured call of the graph giving it")
+            self.unstable.update(k for k in moved if ptrs[k] not in self.pool.owned)
+        return self._capture(args, ptrs, last)
+
+    def _uncaptured(self, args, why: str):
+        self.uncaptured += 1
+        self.why = why
+        self._say()
+        return self._run(args)
+
+    def _replay(self, args):
+        for k, buf in self.copies.items():
+            buf.copy_(args[k])
         self.cuda_graph.replay()
         self.replays += 1
-        for k in self.copied:
-            if k in self.mutated:
-                args[k].copy_(self.inputs[k])
-        return [self._output(how, args) for how in self.outputs]
+        for k in self.copied_back:
+            args[k].copy_(self.copies[k])
+        out = [self._output(how, args) for how in self.outputs]
+        args.clear()
+        return out
 
-    # -- inputs ---------------------------------------------------------------------------------------
-    def _moved(self, ptrs) -> bool:
-        """A static input arrived at another address (the captured kernels would read the old one): those
-        that did not move into another captured graph's outputs are copied from the next capture on."""
-        moved = [k for k, p in zip(self.static, self.static_ptrs) if ptrs[k] != p]
-        self.unstable.update(k for k in moved if ptrs[k] not in self.pool.owned)
-        return bool(moved)
+    # -- when a replay may write -----------------------------------------------------------------------
+    def _blocked(self, args) -> str | None:
+        """Why replaying now could overwrite memory someone holds (the module doc's rules), or None."""
+        if any(s.live() for s in self.slots):
+            return "its previous outputs are held"
+        if any(s.live() for s in self.arena.slots if s.seq > self.seq):
+            return "outputs of a graph captured after it are held"
+        alone = []
+        for group in self.groups:
+            slot = self._alone(args, group)
+            if slot is False:
+                return "an input its capture freed or overwrote is held elsewhere"
+            alone.append(slot)
+        for s in self.reused:
+            if s.fresh_live() or (s.held() and not any(s is a for a in alone)):
+                return "memory its capture reused is held"
+        return None
+
+    def _alone(self, args: list, group: tuple):
+        """Whether the inputs at the positions `group` (those over one storage) and that storage are held by
+        the list `args` alone: False if not; else the Slot whose storage it is, or None."""
+        times = Counter(id(args[j]) for j in group)
+        for j in group:
+            if _list_refs(args, j) != _LIST_ALONE + times[id(args[j])] - 1 or args[j]._use_count() != 1:
+                return False
+        st = args[group[0]].untyped_storage()
+        slot = self.pool.owned.get(st.data_ptr())
+        ours = slot is not None and slot.storage._cdata == st._cdata
+        # `st` is a new storage object unless one exists (ours, counted in `own`): ALONE counts one
+        if _count(st) != (slot.own if ours else compat.ALONE - 1) + len(times):
+            return False
+        return slot if ours else None
 
     def _reads_in_place(self, k, a, ptr, last) -> bool:
         """Whether input `k` is read where it is rather than copied: parameters (they keep their memory;
@@ -121,28 +265,15 @@ class CudaGraphed:
         saved activations, replayed into the same buffers every step), and any other input found at the
         same address on two calls in a row (buffers), unless it moved once already. Only speed depends on
         this: every call checks that static inputs are where the capture read them."""
-        if isinstance(a, torch.nn.Parameter) or a.untyped_storage().data_ptr() in self.pool.owned:
+        if isinstance(a, torch.nn.Parameter) or _storage_ptr(a) in self.pool.owned:
             return True
         return ptr == last and k not in self.unstable
 
     # -- outputs --------------------------------------------------------------------------------------
-    def _free(self) -> bool:
-        """A replay overwrites nothing anyone holds: this graph's outputs of its previous replay, and those
-        of graphs captured after it into the same pool (which may lie where this graph keeps its
-        intermediates), are held by nothing but their bases here."""
-        return all(g._outputs_free() for g in [self, *self.pool.later(self)])
-
-    def _outputs_free(self) -> bool:
-        """Each output storage's count is that of a storage one tensor holds (compat.ALONE), plus one for
-        each further base over it here."""
-        return all(torch._C._storage_Use_Count(base.untyped_storage()._cdata) == compat.ALONE + extra
-                   for base, extra in self.bases)
-
     def _output(self, how, args):
         kind, what = how
-        if kind == "base":  # the graph's own buffer: a fresh tensor over it, no copy
-            k, size, stride, offset = what
-            return compat.alias(self.bases[k][0], size, stride, offset)
+        if kind == "base":  # a slot: a fresh tensor over it, no copy
+            return compat.alias(*what)
         if kind == "input":  # an input, or a view of one: over the caller's own tensor
             k, view = what
             return args[k] if view is None else compat.alias(args[k], *view)
@@ -150,17 +281,14 @@ class CudaGraphed:
             return what.clone()
         return what  # not a tensor
 
-    def _classify(self, outputs) -> list:
-        """How each output is returned at a replay: ("base", (k, size, stride, offset)) over `bases[k]`,
-        one tensor of the output's dtype over a whole storage the graph wrote (held here, never returned);
-        ("input", (k, view)) for an input returned as it is (view None) or a view of one, rebuilt over the
-        call's own input; ("copy", t) for a small output of the graph (a loss: a copy per call, so that a
-        caller keeping it blocks no replay); ("value", v) for what is not a tensor."""
-        inputs = {}  # storage address -> (input position, the input)
-        for k, t in enumerate(self.inputs):
-            if isinstance(t, torch.Tensor):
-                inputs.setdefault(t.untyped_storage().data_ptr(), (k, t))
-        keys, over, how = {}, [], []
+    def _classify(self, outputs, inputs: dict) -> tuple[list, list]:
+        """(how each output is returned at a replay, the new slots). ("base", (tensor, size, stride, offset))
+        over a slot's base of the output's dtype; ("input", (k, view)) for an input returned as it is (view
+        None) or a view of one, rebuilt over the call's own input; ("copy", t) for a small output of the
+        graph (held here: a copy per call, so that a caller keeping it blocks no replay); ("value", v) for
+        what is not a tensor. `inputs`: storage address -> (position, size, stride, offset, dtype) of the
+        first input over it."""
+        slots, how = {}, []
         for o in outputs:
             if not isinstance(o, torch.Tensor):
                 how.append(("value", o))
@@ -168,71 +296,103 @@ class CudaGraphed:
             st = o.untyped_storage()
             view = (tuple(o.shape), tuple(o.stride()))
             if st.data_ptr() in inputs:
-                k, t = inputs[st.data_ptr()]
-                same = o is t or (view == (tuple(t.shape), tuple(t.stride()))
-                                  and o.storage_offset() == t.storage_offset() and o.dtype == t.dtype)
-                if same:
+                k, size, stride, offset, dtype = inputs[st.data_ptr()]
+                if view == (size, stride) and o.storage_offset() == offset and o.dtype == dtype:
                     how.append(("input", (k, None)))
-                elif o.dtype == t.dtype:
-                    how.append(("input", (k, (*view, o.storage_offset() - t.storage_offset()))))
+                elif o.dtype == dtype:
+                    how.append(("input", (k, (*view, o.storage_offset() - offset))))
                 else:
                     how.append(("copy", o))
             elif st.nbytes() <= SMALL_BYTES:
                 how.append(("copy", o))
             else:
-                key = (st.data_ptr(), o.dtype)
-                if key not in keys:
-                    keys[key] = len(keys)
-                    over.append(torch.empty(0, dtype=o.dtype, device=o.device).set_(
-                        st, 0, (st.nbytes() // o.element_size(),), (1,)))
-                how.append(("base", (keys[key], *view, o.storage_offset())))
-        per_storage = Counter(p for p, _ in keys)  # bases over one storage each hold it once
-        self.bases = [(base, per_storage[p] - 1) for base, (p, _) in zip(over, keys)]
-        return how
+                slot = slots.get(st.data_ptr())
+                if slot is None:
+                    slot = slots[st.data_ptr()] = Slot(self.seq, st)
+                how.append(("base", (slot.base(o.dtype), *view, o.storage_offset())))
+        return how, list(slots.values())
 
     # -- capturing ------------------------------------------------------------------------------------
-    def _capture(self, args, ptrs, last) -> bool:
-        """Capture the graph on `args`: inputs `_reads_in_place` are read where they are, the others copied
-        into static buffers. False where the capture failed (the graph then runs uncaptured from now on)."""
+    def _groups(self, args: list, static: list) -> list[tuple]:
+        """The static inputs by storage, where the list `args` alone holds a storage's inputs and it."""
+        by_storage = {}
+        for k in static:
+            by_storage.setdefault(_storage_ptr(args[k]), []).append(k)
+        return [tuple(g) for g in by_storage.values() if self._alone(args, tuple(g)) is not False]
+
+    def _capture(self, args: list, ptrs: list, last: list):
+        """Capture the graph on `args` and replay it once (this call's results): inputs `_reads_in_place` are
+        read where they are, the others copied into static buffers. Where the capture fails the graph runs
+        uncaptured from now on."""
         self.captures += 1
-        self.cuda_graph = None
-        self.static = [k for k, a in enumerate(args)
-                       if isinstance(a, torch.Tensor) and self._reads_in_place(k, a, ptrs[k], last[k])]
-        self.copied = [k for k, a in enumerate(args) if isinstance(a, torch.Tensor) and k not in self.static]
-        self.static_ptrs = [ptrs[k] for k in self.static]
-        self.inputs = list(args)
-        for k in self.copied:
-            self.inputs[k] = torch.empty_strided(args[k].shape, args[k].stride(), dtype=args[k].dtype,
-                                                 device=args[k].device).copy_(args[k])
+        static = [k for k, a in enumerate(args)
+                  if isinstance(a, torch.Tensor) and self._reads_in_place(k, a, ptrs[k], last[k])]
+        groups = self._groups(args, static)  # before anything here holds an input
+        in_groups = {k for g in groups for k in g}
+        copies = {k: torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device).copy_(a)
+                  for k, a in enumerate(args) if isinstance(a, torch.Tensor) and k not in static}
+        call = [copies.get(k, a) for k, a in enumerate(args)]
+        inputs = _views(call)
+        pooled = {k for k in static if ptrs[k] in self.pool.owned}
+        # what a failed capture needs to run the call uncaptured: inputs the list alone held, weakly
+        again = [weakref.ref(a) if k in in_groups else a for k, a in enumerate(args)]
+        originals = {k: args[k] for k in copies}  # the caller's tensors of the copied inputs
+        args.clear()
+        arena = self.pool.for_capture()
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
-        if self.pool.handle is None:
-            self.pool.handle = torch.cuda.graph_pool_handle()
         try:
-            with torch.cuda.graph(graph, pool=self.pool.handle):
-                outputs = self.runner(*self.inputs)
+            with compat.checked_capture(), torch.cuda.graph(graph, pool=arena.handle):
+                outputs = self._run(call)
         except Exception as e:  # e.g. an extern that synchronizes with the host
             self.report.cudagraphs = f"off: capture failed ({type(e).__name__}: {str(e)[:120]})"
             self.captures = MAX_CAPTURES + 1
-            return False
-        for base, _ in self.bases:  # the previous capture's outputs are no longer this backend's
-            self.pool.owned.discard(base.untyped_storage().data_ptr())
-        self.outputs = self._classify(outputs)
-        del outputs
-        # only the copies' buffers stay: holding an input read in place (a forward's saved activation) would
-        # keep the forward's previous outputs alive, and the forward from replaying
-        self.inputs = [t if k in self.copied else None for k, t in enumerate(self.inputs)]
-        self.pool.owned.update(base.untyped_storage().data_ptr() for base, _ in self.bases)
-        self.pool.captured(self)
-        self.cuda_graph = graph
+            del call
+            again = [a() if k in in_groups else a for k, a in enumerate(again)]
+            if any(a is None for k, a in enumerate(again) if k in in_groups):
+                raise RuntimeError(f"passline: the CUDA graph capture of {self.report.name} failed after it "
+                                   "freed inputs it had read last, so the call cannot run again uncaptured; "
+                                   "compile with passline.backend(cudagraphs=False)") from e
+            return self._run(again)
+        del call, again
+        graph.replay()  # the capture ran nothing: this call's results
+        self.static, self.static_ptrs, self.pooled = static, [ptrs[k] for k in static], pooled
+        self.groups, self.copies = groups, copies
+        self.copied_back = [k for k in copies if k in self.mutated]
+        for k in self.copied_back:
+            originals[k].copy_(copies[k])
+        self._adopt(graph, arena, outputs, inputs)
         self._say()
-        return True
+        return [self._first(o, how, originals) for o, how in zip(outputs, self.outputs)]
+
+    def _first(self, o, how, originals: dict):
+        """The capturing call's output `o`: as it is (the allocator counts its memory in use while it lives),
+        but a copy where replays return copies, and over the caller's tensor where it lies in an input's
+        static copy."""
+        kind, what = how
+        if kind == "copy" or (kind == "input" and what[0] in originals):
+            return self._output(how, originals)
+        return o
+
+    def _adopt(self, graph, arena: Arena, outputs: list, inputs: dict) -> None:
+        """Take the capture: its outputs' slots replace this graph's earlier ones, and the slots of earlier
+        captures in the arena that are free now (the capture may have put its buffers there) are noted."""
+        for s in self.slots:
+            s.retired = True
+            if self.pool.owned.get(s.ptr) is s:
+                del self.pool.owned[s.ptr]
+        self.seq, arena.next = arena.next, arena.next + 1
+        self.outputs, self.slots = self._classify(outputs, inputs)
+        self.reused = [s for s in arena.slots if not s.live()]
+        arena.add(graph, self.slots)
+        self.pool.owned.update((s.ptr, s) for s in self.slots)
+        self.cuda_graph, self.arena = graph, arena
 
     def _say(self) -> None:
         copies = sum(1 for kind, _ in self.outputs if kind == "copy")
         self.report.cudagraphs = (
-            f"on: captured {self.captures} time(s); {len(self.copied)} inputs and {copies} small outputs copied "
-            f"per call; {self.uncaptured} calls uncaptured (an earlier replay's outputs still held)")
+            f"on: captured {self.captures} time(s); {len(self.copies)} inputs and {copies} small outputs copied "
+            f"per call; {self.uncaptured} calls uncaptured" + (f" (the last: {self.why})" if self.why else ""))
 
 
 def cudagraphed(runner, graph, report, pool: Pool):

@@ -263,7 +263,7 @@ class Backend:
 def _boxed(fn):
     """`fn` in aot_autograd's boxed calling convention. Where the runner takes the caller's list itself
     (the generated launch plan empties it), a backward's saved activations are freed at their last use;
-    otherwise (reference backend, CUDA graphs, the accuracy guard) `make_boxed_func`'s unpacking."""
+    otherwise (the reference backend, the accuracy guard) `make_boxed_func`'s unpacking."""
     boxed = getattr(fn, "boxed", None)
     if boxed is None:
         return make_boxed_func(fn)

@@ -174,10 +174,29 @@ def sole(t) -> bool:
 
 
 def _capturing() -> bool:
-    """Whether a CUDA graph is being captured: a capture replays this call's decision on later calls, whose
-    inputs sit at the same addresses but may be held by someone (cudagraphs.py reads such inputs in place),
-    so nothing is taken over while capturing."""
-    return torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()
+    """Whether a CUDA graph is being captured by anyone but passline's own cudagraphs.py: a capture replays
+    this call's decision on later calls, whose inputs sit at the same addresses but may be held by someone,
+    so nothing is taken over while capturing — unless the capture is one whose replays check, input by
+    input, that what was held by the call alone at the capture still is (`checked_capture`)."""
+    return (torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()
+            and not _CHECKED_CAPTURE.on)
+
+
+class _Flag(threading.local):
+    on = False
+
+
+_CHECKED_CAPTURE = _Flag()
+
+
+class checked_capture:
+    """Within: a CUDA graph capture whose replays check what the capture took over (cudagraphs.py)."""
+
+    def __enter__(self):
+        _CHECKED_CAPTURE.on = True
+
+    def __exit__(self, *exc):
+        _CHECKED_CAPTURE.on = False
 
 
 ALONE = _storage_alone()
