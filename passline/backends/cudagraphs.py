@@ -155,6 +155,16 @@ class Pool:
             pass
 
 
+def _clear_cublas() -> None:
+    """Free cuBLAS's workspaces, one per stream it ran a matmul on. Around a capture: the capture stream's
+    workspace is then allocated inside the pool and freed there after it, a buffer of the graph like any
+    other (the replay rules cover it), not 64 MB held outside the pool for good (Inductor's CUDA graph
+    trees do the same). An uncaptured matmul allocates a new one where it needs it."""
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None:
+        clear()
+
+
 def _ptrs(args) -> list:
     return [a.data_ptr() if isinstance(a, torch.Tensor) else None for a in args]
 
@@ -342,6 +352,7 @@ class CudaGraphed:
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
         try:
+            _clear_cublas()
             with compat.checked_capture(), torch.cuda.graph(graph, pool=arena.handle):
                 outputs = self._run(call)
         except Exception as e:  # e.g. an extern that synchronizes with the host
@@ -354,6 +365,8 @@ class CudaGraphed:
                                    "freed inputs it had read last, so the call cannot run again uncaptured; "
                                    "compile with passline.backend(cudagraphs=False)") from e
             return self._run(again)
+        finally:
+            _clear_cublas()
         del call, again
         graph.replay()  # the capture ran nothing: this call's results
         self.static, self.static_ptrs, self.pooled = static, [ptrs[k] for k in static], pooled
