@@ -342,7 +342,8 @@ def steady_cuda(step, warmup: int, rep: int, base: int) -> tuple[float, float]:
     for _ in range(3):
         step()
     torch.cuda.synchronize()
-    return (torch.cuda.max_memory_allocated() - base) / 2**20, do_bench(step, warmup=warmup, rep=rep, return_mode="median")
+    peak = (torch.cuda.max_memory_allocated() - base) / 2**20
+    return peak, do_bench(step, warmup=warmup, rep=rep, return_mode="median")
 
 
 def host_ms_cuda(step, gpu_ms, reps=10):
