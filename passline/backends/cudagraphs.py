@@ -34,8 +34,9 @@ into a static buffer before each replay (and copied back after it where the grap
 static input that arrives at another address makes the graph captured again (copying it from then on,
 unless it moved into another captured graph's outputs); one that was another captured graph's output and
 now comes from elsewhere (that graph ran uncaptured) makes the call run uncaptured too. After
-`MAX_CAPTURES` captures the graph runs uncaptured. Small outputs (a loss, up to `SMALL_BYTES`) are returned
-as copies, so that a loss kept in a variable across steps blocks no replay.
+`MAX_CAPTURES` captures the graph runs uncaptured. Small outputs that reach the caller (a loss, up to
+`SMALL_BYTES`) are returned as copies, so that a loss kept in a variable across steps blocks no replay;
+small ones saved for the backward (a BatchNorm's per-channel statistics) are slots like any other.
 """
 from __future__ import annotations
 
@@ -65,9 +66,12 @@ def why_not(graph) -> str | None:
     return None
 
 
+_USE_COUNT = torch._C._storage_Use_Count
+
+
 def _count(storage) -> int:
     """References to a storage (tensors over it, storage objects)."""
-    return torch._C._storage_Use_Count(storage._cdata)
+    return _USE_COUNT(storage._cdata)
 
 
 def _list_refs(items: list, j: int) -> int:
@@ -82,12 +86,13 @@ class Slot:
     ours, over the same memory and owning none of it; replays return tensors over it. `fresh` follows the
     capture's own storage until it dies. `own`: the count of `storage` while only we hold it."""
 
-    __slots__ = ("seq", "ptr", "storage", "bases", "own", "fresh", "retired")
+    __slots__ = ("seq", "ptr", "storage", "cdata", "bases", "own", "fresh", "retired")
 
     def __init__(self, seq: int, storage):
         self.seq, self.ptr, self.retired = seq, storage.data_ptr(), False
         self.fresh = StorageWeakRef(storage)
         self.storage = torch._C._construct_storage_from_data_pointer(self.ptr, storage.device, storage.nbytes())
+        self.cdata = self.storage._cdata
         self.bases = {}  # dtype -> a tensor of ours over the whole storage
         self.own = _count(self.storage)
 
@@ -102,7 +107,7 @@ class Slot:
 
     def held(self) -> bool:
         """A replay's tensor over the slot is alive."""
-        return _count(self.storage) != self.own
+        return _USE_COUNT(self.cdata) != self.own
 
     def fresh_live(self) -> bool:
         """The capture's own tensor over the slot is alive (the allocator still counts it in use)."""
@@ -185,8 +190,9 @@ def _views(call: list) -> dict:
 class CudaGraphed:
     """`runner`, captured at its second call and replayed from then on."""
 
-    def __init__(self, runner, graph, report, pool: Pool):
+    def __init__(self, runner, graph, report, pool: Pool, saved_from: int | None = None):
         self.runner, self.report, self.pool = runner, report, pool
+        self.saved_from = saved_from  # outputs from here on reach only the backward
         boxed = getattr(runner, "boxed", None)
         self._run = boxed if boxed is not None else (lambda args: runner(*args))
         self.unstable = set()  # inputs that moved after a capture read them in place
@@ -239,33 +245,44 @@ class CudaGraphed:
     # -- when a replay may write -----------------------------------------------------------------------
     def _blocked(self, args) -> str | None:
         """Why replaying now could overwrite memory someone holds (the module doc's rules), or None."""
-        if any(s.live() for s in self.slots):
-            return "its previous outputs are held"
-        if any(s.live() for s in self.arena.slots if s.seq > self.seq):
-            return "outputs of a graph captured after it are held"
-        alone = []
+        for s in self.slots:
+            if s.live():
+                return "its previous outputs are held"
+        seq = self.seq
+        for s in self.arena.slots:
+            if s.seq > seq and s.live():
+                return "outputs of a graph captured after it are held"
+        alone = set()  # ids of the slots whose holders are all in `args`
         for group in self.groups:
             slot = self._alone(args, group)
             if slot is False:
                 return "an input its capture freed or overwrote is held elsewhere"
-            alone.append(slot)
+            alone.add(id(slot))
         for s in self.reused:
-            if s.fresh_live() or (s.held() and not any(s is a for a in alone)):
+            if s.fresh_live() or (id(s) not in alone and s.held()):
                 return "memory its capture reused is held"
         return None
 
     def _alone(self, args: list, group: tuple):
         """Whether the inputs at the positions `group` (those over one storage) and that storage are held by
-        the list `args` alone: False if not; else the Slot whose storage it is, or None."""
-        times = Counter(id(args[j]) for j in group)
-        for j in group:
-            if _list_refs(args, j) != _LIST_ALONE + times[id(args[j])] - 1 or args[j]._use_count() != 1:
+        the list `args` alone: False if not; else the Slot whose storage it is, or None. (Nothing here may
+        hold an input while counting: no local names one.)"""
+        if len(group) == 1:  # the usual case, without the bookkeeping of repeats
+            j = group[0]
+            if _list_refs(args, j) != _LIST_ALONE or args[j]._use_count() != 1:
                 return False
+            n = 1
+        else:
+            times = Counter(id(args[j]) for j in group)
+            for j in group:
+                if _list_refs(args, j) != _LIST_ALONE + times[id(args[j])] - 1 or args[j]._use_count() != 1:
+                    return False
+            n = len(times)
         st = args[group[0]].untyped_storage()
         slot = self.pool.owned.get(st.data_ptr())
-        ours = slot is not None and slot.storage._cdata == st._cdata
+        ours = slot is not None and slot.cdata == st._cdata
         # `st` is a new storage object unless one exists (ours, counted in `own`): ALONE counts one
-        if _count(st) != (slot.own if ours else compat.ALONE - 1) + len(times):
+        if _USE_COUNT(st._cdata) != (slot.own if ours else compat.ALONE - 1) + n:
             return False
         return slot if ours else None
 
@@ -295,10 +312,14 @@ class CudaGraphed:
         """(how each output is returned at a replay, the new slots). ("base", (tensor, size, stride, offset))
         over a slot's base of the output's dtype; ("input", (k, view)) for an input returned as it is (view
         None) or a view of one, rebuilt over the call's own input; ("copy", t) for a small output of the
-        graph (held here: a copy per call, so that a caller keeping it blocks no replay); ("value", v) for
-        what is not a tensor. `inputs`: storage address -> (position, size, stride, offset, dtype) of the
-        first input over it."""
+        graph that reaches the caller (held here: a copy per call, so that a loss kept in a variable blocks no
+        replay; small outputs saved for the backward are slots, which the backward reads in place);
+        ("value", v) for what is not a tensor. `inputs`: storage address -> (position, size, stride,
+        offset, dtype) of the first input over it."""
         slots, how = {}, []
+        saved_from = self.saved_from if self.saved_from is not None and self.saved_from <= len(outputs) \
+            else len(outputs)
+        to_caller = {o.untyped_storage().data_ptr() for o in outputs[:saved_from] if isinstance(o, torch.Tensor)}
         for o in outputs:
             if not isinstance(o, torch.Tensor):
                 how.append(("value", o))
@@ -313,7 +334,7 @@ class CudaGraphed:
                     how.append(("input", (k, (*view, o.storage_offset() - offset))))
                 else:
                     how.append(("copy", o))
-            elif st.nbytes() <= SMALL_BYTES:
+            elif st.nbytes() <= SMALL_BYTES and st.data_ptr() in to_caller:
                 how.append(("copy", o))
             else:
                 slot = slots.get(st.data_ptr())
@@ -408,12 +429,13 @@ class CudaGraphed:
             f"per call; {self.uncaptured} calls uncaptured" + (f" (the last: {self.why})" if self.why else ""))
 
 
-def cudagraphed(runner, graph, report, pool: Pool):
+def cudagraphed(runner, graph, report, pool: Pool, saved_from: int | None = None):
     """`runner` replayed from a CUDA graph where `graph` allows it; the report says which. `pool`: what
-    the backend's captured graphs share."""
+    the backend's captured graphs share. `saved_from`: for a forward graph, the position of its first
+    output saved for the backward (the ones before reach the caller)."""
     reason = why_not(graph)
     if reason is not None:
         report.cudagraphs = reason
         return runner
     report.cudagraphs = "on: captured at the second call"
-    return CudaGraphed(runner, graph, report, pool)
+    return CudaGraphed(runner, graph, report, pool, saved_from)

@@ -28,7 +28,7 @@ from ..pipeline.text import Pipeline
 from .check import checked
 from .choosing import TimedChooser
 from .layouts import conform_inputs
-from .partition import partition
+from .partition import SAVED_FROM, partition
 from .reference import ReferenceRunner
 from .variants import AUTO, FORCEABLE, KernelVariant
 
@@ -252,7 +252,7 @@ class Backend:
             from .cudagraphs import Pool, cudagraphed
 
             self._cudagraph_pool = self._cudagraph_pool or Pool()
-            runner = cudagraphed(runner, graph, report, self._cudagraph_pool)
+            runner = cudagraphed(runner, graph, report, self._cudagraph_pool, gm.meta.get(SAVED_FROM))
         if self.check:  # the accuracy guard checks the first call against the oracle (backends/check.py)
             runner = checked(runner, report, self, gm, example_inputs)
         if self.capture:

@@ -35,13 +35,19 @@ aten = torch.ops.aten
 
 
 def partition(joint_module, joint_inputs, *, num_fwd_outputs, **kwargs):
-    """aot_autograd's `partition_fn`: the min-cut partition, then the saved max-pool indices compacted."""
+    """aot_autograd's `partition_fn`: the min-cut partition, then the saved max-pool indices compacted. The
+    forward module records where its outputs saved for the backward begin (`SAVED_FROM`): outputs before
+    it reach the caller, the rest only the backward (cudagraphs.py keeps those in the pool)."""
     fw, bw = min_cut_rematerialization_partition(joint_module, joint_inputs, num_fwd_outputs=num_fwd_outputs,
                                                  **kwargs)
     if compact_pool_indices(fw, bw, num_fwd_outputs):
         fw.recompile()
         bw.recompile()
+    fw.meta[SAVED_FROM] = num_fwd_outputs
     return fw, bw
+
+
+SAVED_FROM = "passline_saved_from"
 
 
 class _Emit:
