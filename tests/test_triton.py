@@ -446,6 +446,37 @@ def test_cudagraphs_training_loops_match_eager(loop):
         torch.testing.assert_close(pa, pb, rtol=1e-3, atol=1e-5)
 
 
+@pytest.mark.skipif(os.environ.get("PASSLINE_TEST_DEVICE", "cpu") != "cuda", reason="CUDA graphs need a GPU")
+def test_cudagraphs_outputs_outlive_the_backend():
+    # a replay's gradients are tensors over the pool's memory that own none of it: dropping the compiled
+    # model and its backend (dynamo's reset) while .grad still holds them must not free that memory for
+    # others to overwrite
+    import gc
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 256)).cuda()
+    ref = __import__("copy").deepcopy(model)
+    compiled = torch.compile(model, backend=passline.backend(codegen="triton", fallback="raise", cudagraphs=True))
+    for _ in range(4):  # the third and fourth steps replay
+        x = torch.randn(512, 256, device="cuda")
+        model.zero_grad(set_to_none=True)
+        compiled(x).square().mean().backward()
+    ref(x).square().mean().backward()
+    del compiled
+    torch._dynamo.reset()
+    gc.collect()
+    torch.cuda.empty_cache()
+    from passline.backends import cudagraphs
+
+    grad = model[0].weight.grad.untyped_storage().data_ptr()
+    assert any(s.ptr == grad for arena in cudagraphs._KEPT for s in arena.slots)  # the backend was dropped
+    junk = [torch.full((1 << 22,), float("nan"), device="cuda") for _ in range(16)]  # reuses what was freed
+    for (name, pa), pb in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(pa.grad, pb.grad, rtol=1e-3, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
+    del junk
+
+
 def test_configuration_rules_follow_from_sizes_and_device():
     # hand facts of configs.rule on a 132-SM GPU (no timing): what each kernel launches with
     from passline.backends.triton.configs import Device, Variant, rule
