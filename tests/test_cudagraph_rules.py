@@ -1,0 +1,136 @@
+"""The bookkeeping behind `cudagraphs=True` (backends/cudagraphs.py), on CPU tensors: which holders of a
+storage the replay rules see, and when a replay is refused. Captures themselves need a GPU
+(tests/test_triton.py runs them with PASSLINE_TEST_DEVICE=cuda); the rules are plain reference counting and
+run anywhere."""
+import gc
+
+import torch
+
+from passline.backends import cudagraphs as cg
+from passline.backends.triton import compat
+
+
+class _Arena:  # an Arena without a CUDA graph pool: the rules only read its slots
+    def __init__(self):
+        self.slots = []
+
+
+def _slots(pool, n, seq, keep):
+    """n slots of capture `seq`, each over a fresh storage whose capture tensor `keep` holds."""
+    out = []
+    for _ in range(n):
+        t = torch.zeros(64)
+        keep.append(t)  # alive until the caller drops it: distinct addresses
+        s = cg.Slot(seq, t.untyped_storage())
+        s.base(torch.float32)
+        pool.owned[s.ptr] = s
+        out.append(s)
+    return out
+
+
+def _replay_output(slot):
+    """What a replay hands out: a tensor over the slot that owns none of its memory."""
+    return compat.alias(slot.base(torch.float32), (8, 8), (8, 1), 0)
+
+
+def _graph(pool, arena, seq, slots, groups=(), reused=()):
+    g = cg.CudaGraphed.__new__(cg.CudaGraphed)
+    g.pool, g.arena, g.seq, g.slots = pool, arena, seq, list(slots)
+    g.groups, g.reused = list(groups), list(reused)
+    arena.slots.extend(slots)
+    return g
+
+
+def test_a_slot_is_live_while_the_capture_tensor_or_a_replay_output_is():
+    pool, keep = cg.Pool(), []
+    (slot,) = _slots(pool, 1, 0, keep)
+    assert slot.fresh_live() and slot.live() and not slot.held()
+    keep.clear()
+    gc.collect()
+    assert not slot.live()  # the capture's own tensor died: the allocator may reuse the memory
+    out = _replay_output(slot)
+    assert slot.held() and slot.live()
+    view = out[2:]
+    del out
+    assert slot.held()  # a view of a replay output holds the storage too
+    del view
+    assert not slot.held()
+
+
+def test_alone_sees_every_holder_but_the_list():
+    pool, keep = cg.Pool(), []
+    slots = _slots(pool, 2, 0, keep)
+    keep.clear()
+    g = _graph(pool, _Arena(), 1, [])
+    args = [_replay_output(slots[0]), torch.ones(3), _replay_output(slots[1])]
+    assert g._alone(args, (0,)) is slots[0]
+    assert g._alone(args, (1,)) is None  # held by the list alone, not a slot
+    held = args[1]
+    assert g._alone(args, (1,)) is False  # a name holds it
+    del held
+    x = args[0]
+    assert g._alone(args, (0,)) is False
+    del x
+    v = args[0][1:]  # a view shares the storage
+    assert g._alone(args, (0,)) is False
+    del v
+    args.append(args[0])  # the same tensor twice in the list
+    assert g._alone(args, (0, 3)) is slots[0]
+    args.append(_replay_output(slots[0]))  # another tensor over the storage, in the list too
+    assert g._alone(args, (0, 3, 4)) is slots[0]
+    assert g._alone(args, (0, 3)) is False  # ... which the group must name
+    args.clear()
+    assert not slots[0].held()
+
+
+def test_replays_wait_for_what_they_would_overwrite():
+    # F captured first (seq 0), B after it (seq 1); B's capture reused F's first slot (free at its end) and
+    # reads F's second slot as an input the call's list alone held
+    pool, keep = cg.Pool(), []
+    arena = _Arena()
+    f_slots = _slots(pool, 2, 0, keep)
+    b_slots = _slots(pool, 1, 1, keep)
+    keep.clear()
+    gc.collect()
+    forward = _graph(pool, arena, 0, f_slots)
+    backward = _graph(pool, arena, 1, b_slots, groups=[(0,)], reused=[f_slots[0], f_slots[1]])
+
+    assert forward._blocked([]) is None
+    grad = _replay_output(b_slots[0])  # a .grad from B's last replay
+    assert "after it" in forward._blocked([])  # F's buffers may lie where B's output is
+    del grad
+    out = _replay_output(f_slots[0])
+    assert "previous outputs" in forward._blocked([])
+    # B: its input (F's second slot) held by the list alone; F's first slot, reused by B's capture, held
+    args = [_replay_output(f_slots[1])]
+    assert "reused" in backward._blocked(args)
+    del out
+    assert backward._blocked(args) is None
+    kept = args[0]  # the caller keeps the input B's capture could free or overwrite
+    assert "held elsewhere" in backward._blocked(args)
+    del kept
+    assert backward._blocked(args) is None
+    args.clear()
+
+
+def test_a_capture_goes_to_a_new_pool_while_a_replay_output_is_held(monkeypatch):
+    made = []
+
+    class Arena(_Arena):
+        def __init__(self):
+            super().__init__()
+            made.append(self)
+
+        clean = cg.Arena.clean
+
+    monkeypatch.setattr(cg, "Arena", Arena)
+    pool, keep = cg.Pool(), []
+    first = pool.for_capture()
+    assert pool.for_capture() is first
+    first.slots.extend(_slots(pool, 1, 0, keep))
+    keep.clear()
+    assert pool.for_capture() is first  # the capture's own tensor is the allocator's: it protects it
+    out = _replay_output(first.slots[0])
+    second = pool.for_capture()
+    assert second is not first and len(made) == 2  # the allocator cannot see `out`
+    del out
