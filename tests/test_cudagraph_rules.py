@@ -134,3 +134,63 @@ def test_a_capture_goes_to_a_new_pool_while_a_replay_output_is_held(monkeypatch)
     second = pool.for_capture()
     assert second is not first and len(made) == 2  # the allocator cannot see `out`
     del out
+
+
+def test_a_replay_builds_its_outputs_as_the_rules_say():
+    # the written-out builder returns what `_output` returns for each kind: a tensor over a slot, an input
+    # as it is or a view of it, a copy, a value
+    base = torch.arange(20.0)
+    outputs = [("base", (base, (2, 3), (3, 1), 2)), ("input", (1, None)), ("input", (0, ((2,), (1,), 1))),
+               ("copy", torch.ones(2)), ("value", 7)]
+    args = [torch.arange(5.0), torch.zeros(4)]
+    built = cg._builder(outputs)(args)
+    g = cg.CudaGraphed.__new__(cg.CudaGraphed)
+    for (kind, _), a, b in zip(outputs, built, [g._output(how, args) for how in outputs]):
+        if kind == "value":
+            assert a == b
+            continue
+        assert a.shape == b.shape and a.stride() == b.stride() and torch.equal(a, b)
+        same_memory = a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+        assert same_memory == (kind != "copy"), kind  # over the slot or the input; a copy is new memory
+    assert built[1] is args[1] and torch.equal(built[0], base[2:8].view(2, 3))
+    assert built[0]._base is None  # not an autograd view: AccumulateGrad may take it over
+
+
+class _Graph:  # a captured graph that records its replays
+    def __init__(self):
+        self.replays = 0
+
+    def replay(self):
+        self.replays += 1
+
+
+def _captured(pool, args, static):
+    """A CudaGraphed as its capture leaves it, reading `static` of `args` in place, copying nothing."""
+    g = cg.CudaGraphed.__new__(cg.CudaGraphed)
+    g.pool, g.arena, g.seq, g.slots, g.groups, g.reused = pool, _Arena(), 0, [], [], []
+    g.cuda_graph, g.captures, g.replays, g.uncaptured, g.why = _Graph(), 1, 0, 0, ""
+    g.static, g.static_ptrs, g.pooled = static, [args[k].data_ptr() for k in static], set()
+    g.copies, g.copied_back, g.unstable, g.outputs, g.last_ptrs = {}, [], set(), [], None
+    g.build = cg._builder([("input", (static[0], None))])
+    g.report = type("Report", (), {"cudagraphs": ""})()
+    g.captured = []
+    g._run = lambda a: ["uncaptured"]
+    g._capture = lambda a, ptrs, last: g.captured.append((ptrs, last)) or ["captured"]
+    return g
+
+
+def test_calls_replay_while_inputs_stay_put_and_capture_again_when_one_moves():
+    pool = cg.Pool()
+    weight, x = torch.ones(4), torch.zeros(4)
+    g = _captured(pool, [weight, x], static=[0])
+    out = g.boxed([weight, torch.zeros(4)])  # x is copied, not looked at: any address
+    assert out[0] is weight and g.cuda_graph.replays == 1
+    moved = torch.ones(4)
+    assert g.boxed([moved, x]) == ["captured"]
+    (ptrs, last), = g.captured
+    assert ptrs == [moved.data_ptr(), x.data_ptr()] and last == [weight.data_ptr(), None]
+    assert g.unstable == {0}  # copied from the next capture on: it did not move into a captured output
+    # an input that another captured graph gave, now from its uncaptured call: this call runs uncaptured
+    g = _captured(pool, [weight, x], static=[0])
+    g.pooled = {0}
+    assert g.boxed([torch.ones(4), x]) == ["uncaptured"] and g.uncaptured == 1 and not g.captured

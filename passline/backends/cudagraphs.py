@@ -178,6 +178,29 @@ def _storage_ptr(t) -> int:
     return t.untyped_storage().data_ptr()
 
 
+def _builder(outputs: list):
+    """`build(args)`: a replay's outputs as `CudaGraphed._output` makes them, written out once as Python
+    (a graph returns a hundred outputs or more, and the replay's host time is the step's where the CPU
+    bounds it)."""
+    env, items = {"alias": compat.alias}, []
+    for i, (kind, what) in enumerate(outputs):
+        if kind == "base":
+            env[f"b{i}"] = what[0]
+            items.append(f"alias(b{i}, {what[1]!r}, {what[2]!r}, {what[3]!r})")
+        elif kind == "input":
+            k, view = what
+            items.append(f"args[{k}]" if view is None else f"alias(args[{k}], {view[0]!r}, {view[1]!r}, {view[2]!r})")
+        elif kind == "copy":
+            env[f"c{i}"] = what
+            items.append(f"c{i}.clone()")
+        else:
+            env[f"v{i}"] = what
+            items.append(f"v{i}")
+    source = "def build(args):\n    return [" + ", ".join(items) + "]\n"
+    exec(compile(source, "<passline cudagraph outputs>", "exec"), env)
+    return env["build"]
+
+
 def _views(call: list) -> dict:
     """storage address -> (position, size, stride, offset, dtype) of the first tensor of `call` over it."""
     views = {}
@@ -211,18 +234,27 @@ class CudaGraphed:
 
     def boxed(self, args: list):
         """aot_autograd's boxed convention: `args` is emptied (inputs the caller held only there die)."""
+        if self.cuda_graph is not None and self.captures <= MAX_CAPTURES:
+            try:  # the steady state: only the inputs read in place are looked at
+                moved = [k for k, p in zip(self.static, self.static_ptrs) if args[k].data_ptr() != p]
+            except AttributeError:  # not a tensor where the capture had one
+                moved = list(self.static)
+            if not moved:
+                why = self._blocked(args)
+                return self._replay(args) if why is None else self._uncaptured(args, why)
+            ptrs = _ptrs(args)
+            if all(k in self.pooled and ptrs[k] not in self.pool.owned for k in moved):
+                return self._uncaptured(args, "an input came from an uncaptured call of the graph giving it")
+            self.unstable.update(k for k in moved if ptrs[k] not in self.pool.owned)
+            last = [None] * len(args)  # what the replays saw: the inputs read in place
+            for k, p in zip(self.static, self.static_ptrs):
+                last[k] = p
+            self.last_ptrs = ptrs
+            return self._capture(args, ptrs, last)
         ptrs = _ptrs(args)
         last, self.last_ptrs = self.last_ptrs, ptrs
         if last is None or self.captures > MAX_CAPTURES:
             return self._run(args)
-        if self.cuda_graph is not None:
-            moved = [k for k, p in zip(self.static, self.static_ptrs) if ptrs[k] != p]
-            if not moved:
-                why = self._blocked(args)
-                return self._replay(args) if why is None else self._uncaptured(args, why)
-            if all(k in self.pooled and ptrs[k] not in self.pool.owned for k in moved):
-                return self._uncaptured(args, "an input came from an uncaptured call of the graph giving it")
-            self.unstable.update(k for k in moved if ptrs[k] not in self.pool.owned)
         return self._capture(args, ptrs, last)
 
     def _uncaptured(self, args, why: str):
@@ -238,7 +270,7 @@ class CudaGraphed:
         self.replays += 1
         for k in self.copied_back:
             args[k].copy_(self.copies[k])
-        out = [self._output(how, args) for how in self.outputs]
+        out = self.build(args)
         args.clear()
         return out
 
@@ -417,6 +449,7 @@ class CudaGraphed:
                 del self.pool.owned[s.ptr]
         self.seq, arena.next = arena.next, arena.next + 1
         self.outputs, self.slots = self._classify(outputs, inputs)
+        self.build = _builder(self.outputs)
         self.reused = [s for s in arena.slots if not s.live()]
         arena.add(graph, self.slots)
         self.pool.owned.update((s.ptr, s) for s in self.slots)
