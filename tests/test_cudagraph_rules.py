@@ -13,6 +13,7 @@ from passline.backends.triton import compat
 class _Arena:  # an Arena without a CUDA graph pool: the rules only read its slots
     def __init__(self):
         self.slots = []
+        self.members = 0
 
 
 def _slots(pool, n, seq, keep):
@@ -24,6 +25,7 @@ def _slots(pool, n, seq, keep):
         s = cg.Slot(seq, t.untyped_storage())
         s.base(torch.float32)
         pool.owned[s.ptr] = s
+        pool.by_storage[s.cdata] = s
         out.append(s)
     return out
 
@@ -133,7 +135,9 @@ def test_a_capture_goes_to_a_new_pool_while_a_replay_output_is_held(monkeypatch)
     out = _replay_output(first.slots[0])
     second = pool.for_capture()
     assert second is not first and len(made) == 2  # the allocator cannot see `out`
+    assert pool.for_capture() is second and pool.arenas == [first, second]  # `out` still needs `first`'s memory
     del out
+    assert pool.for_capture() is second and pool.arenas == [second]  # no graph there, nothing over its slots
 
 
 def test_a_replay_builds_its_outputs_as_the_rules_say():
@@ -194,3 +198,42 @@ def test_calls_replay_while_inputs_stay_put_and_capture_again_when_one_moves():
     g = _captured(pool, [weight, x], static=[0])
     g.pooled = {0}
     assert g.boxed([torch.ones(4), x]) == ["uncaptured"] and g.uncaptured == 1 and not g.captured
+
+
+def test_outputs_are_inputs_only_by_their_storage_not_their_address():
+    # a capture frees an input at its last use and may allocate an output right where it began: that output
+    # is the graph's own (a slot the rules watch), not the input returned again
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    g = cg.CudaGraphed.__new__(cg.CudaGraphed)
+    g.seq, g.saved_from = 0, None
+    out = torch.ones(512)  # 2 KiB: above the small outputs copied per call
+    dead = torch.zeros(512)
+    gone = StorageWeakRef(dead.untyped_storage())
+    del dead
+    assert gone.expired()
+    inputs = {out.untyped_storage().data_ptr(): (0, (512,), (1,), 0, torch.float32, gone)}
+    how, slots = g._classify([out], inputs)
+    assert how[0][0] == "base" and len(slots) == 1
+    # the input's own storage, alive: returned as the input; as another dtype: over the call's input
+    x = torch.arange(512.0)
+    given = cg._views([x])
+    how, slots = g._classify([x, x[2:], x.view(torch.int32)], given)
+    assert [h[0] for h in how] == ["input", "input", "input_as"] and not slots
+    args = [torch.arange(512.0) + 1]
+    built = cg._builder(how)(args)
+    assert built[0] is args[0] and torch.equal(built[1], args[0][2:])
+    assert built[2].dtype == torch.int32 and torch.equal(built[2], args[0].view(torch.int32))
+    # storages of no bytes all lie at address 0: never inputs, slots or groups; returned as copies
+    how, slots = g._classify([torch.empty(0), torch.empty(0, 3)], cg._views([torch.empty(0)]))
+    assert [h[0] for h in how] == ["copy", "copy"] and not slots
+
+
+def test_inputs_that_keep_moving_stop_the_captures():
+    pool = cg.Pool()
+    weight, x = torch.ones(4), torch.zeros(4)
+    g = _captured(pool, [weight, x], static=[0])
+    g.captures = cg.MAX_CAPTURES
+    assert g.boxed([torch.ones(4), x]) == ["uncaptured"] and not g.captured
+    assert g.captures > cg.MAX_CAPTURES and g.report.cudagraphs.startswith("off")
+    assert g.boxed([weight, x]) == ["uncaptured"]  # for good, even where the input came back

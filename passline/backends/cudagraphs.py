@@ -25,8 +25,12 @@ what lets the next capture reuse it. A replay therefore happens only where its w
      or written a result over it) is again held by the list alone.
 Otherwise the call runs uncaptured, into fresh memory, and the report counts it. A capture goes into the
 backend's pool only while no replay output in it is held (the allocator cannot see those); otherwise into a
-new one. A pool's memory lives as long as one of its CUDA graphs: a backend dropped while a tensor over one
-of its slots is still held (a `.grad`) leaves its graphs in `_KEPT`.
+new one; a pool no graph captures into any more is dropped once nothing is over its slots. A pool's
+memory lives as long as one of its CUDA graphs: a backend dropped while a tensor over one of its slots is
+still held (a `.grad`) leaves its graphs in `_KEPT` until nothing is. An output is an input (returned as
+the call's input, or a view of it) only where it lies in that input's own storage: a capture may put an
+output where an input it freed had been. Storages of no bytes all lie at address 0; they are never slots,
+inputs or groups.
 
 Inputs: parameters, outputs of the backend's captured graphs and inputs found at the same address on the
 two calls before a capture (buffers) are read in place by the captured kernels; any other input is copied
@@ -127,6 +131,7 @@ class Arena:
         self.slots: list[Slot] = []
         self.graphs: list = []  # every CUDA graph captured here: the pool's memory lives while one does
         self.next = 0
+        self.members = 0  # graphs whose current capture is here
 
     def clean(self) -> bool:
         """No replay output in the pool is held: a capture may take whatever the allocator has free here."""
@@ -139,14 +144,19 @@ class Arena:
 
 class Pool:
     """What the graphs one backend captures share: the arena captures go into (a new one where the current
-    one has replay outputs held), and the current slot at each address (inputs there are read in place)."""
+    one has replay outputs held), the current slot at each address (inputs there are read in place) and
+    each slot by its storage (the one replay outputs are over)."""
 
     def __init__(self):
         self.arena = None
         self.arenas: list[Arena] = []
         self.owned: dict = {}  # storage address -> the Slot of a current capture there
+        self.by_storage: dict = {}  # Slot.cdata -> Slot, for every slot of a current capture
 
     def for_capture(self) -> Arena:
+        _KEPT[:] = [a for a in _KEPT if not a.clean()]
+        # an arena no graph captures into any more goes once nothing is over its slots (its memory with it)
+        self.arenas = [a for a in self.arenas if a is self.arena or a.members or any(s.live() for s in a.slots)]
         if self.arena is None or not self.arena.clean():
             self.arena = Arena()
             self.arenas.append(self.arena)
@@ -182,7 +192,7 @@ def _builder(outputs: list):
     """`build(args)`: a replay's outputs as `CudaGraphed._output` makes them, written out once as Python
     (a graph returns a hundred outputs or more, and the replay's host time is the step's where the CPU
     bounds it)."""
-    env, items = {"alias": compat.alias}, []
+    env, items = {"alias": compat.alias, "over": _over}, []
     for i, (kind, what) in enumerate(outputs):
         if kind == "base":
             env[f"b{i}"] = what[0]
@@ -190,6 +200,10 @@ def _builder(outputs: list):
         elif kind == "input":
             k, view = what
             items.append(f"args[{k}]" if view is None else f"alias(args[{k}], {view[0]!r}, {view[1]!r}, {view[2]!r})")
+        elif kind == "input_as":
+            k, dtype, size, stride, offset = what
+            env[f"d{i}"] = dtype
+            items.append(f"over(args[{k}], d{i}, {size!r}, {stride!r}, {offset!r})")
         elif kind == "copy":
             env[f"c{i}"] = what
             items.append(f"c{i}.clone()")
@@ -202,12 +216,21 @@ def _builder(outputs: list):
 
 
 def _views(call: list) -> dict:
-    """storage address -> (position, size, stride, offset, dtype) of the first tensor of `call` over it."""
+    """storage address -> (position, size, stride, offset, dtype, the storage's weak reference) of the first
+    tensor of `call` over it (storages of no bytes left out: they all lie at address 0)."""
     views = {}
     for k, t in enumerate(call):
         if isinstance(t, torch.Tensor):
-            views.setdefault(_storage_ptr(t), (k, tuple(t.shape), tuple(t.stride()), t.storage_offset(), t.dtype))
+            st = t.untyped_storage()
+            if st.nbytes() and st.data_ptr() not in views:
+                views[st.data_ptr()] = (k, tuple(t.shape), tuple(t.stride()), t.storage_offset(), t.dtype,
+                                        StorageWeakRef(st))
     return views
+
+
+def _over(t, dtype, size, stride, offset: int):
+    """A tensor of `dtype` over `t`'s storage (an output that views an input as another dtype)."""
+    return torch.empty(0, dtype=dtype, device=t.device).set_(t.untyped_storage(), offset, size, stride)
 
 
 class CudaGraphed:
@@ -243,9 +266,14 @@ class CudaGraphed:
                 why = self._blocked(args)
                 return self._replay(args) if why is None else self._uncaptured(args, why)
             ptrs = _ptrs(args)
-            if all(k in self.pooled and ptrs[k] not in self.pool.owned for k in moved):
+            where = {k: _storage_ptr(args[k]) if isinstance(args[k], torch.Tensor) else None for k in moved}
+            if all(k in self.pooled and where[k] not in self.pool.owned for k in moved):
                 return self._uncaptured(args, "an input came from an uncaptured call of the graph giving it")
-            self.unstable.update(k for k in moved if ptrs[k] not in self.pool.owned)
+            if self.captures >= MAX_CAPTURES:  # inputs keep moving: uncaptured from now on
+                self.captures = MAX_CAPTURES + 1
+                self.report.cudagraphs = f"off: captured {MAX_CAPTURES} times, and inputs it reads in place moved again"
+                return self._run(args)
+            self.unstable.update(k for k in moved if where[k] not in self.pool.owned)
             last = [None] * len(args)  # what the replays saw: the inputs read in place
             for k, p in zip(self.static, self.static_ptrs):
                 last[k] = p
@@ -311,12 +339,11 @@ class CudaGraphed:
                     return False
             n = len(times)
         st = args[group[0]].untyped_storage()
-        slot = self.pool.owned.get(st.data_ptr())
-        ours = slot is not None and slot.cdata == st._cdata
+        slot = self.pool.by_storage.get(st._cdata)
         # `st` is a new storage object unless one exists (ours, counted in `own`): ALONE counts one
-        if _USE_COUNT(st._cdata) != (slot.own if ours else compat.ALONE - 1) + n:
+        if _USE_COUNT(st._cdata) != (slot.own if slot is not None else compat.ALONE - 1) + n:
             return False
-        return slot if ours else None
+        return slot
 
     def _reads_in_place(self, k, a, ptr, last) -> bool:
         """Whether input `k` is read where it is rather than copied: parameters (they keep their memory;
@@ -336,6 +363,9 @@ class CudaGraphed:
         if kind == "input":  # an input, or a view of one: over the caller's own tensor
             k, view = what
             return args[k] if view is None else compat.alias(args[k], *view)
+        if kind == "input_as":
+            k, dtype, size, stride, offset = what
+            return _over(args[k], dtype, size, stride, offset)
         if kind == "copy":
             return what.clone()
         return what  # not a tensor
@@ -358,15 +388,17 @@ class CudaGraphed:
                 continue
             st = o.untyped_storage()
             view = (tuple(o.shape), tuple(o.stride()))
-            if st.data_ptr() in inputs:
-                k, size, stride, offset, dtype = inputs[st.data_ptr()]
+            given = inputs.get(st.data_ptr())
+            # an input's storage itself, not one the capture allocated where an input it freed had been
+            if given is not None and not given[5].expired() and given[5].cdata == st._cdata:
+                k, size, stride, offset, dtype, _ = given
                 if view == (size, stride) and o.storage_offset() == offset and o.dtype == dtype:
                     how.append(("input", (k, None)))
                 elif o.dtype == dtype:
                     how.append(("input", (k, (*view, o.storage_offset() - offset))))
                 else:
-                    how.append(("copy", o))
-            elif st.nbytes() <= SMALL_BYTES and st.data_ptr() in to_caller:
+                    how.append(("input_as", (k, o.dtype, *view, o.storage_offset())))
+            elif st.nbytes() == 0 or (st.nbytes() <= SMALL_BYTES and st.data_ptr() in to_caller):
                 how.append(("copy", o))
             else:
                 slot = slots.get(st.data_ptr())
@@ -378,9 +410,14 @@ class CudaGraphed:
     # -- capturing ------------------------------------------------------------------------------------
     def _groups(self, args: list, static: list) -> list[tuple]:
         """The static inputs by storage, where the list `args` alone holds a storage's inputs and it."""
+        if compat.ALONE is None:  # this torch cannot count holders: nothing is freed or taken over for good
+            return []
         by_storage = {}
         for k in static:
-            by_storage.setdefault(_storage_ptr(args[k]), []).append(k)
+            st = args[k].untyped_storage()
+            if st.nbytes():  # storages of no bytes all lie at address 0
+                by_storage.setdefault(st.data_ptr(), []).append(k)
+            del st
         return [tuple(g) for g in by_storage.values() if self._alone(args, tuple(g)) is not False]
 
     def _capture(self, args: list, ptrs: list, last: list):
@@ -396,7 +433,7 @@ class CudaGraphed:
                   for k, a in enumerate(args) if isinstance(a, torch.Tensor) and k not in static}
         call = [copies.get(k, a) for k, a in enumerate(args)]
         inputs = _views(call)
-        pooled = {k for k in static if ptrs[k] in self.pool.owned}
+        pooled = {k for k in static if _storage_ptr(args[k]) in self.pool.owned}
         # what a failed capture needs to run the call uncaptured: inputs the list alone held, weakly
         again = [weakref.ref(a) if k in in_groups else a for k, a in enumerate(args)]
         originals = {k: args[k] for k in copies}  # the caller's tensors of the copied inputs
@@ -420,14 +457,15 @@ class CudaGraphed:
             return self._run(again)
         finally:
             _clear_cublas()
-        del call, again
+        del call
         graph.replay()  # the capture ran nothing: this call's results
         self.static, self.static_ptrs, self.pooled = static, [ptrs[k] for k in static], pooled
         self.groups, self.copies = groups, copies
         self.copied_back = [k for k in copies if k in self.mutated]
         for k in self.copied_back:
             originals[k].copy_(copies[k])
-        self._adopt(graph, arena, outputs, inputs)
+        self._adopt(graph, arena, outputs, inputs)  # `again` still holds what it held during the capture
+        del again
         self._say()
         return [self._first(o, how, originals) for o, how in zip(outputs, self.outputs)]
 
@@ -447,12 +485,17 @@ class CudaGraphed:
             s.retired = True
             if self.pool.owned.get(s.ptr) is s:
                 del self.pool.owned[s.ptr]
+            self.pool.by_storage.pop(s.cdata, None)
         self.seq, arena.next = arena.next, arena.next + 1
         self.outputs, self.slots = self._classify(outputs, inputs)
         self.build = _builder(self.outputs)
         self.reused = [s for s in arena.slots if not s.live()]
         arena.add(graph, self.slots)
         self.pool.owned.update((s.ptr, s) for s in self.slots)
+        self.pool.by_storage.update((s.cdata, s) for s in self.slots)
+        if self.arena is not None:
+            self.arena.members -= 1
+        arena.members += 1
         self.cuda_graph, self.arena = graph, arena
 
     def _say(self) -> None:
