@@ -24,7 +24,7 @@ def _slots(pool, n, seq, keep):
         keep.append(t)  # alive until the caller drops it: distinct addresses
         s = cg.Slot(seq, t.untyped_storage())
         s.base(torch.float32)
-        pool.owned[s.ptr] = s
+        pool.owned.setdefault(s.ptr, []).append(s)
         pool.by_storage[s.cdata] = s
         out.append(s)
     return out
@@ -76,6 +76,9 @@ def test_alone_sees_every_holder_but_the_list():
     v = args[0][1:]  # a view shares the storage
     assert g._alone(args, (0,)) is False
     del v
+    st = args[0].untyped_storage()  # the storage object alone, without a tensor
+    assert g._alone(args, (0,)) is False and slots[0].held()
+    del st
     args.append(args[0])  # the same tensor twice in the list
     assert g._alone(args, (0, 3)) is slots[0]
     args.append(_replay_output(slots[0]))  # another tensor over the storage, in the list too
@@ -174,7 +177,7 @@ def _captured(pool, args, static):
     g.pool, g.arena, g.seq, g.slots, g.groups, g.reused = pool, _Arena(), 0, [], [], []
     g.cuda_graph, g.captures, g.replays, g.uncaptured, g.why = _Graph(), 1, 0, 0, ""
     g.static, g.static_ptrs, g.pooled = static, [args[k].data_ptr() for k in static], set()
-    g.copies, g.copied_back, g.unstable, g.outputs, g.last_ptrs = {}, [], set(), [], None
+    g.copies, g.statics, g.copied_back, g.unstable, g.outputs, g.last_ptrs = {}, {}, [], set(), [], None
     g.build = cg._builder([("input", (static[0], None))])
     g.report = type("Report", (), {"cudagraphs": ""})()
     g.captured = []
@@ -237,3 +240,61 @@ def test_inputs_that_keep_moving_stop_the_captures():
     assert g.boxed([torch.ones(4), x]) == ["uncaptured"] and not g.captured
     assert g.captures > cg.MAX_CAPTURES and g.report.cudagraphs.startswith("off")
     assert g.boxed([weight, x]) == ["uncaptured"]  # for good, even where the input came back
+
+
+def test_static_copies_of_expanded_inputs_and_dtype_views_of_copied_inputs():
+    # an input whose elements overlap (an expanded mask) is copied by the memory it spans
+    mask = torch.arange(6.0).view(1, 6).expand(4, 6)
+    buf = cg._Static(mask)
+    assert buf.tensor.stride() == mask.stride() and torch.equal(buf.tensor, mask)
+    other = torch.arange(6.0, 12.0).view(1, 6).expand(4, 6)
+    buf.fill(other)
+    assert torch.equal(buf.tensor, other)
+    # an output viewing an input as another dtype, rebuilt over the caller's input at its own offset
+    g = cg.CudaGraphed.__new__(cg.CudaGraphed)
+    g.seq, g.saved_from = 0, None
+    copy = torch.arange(512.0)  # the static copy the capture read
+    out = copy[4:].view(torch.int32)
+    how, _ = g._classify([out], cg._views([copy]))
+    assert how[0][0] == "input_as"
+    caller = torch.arange(1000.0)[100:612]  # the caller's input: another storage, another offset
+    rebuilt = cg._builder(how)([caller])[0]
+    assert torch.equal(rebuilt, caller[4:].view(torch.int32))
+    assert torch.equal(g._first(out, how[0], {0: caller}), caller[4:].view(torch.int32))
+
+
+def test_a_graph_whose_inputs_come_from_a_later_capture_is_captured_again():
+    # F (seq 2) was captured again after B (seq 1), into the same pool, and put its outputs where B's
+    # inputs were: B may lie in F's new buffers, so B's replay is refused — and B is captured again, not
+    # left uncaptured for good
+    pool, keep = cg.Pool(), []
+    arena = _Arena()
+    b_slots = _slots(pool, 1, 1, keep)
+    f_slots = _slots(pool, 1, 2, keep)
+    keep.clear()
+    gc.collect()
+    args = [_replay_output(f_slots[0])]
+    g = _captured(pool, args, static=[0])
+    g.arena, g.seq, g.slots, g.groups = arena, 1, b_slots, [(0,)]
+    arena.slots.extend(b_slots + f_slots)
+    assert g._blocked(args) is cg._STALE
+    assert g.boxed(args) == ["captured"] and g.uncaptured == 0
+    held = _replay_output(f_slots[0])  # held elsewhere too: refused, not captured again
+    args = [_replay_output(f_slots[0])]
+    why = g._blocked(args)
+    assert why is not cg._STALE and "held elsewhere" in why
+    del held
+
+
+def test_a_retired_graph_leaves_its_pool_and_its_addresses():
+    pool, keep = cg.Pool(), []
+    arena = _Arena()
+    first = _slots(pool, 1, 0, keep)
+    g = _graph(pool, arena, 0, first)
+    arena.members = 1
+    g.cuda_graph, g.copies, g.statics = _Graph(), {}, {}
+    other = cg.Slot(1, keep[0].untyped_storage())  # another graph's current slot at the same address
+    pool.owned[other.ptr].append(other)
+    g._retire()
+    assert arena.members == 0 and g.arena is None and g.cuda_graph is None
+    assert pool.owned[other.ptr] == [other] and first[0].cdata not in pool.by_storage and first[0].retired

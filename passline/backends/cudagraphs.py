@@ -23,7 +23,10 @@ what lets the next capture reuse it. A replay therefore happens only where its w
      them) are free now, or held by nothing but this call's list of inputs; and each group of inputs over
      one storage that the call's list alone held at the capture (which may have freed it at its last use
      or written a result over it) is again held by the list alone.
-Otherwise the call runs uncaptured, into fresh memory, and the report counts it. A capture goes into the
+Otherwise the call runs uncaptured, into fresh memory, and the report counts it — except where the only
+outputs of a later capture it meets are this call's own inputs (the graph giving them was captured again
+since): then this graph is captured again too. Holders are counted on tensors and on storage objects
+(`t.untyped_storage()` kept without `t`). A capture goes into the
 backend's pool only while no replay output in it is held (the allocator cannot see those); otherwise into a
 new one; a pool no graph captures into any more is dropped once nothing is over its slots. A pool's
 memory lives as long as one of its CUDA graphs: a backend dropped while a tensor over one of its slots is
@@ -34,7 +37,9 @@ inputs or groups.
 
 Inputs: parameters, outputs of the backend's captured graphs and inputs found at the same address on the
 two calls before a capture (buffers) are read in place by the captured kernels; any other input is copied
-into a static buffer before each replay (and copied back after it where the graph writes it in place). A
+into a static buffer before each replay (and copied back after it where the graph writes it in place; an
+expanded input, whose elements overlap, by the memory it spans). A capture that fails runs the call
+uncaptured, its freed inputs rebuilt over the slots they lay in (a capture writes nothing). A
 static input that arrives at another address makes the graph captured again (copying it from then on,
 unless it moved into another captured graph's outputs); one that was another captured graph's output and
 now comes from elsewhere (that graph ran uncaptured) makes the call run uncaptured too. After
@@ -55,6 +60,7 @@ from .triton import compat
 
 MAX_CAPTURES = 3
 SMALL_BYTES = 1024
+_STALE = "stale"  # `_blocked`'s answer where the graph is to be captured again
 _KEPT: list = []  # arenas of dropped backends with a replay output still held: their memory must stay
 
 
@@ -85,12 +91,24 @@ def _list_refs(items: list, j: int) -> int:
 _LIST_ALONE = _list_refs([object()], 0)  # what `_list_refs` reads for an object one list alone holds
 
 
+def _fresh_storage_refs() -> int:
+    """Python's count of a tensor's storage object that nothing but a local name holds (as `_alone` reads it):
+    someone holding `t.untyped_storage()` without the tensor shows only there (torch hands out the same
+    object while one exists)."""
+    t = torch.empty(1)
+    st = t.untyped_storage()
+    return sys.getrefcount(st)
+
+
+_STORAGE_ALONE = _fresh_storage_refs()
+
+
 class Slot:
     """One storage of a capture's outputs: memory of its pool that the graph's replays write. `storage` is
     ours, over the same memory and owning none of it; replays return tensors over it. `fresh` follows the
     capture's own storage until it dies. `own`: the count of `storage` while only we hold it."""
 
-    __slots__ = ("seq", "ptr", "storage", "cdata", "bases", "own", "fresh", "retired")
+    __slots__ = ("seq", "ptr", "storage", "cdata", "bases", "own", "py", "fresh", "retired")
 
     def __init__(self, seq: int, storage):
         self.seq, self.ptr, self.retired = seq, storage.data_ptr(), False
@@ -99,6 +117,7 @@ class Slot:
         self.cdata = self.storage._cdata
         self.bases = {}  # dtype -> a tensor of ours over the whole storage
         self.own = _count(self.storage)
+        self.py = sys.getrefcount(self.storage)  # Python's count of our storage object while we alone hold it
 
     def base(self, dtype):
         b = self.bases.get(dtype)
@@ -107,11 +126,12 @@ class Slot:
             b = self.bases[dtype] = torch.empty(0, dtype=dtype, device=self.storage.device).set_(
                 self.storage, 0, (n,), (1,))
             self.own = _count(self.storage)
+            self.py = sys.getrefcount(self.storage)  # a tensor over it may hold its storage object too
         return b
 
     def held(self) -> bool:
-        """A replay's tensor over the slot is alive."""
-        return _USE_COUNT(self.cdata) != self.own
+        """A replay's tensor over the slot, or the storage object of one, is alive."""
+        return _USE_COUNT(self.cdata) != self.own or sys.getrefcount(self.storage) != self.py
 
     def fresh_live(self) -> bool:
         """The capture's own tensor over the slot is alive (the allocator still counts it in use)."""
@@ -150,7 +170,8 @@ class Pool:
     def __init__(self):
         self.arena = None
         self.arenas: list[Arena] = []
-        self.owned: dict = {}  # storage address -> the Slot of a current capture there
+        self.owned: dict = {}  # storage address -> the Slots of current captures there (a list: a capture may put
+        # its output where another graph's slot, free then, begins)
         self.by_storage: dict = {}  # Slot.cdata -> Slot, for every slot of a current capture
 
     def for_capture(self) -> Arena:
@@ -228,9 +249,33 @@ def _views(call: list) -> dict:
     return views
 
 
-def _over(t, dtype, size, stride, offset: int):
-    """A tensor of `dtype` over `t`'s storage (an output that views an input as another dtype)."""
+def _over(t, dtype, size, stride, rel: int):
+    """A tensor of `dtype` over `t`'s storage, `rel` bytes past `t`'s start (an output that views an input
+    as another dtype)."""
+    offset = (t.storage_offset() * t.element_size() + rel) // dtype.itemsize
     return torch.empty(0, dtype=dtype, device=t.device).set_(t.untyped_storage(), offset, size, stride)
+
+
+class _Static:
+    """The static buffer an input is copied into before each replay. An input whose elements overlap (an
+    expanded tensor: zero strides) cannot be the target of `copy_`: the memory it spans is copied
+    instead, and the buffer views it with the input's strides."""
+
+    def __init__(self, a):
+        self.overlap = torch._debug_has_internal_overlap(a) != 0
+        if self.overlap:
+            self.span = 1 + sum((n - 1) * st for n, st in zip(a.shape, a.stride()) if n > 0) if a.numel() else 0
+            self.base = torch.empty(self.span, dtype=a.dtype, device=a.device)
+            self.tensor = self.base.as_strided(a.shape, a.stride(), 0)
+        else:
+            self.tensor = torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device)
+        self.fill(a)
+
+    def fill(self, a) -> None:
+        if self.overlap:
+            self.base.copy_(a.as_strided((self.span,), (1,), a.storage_offset()))
+        else:
+            self.tensor.copy_(a)
 
 
 class CudaGraphed:
@@ -264,14 +309,18 @@ class CudaGraphed:
                 moved = list(self.static)
             if not moved:
                 why = self._blocked(args)
-                return self._replay(args) if why is None else self._uncaptured(args, why)
+                if why is None:
+                    return self._replay(args)
+                if why is not _STALE:
+                    return self._uncaptured(args, why)
             ptrs = _ptrs(args)
             where = {k: _storage_ptr(args[k]) if isinstance(args[k], torch.Tensor) else None for k in moved}
-            if all(k in self.pooled and where[k] not in self.pool.owned for k in moved):
+            if moved and all(k in self.pooled and where[k] not in self.pool.owned for k in moved):
                 return self._uncaptured(args, "an input came from an uncaptured call of the graph giving it")
             if self.captures >= MAX_CAPTURES:  # inputs keep moving: uncaptured from now on
                 self.captures = MAX_CAPTURES + 1
                 self.report.cudagraphs = f"off: captured {MAX_CAPTURES} times, and inputs it reads in place moved again"
+                self._retire()
                 return self._run(args)
             self.unstable.update(k for k in moved if where[k] not in self.pool.owned)
             last = [None] * len(args)  # what the replays saw: the inputs read in place
@@ -292,8 +341,8 @@ class CudaGraphed:
         return self._run(args)
 
     def _replay(self, args):
-        for k, buf in self.copies.items():
-            buf.copy_(args[k])
+        for k, buf in self.statics.items():
+            buf.fill(args[k])
         self.cuda_graph.replay()
         self.replays += 1
         for k in self.copied_back:
@@ -308,16 +357,20 @@ class CudaGraphed:
         for s in self.slots:
             if s.live():
                 return "its previous outputs are held"
-        seq = self.seq
-        for s in self.arena.slots:
-            if s.seq > seq and s.live():
-                return "outputs of a graph captured after it are held"
         alone = set()  # ids of the slots whose holders are all in `args`
         for group in self.groups:
             slot = self._alone(args, group)
             if slot is False:
                 return "an input its capture freed or overwrote is held elsewhere"
             alone.add(id(slot))
+        seq = self.seq
+        later = [s for s in self.arena.slots if s.seq > seq and s.live()]
+        if later:
+            # a graph captured since (its inputs moved) gives this call its inputs: this graph may lie in
+            # that capture's buffers, so it is captured again rather than run uncaptured from now on
+            if all(id(s) in alone and not s.fresh_live() for s in later):
+                return _STALE
+            return "outputs of a graph captured after it are held"
         for s in self.reused:
             if s.fresh_live() or (id(s) not in alone and s.held()):
                 return "memory its capture reused is held"
@@ -343,6 +396,8 @@ class CudaGraphed:
         # `st` is a new storage object unless one exists (ours, counted in `own`): ALONE counts one
         if _USE_COUNT(st._cdata) != (slot.own if slot is not None else compat.ALONE - 1) + n:
             return False
+        if sys.getrefcount(st) != (slot.py + 1 if slot is not None else _STORAGE_ALONE):
+            return False  # someone holds the storage object itself
         return slot
 
     def _reads_in_place(self, k, a, ptr, last) -> bool:
@@ -397,7 +452,8 @@ class CudaGraphed:
                 elif o.dtype == dtype:
                     how.append(("input", (k, (*view, o.storage_offset() - offset))))
                 else:
-                    how.append(("input_as", (k, o.dtype, *view, o.storage_offset())))
+                    rel = o.storage_offset() * o.element_size() - offset * dtype.itemsize  # bytes past the input
+                    how.append(("input_as", (k, o.dtype, *view, rel)))
             elif st.nbytes() == 0 or (st.nbytes() <= SMALL_BYTES and st.data_ptr() in to_caller):
                 how.append(("copy", o))
             else:
@@ -429,12 +485,14 @@ class CudaGraphed:
                   if isinstance(a, torch.Tensor) and self._reads_in_place(k, a, ptrs[k], last[k])]
         groups = self._groups(args, static)  # before anything here holds an input
         in_groups = {k for g in groups for k in g}
-        copies = {k: torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device).copy_(a)
-                  for k, a in enumerate(args) if isinstance(a, torch.Tensor) and k not in static}
+        statics = {k: _Static(a) for k, a in enumerate(args) if isinstance(a, torch.Tensor) and k not in static}
+        copies = {k: b.tensor for k, b in statics.items()}
         call = [copies.get(k, a) for k, a in enumerate(args)]
         inputs = _views(call)
         pooled = {k for k in static if _storage_ptr(args[k]) in self.pool.owned}
-        # what a failed capture needs to run the call uncaptured: inputs the list alone held, weakly
+        # what a failed capture needs to run the call uncaptured: inputs the list alone held, weakly, and where
+        # they lie in a slot, how to rebuild them over it (a capture writes nothing, the pool keeps the memory)
+        spare = self._spare(args, in_groups)
         again = [weakref.ref(a) if k in in_groups else a for k, a in enumerate(args)]
         originals = {k: args[k] for k in copies}  # the caller's tensors of the copied inputs
         args.clear()
@@ -448,8 +506,12 @@ class CudaGraphed:
         except Exception as e:  # e.g. an extern that synchronizes with the host
             self.report.cudagraphs = f"off: capture failed ({type(e).__name__}: {str(e)[:120]})"
             self.captures = MAX_CAPTURES + 1
+            self._retire()
             del call
             again = [a() if k in in_groups else a for k, a in enumerate(again)]
+            for k, (slot, dtype, size, stride, offset) in spare.items():
+                if again[k] is None:
+                    again[k] = compat.alias(slot.base(dtype), size, stride, offset)
             if any(a is None for k, a in enumerate(again) if k in in_groups):
                 raise RuntimeError(f"passline: the CUDA graph capture of {self.report.name} failed after it "
                                    "freed inputs it had read last, so the call cannot run again uncaptured; "
@@ -460,7 +522,7 @@ class CudaGraphed:
         del call
         graph.replay()  # the capture ran nothing: this call's results
         self.static, self.static_ptrs, self.pooled = static, [ptrs[k] for k in static], pooled
-        self.groups, self.copies = groups, copies
+        self.groups, self.copies, self.statics = groups, copies, statics
         self.copied_back = [k for k in copies if k in self.mutated]
         for k in self.copied_back:
             originals[k].copy_(copies[k])
@@ -469,34 +531,73 @@ class CudaGraphed:
         self._say()
         return [self._first(o, how, originals) for o, how in zip(outputs, self.outputs)]
 
+    def _spare(self, args: list, positions) -> dict:
+        """{position: (slot, dtype, size, stride, offset)} for the inputs at `positions` that lie in a current
+        slot's storage from its start: how to rebuild them over it."""
+        spare = {}
+        for k in positions:
+            st = args[k].untyped_storage()
+            there = self.pool.owned.get(st.data_ptr())
+            slot = there[-1] if there else None
+            if slot is not None and st.nbytes() <= slot.storage.nbytes():
+                t = args[k]
+                spare[k] = (slot, t.dtype, tuple(t.shape), tuple(t.stride()), t.storage_offset())
+                del t
+            del st
+        return spare
+
     def _first(self, o, how, originals: dict):
         """The capturing call's output `o`: as it is (the allocator counts its memory in use while it lives),
         but a copy where replays return copies, and over the caller's tensor where it lies in an input's
         static copy."""
         kind, what = how
-        if kind == "copy" or (kind == "input" and what[0] in originals):
+        if kind == "copy" or (kind in ("input", "input_as") and what[0] in originals):
             return self._output(how, originals)
         return o
 
     def _adopt(self, graph, arena: Arena, outputs: list, inputs: dict) -> None:
         """Take the capture: its outputs' slots replace this graph's earlier ones, and the slots of earlier
         captures in the arena that are free now (the capture may have put its buffers there) are noted."""
-        for s in self.slots:
-            s.retired = True
-            if self.pool.owned.get(s.ptr) is s:
-                del self.pool.owned[s.ptr]
-            self.pool.by_storage.pop(s.cdata, None)
+        self._forget_slots()
         self.seq, arena.next = arena.next, arena.next + 1
         self.outputs, self.slots = self._classify(outputs, inputs)
         self.build = _builder(self.outputs)
         self.reused = [s for s in arena.slots if not s.live()]
         arena.add(graph, self.slots)
-        self.pool.owned.update((s.ptr, s) for s in self.slots)
-        self.pool.by_storage.update((s.cdata, s) for s in self.slots)
+        for s in self.slots:
+            self.pool.owned.setdefault(s.ptr, []).append(s)
+            self.pool.by_storage[s.cdata] = s
         if self.arena is not None:
             self.arena.members -= 1
         arena.members += 1
         self.cuda_graph, self.arena = graph, arena
+
+    def _forget_slots(self) -> None:
+        """This graph's slots are no longer a current capture's (they stay in their arena while held)."""
+        for s in self.slots:
+            s.retired = True
+            there = self.pool.owned.get(s.ptr, [])
+            if s in there:
+                there.remove(s)
+                if not there:
+                    del self.pool.owned[s.ptr]
+            self.pool.by_storage.pop(s.cdata, None)
+        self.slots = []
+
+    def _retire(self) -> None:
+        """The graph replays no more (its inputs kept moving, a capture failed, it was dropped): its slots are
+        no longer current and its arena loses a member, so the arena goes once nothing holds its slots."""
+        self._forget_slots()
+        if self.arena is not None:
+            self.arena.members -= 1
+            self.arena = None
+        self.cuda_graph, self.copies, self.statics = None, {}, {}
+
+    def __del__(self):
+        try:
+            self._retire()
+        except Exception:  # pragma: no cover - at interpreter exit, or never captured
+            pass
 
     def _say(self) -> None:
         copies = sum(1 for kind, _ in self.outputs if kind == "copy")
