@@ -13,10 +13,18 @@ a capture uses the pool as an uncaptured call uses memory: each buffer is freed 
 call alone holds included (a backward's saved activations: the call empties aot_autograd's list of them),
 and a result may be written over such an input. So a backward's capture puts its buffers where the
 forward's saved activations were, and the pool holds about what one uncaptured step holds at its peak.
-A capture's outputs are returned as they are; a replay returns tensors over the same memory (`Slot`) that
-own none of it: the allocator counts a slot free once the capture's own tensors over it have died, which is
-what lets the next capture reuse it. A replay therefore happens only where its writes hurt nobody
-(`CudaGraphed._blocked`):
+
+Outputs. A capture's outputs are returned as they are; a replay returns tensors over the same memory
+(`Slot`) that own none of it: the allocator counts a slot free once the capture's own tensors over it have
+died, which is what lets the next capture reuse it. An output is an input (returned as the call's input,
+or a view of it) only where it lies in that input's own storage: a capture may put an output where an
+input it freed had been. Small outputs that reach the caller (a loss, up to `SMALL_BYTES`) are returned as
+copies, so that a loss kept in a variable across steps blocks no replay; small ones saved for the backward
+(a BatchNorm's per-channel statistics) are slots like any other. Storages of no bytes all lie at address
+0: never slots, inputs or groups.
+
+When a replay may write (`CudaGraphed._blocked`); holders are counted on tensors and on storage objects
+(`t.untyped_storage()` kept without `t`):
   1. nothing holds this graph's outputs of its previous call;
   2. nothing holds outputs of graphs captured after it into the same pool (they may lie in its buffers);
   3. outputs of graphs captured before it that were free when it was captured (its buffers may lie in
@@ -25,27 +33,22 @@ what lets the next capture reuse it. A replay therefore happens only where its w
      or written a result over it) is again held by the list alone.
 Otherwise the call runs uncaptured, into fresh memory, and the report counts it — except where the only
 outputs of a later capture it meets are this call's own inputs (the graph giving them was captured again
-since): then this graph is captured again too. Holders are counted on tensors and on storage objects
-(`t.untyped_storage()` kept without `t`). A capture goes into the
-backend's pool only while no replay output in it is held (the allocator cannot see those); otherwise into a
-new one; a pool no graph captures into any more is dropped once nothing is over its slots. A pool's
-memory lives as long as one of its CUDA graphs: a backend dropped while a tensor over one of its slots is
-still held (a `.grad`) leaves its graphs in `_KEPT` until nothing is. An output is an input (returned as
-the call's input, or a view of it) only where it lies in that input's own storage: a capture may put an
-output where an input it freed had been. Storages of no bytes all lie at address 0; they are never slots,
-inputs or groups.
+since): then this graph is captured again too.
 
-Inputs: parameters, outputs of the backend's captured graphs and inputs found at the same address on the
+Pools. A capture goes into the backend's pool only while no replay output in it is held (the allocator
+cannot see those); otherwise into a new one. A pool no graph captures into any more is dropped once nothing
+is over its slots; its memory lives as long as one of its CUDA graphs, and a backend dropped while a tensor
+over one of its slots is still held (a `.grad`) leaves its graphs in `_KEPT` until nothing is.
+
+Inputs. Parameters, outputs of the backend's captured graphs and inputs found at the same address on the
 two calls before a capture (buffers) are read in place by the captured kernels; any other input is copied
 into a static buffer before each replay (and copied back after it where the graph writes it in place; an
-expanded input, whose elements overlap, by the memory it spans). A capture that fails runs the call
-uncaptured, its freed inputs rebuilt over the slots they lay in (a capture writes nothing). A
-static input that arrives at another address makes the graph captured again (copying it from then on,
-unless it moved into another captured graph's outputs); one that was another captured graph's output and
-now comes from elsewhere (that graph ran uncaptured) makes the call run uncaptured too. After
-`MAX_CAPTURES` captures the graph runs uncaptured. Small outputs that reach the caller (a loss, up to
-`SMALL_BYTES`) are returned as copies, so that a loss kept in a variable across steps blocks no replay;
-small ones saved for the backward (a BatchNorm's per-channel statistics) are slots like any other.
+expanded input, whose elements overlap, by the memory it spans). A static input that arrives at another
+address makes the graph captured again (copying it from then on, unless it moved into another captured
+graph's outputs); one that was another captured graph's output and now comes from elsewhere (that graph
+ran uncaptured) makes the call run uncaptured too. After `MAX_CAPTURES` captures the graph runs uncaptured.
+A capture that fails runs the call uncaptured, its freed inputs rebuilt over the slots they lay in (a
+capture writes nothing), and the graph uncaptured from then on.
 """
 from __future__ import annotations
 
