@@ -298,3 +298,25 @@ def test_a_retired_graph_leaves_its_pool_and_its_addresses():
     g._retire()
     assert arena.members == 0 and g.arena is None and g.cuda_graph is None
     assert pool.owned[other.ptr] == [other] and first[0].cdata not in pool.by_storage and first[0].retired
+
+
+def test_a_dropped_backend_keeps_its_pool_while_a_replay_output_is_held(monkeypatch):
+    # a .grad from the last replay outlives the compiled model: the pool's graphs (and so its memory) are
+    # kept until nothing is over its slots, then let go at the next capture anywhere
+    monkeypatch.setattr(cg, "_KEPT", [])
+
+    class Arena(_Arena):
+        clean = cg.Arena.clean
+
+    monkeypatch.setattr(cg, "Arena", Arena)
+    pool, keep = cg.Pool(), []
+    arena = pool.for_capture()
+    arena.slots.extend(_slots(pool, 1, 0, keep))
+    keep.clear()
+    grad = _replay_output(arena.slots[0])
+    del pool
+    gc.collect()
+    assert cg._KEPT == [arena]
+    del grad
+    cg.Pool().for_capture()
+    assert cg._KEPT == []
