@@ -31,10 +31,9 @@ GPU; "(waited)" when it did anyway: a synchronization inside the step, or a full
 process time per step), first call s (the first step, compilation of forward and backward included,
 synchronized), peak MB (torch.cuda.max_memory_allocated over three steps after the first, less what was
 allocated before this contender's model was placed but its inputs: weights, gradients, activations and the
-inputs; what earlier
-contenders left behind is not counted against a later one, and cuBLAS's workspaces are freed before each
-contender, which allocates its own, one per stream it runs matmuls on (a CUDA graph's capture stream is
-one); "n/a" on the CPU).
+inputs; what earlier contenders left behind is not counted against a later one, and cuBLAS's workspaces are
+freed before each contender, which allocates its own, one per stream it runs matmuls on (a CUDA graph's
+capture stream is one); "n/a" on the CPU).
 """
 from __future__ import annotations
 

@@ -119,8 +119,13 @@ class Slot:
         self.storage = torch._C._construct_storage_from_data_pointer(self.ptr, storage.device, storage.nbytes())
         self.cdata = self.storage._cdata
         self.bases = {}  # dtype -> a tensor of ours over the whole storage
+        self._measure()
+
+    def _measure(self) -> None:
+        """The counts `held` compares with, while only we hold the storage: of the storage (`own`) and of our
+        storage object (`py`: a tensor over it may hold that object too)."""
         self.own = _count(self.storage)
-        self.py = sys.getrefcount(self.storage)  # Python's count of our storage object while we alone hold it
+        self.py = sys.getrefcount(self.storage)
 
     def base(self, dtype):
         b = self.bases.get(dtype)
@@ -128,8 +133,7 @@ class Slot:
             n = self.storage.nbytes() // dtype.itemsize
             b = self.bases[dtype] = torch.empty(0, dtype=dtype, device=self.storage.device).set_(
                 self.storage, 0, (n,), (1,))
-            self.own = _count(self.storage)
-            self.py = sys.getrefcount(self.storage)  # a tensor over it may hold its storage object too
+            self._measure()
         return b
 
     def held(self) -> bool:
@@ -178,7 +182,7 @@ class Pool:
         self.by_storage: dict = {}  # Slot.cdata -> Slot, for every slot of a current capture
 
     def for_capture(self) -> Arena:
-        _KEPT[:] = [a for a in _KEPT if not a.clean()]
+        _keep()
         # an arena no graph captures into any more goes once nothing is over its slots (its memory with it)
         self.arenas = [a for a in self.arenas if a is self.arena or a.members or any(s.live() for s in a.slots)]
         if self.arena is None or not self.arena.clean():
@@ -188,10 +192,14 @@ class Pool:
 
     def __del__(self):
         try:
-            held = [a for a in self.arenas if not a.clean()]
-            _KEPT[:] = [a for a in _KEPT if not a.clean()] + held
+            _keep(self.arenas)
         except Exception:  # pragma: no cover - at interpreter exit
             pass
+
+
+def _keep(arenas=()) -> None:
+    """`_KEPT`: the arenas of dropped backends (and of `arenas`) that still have a replay output held."""
+    _KEPT[:] = [a for a in [*_KEPT, *arenas] if not a.clean()]
 
 
 def _clear_cublas() -> None:
@@ -213,9 +221,9 @@ def _storage_ptr(t) -> int:
 
 
 def _builder(outputs: list):
-    """`build(args)`: a replay's outputs as `CudaGraphed._output` makes them, written out once as Python
-    (a graph returns a hundred outputs or more, and the replay's host time is the step's where the CPU
-    bounds it)."""
+    """`build(args)`: a replay's outputs, as `CudaGraphed._classify` says each is rebuilt (`args` may be any
+    mapping from input positions to tensors), written out once as Python: a graph returns a hundred outputs
+    or more, and the replay's host time is the step's where the CPU bounds it."""
     env, items = {"alias": compat.alias, "over": _over}, []
     for i, (kind, what) in enumerate(outputs):
         if kind == "base":
@@ -349,7 +357,7 @@ class CudaGraphed:
         self.cuda_graph.replay()
         self.replays += 1
         for k in self.copied_back:
-            args[k].copy_(self.copies[k])
+            args[k].copy_(self.statics[k].tensor)
         out = self.build(args)
         args.clear()
         return out
@@ -414,24 +422,12 @@ class CudaGraphed:
         return ptr == last and k not in self.unstable
 
     # -- outputs --------------------------------------------------------------------------------------
-    def _output(self, how, args):
-        kind, what = how
-        if kind == "base":  # a slot: a fresh tensor over it, no copy
-            return compat.alias(*what)
-        if kind == "input":  # an input, or a view of one: over the caller's own tensor
-            k, view = what
-            return args[k] if view is None else compat.alias(args[k], *view)
-        if kind == "input_as":
-            k, dtype, size, stride, offset = what
-            return _over(args[k], dtype, size, stride, offset)
-        if kind == "copy":
-            return what.clone()
-        return what  # not a tensor
-
     def _classify(self, outputs, inputs: dict) -> tuple[list, list]:
-        """(how each output is returned at a replay, the new slots). ("base", (tensor, size, stride, offset))
-        over a slot's base of the output's dtype; ("input", (k, view)) for an input returned as it is (view
-        None) or a view of one, rebuilt over the call's own input; ("copy", t) for a small output of the
+        """(how each output is returned at a replay, the new slots; `_builder` writes it out).
+        ("base", (tensor, size, stride, offset)) over a slot's base of the output's dtype; ("input", (k,
+        view)) for an input returned as it is (view None) or a view of one, rebuilt over the call's own
+        input; ("input_as", (k, dtype, size, stride, bytes past the input)) for a view of an input as
+        another dtype, likewise; ("copy", t) for a small output of the
         graph that reaches the caller (held here: a copy per call, so that a loss kept in a variable blocks no
         replay; small outputs saved for the backward are slots, which the backward reads in place);
         ("value", v) for what is not a tensor. `inputs`: storage address -> (position, size, stride,
@@ -525,7 +521,7 @@ class CudaGraphed:
         del call
         graph.replay()  # the capture ran nothing: this call's results
         self.static, self.static_ptrs, self.pooled = static, [ptrs[k] for k in static], pooled
-        self.groups, self.copies, self.statics = groups, copies, statics
+        self.groups, self.statics = groups, statics
         self.copied_back = [k for k in copies if k in self.mutated]
         for k in self.copied_back:
             originals[k].copy_(copies[k])
@@ -555,7 +551,7 @@ class CudaGraphed:
         static copy."""
         kind, what = how
         if kind == "copy" or (kind in ("input", "input_as") and what[0] in originals):
-            return self._output(how, originals)
+            return _builder([how])(originals)[0]
         return o
 
     def _adopt(self, graph, arena: Arena, outputs: list, inputs: dict) -> None:
@@ -570,8 +566,7 @@ class CudaGraphed:
         for s in self.slots:
             self.pool.owned.setdefault(s.ptr, []).append(s)
             self.pool.by_storage[s.cdata] = s
-        if self.arena is not None:
-            self.arena.members -= 1
+        self._leave_arena()
         arena.members += 1
         self.cuda_graph, self.arena = graph, arena
 
@@ -591,10 +586,13 @@ class CudaGraphed:
         """The graph replays no more (its inputs kept moving, a capture failed, it was dropped): its slots are
         no longer current and its arena loses a member, so the arena goes once nothing holds its slots."""
         self._forget_slots()
+        self._leave_arena()
+        self.cuda_graph, self.statics = None, {}
+
+    def _leave_arena(self) -> None:
         if self.arena is not None:
             self.arena.members -= 1
             self.arena = None
-        self.cuda_graph, self.copies, self.statics = None, {}, {}
 
     def __del__(self):
         try:
@@ -605,7 +603,7 @@ class CudaGraphed:
     def _say(self) -> None:
         copies = sum(1 for kind, _ in self.outputs if kind == "copy")
         self.report.cudagraphs = (
-            f"on: captured {self.captures} time(s); {len(self.copies)} inputs and {copies} small outputs copied "
+            f"on: captured {self.captures} time(s); {len(self.statics)} inputs and {copies} small outputs copied "
             f"per call; {self.uncaptured} calls uncaptured" + (f" (the last: {self.why})" if self.why else ""))
 
 
