@@ -13,7 +13,8 @@ compiles every graph under those (`Backend.settings`). passline never writes an 
 | field | variable | default | meaning |
 |---|---|---|---|
 | `cache_dir` | `PASSLINE_CACHE_DIR` | `~/.cache/passline` | generated kernel sources and tuning choices |
-| `autotune` | `PASSLINE_AUTOTUNE` | off | time kernel candidates on a GPU (off: configurations by rule) |
+| `autotune` | `PASSLINE_AUTOTUNE` | off | time kernel candidates on a GPU (off: by rule, but for the |
+| | | | rows `configs.uncertain` names, whose few candidates are timed) |
 | `compile_in` | `PASSLINE_COMPILE_IN` | `threads` | static kernels compiled before the first call in `threads`, |
 | | | | `processes` (a worker pool) or `off` (each at its first launch) |
 | `check` | `PASSLINE_CHECK` | off | the accuracy guard (docs/debugging.md) |

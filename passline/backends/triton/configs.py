@@ -157,6 +157,43 @@ def mix_candidates(form: Variant, rb: int, split: int, interpret: bool) -> list:
     return out
 
 
+# -- where no rule holds: a few configurations timed at the first call, even by default ----------------
+def uncertain(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, device: Device,
+              rows_contiguous: bool = True, only: str | None = None) -> list:
+    """The configurations to time at the first launch where the rule cannot decide, else [].
+
+    Rows 8193 to 16384 wide (a persistent block of 16384) with at least a row per SM: the largest
+    persistent rows, where one program fills an SM's registers and whether a row is best held whole on
+    few or many warps, or looped over in chunks, follows from the kernel's code more than from its sizes.
+    On an H200 (kernel µs; the rule before this: persistent on 16 warps, P16) the best of persistent on
+    8 warps (P8) and 32 (P32), and looped in chunks of 2048 on 16 warps (L2048) and 1024 on 8 (L1024):
+
+    | kernel | dtype | rows × width | P8 | P16 | P32 | L2048 | L1024 | Inductor |
+    |---|---|---|---|---|---|---|---|---|
+    | RMSNorm forward | bfloat16 | 10872 × 12345 | **252** | 330 | 329 | 346 | 333 | 284 |
+    | LayerNorm forward | bfloat16 | 10872 × 12345 | **397** | 442 | 451 | 518 | 452 | 495 |
+    | softmax forward | bfloat16 | 10872 × 12345 | **252** | 347 | 330 | 411 | 368 | 480 |
+    | log-softmax backward | bfloat16 | 10872 × 12345 | 352 | 332 | 325 | 302 | **290** | 320 |
+    | cross-entropy backward | bfloat16 | 10872 × 12345 | 312 | 314 | 298 | 259 | **253** | 275 |
+    | softmax backward | bfloat16 | 14913 × 9000 | **191** | 191 | 251 | 225 | 225 | 209 |
+    | LayerNorm forward | float32 | 7456 × 9000 | **134** | 184 | 199 | 135 | 151 | 140 |
+    | softmax forward | float32 | 5436 × 12345 | 258 | 239 | **189** | 210 | 239 | 233 |
+    | log-softmax forward | float32 | 5436 × 12345 | 255 | 234 | 192 | **188** | 237 | 202 |
+
+    No quantity the rule sees (bytes an element, dtype, width, registers of the persistent binary)
+    orders these alike across kernels, so the four are timed (`Kernel._choose`), compiled ahead with the
+    graph's other kernels, and the choice is kept on disk like an autotuned one. Narrower rows keep the
+    rule (their persistent blocks leave room for several programs an SM), wider ones loop by it."""
+    if interpret or rnumel is None or not rows_contiguous:
+        return []
+    kinds = [v for v in variants if only not in variants or v == only]
+    rb = pow2(rnumel)
+    if set(kinds) != {Variant.PERSISTENT, Variant.LOOPED} or rb != GPU_PERSISTENT_MAX or xnumel < device.sms:
+        return []
+    return [Config(Variant.PERSISTENT, 1, rb, 8), Config(Variant.PERSISTENT, 1, rb, 32),
+            Config(Variant.LOOPED, 1, 2048, 16), Config(Variant.LOOPED, 1, 1024, 8)]
+
+
 # -- the rule (the default: nothing timed) -----------------------------------------------------------
 @attrs.frozen
 class Device:

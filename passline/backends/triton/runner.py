@@ -29,7 +29,7 @@ from ..variants import MIX_FORMS
 from . import compat
 from . import kernel as kgen
 from .cache import KernelCache, digest, interpreting, load_kernel
-from .configs import MAX_WARPS, Config, Device, Variant, candidates, pow2, rule
+from .configs import MAX_WARPS, Config, Device, Variant, candidates, pow2, rule, uncertain
 from .printer import Unsupported
 
 
@@ -57,6 +57,11 @@ class _Aligned:
 
     def data_ptr(self) -> int:
         return 0
+
+
+def _device_name() -> str:
+    """The GPU's name, which keys stored choices (a plan made without a GPU, in tests: "none")."""
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else "none"
 
 
 def _spec(a) -> tuple | bool:
@@ -87,6 +92,7 @@ class Kernel:
         # binary are settled, replayed without choosing again (see __call__)
         self.ready: dict = {}
         self.mutates = False  # writes a graph input: never launched more than once per call (no timing)
+        self.timed: set = set()  # configurations chosen by timing (`uncertain`): kept even if they spill
         # variants whose index width is chosen per launch (kernel.index_width), and whether this call's
         # buffers span more than int32 addresses (the generated call sets it from the sizes, per call)
         self.per_launch = {v for v, src in info.variants.items() if src.int64 is None}
@@ -167,22 +173,56 @@ class Kernel:
             return self.hinted_row_bytes
 
     def _choose(self, args, xnumel, rnumel, stream, after=None) -> Config:
-        if not self.autotune or self.interpret or self.mutates or args is None:
+        if self.interpret or self.mutates or args is None:
             return self._rule(xnumel, rnumel, args)
-        cands = candidates(self.splits, xnumel, rnumel, self.interpret, self.only)
-        if len(cands) == 1:
-            return cands[0]
-        return self._remembered(digest(self.key, xnumel, rnumel, torch.cuda.get_device_name()), lambda: self._best(
-            self._leaders(self._time(cands, args, xnumel, rnumel, stream)), args, xnumel, rnumel, stream))
+        if self.autotune:
+            cands = candidates(self.splits, xnumel, rnumel, self.interpret, self.only)
+            if len(cands) == 1:
+                return cands[0]
+            return self._remembered(digest(self.key, xnumel, rnumel, _device_name()), lambda: self._best(
+                self._leaders(self._time(cands, args, xnumel, rnumel, stream)), args, xnumel, rnumel, stream))
+        cands = self.uncertain(xnumel, rnumel)
+        if not cands:
+            return self._rule(xnumel, rnumel, args)
 
-    def _remembered(self, ckey: str, pick) -> Config:
-        """The choice stored on disk under `ckey`, or `pick()`'s, stored."""
+        def timed():  # where no rule holds (configs.uncertain): the few candidates timed, even by default
+            self.counters["kernel_choices_timed"] += 1
+            return self._best(self._leaders(self._time(cands, args, xnumel, rnumel, stream)), args, xnumel,
+                              rnumel, stream)
+        best = self._remembered(self._uncertain_key(xnumel, rnumel), timed)
+        self.timed.add(best)
+        return best
+
+    def uncertain(self, xnumel: int, rnumel: int | None) -> list:
+        """The configurations timed at these sizes' first launch although autotuning is off: those of
+        `configs.uncertain`, for a kernel launched more than once a call could be (one that writes an
+        input is not) and only while autotuning is off (on, every candidate is timed)."""
+        if self.autotune or self.mutates:
+            return []
+        return uncertain(self.splits, xnumel, rnumel, self.interpret, self.device, self.rows_contiguous, self.only)
+
+    def _uncertain_key(self, xnumel: int, rnumel: int | None) -> str:
+        return digest(self.key, xnumel, rnumel, _device_name(), "uncertain")
+
+    def saved_choice(self, xnumel: int, rnumel: int | None) -> Config | None:
+        """The timed choice among `uncertain`'s configurations stored on disk for these sizes (an earlier
+        process timed them), or None."""
+        return self._saved(self._uncertain_key(xnumel, rnumel))
+
+    def _saved(self, ckey: str) -> Config | None:
         saved = self.cache.get_choice(ckey)
         if saved is not None:
             try:
                 return Config(Variant(saved["variant"]), **{k: v for k, v in saved.items() if k != "variant"})
             except (TypeError, ValueError):
                 pass  # written by an older passline: choose again
+        return None
+
+    def _remembered(self, ckey: str, pick) -> Config:
+        """The choice stored on disk under `ckey`, or `pick()`'s, stored."""
+        saved = self._saved(ckey)
+        if saved is not None:
+            return saved
         best = pick()
         self.cache.put_choice(ckey, attrs.asdict(best) | {"variant": str(best.variant)})
         return best
@@ -306,7 +346,8 @@ class Kernel:
         on twice the warps: half the elements a thread. The rule gives a persistent row 32 elements a thread
         (configs.rule), which for kernels computing many values an element (int64 indices, several loads)
         can exceed what a thread's registers hold; a timed choice is left as it was timed."""
-        if cfg.variant != Variant.PERSISTENT or self.autotune or not getattr(compiled, "n_spills", 0):
+        if (cfg.variant != Variant.PERSISTENT or self.autotune or cfg in self.timed
+                or not getattr(compiled, "n_spills", 0)):
             return False
         per_thread = cfg.xblock * cfg.rblock // (32 * cfg.warps)
         if cfg.warps >= MAX_WARPS or per_thread <= 1:
@@ -607,7 +648,7 @@ class TritonRunner:
             self._first_launches(step, listed)
         return list(jobs)
 
-    def _first_launches(self, step, build) -> None:
+    def _first_launches(self, step, build, each=None) -> None:
         """Plan the launches the generated call makes of `step` on its first call, in order, for a static
         shape graph, and `build(planned)` each: compile it, or list it, and return the compiled kernel
         (or None). The plan takes every choice from the code the launch itself runs — `Kernel.config`
@@ -621,14 +662,28 @@ class TritonRunner:
         kernel (`choices`), so the launch takes the planned split instead of compiling to place its own;
         where nothing was compiled (a listing, a failure) the choice is left to the launch. A persistent
         configuration whose binary spills is replaced here as `Kernel._unspill` would after its first
-        launch, so the first launch already takes the roomier one. Steps whose sizes are symbolic, or
-        that run on the reference backend, are left to their launch."""
+        launch, so the first launch already takes the roomier one. Where the rule cannot decide
+        (`configs.uncertain`), every configuration the first launch times is built, or only the choice an
+        earlier process stored. Steps whose sizes are symbolic, or
+        that run on the reference backend, are left to their launch. `each(planned)` builds several
+        binaries of one kernel (the timed candidates), side by side where the caller can; by default one
+        after another."""
+        if each is None:
+            def each(planned):
+                return [build(p) for p in planned]
         kind, _, data = step
         if kind == "kernel":
             k, variants = data
             src = next(iter(variants.values()))
             sizes = _static(src.xnumel, src.rnumel)
             if sizes is None:
+                return
+            cands = k.uncertain(*sizes)
+            if cands:  # timed at the first launch (Kernel._choose): each candidate built, or the stored choice
+                saved = k.saved_choice(*sizes)
+                if saved is not None:
+                    k.choices[k.bucket(*sizes)] = saved
+                each([self._planned(k, src, cfg, *sizes) for cfg in ([saved] if saved is not None else cands)])
                 return
             for _ in range(8):  # the roomier configurations, at most doubling warps to MAX_WARPS
                 cfg = k.config(*sizes)
@@ -741,13 +796,19 @@ class TritonRunner:
                     self.counters["kernels_precompiled"] += 1
             return compiled
 
+        def on_device(fn, *args):  # a launcher is loaded into the graph's device's context, from its thread
+            if device is None:
+                return fn(*args)
+            with torch.cuda.device(device):
+                return fn(*args)
+
+        def each(planned: list):  # a kernel's candidates timed at its first launch: compiled side by side
+            with ThreadPoolExecutor(max_workers=len(planned)) as side:
+                return list(side.map(lambda p: on_device(build, p), planned))
+
         def plan(step):
             try:
-                if device is None:
-                    self._first_launches(step, build)
-                else:  # the launcher is loaded into the graph's device's context, from this thread
-                    with torch.cuda.device(device):
-                        self._first_launches(step, build)
+                on_device(self._first_launches, step, build, each)
             except Exception:  # noqa: BLE001 - compiled (and reported) at its first launch instead
                 pass
 
@@ -789,6 +850,7 @@ class TritonRunner:
         k = cls(info, self.cache, self.interpret, self.autotune, key, self.variant, self.device,
                 kgen.rows_contiguous(node) if kind == "reduction" else True, **extra)
         k.hinted_row_bytes = hinted
+        k.counters = self.counters  # its launches' figures go in this compile's report
         # writes a graph input, or writes in place (a scatter's atomic adds): launched once a call, never timed
         inputs = set(self.graph.input_buffers())
         k.mutates = bool(set(node.output_names()) & inputs) or bool(getattr(node, "mutates", ()))
