@@ -148,10 +148,11 @@ def test_a_replay_builds_its_outputs_as_the_rules_say():
     # a copy of the held small output, a value
     base = torch.arange(20.0)
     outputs = [("base", (base, (2, 3), (3, 1), 2)), ("input", (1, None)), ("input", (0, ((2,), (1,), 1))),
-               ("copy", torch.ones(2)), ("value", 7)]
+               ("copy", torch.ones(2)), ("value", 7), ("copy", torch.arange(6.0).view(2, 3).t())]
     args = [torch.arange(5.0), torch.zeros(4)]
     built = cg._builder(outputs)(args)
-    expected = [base.as_strided((2, 3), (3, 1), 2), args[1], args[0].as_strided((2,), (1,), 1), outputs[3][1], 7]
+    expected = [base.as_strided((2, 3), (3, 1), 2), args[1], args[0].as_strided((2,), (1,), 1), outputs[3][1], 7,
+                outputs[5][1]]  # the copies are made together (one launch), the transposed one keeps its strides
     for (kind, _), a, b in zip(outputs, built, expected):
         if kind == "value":
             assert a == b

@@ -224,7 +224,7 @@ def _builder(outputs: list):
     """`build(args)`: a replay's outputs, as `CudaGraphed._classify` says each is rebuilt (`args` may be any
     mapping from input positions to tensors), written out once as Python: a graph returns a hundred outputs
     or more, and the replay's host time is the step's where the CPU bounds it."""
-    env, items = {"alias": compat.alias, "over": _over}, []
+    env, items, copied = {"alias": compat.alias, "over": _over, "copies": compat.copies}, [], []
     for i, (kind, what) in enumerate(outputs):
         if kind == "base":
             env[f"b{i}"] = what[0]
@@ -236,13 +236,15 @@ def _builder(outputs: list):
             k, dtype, size, stride, offset = what
             env[f"d{i}"] = dtype
             items.append(f"over(args[{k}], d{i}, {size!r}, {stride!r}, {offset!r})")
-        elif kind == "copy":
-            env[f"c{i}"] = what
-            items.append(f"c{i}.clone()")
+        elif kind == "copy":  # all copied together (compat.copies: one launch)
+            items.append(f"fresh[{len(copied)}]")
+            copied.append(what)
         else:
             env[f"v{i}"] = what
             items.append(f"v{i}")
-    source = "def build(args):\n    return [" + ", ".join(items) + "]\n"
+    env["copied"] = tuple(copied)
+    head = "    fresh = copies(copied)\n" if copied else ""
+    source = "def build(args):\n" + head + "    return [" + ", ".join(items) + "]\n"
     exec(compile(source, "<passline cudagraph outputs>", "exec"), env)
     return env["build"]
 
@@ -291,6 +293,8 @@ class _Static:
 
 class CudaGraphed:
     """`runner`, captured at its second call and replayed from then on."""
+
+    after: tuple = (None, 0, ())  # (the arena's slot list, its length, its slots captured after this graph)
 
     def __init__(self, runner, graph, report, pool: Pool, saved_from: int | None = None):
         self.runner, self.report, self.pool = runner, report, pool
@@ -364,9 +368,12 @@ class CudaGraphed:
 
     # -- when a replay may write -----------------------------------------------------------------------
     def _blocked(self, args) -> str | None:
-        """Why replaying now could overwrite memory someone holds (the module doc's rules), or None."""
-        for s in self.slots:
-            if s.live():
+        """Why replaying now could overwrite memory someone holds (the module doc's rules), or None. Every
+        replay asks, over a hundred slots or more (ResNet's forward and backward): `Slot.live` is written
+        out in the loops, and the slots captured after this graph are listed once per arena change."""
+        use, refs = _USE_COUNT, sys.getrefcount
+        for s in self.slots:  # s.live()
+            if s.fresh is not None and s.fresh_live() or use(s.cdata) != s.own or refs(s.storage) != s.py:
                 return "its previous outputs are held"
         alone = set()  # ids of the slots whose holders are all in `args`
         for group in self.groups:
@@ -374,8 +381,11 @@ class CudaGraphed:
             if slot is False:
                 return "an input its capture freed or overwrote is held elsewhere"
             alone.add(id(slot))
-        seq = self.seq
-        later = [s for s in self.arena.slots if s.seq > seq and s.live()]
+        slots = self.arena.slots
+        if self.after[0] is not slots or self.after[1] != len(slots):  # a capture since (Arena.add)
+            self.after = slots, len(slots), [s for s in slots if s.seq > self.seq]
+        later = [s for s in self.after[2]
+                 if s.fresh is not None and s.fresh_live() or use(s.cdata) != s.own or refs(s.storage) != s.py]
         if later:
             # a graph captured since (its inputs moved) gives this call its inputs: this graph may lie in
             # that capture's buffers, so it is captured again rather than run uncaptured from now on

@@ -123,6 +123,17 @@ def alias(base, size, stride, offset: int):
     return _ALIAS(base, size, stride, offset)
 
 
+def copies(tensors: tuple) -> list:
+    """Fresh copies of `tensors` (strides kept, as `clone`), in one multi-tensor launch where this torch
+    has `_foreach_copy_`: a replay hands back thirty small gradients a step (ResNet's BatchNorm weights
+    and biases), a launch each as clones."""
+    if len(tensors) == 1 or not hasattr(torch, "_foreach_copy_"):
+        return [t.clone() for t in tensors]
+    out = [torch.empty_like(t) for t in tensors]
+    torch._foreach_copy_(out, list(tensors))
+    return out
+
+
 def current_stream(device_index: int) -> int:
     """The raw CUDA stream handle Triton launches on for a device: torch's C entry point where this build
     has it (what Inductor's launchers call; `torch.cuda.current_stream` builds a Stream object per call, a
