@@ -378,3 +378,26 @@ def test_rows_no_rule_decides_are_timed_once_then_remembered(tmp_path, monkeypat
     planned, _, _ = _first_call_plan(monkeypatch, tmp_path, torch.nn.Softmax(-1),
                                      [torch.randn(200, 8000, requires_grad=True)])
     assert not timed and planned and not any(p.kernel.uncertain(200, 8000) for p in planned)
+
+
+def test_timing_launches_run_on_a_copy_of_storage_written_in_place():
+    """A kernel may write an output over a buffer it reads (wrapper.alloc): its timing launches, which run
+    before the call's own, get a private copy of that storage (same offsets, sizes and strides, still
+    shared between the two arguments), so the call's data is as it was for the real launch; arguments
+    over storages of their own are passed as they are."""
+    from passline.backends.triton.runner import _private
+
+    base = torch.arange(24.0)
+    read, written = base[2:14].view(3, 4), base[2:14].view(3, 4).t()
+    other = torch.ones(5)
+    args = (read, other, written, 7)
+    timed = _private(args)
+    assert timed[1] is other and timed[3] == 7
+    for a, b in ((timed[0], read), (timed[2], written)):
+        assert a.untyped_storage().data_ptr() != base.untyped_storage().data_ptr()
+        assert (a.shape, a.stride(), a.storage_offset()) == (b.shape, b.stride(), b.storage_offset())
+        assert torch.equal(a, b)
+    assert timed[0].untyped_storage().data_ptr() == timed[2].untyped_storage().data_ptr()
+    timed[2].fill_(-1.0)  # what a timing launch writes
+    assert torch.equal(base, torch.arange(24.0))  # ... never reaches the call's own data
+    assert _private((read, other, 3)) == (read, other, 3)  # nothing shared: as they are

@@ -889,3 +889,32 @@ def test_the_kernel_cache_never_serves_another_dtypes_kernel():
         fn(idx, ref).backward(cot)
         tol = dict(rtol=1e-12, atol=1e-12) if dtype == torch.float64 else {}
         torch.testing.assert_close(ours.grad, ref.grad, **tol)
+
+
+@pytest.mark.parametrize("autotune", [False, True])
+def test_kernels_timed_at_their_first_launch_match_eager_when_they_write_in_place(tmp_path, autotune):
+    """softmax(a @ w), 4096 rows 12345 wide: the forward writes its result over the matmul's, the backward
+    its gradient over the cotangent (buffers that die there), and on a GPU their configurations are timed at
+    the first launch (rows no rule decides, configs.uncertain; or autotuning). The timing launches run on a
+    copy of such storage: on the call's own, each read what the one before wrote. (Softmax, not log-softmax:
+    log-softmax and its backward give the same result applied twice, and hid it. On the CPU, where the rule
+    decides, rows 300 wide check the values only: the interpreter took minutes at 12345.)"""
+    dev = os.environ.get("PASSLINE_TEST_DEVICE", "cpu")
+    torch.manual_seed(0)
+    rows, width = (4096, 12345) if dev == "cuda" else (200, 300)  # (few rows are split: split_reductions)
+    a, w = torch.randn(rows, 64, device=dev), torch.randn(64, width, device=dev) / 8
+    be = passline.backend(codegen="triton", fallback="raise", autotune=autotune, cache_dir=str(tmp_path))
+    torch._dynamo.reset()
+    f = torch.compile(lambda a, w: torch.softmax(a @ w, -1), backend=be)
+    ours = [a.clone().requires_grad_(), w.clone().requires_grad_()]
+    ref = [a.clone().requires_grad_(), w.clone().requires_grad_()]
+    y, y_ref = f(*ours), torch.softmax(ref[0] @ ref[1], -1)
+    torch.testing.assert_close(y, y_ref, rtol=1e-4, atol=1e-6)
+    c = torch.randn_like(y)
+    (y * c).sum().backward()  # the cotangent (c, made by autograd) dies in the backward: written over in place
+    (y_ref * c).sum().backward()
+    for p, q in zip(ours, ref):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-4)
+    if dev == "cuda":
+        timed = [k for r in be.reports for k in r.kernel_info if k.timings]
+        assert timed, [(k.name, k.chosen) for r in be.reports for k in r.kernel_info]
