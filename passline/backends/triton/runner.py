@@ -204,21 +204,19 @@ class Kernel:
     def _choose(self, args, xnumel, rnumel, stream, after=None) -> Config:
         if self.interpret or self.mutates or args is None:
             return self._rule(xnumel, rnumel, args)
-        args = _private(args)  # timing launches run before the call's own one: they must leave its data be
         if self.autotune:
             cands = candidates(self.splits, xnumel, rnumel, self.interpret, self.only)
             if len(cands) == 1:
                 return cands[0]
-            return self._remembered(digest(self.key, xnumel, rnumel, _device_name()), lambda: self._best(
-                self._leaders(self._time(cands, args, xnumel, rnumel, stream)), args, xnumel, rnumel, stream))
+            return self._remembered(digest(self.key, xnumel, rnumel, _device_name()),
+                                    lambda: self._fastest(cands, args, xnumel, rnumel, stream))
         cands = self.uncertain(xnumel, rnumel)
         if not cands:
             return self._rule(xnumel, rnumel, args)
 
         def timed():  # where no rule holds (configs.uncertain): the few candidates timed, even by default
             self.counters["kernel_choices_timed"] += 1
-            return self._best(self._leaders(self._time(cands, args, xnumel, rnumel, stream)), args, xnumel,
-                              rnumel, stream)
+            return self._fastest(cands, args, xnumel, rnumel, stream)
         best = self._remembered(self._uncertain_key(xnumel, rnumel), timed)
         self.timed.add(best)
         return best
@@ -417,6 +415,13 @@ class Kernel:
         if not timed:
             raise RuntimeError(f"no kernel configuration of {self.info.name} ran")
         return sorted(timed, key=lambda tc: tc[0])
+
+    def _fastest(self, cands, args, xnumel, rnumel, stream) -> Config:
+        """The fastest of `cands` on the call's arguments, timed before the call's own launch: on a private
+        copy of any storage the kernel writes in place (`_private`), so that the call's data stays as it was."""
+        args = _private(args)
+        return self._best(self._leaders(self._time(cands, args, xnumel, rnumel, stream)), args, xnumel, rnumel,
+                          stream)
 
     @staticmethod
     def _leaders(timed: list) -> list:
