@@ -401,3 +401,21 @@ def test_timing_launches_run_on_a_copy_of_storage_written_in_place():
     timed[2].fill_(-1.0)  # what a timing launch writes
     assert torch.equal(base, torch.arange(24.0))  # ... never reaches the call's own data
     assert _private((read, other, 3)) == (read, other, 3)  # nothing shared: as they are
+
+
+def test_a_timing_that_fails_leaves_the_rule_and_stores_nothing(tmp_path, monkeypatch):
+    """Timing the candidates can fail (no memory for the private copy, or for do_bench's buffer): the
+    launch then takes the rule's configuration, as with autotuning off before, and no choice is stored, so
+    the user's call never fails for it."""
+    from passline.backends.triton import runner as prunner
+
+    def bench(self, c, *args, **kwargs):
+        raise torch.cuda.OutOfMemoryError("no memory to time")
+    monkeypatch.setattr(prunner.Kernel, "_bench", bench)
+    x = torch.randn(200, 12345, requires_grad=True)
+    _, _, reports = _first_call_plan(monkeypatch, tmp_path, torch.nn.Softmax(-1), [x])
+    band = [k for r in reports for k in _kernels(r.runner) if k.uncertain(200, 12345)]
+    assert band
+    for k in band:
+        assert k.choices[k.bucket(200, 12345)] == k._rule(200, 12345) and "timing failed" in k.info.timings
+        assert k.saved_choice(200, 12345) is None

@@ -217,7 +217,11 @@ class Kernel:
         def timed():  # where no rule holds (configs.uncertain): the few candidates timed, even by default
             self.counters["kernel_choices_timed"] += 1
             return self._fastest(cands, args, xnumel, rnumel, stream)
-        best = self._remembered(self._uncertain_key(xnumel, rnumel), timed)
+        try:
+            best = self._remembered(self._uncertain_key(xnumel, rnumel), timed)
+        except Exception as e:  # noqa: BLE001 - timing that fails (no memory for the copy) leaves the rule,
+            self.info.timings["timing failed"] = repr(e)[:80]  # as autotuning off did, and stores nothing
+            return self._rule(xnumel, rnumel, args)
         self.timed.add(best)
         return best
 
@@ -242,7 +246,7 @@ class Kernel:
         if saved is not None:
             try:
                 return Config(Variant(saved["variant"]), **{k: v for k, v in saved.items() if k != "variant"})
-            except (TypeError, ValueError):
+            except (TypeError, ValueError, KeyError):
                 pass  # written by an older passline: choose again
         return None
 
@@ -718,6 +722,7 @@ class TritonRunner:
                 saved = k.saved_choice(*sizes)
                 if saved is not None:
                     k.choices[k.bucket(*sizes)] = saved
+                    k.timed.add(saved)  # a timed choice: kept even if its binary spills (Kernel._unspill)
                 each([self._planned(k, src, cfg, *sizes) for cfg in ([saved] if saved is not None else cands)])
                 return
             for _ in range(8):  # the roomier configurations, at most doubling warps to MAX_WARPS
