@@ -501,7 +501,7 @@ class MixKernel(Kernel):
         if not self._tuned() or args is None:
             return super()._choose(args, xnumel, rnumel, stream)
         if self.autotune and not self.mutates:
-            ckey = digest(self.key, xnumel, rnumel, torch.cuda.get_device_name(), "split")
+            ckey = digest(self.key, xnumel, rnumel, _device_name(), "split")
             return self._remembered(ckey, lambda: self._pick_split(args, xnumel, rnumel, stream, after))
         # by rule: one whole wave, from what the compiled kernel takes (compiled now, not launched)
         cfg = self._rule(xnumel, rnumel, args)
