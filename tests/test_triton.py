@@ -500,6 +500,12 @@ def test_configuration_rules_follow_from_sizes_and_device():
     c = rule(red, 3072, 8192, False, gpu, rows_contiguous=False)
     assert (c.variant, c.xblock, c.rblock) == (Variant.LOOPED, 16, 256)
     assert rule(red, 1 << 20, 64, False, gpu, rows_contiguous=False).xblock == 128
+    # ... 16 elements a thread of 4 bytes or less; a column sum reading two float32 inputs (8 bytes an
+    # element: a norm's dw and db from x and dy) 8, in blocks of 64 columns x 32 rows on 8 warps
+    c = rule(red, 65536, 1024, False, gpu, rows_contiguous=False, row_bytes=1024 * 4)
+    assert (c.xblock, c.rblock, c.warps) == (128, 32, 8)
+    c = rule(red, 30000, 2237, False, gpu, rows_contiguous=False, row_bytes=2237 * 8.13)
+    assert (c.xblock, c.rblock, c.warps) == (64, 32, 8)
     # mix-order: two-dimensional accumulator, four stages, the IR's split; a norm's backward (row sums)
     # takes rows for ~2048 elements and 192 bytes of traffic a thread: bfloat16 (6 bytes an element) 2 warps,
     # float32 (12) 4; a pointwise row side (a bias gradient) two rows and 96 bytes a thread

@@ -23,6 +23,7 @@ LOOP_PER_THREAD = 16  # elements of a looped row's chunk per thread (see rule)
 MAX_WARPS = 32  # 1024 threads: the most one program may have
 INTERP_PERSISTENT_MAX = 1 << 16
 INTERP_BLOCK = 1 << 17  # interpreter cost grows with programs x ops: few, large programs
+COLUMN_THREAD_BYTES = 64  # bytes a thread loads a step of a column sum's row loop (see rule)
 MIX_STAGES = (3, 4)  # pipelined row loops timed on a GPU (1: not pipelined, the baseline)
 
 
@@ -159,7 +160,7 @@ def mix_candidates(form: Variant, rb: int, split: int, interpret: bool) -> list:
 
 # -- where no rule holds: a few configurations timed at the first call, even by default ----------------
 def uncertain(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, device: Device,
-              rows_contiguous: bool = True, only: str | None = None) -> list:
+              rows_contiguous: bool = True, only: str | None = None, base: Config | None = None) -> list:
     """The configurations to time at the first launch where the rule cannot decide, else [].
 
     Rows 8193 to 16384 wide (a persistent block of 16384) with at least a row per SM: the largest
@@ -183,15 +184,34 @@ def uncertain(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, 
     No quantity the rule sees (bytes an element, dtype, width, registers of the persistent binary)
     orders these alike across kernels, so the four are timed (`Kernel._choose`), compiled ahead with the
     graph's other kernels, and the choice is kept on disk like an autotuned one. Narrower rows keep the
-    rule (their persistent blocks leave room for several programs an SM), wider ones loop by it."""
-    if interpret or rnumel is None or not rows_contiguous:
+    rule (their persistent blocks leave room for several programs an SM).
+
+    Rows wider than 16384 (looped, a row a program), again with at least a row per SM: the rule's chunk
+    (`base`: the L2 bound on warps, the online softmax's chunk) against chunks of 16384, 8192 and 4096 on
+    32 warps. How long a chunk pays depends on how many values a chunk's loop keeps live (a norm's
+    backward spills at 16384), which the rule does not see. On an H200 (kernel µs; rule marked *):
+
+    | kernel | dtype | rows × width | L16384/32 | L8192/32 | L4096/32 | Inductor |
+    |---|---|---|---|---|---|---|
+    | LayerNorm forward | float32 | 2237 × 30000 | 194 | 190* | **167** | 166 |
+    | RMSNorm forward | float32 | 2237 × 30000 | **143** | 158* | 157 | 140 |
+    | LayerNorm training forward | float32 | 1024 × 65536 | **200** | 251* | 255 | 205 |
+    | LayerNorm backward, row kernel | float32 | 1024 × 65536 | 351 (spills) | **330*** | 363 | |
+    | LayerNorm forward | bfloat16 | 2237 × 30000 | **88** | 96* | 102 | 123 |
+    | softmax forward | float32 | 1024 × 65536 | **166** | 169 | 192* | 200 |
+
+    Narrower or fewer rows, strided rows and the interpreter keep the rule."""
+    if interpret or rnumel is None or not rows_contiguous or xnumel < device.sms:
         return []
     kinds = [v for v in variants if only not in variants or v == only]
     rb = pow2(rnumel)
-    if set(kinds) != {Variant.PERSISTENT, Variant.LOOPED} or rb != GPU_PERSISTENT_MAX or xnumel < device.sms:
-        return []
-    return [Config(Variant.PERSISTENT, 1, rb, 8), Config(Variant.PERSISTENT, 1, rb, 32),
-            Config(Variant.LOOPED, 1, 2048, 16), Config(Variant.LOOPED, 1, 1024, 8)]
+    if set(kinds) == {Variant.PERSISTENT, Variant.LOOPED} and rb == GPU_PERSISTENT_MAX:
+        return [Config(Variant.PERSISTENT, 1, rb, 8), Config(Variant.PERSISTENT, 1, rb, 32),
+                Config(Variant.LOOPED, 1, 2048, 16), Config(Variant.LOOPED, 1, 1024, 8)]
+    if Variant.LOOPED in kinds and not set(kinds) - {Variant.PERSISTENT, Variant.LOOPED} and rb > GPU_PERSISTENT_MAX:
+        wide = [Config(Variant.LOOPED, 1, chunk, MAX_WARPS) for chunk in (16384, 8192, 4096)]
+        return ([base] if base is not None and base not in wide else []) + wide
+    return []
 
 
 # -- the rule (the default: nothing timed) -----------------------------------------------------------
@@ -290,7 +310,14 @@ def rule(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, devic
       than SMs, chunks of 8192 on 32 warps (a quarter of the sequential steps, on SMs that have nothing
       else to run); a reduction over a strided dim
       (column sums) loops over chunks of up to 256 rows of a column block 16 to 128 columns wide (the
-      widest that still gives two programs per SM), so loads are coalesced;
+      widest that still gives two programs per SM), so loads are coalesced, on 8 warps whose threads
+      each load about 64 bytes a step (`row_bytes` over the rows: bytes an element; 4 where unknown):
+      16 elements where a column sum reads 4 bytes an element or less, 8 where it reads two float32
+      inputs (a norm's dw and db recomputed from x and dy, recompute_columns). On an H200 the float32
+      LayerNorm backward's column kernel at 1024 × 65536 took 185 µs in blocks of 128 × 32 on 8 warps
+      (16 a thread), 141 in 64 × 32 on 8 (8 a thread; 64 × 16 on 4: 136), at 2237 × 30000 211 µs in
+      64 × 64 and 145 in 64 × 32; a float32 sum of one input (a bias gradient) 8192 wide was fastest
+      at 16 a thread (16 × 256 on 8 warps: 79 µs; 64 × 8, 2 a thread: 86);
     - a mix-order kernel takes the two-dimensional accumulator, pipelined up to four stages deep (see
       `_stages`); rows wider than 4096 take the one-row form; its rows per program are one whole wave
       (runner.MixKernel). Where the kernel also reduces its rows (`row_sums`: a norm's backward), blocks
@@ -349,5 +376,7 @@ def rule(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, devic
     xb = min(128, pow2(xnumel))
     while xb > 16 and -(-xnumel // xb) < 2 * device.sms:
         xb //= 2
-    rbl = _clamp(4096 // xb, 1, min(256, rb))
-    return Config(Variant.LOOPED, xb, rbl, _clamp(xb * rbl // 512, 1, 8))
+    per_element = row_bytes / rnumel if row_bytes and rnumel else 4.0
+    per_thread = _clamp(1 << max(0, round(math.log2(COLUMN_THREAD_BYTES / per_element))), 4, 16)
+    rbl = _clamp(32 * 8 * per_thread // xb, 1, min(256, rb))
+    return Config(Variant.LOOPED, xb, rbl, _clamp(xb * rbl // (32 * per_thread), 1, 8))

@@ -210,7 +210,7 @@ class Kernel:
                 return cands[0]
             return self._remembered(digest(self.key, xnumel, rnumel, _device_name()),
                                     lambda: self._fastest(cands, args, xnumel, rnumel, stream))
-        cands = self.uncertain(xnumel, rnumel)
+        cands = self.uncertain(xnumel, rnumel, args)
         if not cands:
             return self._rule(xnumel, rnumel, args)
 
@@ -225,13 +225,14 @@ class Kernel:
         self.timed.add(best)
         return best
 
-    def uncertain(self, xnumel: int, rnumel: int | None) -> list:
+    def uncertain(self, xnumel: int, rnumel: int | None, args=None) -> list:
         """The configurations timed at these sizes' first launch although autotuning is off: those of
         `configs.uncertain`, for a kernel launched more than once a call could be (one that writes an
         input is not) and only while autotuning is off (on, every candidate is timed)."""
         if self.autotune or self.mutates:
             return []
-        return uncertain(self.splits, xnumel, rnumel, self.interpret, self.device, self.rows_contiguous, self.only)
+        return uncertain(self.splits, xnumel, rnumel, self.interpret, self.device, self.rows_contiguous, self.only,
+                         self._rule(xnumel, rnumel, args))
 
     def _uncertain_key(self, xnumel: int, rnumel: int | None) -> str:
         return digest(self.key, xnumel, rnumel, _device_name(), "uncertain")
