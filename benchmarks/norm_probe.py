@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from gpu_suite import RMSNorm  # noqa: E402
+from bench_common import RMSNorm  # noqa: E402
 from triton.testing import do_bench  # noqa: E402
 
 import passline  # noqa: E402
@@ -31,7 +31,7 @@ def timed(fn) -> float:
 def make(norm: str, n: int, dtype):
     if norm == "layer_norm":
         return torch.nn.LayerNorm(n, device="cuda", dtype=dtype)
-    return RMSNorm(n, dtype)
+    return RMSNorm(n, dtype, "cuda")
 
 
 def kernels(report) -> list:

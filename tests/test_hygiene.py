@@ -121,3 +121,23 @@ def test_the_environment_is_read_in_one_place():
                  for k, line in enumerate(p.read_text().splitlines(), 1)
                  if "PASSLINE_" in line and re.search(r"environ|getenv", line) and p.name != "config.py"]
     assert not offenders, f"PASSLINE_* read outside passline/config.py: {offenders}"
+
+
+# -- benchmarks -------------------------------------------------------------------------------------------
+def test_every_benchmark_script_imports():
+    """Every script in benchmarks/ imports on this machine (no GPU needed to import): most run only on a
+    GPU, where a broken import costs a lease's minutes to find (norm_probe.py imported RMSNorm from a module
+    that no longer defined it). One subprocess, so the scripts' imports and sys.path edits stay out of this
+    one; `__main__` blocks do not run."""
+    import subprocess
+    import sys
+
+    scripts = sorted((ROOT / "benchmarks").glob("*.py"))
+    code = ("import importlib.util, sys\n"
+            f"sys.path.insert(0, {str(ROOT / 'benchmarks')!r})\n"
+            "for path in sys.argv[1:]:\n"
+            "    spec = importlib.util.spec_from_file_location('bench_' + path.rsplit('/', 1)[-1][:-3], path)\n"
+            "    spec.loader.exec_module(importlib.util.module_from_spec(spec))\n")
+    done = subprocess.run([sys.executable, "-c", code, *map(str, scripts)], capture_output=True, text=True,
+                          cwd=ROOT, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
