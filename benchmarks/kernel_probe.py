@@ -2,7 +2,7 @@
 
     python benchmarks/kernel_probe.py --case cross_entropy --shape 4096x1000 [--dtype bfloat16]
                                       [--direction fwd|fwd_train|bwd] [--sms 132] [--source]
-                                      [--configs "XBLOCK,WARPS;..."]
+                                      [--configs "XBLOCK,WARPS;..."] [--pipeline TEXT]
 
 The case is built on the CPU (benchmarks/bench_common.py `make_case`) and compiled with
 `passline.backend()` as a CUDA graph would be: kernels generated for the GPU (not for Triton's
@@ -55,6 +55,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sms", type=int, default=132, help="SMs the pass and the rule plan for (H200: 132)")
     ap.add_argument("--source", action="store_true", help="print each kernel's source and graph")
     ap.add_argument("--configs", default="", help="alternatives for reduction kernels: 'XBLOCK,WARPS;...'")
+    ap.add_argument("--pipeline", default=None,
+                    help="passline's pipeline (default passline.DEFAULT_PIPELINE), e.g. with a pass's options changed")
     args = ap.parse_args(argv)
     os.environ.pop("TRITON_INTERPRET", None)  # kernels for the GPU
     root = tempfile.mkdtemp(prefix="passline-probe-")
@@ -92,7 +94,7 @@ def run(args, root) -> int:
     passline.Backend.compile_aten = eagerly
     m, n = map(int, args.shape.split("x"))
     case = make_case(args.case, m, n, getattr(torch, args.dtype), "cpu")
-    pipeline = passline.DEFAULT_PIPELINE.replace("split_reductions", f"split_reductions(sms={args.sms})") \
+    pipeline = (args.pipeline or passline.DEFAULT_PIPELINE).replace("split_reductions", f"split_reductions(sms={args.sms})") \
         .replace("tile_rows", f"tile_rows(sms={args.sms})")
     be = passline.backend(pipeline=pipeline, fallback="raise")
     fn = torch.compile(case.fn, backend=be, dynamic=False)
