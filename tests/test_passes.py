@@ -505,6 +505,36 @@ def test_recompute_columns_leaves_rows_mix_order_takes():
     assert [type(n) for n in backward.graph.nodes()] == [MixOrderNode], backward.graph.format()
 
 
+@pytest.mark.parametrize("dtype, width, mixed", [(torch.float32, 5000, True), (torch.float32, 8192, True),
+                                                 (torch.float32, 8193, False), (torch.bfloat16, 8193, False)])
+def test_mix_order_gate_counts_a_rows_elements(dtype, width, mixed):
+    """mix_order_reduction's gate is the bytes a row takes in registers, 4 an element at least (values are float32
+    there whatever the input's dtype), up to 32 KB: float32 rows of 4097-8192 mix as bfloat16 ones do (gated by the
+    input's 16 KB they ran as two kernels reading x and dy twice, 1.27-1.65x Inductor's time at 5000 wide on an
+    H100); neither dtype mixes past 8192 (blocks of 16384: 1.5-1.8x), where recompute_columns takes the sums."""
+    from passline.ir import MixOrderNode
+    from passline.passes.legality import MIX_ROW_BYTES, row_bytes
+
+    assert (row_bytes(width, dtype.itemsize) <= MIX_ROW_BYTES) == mixed
+    x = torch.randn(8, width, dtype=dtype, requires_grad=True)
+    backward = assert_matches_eager(torch.nn.LayerNorm(width).to(dtype), [x], codegen="reference").reports[1]
+    nodes = backward.graph.nodes()
+    assert any(isinstance(n, MixOrderNode) for n in nodes) == mixed, backward.graph.format()
+    assert (backward.metrics.counters["recomputed_columns"] == 0) == mixed, backward.graph.format()
+
+
+def test_a_float32_row_of_5000_mixes_in_one_kernel_through_triton():
+    """The mixed kernel of a float32 RMSNorm backward 5000 wide (blocks of 8192) matches eager through Triton's
+    interpreter: one mixed node, its kernel and the finishing sum over the row blocks."""
+    from modules import RMSNorm
+
+    from passline.ir import MixOrderNode
+
+    x = torch.randn(12, 5000, requires_grad=True)
+    backward = assert_matches_eager(RMSNorm(5000), [x], codegen="triton").reports[1]
+    assert [type(n) for n in backward.graph.nodes()] == [MixOrderNode], backward.graph.format()
+
+
 @pytest.mark.parametrize("rows, tiled", [(512, True), (200, False)])
 def test_tile_rows_runs_per_row_pointwise_work_as_a_row_kernel(rows, tiled):
     """Cross-entropy's gradient (per-row max, log-sum-exp and target) becomes a (rows | classes) group when

@@ -41,6 +41,18 @@ class Verdict(NamedTuple):  # a tuple: built once per pair tried, thousands of t
     producer: object = None  # which side produces what the other reads (None: horizontal)
 
 
+# The widest rows mix_order_reduction mixes, in the bytes a row takes in registers (`row_bytes`): its kernel
+# holds a block of every column, and recompute_columns leaves narrower rows to it. What fits follows from
+# elements, not from the input's bytes: values are float32 in registers whatever the input's dtype (see row_bytes).
+MIX_ROW_BYTES = 32768
+
+
+def row_bytes(columns: int, itemsize: int) -> int:
+    """Bytes a row of `columns` elements takes in a kernel's registers: at least 4 an element, since loads of
+    narrower dtypes are computed in float32 (8 for float64). A row of 8192 float32 or bfloat16 takes 32 KB."""
+    return int(columns) * max(4, itemsize)
+
+
 def refuse(reason: str, detail: str = "") -> Verdict:
     assert reason in REASONS, reason
     return Verdict(False, reason, detail)

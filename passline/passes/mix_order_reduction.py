@@ -13,11 +13,14 @@ bias gradient: db is the sum over the rows of the dh that the pointwise side com
 group over (rows | columns) with every member inside the column loop, and dh is summed as it is written
 instead of being read back by a reduction with one program per few columns.
 
-Gates (options): columns ≤ max_columns, and a row of the widest [rows, columns] buffer either side reads at
-most max_row_bytes (16 KB: a program holds a block of every column, padded to a power of two; on an H200
-bfloat16 LayerNorm and bias-gradient backwards 8192 wide (16 KB rows) ran mixed at 0.8× Inductor's time, 12345
-wide (24 KB, blocks of 16384) at 1.5–1.8×, and a float32 LayerNorm backward 8192 wide (32 KB) at 5.5×; wider
-rows get their column sums from recompute_columns); rows ≥ min_rows; column reductions only of
+Gates (options): columns ≤ max_columns, and a row of the widest [rows, columns] buffer either side reads takes
+at most max_row_bytes in registers (`legality.row_bytes`: 4 bytes an element at least, values being float32
+there; 32 KB: 8192 columns of float32 or bfloat16). A program holds a block of every column, padded to a power
+of two, so what fits is a count of elements, not the input's bytes: on an H200 bfloat16 backwards 8192 wide ran
+mixed at 0.8× Inductor's time, 12345 wide (blocks of 16384) at 1.5–1.8×; float32 rows of 4097–8192, unmixed
+while the gate counted the input's bytes, read x and dy twice (1.27–1.65× Inductor's time on an H100, where
+bfloat16 at the same width ran mixed at 86–88% of copy: docs/passes.md). Wider rows get their column sums from
+recompute_columns; rows ≥ min_rows; column reductions only of
 `reduction_types` (comma-separated; partial results must combine by the same reduction); at most `max_reads`
 distinct buffers read. Refuses: sides that do not share a buffer; a column side whose per-point work needs a
 finished column result or any column epilogue (the finishing kernel computes those, after all rows); a column
@@ -34,7 +37,7 @@ from ..ir.index import product, substitute
 from ..ir.loops import Role, canonical_map, members, role, shape, transposed
 from ..lowering.sizes import at_hint
 from ..pipeline.registry import register_pass
-from .legality import fixed_layouts, other_path, split_group
+from .legality import MIX_ROW_BYTES, fixed_layouts, other_path, row_bytes, split_group
 
 
 def _reductions(group) -> list:
@@ -65,8 +68,9 @@ def _problem(graph, row, col, max_columns, min_rows, types, max_reads, rows, col
         return f"{nrow} rows < min_rows={min_rows}"
     if max_row_bytes is not None and ncol.is_number and nrow.is_number:
         width = _widest(row, col, layouts, ncol * nrow)
-        if int(ncol) * width > max_row_bytes:
-            return f"rows of {ncol} x {width} bytes > max_row_bytes={max_row_bytes}"
+        if row_bytes(ncol, width) > max_row_bytes:
+            return (f"rows of {ncol} x {width}-byte elements take {row_bytes(ncol, width)} bytes "
+                    f"> max_row_bytes={max_row_bytes}")
     bad = [m.reduction_type for m in _reductions(col) if m.reduction_type not in types]
     if bad:
         return f"column reduction {bad[0]} is not one of {sorted(types)}"
@@ -151,7 +155,8 @@ def _auto_split(rows, hints: dict) -> int:
 def mix_order_reduction(graph, ctx, *,
                         max_columns: Annotated[int, "most columns (row length) to mix"] = 16384,
                         max_row_bytes: Annotated[int, "most bytes a row of the widest [rows, columns] input "
-                                                 "may take to mix"] = 16384,
+                                                 "may take in registers (4 an element at least) to mix"]
+                        = MIX_ROW_BYTES,
                         min_rows: Annotated[int, "fewest rows worth mixing"] = 8,
                         reduction_types: Annotated[str, "column reductions allowed, comma-separated"] = "sum",
                         max_reads: Annotated[int, "most distinct buffers the mixed kernel reads"] = 10,

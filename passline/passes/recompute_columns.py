@@ -21,11 +21,11 @@ column and stay in cache. Producers left unread go (their producers stay: dce re
 dead). Stat: `recomputed_columns`.
 
 Only where a row of the widest full-size buffer the recomputed body reads takes more than `min_row_bytes`
-(columns × bytes an element, known numbers): narrower rows are mix_order_reduction's (its max_row_bytes,
-16 KB), which computes the column sums in the row kernel from the row side's own values, reading the
-inputs once; a column sum that recomputes reads them a second time, and may fuse elsewhere first
-(LayerNorm over a transposed view: its column sums then walk memory contiguously and took the row side's
-pointwise work with them, and nothing was mixed).
+in registers (`legality.row_bytes`: columns × bytes an element, at least 4; known numbers): narrower rows are
+mix_order_reduction's (its max_row_bytes, 32 KB: 8192 columns), which computes the column sums in the row
+kernel from the row side's own values, reading the inputs once; a column sum that recomputes reads them a
+second time, and may fuse elsewhere first (LayerNorm over a transposed view: its column sums then walk memory
+contiguously and took the row side's pointwise work with them, and nothing was mixed).
 """
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ from ..ir import Pointwise, Reduction
 from ..ir.body import Load, walk
 from ..ir.index import product
 from ..pipeline.registry import register_pass
-from .legality import can_fuse
+from .legality import MIX_ROW_BYTES, can_fuse, row_bytes
 from .points import read_through
 
 ORDER_REASONS = ("loop order mismatch", "loop structure")
@@ -67,8 +67,8 @@ def _cost(graph, buffers: set, outputs: set, layouts: dict) -> int:
 
 @register_pass("recompute_columns", provides={"columns_recomputed"})
 def recompute_columns(graph, ctx, *,
-                      min_row_bytes: Annotated[int, "only column reductions whose rows take more bytes than "
-                                               "this (mix_order_reduction's max_row_bytes)"] = 16384,
+                      min_row_bytes: Annotated[int, "only column reductions whose rows take more bytes in registers "
+                                               "than this (mix_order_reduction's max_row_bytes)"] = MIX_ROW_BYTES,
                       max_values: Annotated[int, "most producer values recomputed in one column reduction"] = 64):
     """Column reductions (a norm's dw, db) recompute what they sum from the inputs instead of reading it stored."""
     mutated, outputs, layouts = graph.mutated_names(), graph.output_names(), graph.buffers()
@@ -90,7 +90,7 @@ def recompute_columns(graph, ctx, *,
         red = set(node.reduction_vars)
         outer = {v for v, _ in node.var_ranges} - red
         before, after = _full_size(node.body, outer, red), _full_size(body, outer, red)
-        if int(columns) * max((layouts[b].dtype.itemsize for b in after), default=4) <= min_row_bytes:
+        if row_bytes(columns, max((layouts[b].dtype.itemsize for b in after), default=4)) <= min_row_bytes:
             continue  # rows mix_order_reduction takes (see the module docstring)
         if _cost(graph, after, outputs, layouts) > _cost(graph, before, outputs, layouts):
             continue
