@@ -94,7 +94,8 @@ def run(args, root) -> int:
     passline.Backend.compile_aten = eagerly
     m, n = map(int, args.shape.split("x"))
     case = make_case(args.case, m, n, getattr(torch, args.dtype), "cpu")
-    pipeline = (args.pipeline or passline.DEFAULT_PIPELINE).replace("split_reductions", f"split_reductions(sms={args.sms})") \
+    pipeline = (args.pipeline or passline.DEFAULT_PIPELINE) \
+        .replace("split_reductions", f"split_reductions(sms={args.sms})") \
         .replace("tile_rows", f"tile_rows(sms={args.sms})")
     be = passline.backend(pipeline=pipeline, fallback="raise")
     fn = torch.compile(case.fn, backend=be, dynamic=False)
