@@ -146,6 +146,16 @@ def test_constants():
     assert not any(isinstance(n, Extern) for n in passline.last_report().graph.leaf_nodes())
 
 
+@pytest.mark.parametrize("codegen", ["triton", "reference"])
+def test_integer_constants_outside_their_dtype_wrap_as_eager(codegen):
+    # the reference backend made int32 + 2**31's constant with torch.tensor(2**31, dtype=int32), which raised
+    # "value cannot be converted to type int32 without overflow" at run time; torch wraps the scalar (-2**31)
+    x = torch.tensor([0, 1, -1, 2**31 - 1, -2**31, 12345, -7], dtype=torch.int32)
+    s = torch.tensor([0, 1, -1, 32767, -32768, 1234, -7], dtype=torch.int16)
+    assert_matches_eager(lambda x, s: (x + 2**31, x * 2**33, x - 2**32 - 5, x // 2**31, s + 40000, s // -300),
+                         [x, s], codegen=codegen)
+
+
 def test_op_without_lowering_runs_as_extern():
     fn = lambda x: torch.cumsum(x * 2, 1) + 1
     assert_matches_eager(fn, [A.clone().requires_grad_()])
