@@ -114,6 +114,14 @@ OUT_OF_RANGE = [
      "index -6 is out of bounds for dimension 0 (index) with size 5"),
     ("embedding", lambda i, w: F.embedding(i, w), [torch.tensor([1, 10]), torch.randn(10, 3)],
      "index 10 is out of bounds for dimension 0 (embedding) with size 10"),
+    # eager's index_add/index_copy refuse negative indices; torch's decompositions into index_put wrapped
+    # them (index_add(0, [-1, 0], ..) added into the last row)
+    ("index_add_negative", lambda x, i, s: x.index_add(0, i, s), [torch.zeros(4, 2), torch.tensor([-1, 0]),
+                                                                  torch.ones(2, 2)],
+     "index -1 is out of bounds for dimension 0 (index_add) with size 4"),
+    ("index_copy_negative", lambda x, i, s: x.index_copy(1, i, s), [torch.zeros(2, 4), torch.tensor([0, -2]),
+                                                                    torch.ones(2, 2)],
+     "index -2 is out of bounds for dimension 1 (index_copy) with size 4"),
 ]
 
 
@@ -325,6 +333,10 @@ WRITES = {  # the backward of the reads above is a write too (scatter_add, index
                               lambda: [_g(5, 6), _ints(0, 5, 4, 1), _ints(-6, 6, 3), _g(1, 3)]),
     "embedding_padding_idx": (lambda i, w: F.embedding(i, w, padding_idx=2) * 3,
                               lambda: [_ints(0, 6, 4, 9), _g(6, 5)]),
+    "index_add_alpha": (lambda x, i, s: x.index_add(1, i, s, alpha=-2.5), lambda: [_g(4, 5), _ints(0, 5, 7), _g(4, 7)]),
+    "index_copy": (lambda x, i, s: x.index_copy(0, i, s * 2), lambda: [_g(6, 3), torch.randperm(6)[:4], _g(4, 3)]),
+    # eager's index_fill wraps negative indices (torch's decomposition calls index_copy, which does not)
+    "index_fill_negative": (lambda x, i: x.index_fill(1, i, 2.5), lambda: [_g(3, 4), torch.tensor([-1, 1, -4])]),
 }
 
 

@@ -31,6 +31,9 @@ _fused_rms_norm_backward""".split()
 KEEP = """mm bmm addmm baddbmm convolution convolution_backward _to_copy _scaled_dot_product_flash_attention_for_cpu
 _scaled_dot_product_flash_attention _scaled_dot_product_efficient_attention
 _scaled_dot_product_cudnn_attention""".split()
+# Kept whole and lowered by passline.lowering.indexing: torch's decompositions into index_put wrap negative
+# indices (index_add(0, tensor([-1]), ..) added into the last row), where eager raises
+KEEP += ["index_add", "index_add_", "index_copy", "index_copy_"]
 
 
 def _channel_shuffle(x, groups: int):
@@ -120,6 +123,18 @@ BATCH_NORMS = "native_batch_norm _native_batch_norm_legit_functional _native_bat
               "_native_batch_norm_legit_no_training".split()
 
 
+def _negative_indices_wrapped(decomposition):
+    """index_fill with eager's negative indices, which count from the end: torch's decomposition calls
+    index_copy, which refuses them (as eager's index_copy does; see KEEP)."""
+
+    @functools.wraps(decomposition)
+    def index_fill(x, dim, index, value, *args, **kwargs):
+        n = x.shape[dim] if x.ndim else 1
+        return decomposition(x, dim, torch.where(index < 0, index + n, index), value, *args, **kwargs)
+
+    return index_fill
+
+
 def _in_eager_layout(decomposition):
     from torch._prims_common import suggest_memory_format
 
@@ -153,6 +168,11 @@ def _table() -> dict:
     for name, fn in OVERRIDES.items():
         if hasattr(aten, name):
             table[getattr(aten, name).default] = fn
+    for packet in _packets(["index_fill", "index_fill_"]):
+        for name in packet.overloads():
+            op = getattr(packet, name)
+            if op in table and not name.endswith("out"):
+                table[op] = _negative_indices_wrapped(table[op])
     for packet in _packets(BATCH_NORMS):
         for name in packet.overloads():
             op = getattr(packet, name)

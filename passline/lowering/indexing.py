@@ -249,6 +249,44 @@ def _scatter(ctx, node, x, dim, index, src, add: bool, op: str):
     return scatter_into(ctx, node, x, index.size, _src_value(src, acc), position, "add" if add else "store")
 
 
+def _index_write(ctx, node, x, dim, index, source, add: bool, op: str, alpha=1):
+    """out = x; out[..., index[j], ...] = (or +=) alpha * source[..., j, ...] along `dim`. Negative indices are
+    out of range, as eager's (torch's decompositions into index_put wrapped them)."""
+    out = node.meta["val"]
+    if not _usable(x, index, source) or not _index_ok(index) or x.ndim == 0 or index.ndim > 1 \
+            or source.ndim != x.ndim or out.dtype == torch.bool:
+        return NotImplemented
+    dim = _dim(dim, x.ndim)
+    acc = upcast(out.dtype) if add else out.dtype
+
+    def position(vs):
+        value = index.load([vs[dim]] if index.ndim == 1 else [])
+        b = binding(ctx, 0, index, value, x.size[dim], f"dimension {dim} ({op})")
+        point = list(vs)
+        point[dim] = b.symbol
+        return point, (b,)
+
+    def value(vs):
+        v = cast(source.load(vs), acc)
+        if alpha == 1:
+            return v
+        return Op("mul", (v, Constant(float(alpha) if acc.is_floating_point else int(alpha), acc)), acc)
+
+    return scatter_into(ctx, node, x, source.size, value, position, "add" if add else "store")
+
+
+@lowering(aten.index_add.default)
+def lower_index_add(ctx, node, x, dim, index, source, *, alpha=1):
+    """out = x; out[..., index[j], ...] += alpha * source[..., j, ...], duplicates summed."""
+    return _index_write(ctx, node, x, dim, index, source, True, "index_add", alpha)
+
+
+@lowering(aten.index_copy.default)
+def lower_index_copy(ctx, node, x, dim, index, source):
+    """out = x; out[..., index[j], ...] = source[..., j, ...]; duplicates: one of them wins."""
+    return _index_write(ctx, node, x, dim, index, source, False, "index_copy")
+
+
 @lowering(aten.scatter.src, aten.scatter.value)
 def lower_scatter(ctx, node, x, dim, index, src):
     """out = x; out[..., index[i], ...] = src[i] (or a scalar) along `dim`; duplicates: one of them wins."""
