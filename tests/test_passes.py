@@ -523,6 +523,40 @@ def test_mix_order_gate_counts_a_rows_elements(dtype, width, mixed):
     assert (backward.metrics.counters["recomputed_columns"] == 0) == mixed, backward.graph.format()
 
 
+@pytest.mark.parametrize("width, mixed", [(5000, True), (12345, False)])
+def test_mix_order_gate_under_dynamic_shapes_decides_as_at_the_traced_sizes(width, mixed):
+    """A run-time row count leaves the width gates as they are, and a run-time width is gated at its traced
+    value: until the twenty-first session a dynamic batch skipped the row gate (a bfloat16 LayerNorm 12345 wide
+    was mixed, blocks of 16384, measured 1.5-1.8x Inductor's time static) and a run-time width skipped both."""
+    import torch.nn.functional as F
+
+    from passline.ir import MixOrderNode
+
+    def mixes(graph):
+        return any(isinstance(n, MixOrderNode) for n in graph.nodes())
+
+    torch._dynamo.reset()  # a dynamic batch, the width a parameter's (a number)
+    x = torch.randn(16, width, dtype=torch.bfloat16, requires_grad=True)
+    torch._dynamo.mark_dynamic(x, 0)
+    be = passline.backend(fallback="raise", codegen="reference")
+    torch.compile(torch.nn.LayerNorm(width).bfloat16(), backend=be)(x).float().sum().backward()
+    assert be.reports[-1].graph.hints and mixes(be.reports[-1].graph) == mixed, be.reports[-1].graph.format()
+
+    torch._dynamo.reset()  # rows and width both run-time sizes
+    ins = [torch.randn(16, width, requires_grad=True), torch.randn(width, requires_grad=True)]
+    ref = [t.detach().clone().requires_grad_() for t in ins]
+    be = passline.backend(fallback="raise", codegen="reference")
+    f = torch.compile(lambda x, w: F.layer_norm(x, (x.shape[-1],), w), backend=be, dynamic=True)
+    f(*ins).sum().backward()
+    F.layer_norm(ref[0], (width,), ref[1]).sum().backward()
+    graph = be.reports[-1].graph
+    assert any(not b.layout.size[-1].is_number for b in graph.input_buffers().values() if b.layout.size)  # width
+    assert mixes(graph) == mixed and (be.reports[-1].metrics.counters["recomputed_columns"] == 0) == mixed, \
+        graph.format()
+    for a, b in zip(ins, ref):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-4)
+
+
 def test_a_float32_row_of_5000_mixes_in_one_kernel_through_triton():
     """The mixed kernel of a float32 RMSNorm backward 5000 wide (blocks of 8192) matches eager through Triton's
     interpreter: one mixed node, its kernel and the finishing sum over the row blocks."""

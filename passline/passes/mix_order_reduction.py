@@ -49,12 +49,12 @@ def _widest(row, col, layouts: dict, points) -> int:
     the row side computes reaches the column side in registers); 4 where there is none."""
     own = set(row.output_names())
     sizes = [layouts[b].dtype.itemsize for n in (row, col) for b in n.read_names()
-             if b not in own and b in layouts and layouts[b].layout.numel == points]
+             if b not in own and b in layouts and sympy.expand(layouts[b].layout.numel - points) == 0]
     return max(sizes, default=4)
 
 
 def _problem(graph, row, col, max_columns, min_rows, types, max_reads, rows, cols, max_row_bytes=None,
-             layouts=None) -> str | None:
+             layouts=None, hints=None) -> str | None:
     if isinstance(col, (Extern, MixOrderNode)) or isinstance(row, Extern):
         return "extern or mix-order"
     if row.mutates or col.mutates:  # its finishing kernel would reorder the write against the readers
@@ -62,14 +62,18 @@ def _problem(graph, row, col, max_columns, min_rows, types, max_reads, rows, col
     if not rows == () and not cols:
         return "no reduction"
     ncol, nrow = product(cols), product(rows)
-    if ncol.is_number and int(ncol) > max_columns:
+    # a run-time row length is gated at the traced one (`hints`), as the kernel's blocks will be sized near it;
+    # a run-time row count leaves the width gates as they are (they gated nothing until the twenty-first
+    # session: a bfloat16 LayerNorm 12345 wide with a dynamic batch was mixed, 16384-wide blocks)
+    width_cols = int(ncol) if ncol.is_number else at_hint(ncol, hints or {})
+    if width_cols is not None and width_cols > max_columns:
         return f"{ncol} columns > max_columns={max_columns}"
     if nrow.is_number and int(nrow) < min_rows:
         return f"{nrow} rows < min_rows={min_rows}"
-    if max_row_bytes is not None and ncol.is_number and nrow.is_number:
+    if max_row_bytes is not None and width_cols is not None:
         width = _widest(row, col, layouts, ncol * nrow)
-        if row_bytes(ncol, width) > max_row_bytes:
-            return (f"rows of {ncol} x {width}-byte elements take {row_bytes(ncol, width)} bytes "
+        if row_bytes(width_cols, width) > max_row_bytes:
+            return (f"rows of {ncol} x {width}-byte elements take {row_bytes(width_cols, width)} bytes "
                     f"> max_row_bytes={max_row_bytes}")
     bad = [m.reduction_type for m in _reductions(col) if m.reduction_type not in types]
     if bad:
@@ -184,7 +188,7 @@ def mix_order_reduction(graph, ctx, *,
                     continue
                 g_rows, g_cols = shape(group)
                 problem = _problem(graph, group if not isinstance(row, MixOrderNode) else row, col, max_columns,
-                                   min_rows, types, max_reads, g_rows, g_cols, max_row_bytes, layouts)
+                                   min_rows, types, max_reads, g_rows, g_cols, max_row_bytes, layouts, graph.hints)
                 if problem:
                     ctx.refuse("mix-order gate", row, col, problem) if _known(ctx, row, col) else None
                     continue

@@ -36,6 +36,7 @@ import attrs
 from ..ir import Pointwise, Reduction
 from ..ir.body import Load, walk
 from ..ir.index import product
+from ..lowering.sizes import at_hint
 from ..pipeline.registry import register_pass
 from .legality import MIX_ROW_BYTES, can_fuse, row_bytes
 from .points import read_through
@@ -77,7 +78,8 @@ def recompute_columns(graph, ctx, *,
         if not isinstance(node, Reduction) or node.mutates:
             continue
         columns = product(node.ranges)
-        if not columns.is_number:
+        columns = int(columns) if columns.is_number else at_hint(columns, graph.hints)  # run-time: the traced
+        if columns is None:  # length, as mix_order_reduction gates it
             continue
         producers = {graph.producer(b) for b in node.read_names()} - {None}
         columnar = [graph.node(p) for p in producers if isinstance(graph.node(p), Pointwise)
