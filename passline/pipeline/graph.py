@@ -74,6 +74,9 @@ class SchedulerGraph:
         # sizes computed from the others through float arithmetic (`int(n * 0.5)`: ir.index.derive), which
         # the runners bind per call after those they read from the inputs
         self.derived: tuple = ()
+        # facts computed from the nodes as they are now (buffers(), mutated_names(), cached()): emptied by
+        # every edit that adds, removes or replaces a node; codegen asks for them once per kernel
+        self._facts: dict = {}
 
     @classmethod
     def from_program(cls, program: Program) -> "SchedulerGraph":
@@ -138,11 +141,24 @@ class SchedulerGraph:
         return {i.name: i.buffer for i in self.inputs if i.buffer is not None}
 
     def buffers(self) -> dict[str, Buffer]:
+        """Every buffer by name: the inputs' and what the nodes write (a fresh dict, the caller's own)."""
+        return dict(self.cached("buffers", self._buffers))
+
+    def _buffers(self) -> dict[str, Buffer]:
         out = dict(self.input_buffers())
         for name in self.nx:
             for b in self.node(name).output_buffers():
                 out[b.name] = b
         return out
+
+    def cached(self, key, compute):
+        """`compute()`, remembered under `key` until the next edit of the nodes: for facts that follow from
+        the nodes alone (their buffers, what they write in place, a kernel's bytes), asked for again and again
+        by codegen and the report while the graph stays as it is."""
+        facts = self._facts
+        if key not in facts:
+            facts[key] = compute()
+        return facts[key]
 
     def producer(self, buffer: str) -> str | None:
         """The node that writes `buffer`, or None for a graph input."""
@@ -163,7 +179,8 @@ class SchedulerGraph:
         return {o.buffer for o in self.outputs if isinstance(o, TensorArg)}
 
     def mutated_names(self) -> set[str]:
-        return {b for n in self.nx for b in getattr(self.node(n), "mutates", ())}
+        return set(self.cached("mutated_names",
+                               lambda: frozenset(b for n in self.nx for b in getattr(self.node(n), "mutates", ()))))
 
     def predecessors(self, name: str) -> list[str]:
         return list(self.nx.predecessors(name))
@@ -201,6 +218,7 @@ class SchedulerGraph:
         to run before / after this one (replace_node passes those the old node was ordered with)."""
         if node.name in self.nx:
             raise ValueError(f"node {node.name} already in the graph")
+        self._facts.clear()
         self.nx.add_node(node.name, node=node, order=next(self._order) if order is None else order)
         for b in node.output_names():
             self._producer[b] = node.name
@@ -212,6 +230,7 @@ class SchedulerGraph:
 
     def remove_node(self, name: str) -> None:
         node = self.node(name)
+        self._facts.clear()
         for b in node.output_names():
             if self._producer.get(b) == name:
                 del self._producer[b]
@@ -263,6 +282,7 @@ class SchedulerGraph:
         names = list(names)
         data = self.nx.nodes
         olds = [data[n]["node"] for n in names]
+        self._facts.clear()
         order = min(data[n]["order"] for n in names)
         keep = new.name if new.name in names else None
         if keep is None:
@@ -381,7 +401,7 @@ class SchedulerGraph:
             raise VerificationError(f"cycle {' -> '.join(u for u, _ in cycle)}", cycle[0][0])
         if self.comms:  # first: a dropped collective also leaves the next one's `after` dangling
             self._check_comms()
-        buffers = self.buffers()
+        buffers = self._buffers()  # from the nodes themselves, never the cache: verify checks what is there
         for name in self.nx:
             node = self.node(name)
             if node.name != name:
@@ -403,7 +423,10 @@ class SchedulerGraph:
             if isinstance(o, TensorArg):
                 if o.buffer not in buffers:
                     raise VerificationError(f"graph output {o.buffer} is not produced")
-                _check_bounds(o.size, o.stride, o.offset, buffers[o.buffer], "graph output", None)
+                key = (o, buffers[o.buffer])  # a pure function of both (sympy sums: most of verify's own time)
+                if key not in _VERIFIED:
+                    _check_bounds(o.size, o.stride, o.offset, buffers[o.buffer], "graph output", None)
+                    _remember(key)
 
     def _check_mutations(self) -> None:
         """Every node that writes a buffer in place is ordered, by a path, with every other node touching
@@ -549,8 +572,17 @@ def _describe(node) -> str:
 # most of the pipeline's time (GPT-2-style training graphs: about 90% of it). The checks are a pure
 # function of the node and those buffers (both immutable), so an equal pair passes again; only passes are
 # remembered, a failure is raised every time. Cleared when it grows past _VERIFIED_MAX entries.
+# The same holds one level down: a load (with its buffer and the loop ranges of the node holding it) and a
+# graph output (with its buffer) that passed once pass again; a pass that rebuilds a node (inlining,
+# merging loops, reordering) keeps most of its loads as they were, and the graph outputs never change.
 _VERIFIED: dict = {}
 _VERIFIED_MAX = 1 << 16
+
+
+def _remember(key) -> None:
+    if len(_VERIFIED) >= _VERIFIED_MAX:
+        _VERIFIED.clear()
+    _VERIFIED[key] = True
 
 
 def _check_node(node, buffers: dict) -> None:
@@ -563,9 +595,7 @@ def _check_node(node, buffers: dict) -> None:
         _check_node_once(node, buffers)
         return
     _check_node_once(node, buffers)
-    if len(_VERIFIED) >= _VERIFIED_MAX:
-        _VERIFIED.clear()
-    _VERIFIED[key] = True
+    _remember(key)
 
 
 def _check_node_once(node, buffers: dict) -> None:
@@ -614,7 +644,16 @@ def _check_node_once(node, buffers: dict) -> None:
             raise VerificationError(f"{node.reduction_type} writes {out.dtype}, not int64", node.name)
         var_ranges = dict(node.var_ranges)
         for ld in loads(node.body):
+            buf = buffers.get(ld.buffer)
+            key = (ld, buf, node.var_ranges)
+            try:
+                if key in _VERIFIED:
+                    continue
+            except TypeError:  # an index built by hand that does not hash: checked, not remembered
+                _check_load(ld, buffers, var_ranges, node.name)
+                continue
             _check_load(ld, buffers, var_ranges, node.name)
+            _remember(key)
         for v in walk(node.body):
             if isinstance(v, IndexValue):
                 _check_indirect(v, v.expr, var_ranges, node.name)
