@@ -75,7 +75,12 @@ def kernel_count(node) -> int:
 def node_bytes(graph, node) -> tuple:
     """(bytes read, bytes written) by one kernel node. Each buffer counts the distinct elements its
     index can reach (capped at the buffer's size), once per node; a fused node writes only what is
-    read outside it or returned; a mix-order node adds its workspace, written and read back."""
+    read outside it or returned; a mix-order node adds its workspace, written and read back. Remembered
+    by the graph until its next edit: the runner and the report both ask for every kernel's."""
+    return graph.cached(("node_bytes", node), lambda: _node_bytes(graph, node))
+
+
+def _node_bytes(graph, node) -> tuple:
     from ..ir import FusedNode, MixOrderNode
 
     buffers = graph.buffers()

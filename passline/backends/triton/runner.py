@@ -21,7 +21,7 @@ import torch
 
 from ... import __version__
 from ...config import current_settings
-from ...ir import Extern, MixOrderNode, members
+from ...ir import Extern, FusedNode, MixOrderNode, members
 from ...lowering.sizes import at_hint
 from ...pipeline.metrics import node_bytes
 from ..reference import ReferenceRunner, _Bindings
@@ -868,7 +868,11 @@ class TritonRunner:
 
     # -- compile ------------------------------------------------------------------------------------
     def _key(self, node, stored) -> str:
-        return digest(__version__, self.interpret, repr(node), repr(members(node)),
+        # repr(members(node)), from each member's repr printed once: a leaf node is its only member, and
+        # printing its body (sympy indices) is most of the key's cost
+        leaves = [repr(m) for m in members(node)]
+        own = leaves[0] if not isinstance(node, (FusedNode, MixOrderNode)) else repr(node)
+        return digest(__version__, self.interpret, own, _tuple_repr(leaves),
                       repr(getattr(node, "ranges", None)), repr(getattr(node, "reduction_ranges", None)),
                       sorted(stored), _SOURCE_HASH)
 
@@ -958,6 +962,11 @@ class TritonRunner:
         """aot_autograd's boxed convention: the generated call empties `args`, so each input the caller
         holds only there (a backward's saved activations) dies at its last use."""
         return self.call(args)
+
+
+def _tuple_repr(items: list) -> str:
+    """repr() of a tuple whose items' reprs are `items`."""
+    return f"({items[0]},)" if len(items) == 1 else f"({', '.join(items)})"
 
 
 def _source_hash() -> str:
