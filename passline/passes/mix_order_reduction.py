@@ -53,8 +53,15 @@ def _widest(row, col, layouts: dict, points) -> int:
     return max(sizes, default=4)
 
 
-def _problem(graph, row, col, max_columns, min_rows, types, max_reads, rows, cols, max_row_bytes=None,
-             layouts=None, hints=None) -> str | None:
+def _cycle(graph, row, col) -> str | None:
+    if other_path(graph, row.name, col.name) or other_path(graph, col.name, row.name):
+        return "another path connects them (cycle)"
+    return None
+
+
+def _gate(row, col, max_columns, min_rows, types, max_reads, rows, cols, max_row_bytes=None,
+          layouts=None, hints=None) -> str | None:
+    """What keeps the two sides from mixing, from the nodes alone (the graph's paths: `_cycle`)."""
     if isinstance(col, (Extern, MixOrderNode)) or isinstance(row, Extern):
         return "extern or mix-order"
     if row.mutates or col.mutates:  # its finishing kernel would reorder the write against the readers
@@ -114,8 +121,6 @@ def _problem(graph, row, col, max_columns, min_rows, types, max_reads, rows, col
             store = sympy.expand(substitute(p.store_index(), canonical_map(p, row_outer)))
             if sympy.expand(read - store) != 0:
                 return f"{m.name} reads {d.buffer} at other points than {p.name} writes it"
-    if other_path(graph, row.name, col.name) or other_path(graph, col.name, row.name):
-        return "another path connects them (cycle)"
     return None
 
 
@@ -171,6 +176,11 @@ def mix_order_reduction(graph, ctx, *,
     layouts = graph.buffers()  # dtypes and sizes: the same buffers whatever the pass merges
     fixed = fixed_layouts(graph)
     splits: dict = {}
+    # the pass scans every pair again after each merge; a pair's row group and gate follow from the two
+    # nodes alone (the options, `fixed` and `layouts` stay as they are), so each is worked out once per pair
+    # of node objects (held here, so that their ids stay theirs); only the cycle check reads the graph
+    groups: dict = {}
+    gates: dict = {}
     changed = True
     while changed:
         changed = False
@@ -183,12 +193,19 @@ def mix_order_reduction(graph, ctx, *,
             for col in nodes:
                 if col is row or col.name not in graph or row.name not in graph:
                     continue
-                group = _row_group(base, rows, cols, col, fixed, splits)
+                key = (id(base), id(col))
+                if key not in groups:
+                    groups[key] = (base, col, _row_group(base, rows, cols, col, fixed, splits))
+                group = groups[key][2]
                 if group is None:
                     continue
-                g_rows, g_cols = shape(group)
-                problem = _problem(graph, group if not isinstance(row, MixOrderNode) else row, col, max_columns,
-                                   min_rows, types, max_reads, g_rows, g_cols, max_row_bytes, layouts, graph.hints)
+                side = group if not isinstance(row, MixOrderNode) else row
+                key = (id(side), id(col))
+                if key not in gates:
+                    g_rows, g_cols = shape(group)
+                    gates[key] = (side, col, _gate(side, col, max_columns, min_rows, types, max_reads, g_rows,
+                                                   g_cols, max_row_bytes, layouts, graph.hints))
+                problem = gates[key][2] or _cycle(graph, side, col)
                 if problem:
                     ctx.refuse("mix-order gate", row, col, problem) if _known(ctx, row, col) else None
                     continue
@@ -197,8 +214,8 @@ def mix_order_reduction(graph, ctx, *,
                 if isinstance(row, MixOrderNode):
                     new = MixOrderNode(row.name, row.row, row.column_groups + (col,), row.split_rows, row.tune_split)
                 else:
-                    new = MixOrderNode(f"mix_{row.name}", group, (col,), split_rows or _auto_split(g_rows, graph.hints),
-                                       tune_split=not split_rows)
+                    split = split_rows or _auto_split(shape(group)[0], graph.hints)
+                    new = MixOrderNode(f"mix_{row.name}", group, (col,), split, tune_split=not split_rows)
                 position = min(graph.order(row.name), graph.order(col.name))
                 graph.remove_node(row.name)
                 graph.remove_node(col.name)
