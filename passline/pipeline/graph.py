@@ -432,13 +432,16 @@ class SchedulerGraph:
         """Every node that writes a buffer in place is ordered, by a path, with every other node touching
         that buffer (its producer, its readers, its other writers): no pass may move a read of a
         scattered-into buffer before the scatter, or two writes past each other."""
+        reach: dict = {}  # writer -> the nodes ordered with it (a fused kernel writes several buffers in place)
         for b, writers in self._mutators.items():
             for w in sorted(writers):
                 if w not in self.nx:
                     raise VerificationError(f"the mutation index names {w}, which is not in the graph")
                 if not {b} & set(getattr(self.node(w), "mutates", ())):
                     raise VerificationError(f"the mutation index says {w} writes {b} in place", w)
-                ordered = nx.ancestors(self.nx, w) | nx.descendants(self.nx, w) | {w}
+                if w not in reach:
+                    reach[w] = nx.ancestors(self.nx, w) | nx.descendants(self.nx, w) | {w}
+                ordered = reach[w]
                 touching = set(self._readers.get(b, ())) | set(writers)
                 if self._producer.get(b) is not None:
                     touching.add(self._producer[b])
@@ -670,13 +673,14 @@ def _check_load(ld: Load, buffers: dict, var_ranges: dict, node: str) -> None:
         return
     if ld.dtype != buf.dtype:
         raise VerificationError(f"loads {ld.buffer} as {ld.dtype}, buffer is {buf.dtype}", node)
-    unknown = ld.index.free_symbols - set(var_ranges)
+    free = ld.index.free_symbols  # sympy walks the expression for it every time: asked once
+    unknown = free - set(var_ranges)
     if any(var_kind(s) in LOOP_KINDS for s in unknown):
         raise VerificationError(f"index {ld.index} of {ld.buffer} uses variables outside the loop nest", node)
     _check_indirect(ld, ld.index, var_ranges, node)
     # an index symbol ranges over [0, bound): with the loop variables, the whole of what the load may reach
     ranges = {**var_ranges, **{b.symbol: b.bound for b in ld.indirect}}
-    vars_ = [v for v in ranges if v in ld.index.free_symbols]
+    vars_ = [v for v in ranges if v in free]
     form = as_strided_form(ld.index, vars_)
     if form is not None:
         _check_bounds([ranges[v] for v in vars_], form[0], form[1], buf, f"load of {ld.buffer}", node)
@@ -703,6 +707,13 @@ def _check_bounds(size, stride, offset, buf: Buffer, what: str, node) -> None:
     """For concrete sizes: every addressed element lies inside the buffer."""
     span = buf.layout.storage_span
     if any(s == 0 for s in size):
+        return
+    if all(isinstance(x, sympy.Integer) for x in (*size, *stride, offset, span)):
+        # static shapes: the same sums in Python integers (sympy's arithmetic was most of this check)
+        lo = int(offset) + sum((int(s) - 1) * int(st) for s, st in zip(size, stride) if st < 0)
+        hi = int(offset) + sum((int(s) - 1) * int(st) for s, st in zip(size, stride) if st >= 0)
+        if lo < 0 or hi >= int(span):
+            raise VerificationError(f"{what} addresses [{lo}, {hi}] outside {buf.name} (size {span})", node)
         return
     lo = offset + sum(((s - 1) * st for s, st in zip(size, stride) if st.is_negative), sympy.S.Zero)
     hi = offset + sum(((s - 1) * st for s, st in zip(size, stride) if not st.is_negative), sympy.S.Zero)
