@@ -708,7 +708,7 @@ def _check_bounds(size, stride, offset, buf: Buffer, what: str, node) -> None:
     span = buf.layout.storage_span
     if any(s == 0 for s in size):
         return
-    if all(isinstance(x, sympy.Integer) for x in (*size, *stride, offset, span)):
+    if all(isinstance(x, (int, sympy.Integer)) for x in (*size, *stride, offset, span)):
         # static shapes: the same sums in Python integers (sympy's arithmetic was most of this check)
         lo = int(offset) + sum((int(s) - 1) * int(st) for s, st in zip(size, stride) if st < 0)
         hi = int(offset) + sum((int(s) - 1) * int(st) for s, st in zip(size, stride) if st >= 0)
