@@ -136,9 +136,11 @@ def _inlined_indirect(consumer, node: Pointwise, bounds: dict):
     return attrs.evolve(consumer, body=body) if changed else None
 
 
-def _shape_refused(graph, node: Pointwise) -> list | None:
+def _shape_refused(graph, node: Pointwise, memo: dict | None = None) -> list | None:
     """`node`'s consumers where every one is a Pointwise or Reduction node (no extern, no group) that
-    cannot fuse with it for a reason of shape, else None."""
+    cannot fuse with it for a reason of shape, else None. `memo`: see _tried."""
+    if memo is not None:
+        return _tried(memo, "shape_refused", lambda: _shape_refused(graph, node))
     consumers = [graph.node(c) for c in graph.consumers(node.output.name)]
     if not consumers or any(not isinstance(c, (Pointwise, Reduction))
                             or can_fuse(graph, node, c).reason not in SHAPE_REASONS for c in consumers):
@@ -146,21 +148,30 @@ def _shape_refused(graph, node: Pointwise) -> list | None:
     return consumers
 
 
-def _inline_cheap(graph, ctx, node: Pointwise, max_loads: int, max_ops: int) -> bool:
+def _tried(memo: dict, key: str, compute):
+    """`compute()`, once per `memo`: the sweep gives each node one memo, for what its tries (cheap,
+    broadcast, input value, chain) ask alike — a try that fails leaves the graph as it was, and the first
+    that succeeds ends the node's turn, so the answers hold for every try of that turn."""
+    if key not in memo:
+        memo[key] = compute()
+    return memo[key]
+
+
+def _inline_cheap(graph, ctx, node: Pointwise, max_loads: int, max_ops: int, memo: dict | None = None) -> bool:
     """Recompute `node` in consumers that cannot fuse with it for a reason of shape; True when done."""
-    consumers = _shape_refused(graph, node) if _cheap(node, max_loads, max_ops) else None
+    consumers = _shape_refused(graph, node, memo) if _cheap(node, max_loads, max_ops) else None
     if consumers is None:
         return False
     return _recompute(graph, ctx, node, node, consumers, "inline", "inlined_pointwise")
 
 
-def _inline_chain(graph, ctx, node: Pointwise, inputs, blocked, max_ops: int) -> bool:
+def _inline_chain(graph, ctx, node: Pointwise, inputs, blocked, max_ops: int, memo: dict | None = None) -> bool:
     """Recompute `node`, expanded down to one point of one graph input, in consumers that cannot fuse
     with it for a reason of shape; True when done (the chain's nodes left unread go at the sweep's end)."""
-    consumers = _shape_refused(graph, node)
+    consumers = _shape_refused(graph, node, memo)
     if consumers is None:
         return False
-    computed = _expanded(graph, node, inputs, blocked, 1, max_ops)
+    computed = _expanded(graph, node, inputs, blocked, 1, max_ops, memo)
     if computed is None or not _no_wider(graph, computed, 0):
         return False
     return _recompute(graph, ctx, node, computed, consumers, "inline_chain", "inlined_chain")
@@ -217,35 +228,40 @@ def _bigger(consumer, node, ratio: int) -> bool:
 
 
 def _inline_broadcast(graph, ctx, node: Pointwise, inputs, blocked, ratio: int, max_loads: int,
-                      max_ops: int) -> bool:
+                      max_ops: int, memo: dict | None = None) -> bool:
     """Recompute `node` (made from the graph's inputs, expanded) in its consumers, each at least `ratio`
     times bigger; True when done (the node is then removed)."""
     consumers = [graph.node(c) for c in graph.consumers(node.output.name)]
     if not consumers or any(not isinstance(c, (Pointwise, Reduction)) or not _bigger(c, node, ratio)
                             for c in consumers):
         return False
-    computed = _expanded(graph, node, inputs, blocked, max_loads, max_ops)
+    computed = _expanded(graph, node, inputs, blocked, max_loads, max_ops, memo)
     if computed is None:
         return False
     return _recompute(graph, ctx, node, computed, consumers, "inline_broadcast", "inlined_broadcast")
 
 
-def _expanded(graph, node: Pointwise, inputs, blocked, max_loads: int, max_ops: int) -> Pointwise | None:
+def _expanded(graph, node: Pointwise, inputs, blocked, max_loads: int, max_ops: int,
+              memo: dict | None = None) -> Pointwise | None:
     """`node` with its body expanded down to the graph's inputs (`_from_inputs`), or None where it cannot
-    be or is not cheap after expanding."""
-    body = _from_inputs(graph, node, inputs, blocked)
+    be or is not cheap after expanding. `memo`: see _tried (every caller passes the same inputs and
+    blocked buffers)."""
+    if memo is not None:
+        body = _tried(memo, "from_inputs", lambda: _from_inputs(graph, node, inputs, blocked))
+    else:
+        body = _from_inputs(graph, node, inputs, blocked)
     computed = attrs.evolve(node, body=body) if body is not None else None
     return computed if computed is not None and _cheap(computed, max_loads, max_ops) else None
 
 
 def _inline_input_value(graph, ctx, node: Pointwise, inputs, blocked, max_ops: int, ratio: int,
-                        output: bool) -> bool:
+                        output: bool, memo: dict | None = None) -> bool:
     """Recompute `node`, a value of one point of one graph input (expanded), in every consumer; the node
     stays when it is a graph `output`. True when done."""
     consumers = [graph.node(c) for c in graph.consumers(node.output.name)]
     if len(consumers) < (1 if output else 2) or any(not isinstance(c, (Pointwise, Reduction)) for c in consumers):
         return False  # one reader of a node that is not an output can simply fuse with it
-    computed = _expanded(graph, node, inputs, blocked, 1, max_ops)
+    computed = _expanded(graph, node, inputs, blocked, 1, max_ops, memo)
     if computed is None or not _no_wider(graph, computed, ratio):
         return False
     return _recompute(graph, ctx, node, computed, consumers, "inline_input", "inlined_input", keep=output)
@@ -313,15 +329,16 @@ def inline_pointwise(graph, ctx, *,
             if not graph.consumers(node.output.name):
                 graph.remove_node(node.name)  # every read was at indirect positions: nothing needs it stored
                 continue
-        if _inline_cheap(graph, ctx, node, max_loads, max_ops):
+        memo: dict = {}  # this node's turn (_tried)
+        if _inline_cheap(graph, ctx, node, max_loads, max_ops, memo):
             continue
         if broadcast_ratio and _inline_broadcast(graph, ctx, node, inputs, outputs | mutated, broadcast_ratio,
-                                                 broadcast_max_loads, broadcast_max_ops):
+                                                 broadcast_max_loads, broadcast_max_ops, memo):
             expanded = True
         elif input_max_ops and _inline_input_value(graph, ctx, node, inputs, outputs | mutated, input_max_ops,
-                                                   broadcast_ratio, output=False):
+                                                   broadcast_ratio, output=False, memo=memo):
             expanded = True
-        elif chain_max_ops and _inline_chain(graph, ctx, node, inputs, outputs | mutated, chain_max_ops):
+        elif chain_max_ops and _inline_chain(graph, ctx, node, inputs, outputs | mutated, chain_max_ops, memo):
             expanded = True
     if expanded:
         _drop_unread(graph, present, outputs)
