@@ -6,6 +6,7 @@ carries its dtype, so backends need no type inference of their own.
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Iterator
 
 import attrs
@@ -54,6 +55,19 @@ class Indirect:
         return f"{self.symbol} = {self.value!r} in [0, {self.bound}){flags}"
 
 
+def _text(expr) -> str:
+    """str(expr), remembered: printing sympy indices is most of printing a body (the kernel cache's keys
+    print every kernel's), and a few indices recur across many loads."""
+    return _printed(type(expr), expr)
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _printed(kind: type, expr) -> str:
+    # keyed by the type too (2 == 2.0 == True in Python); sympy's == is structural (Integer(2) != Float(2.0),
+    # assumptions count), so equal expressions of one type are one tree and print alike
+    return f"{expr}"
+
+
 def _bindings(indirect) -> str:
     return f"; {'; '.join(map(repr, indirect))}" if indirect else ""
 
@@ -69,7 +83,7 @@ class Load:
     indirect: tuple = ()
 
     def __repr__(self):
-        return f"load({self.buffer}[{self.index}]{_bindings(self.indirect)})"
+        return f"load({self.buffer}[{_text(self.index)}]{_bindings(self.indirect)})"
 
 
 def _a_number(instance, attribute, value):
@@ -98,7 +112,7 @@ class IndexValue:
     indirect: tuple = ()
 
     def __repr__(self):
-        return f"index({self.expr}{_bindings(self.indirect)})"
+        return f"index({_text(self.expr)}{_bindings(self.indirect)})"
 
 
 @attrs.frozen(cache_hash=True)
