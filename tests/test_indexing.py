@@ -350,6 +350,15 @@ def test_writes_match_eager(name, codegen):
         assert "reference backend:" not in r.codegen_reason, r.codegen_reason
 
 
+@pytest.mark.parametrize("codegen", CODEGENS)
+def test_an_empty_index_writes_nothing_and_trains(codegen):
+    """An empty index: index_copy's and index_fill's backwards scatter a zero-size expanded value over no
+    point (a loop of [0, 2] points loading it at [0]); verify took that load for one outside its buffer."""
+    empty = torch.zeros(0, dtype=torch.long)
+    assert_matches_eager(lambda x, i, s: x.index_copy(0, i, s), [_g(6, 2), empty, _g(0, 2)], codegen=codegen)
+    assert_matches_eager(lambda x, i: x.index_fill(1, i, 1.5), [_g(6, 2), empty], codegen=codegen)
+
+
 def test_duplicate_indices_are_summed_in_embedding_backward():
     """Every row hit many times: the atomic adds (or index_put_ with accumulate on the reference) sum them."""
     for codegen in CODEGENS:

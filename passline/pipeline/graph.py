@@ -632,7 +632,7 @@ def _check_node_once(node, buffers: dict) -> None:
         ranges = {**var_ranges, **{b.symbol: b.bound for b in node.indirect}}
         vars_ = [v for v in ranges if v in node.index.free_symbols]
         form = as_strided_form(node.index, vars_)
-        if form is not None:
+        if form is not None and not _no_iteration(var_ranges):
             _check_bounds([ranges[v] for v in vars_], form[0], form[1], node.output, "scatter", node.name)
     elif isinstance(node, (Pointwise, Reduction)):
         out = node.output.layout
@@ -678,12 +678,21 @@ def _check_load(ld: Load, buffers: dict, var_ranges: dict, node: str) -> None:
     if any(var_kind(s) in LOOP_KINDS for s in unknown):
         raise VerificationError(f"index {ld.index} of {ld.buffer} uses variables outside the loop nest", node)
     _check_indirect(ld, ld.index, var_ranges, node)
+    if _no_iteration(var_ranges):
+        return
     # an index symbol ranges over [0, bound): with the loop variables, the whole of what the load may reach
     ranges = {**var_ranges, **{b.symbol: b.bound for b in ld.indirect}}
     vars_ = [v for v in ranges if v in free]
     form = as_strided_form(ld.index, vars_)
     if form is not None:
         _check_bounds([ranges[v] for v in vars_], form[0], form[1], buf, f"load of {ld.buffer}", node)
+
+
+def _no_iteration(var_ranges: dict) -> bool:
+    """A loop of no iterations: the node loads and stores nothing, so no index it holds is ever addressed, even
+    one that uses no variable of that loop (an empty index_copy's backward scatters a zero-size expanded value,
+    which it loads at [0] in a loop over [0, 2])."""
+    return any(r == 0 for r in var_ranges.values())
 
 
 def _check_indirect(holder, expr, var_ranges: dict, node: str) -> None:
