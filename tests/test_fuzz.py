@@ -210,3 +210,61 @@ def test_training_check_catches_a_wrong_backward():
         assert_matches_eager(fn, [torch.randn(7, 3)])  # no input requires grad: forward only
         with pytest.raises(AssertionError, match="grad of input 0"):
             assert_matches_eager(fn, [torch.randn(3, 7).t().requires_grad_()])
+
+
+def test_training_check_compares_a_modules_parameter_gradients():
+    """An nn.Module's parameters are trained in two copies, eager's and the compiled one's, and their .grad
+    compared: a backward that doubles every gradient fails on the weight's even where no input requires grad
+    (one shared module accumulated both runs' .grad, and nothing compared them). The caller's module is left
+    as it was."""
+    import unittest.mock
+
+    from torch._dynamo.backends.common import aot_autograd
+
+    def doubled(gm, example_inputs):
+        def run(args):
+            return [2 * o if isinstance(o, torch.Tensor) else o for o in gm(*args)]
+        run._boxed_call = True
+        return run
+
+    backend = aot_autograd(fw_compiler=lambda gm, example_inputs: gm.forward, bw_compiler=doubled)
+    model = torch.nn.Linear(5, 3)
+    with unittest.mock.patch.object(passline, "backend", lambda **kw: backend):
+        with pytest.raises(AssertionError, match="grad of parameter weight"):
+            assert_matches_eager(model, [torch.randn(4, 5)], backward=True)
+    with unittest.mock.patch.object(passline, "backend", lambda **kw: "aot_eager"):
+        assert_matches_eager(torch.nn.BatchNorm1d(5), [torch.randn(8, 5, requires_grad=True)])  # and buffers
+    assert model.weight.grad is None
+
+
+def test_low_precision_parameter_gradients_are_judged_against_float64():
+    """A bfloat16 or float16 parameter's .grad outside the tolerance passes only where, element by element, it
+    is about as close to the same step in float64 as eager's: a gradient with dropped terms fails though
+    eager's largest rounding error is large elsewhere, and one that eager overflows (inf) must be inf too."""
+    import copy
+
+    from passline.testing import _assert_module_matches, _float64_twin, loss_weights, train_step
+
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(16, 4, bias=False).bfloat16()
+    x = torch.randn(64, 16, dtype=torch.bfloat16)
+    x[:, 0] *= 1000  # one large input feature: its column of dW is ~1000x the others, and so is eager's error
+    ours, twin = copy.deepcopy(lin), _float64_twin(lin, [x])
+    w = loss_weights(train_step(lin, [x])[0])
+    train_step(ours, [x], w)
+    _assert_module_matches(ours, lin, True, True, twin, w)  # the same computation: passes
+    with torch.no_grad():
+        ours.weight.grad[:, 1:] = 0  # a dropped term
+    with pytest.raises(AssertionError, match="farther from the float64 step"):
+        _assert_module_matches(ours, lin, True, True, twin, w)
+
+    lin = torch.nn.Linear(4, 2, bias=False).half()
+    x = torch.ones(64, 4, dtype=torch.float16)
+    x[:, 0] = 3000.0  # eager's float16 dW overflows in that column
+    ours, twin, w = copy.deepcopy(lin), _float64_twin(lin, [x]), [torch.ones(64, 2)]
+    train_step(lin, [x], w)
+    train_step(ours, [x], w)
+    with torch.no_grad():
+        ours.weight.grad.zero_()
+    with pytest.raises(AssertionError, match="farther from the float64 step"):
+        _assert_module_matches(ours, lin, True, True, twin, w)

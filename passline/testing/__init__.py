@@ -9,6 +9,7 @@ docs/testing.md).
 """
 from __future__ import annotations
 
+import copy
 from typing import Callable, Sequence
 
 import torch
@@ -97,6 +98,10 @@ def assert_matches_eager(fn: Callable, inputs: Sequence, pipeline=None, codegen:
     eager's on dims of size > 1.
     `pipeline=None` runs passline.DEFAULT_PIPELINE; "" runs no pass. `device` (default
     $PASSLINE_TEST_DEVICE, else where the inputs are) moves the inputs and an nn.Module there first.
+    An `nn.Module` runs as two copies, eager's and the compiled one's, so that each parameter's `.grad` and
+    each buffer (BatchNorm's running statistics) is compared too; in bfloat16 and float16 a parameter's
+    `.grad` outside the tolerance still passes when it is about as close as eager's to the same step in
+    float64 (a weight's gradient sums over every row: eager's own rounding is often past the tolerance).
     Returns the passline backend, whose `reports` describe what was compiled."""
     import passline
 
@@ -111,7 +116,12 @@ def assert_matches_eager(fn: Callable, inputs: Sequence, pipeline=None, codegen:
     wants_grad = any(isinstance(x, torch.Tensor) and x.requires_grad for x in inputs)
     train = backward if backward is not None else wants_grad
     ours_in, eager_in = _clone(inputs), _clone(inputs)
-    compiled = torch.compile(fn, backend=be, fullgraph=False)
+    # a module: a copy for each run, from the same state with no .grad (one module would accumulate both
+    # runs' .grad, unchecked; the caller's keeps its own)
+    module = isinstance(fn, torch.nn.Module)
+    in_float64 = _float64_twin(fn, inputs) if module and train else None
+    ours_fn, fn = (copy.deepcopy(fn), copy.deepcopy(fn)) if module else (fn, fn)
+    compiled = torch.compile(ours_fn, backend=be, fullgraph=False)
     if train:
         eager, eager_loss = train_step(fn, eager_in)
         ours, ours_loss = train_step(compiled, ours_in, loss_weights(eager))
@@ -139,4 +149,55 @@ def assert_matches_eager(fn: Callable, inputs: Sequence, pipeline=None, codegen:
                     # backward returned, so this checks the layout a user's optimizer sees, not the
                     # backward's own output; that shows in the values above when its strides are wrong
                     assert_same_strides(a.grad, b.grad, f"grad of input {k}")
+    if module:
+        _assert_module_matches(ours_fn, fn, train, check_strides, in_float64, loss_weights(eager) if train else None)
     return be
+
+
+def _float64_twin(module: torch.nn.Module, inputs: Sequence):
+    """(the module in float64, its inputs in float64) where its parameters are bfloat16 or float16, else None:
+    the oracle a low-precision parameter gradient is judged against when it misses the tolerance."""
+    if not any(p.dtype in (torch.bfloat16, torch.float16) for p in module.parameters()):
+        return None
+    twin = copy.deepcopy(module).double()
+    return twin, [_same_layout(x).detach().double().requires_grad_(x.requires_grad)
+                  if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs]
+
+
+def _assert_module_matches(ours: torch.nn.Module, eager: torch.nn.Module, train: bool, check_strides: bool,
+                           in_float64, weights) -> None:
+    """The compiled copy's parameter gradients and buffers against eager's (see assert_matches_eager)."""
+    reference = None
+    theirs = dict(eager.named_parameters())
+    for name, p in ours.named_parameters() if train else ():
+        q = theirs[name]
+        assert (p.grad is None) == (q.grad is None), \
+            f"grad of parameter {name}: {'None' if p.grad is None else 'a tensor'}, eager's is {q.grad}"
+        if q.grad is None:
+            continue
+        try:
+            torch.testing.assert_close(p.grad, q.grad, **tolerance(q.dtype), equal_nan=True,
+                                       msg=lambda m, name=name: f"grad of parameter {name}: {m}")
+        except AssertionError:
+            if in_float64 is None or q.dtype not in (torch.bfloat16, torch.float16):
+                raise
+            if reference is None:  # the same step in float64, once
+                twin, args = in_float64
+                train_step(twin, args, weights)
+                reference = {n: t.grad for n, t in twin.named_parameters()}
+            # element by element: within the tolerance of the float64 value, widened by twice eager's own
+            # distance from it there; where eager's is not finite, ours must be the same value
+            exact, got, want = reference[name], p.grad.double(), q.grad.double()
+            tol = tolerance(q.dtype)
+            near = (got - exact).abs() <= tol["atol"] + tol["rtol"] * exact.abs() + 2 * (want - exact).abs()
+            same = (got == want) | (got.isnan() & want.isnan())
+            ok = torch.where(torch.isfinite(want), near, same)
+            assert bool(ok.all()), (f"grad of parameter {name}: {int((~ok).sum())} of {ok.numel()} elements "
+                                    f"farther from the float64 step than eager's rounding allows (first at "
+                                    f"{tuple(int(i) for i in (~ok).nonzero()[0])})")
+        if check_strides:
+            assert_same_strides(p.grad, q.grad, f"grad of parameter {name}")
+    theirs = dict(eager.named_buffers())
+    for name, b in ours.named_buffers():
+        torch.testing.assert_close(b, theirs[name], **tolerance(b.dtype), equal_nan=True,
+                                   msg=lambda m, name=name: f"buffer {name}: {m}")
