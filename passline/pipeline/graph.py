@@ -75,7 +75,8 @@ class SchedulerGraph:
         # the runners bind per call after those they read from the inputs
         self.derived: tuple = ()
         # facts computed from the nodes as they are now (buffers(), mutated_names(), cached()): emptied by
-        # every edit that adds, removes or replaces a node; codegen asks for them once per kernel
+        # every edit that adds, removes or replaces a node; codegen asks for them once per kernel. They may
+        # also read `inputs` and `outputs` (node_bytes: what is returned), which are set here, once
         self._facts: dict = {}
 
     @classmethod

@@ -186,10 +186,13 @@ def _assert_module_matches(ours: torch.nn.Module, eager: torch.nn.Module, train:
                 train_step(twin, args, weights)
                 reference = {n: t.grad for n, t in twin.named_parameters()}
             # element by element: within the tolerance of the float64 value, widened by twice eager's own
-            # distance from it there; where eager's is not finite, ours must be the same value
+            # distance from it there, or twice its typical (median) distance where eager's rounding happened to
+            # land close; where eager's is not finite, ours must be the same value
             exact, got, want = reference[name], p.grad.double(), q.grad.double()
-            tol = tolerance(q.dtype)
-            near = (got - exact).abs() <= tol["atol"] + tol["rtol"] * exact.abs() + 2 * (want - exact).abs()
+            tol, off = tolerance(q.dtype), (want - exact).abs()
+            finite = torch.isfinite(off)
+            typical = off[finite].median() if finite.any() else off.new_zeros(())
+            near = (got - exact).abs() <= tol["atol"] + tol["rtol"] * exact.abs() + 2 * torch.maximum(off, 2 * typical)
             same = (got == want) | (got.isnan() & want.isnan())
             ok = torch.where(torch.isfinite(want), near, same)
             assert bool(ok.all()), (f"grad of parameter {name}: {int((~ok).sum())} of {ok.numel()} elements "
