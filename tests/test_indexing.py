@@ -122,6 +122,10 @@ OUT_OF_RANGE = [
     ("index_copy_negative", lambda x, i, s: x.index_copy(1, i, s), [torch.zeros(2, 4), torch.tensor([0, -2]),
                                                                     torch.ones(2, 2)],
      "index -2 is out of bounds for dimension 1 (index_copy) with size 4"),
+    # index_fill counts negative indices from the end, as eager; one below -n is out of range as given (the
+    # op named is index_copy, which torch's decomposition of index_fill calls)
+    ("index_fill_below", lambda x, i: x.index_fill(0, i, 5.0), [torch.zeros(4, 2), torch.tensor([-5, 0])],
+     "index -5 is out of bounds for dimension 0"),
 ]
 
 

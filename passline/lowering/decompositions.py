@@ -125,12 +125,14 @@ BATCH_NORMS = "native_batch_norm _native_batch_norm_legit_functional _native_bat
 
 def _negative_indices_wrapped(decomposition):
     """index_fill with eager's negative indices, which count from the end: torch's decomposition calls
-    index_copy, which refuses them (as eager's index_copy does; see KEEP)."""
+    index_copy, which refuses them (as eager's index_copy does; see KEEP). Those below -n stay as they are,
+    out of range, so the error names the index the caller gave."""
 
     @functools.wraps(decomposition)
     def index_fill(x, dim, index, value, *args, **kwargs):
         n = x.shape[dim] if x.ndim else 1
-        return decomposition(x, dim, torch.where(index < 0, index + n, index), value, *args, **kwargs)
+        return decomposition(x, dim, torch.where((index < 0) & (index >= -n), index + n, index), value, *args,
+                             **kwargs)
 
     return index_fill
 
