@@ -312,7 +312,7 @@ class ReferenceRunner:
                 idx = eval_index(v.index, bind_indirect(v, vals, grid, bind) if v.indirect else grid)
                 vals[id(v)] = flat_storage(t, span)[idx]
             elif isinstance(v, Constant):
-                vals[id(v)] = torch.tensor(_in_range(v.value, v.dtype), dtype=v.dtype, device=device)
+                vals[id(v)] = torch.tensor(v.in_range(), dtype=v.dtype, device=device)
             elif isinstance(v, IndexValue):
                 at = bind_indirect(v, vals, grid, bind) if v.indirect else grid
                 vals[id(v)] = torch.as_tensor(eval_index(v.expr, at), device=device).to(v.dtype)
@@ -322,15 +322,6 @@ class ReferenceRunner:
                 r = _torch_op(v.name)(*[vals[id(a)] for a in v.args])
                 vals[id(v)] = r if r.dtype == v.dtype else r.to(v.dtype)
         return vals[id(root)]
-
-
-def _in_range(value, dtype: torch.dtype):
-    """An integer constant wrapped into its dtype's range, as torch converts a scalar (int32 + 2**31 adds
-    -2**31, uint8 + (-1) adds 255) and the Triton printer does: torch.tensor refuses a value outside it."""
-    if dtype.is_floating_point or dtype.is_complex or dtype == torch.bool:
-        return value
-    info = torch.iinfo(dtype)
-    return (int(value) - info.min) % (info.max - info.min + 1) + info.min
 
 
 def conform_result(node: Extern, r: torch.Tensor, size, stride, dtype) -> torch.Tensor:

@@ -101,6 +101,15 @@ class Constant:
     def __repr__(self):
         return repr(self.value)
 
+    def in_range(self):
+        """The value as the dtype holds it: an integer wrapped into the dtype's range, as torch converts a
+        scalar (int32 + 2**31 adds -2**31, uint8 + (-1) adds 255); other values as they are. Both backends
+        build the constant from it (torch.tensor and tl.full refuse a value outside the range)."""
+        if self.dtype.is_floating_point or self.dtype.is_complex or self.dtype == torch.bool:
+            return self.value
+        info = torch.iinfo(self.dtype)
+        return (int(self.value) - info.min) % (info.max - info.min + 1) + info.min
+
 
 @attrs.frozen(cache_hash=True)
 class IndexValue:

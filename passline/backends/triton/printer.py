@@ -11,7 +11,7 @@ import math
 import sympy
 import torch
 
-from ...ir import Op
+from ...ir import Constant, Op
 from ...ir.index import FloorDiv, ModularIndexing
 from ...lowering.sizes import translate
 
@@ -101,11 +101,9 @@ def constant(value, dtype: torch.dtype) -> str:
         return full if made == tl_dtype(dtype) else f"{full}.to({tl_dtype(dtype)})"
     if dtype == torch.bool:
         return f"tl.full([1], {1 if value else 0}, tl.int1)"
-    # wrapped into the dtype's range, as torch converts a scalar (uint8 + (-1) adds 255): tl.full refuses
-    # a value outside it (the interpreter: OverflowError)
-    info = torch.iinfo(dtype)
-    span = info.max - info.min + 1
-    return f"tl.full([1], {(int(value) - info.min) % span + info.min}, {tl_dtype(dtype)})"
+    # wrapped into the dtype's range (Constant.in_range): tl.full refuses a value outside it (the interpreter:
+    # OverflowError)
+    return f"tl.full([1], {Constant(int(value), dtype).in_range()}, {tl_dtype(dtype)})"
 
 
 _UNARY = {
