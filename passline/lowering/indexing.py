@@ -239,14 +239,21 @@ def _scatter(ctx, node, x, dim, index, src, add: bool, op: str):
     if _same(index.size[dim], 1) and all(_same(index.size[d], x.size[d]) for d in range(x.ndim) if d != dim):
         return _pull(ctx, node, x, dim, index, src, add, op)
 
+    acc = upcast(node.meta["val"].dtype) if add else node.meta["val"].dtype
+    return scatter_into(ctx, node, x, index.size, _src_value(src, acc), _position(ctx, x, dim, index, op),
+                        "add" if add else "store")
+
+
+def _position(ctx, x, dim, index, op: str, at=None):
+    """scatter_into's `position`: a point of the written values with its `dim` coordinate the index's value,
+    read at `at(point)` (default: the point itself), checked against x's size there."""
     def position(vs):
-        b = binding(ctx, 0, index, index.load(vs), x.size[dim], f"dimension {dim} ({op})")
+        b = binding(ctx, 0, index, index.load(at(vs) if at else vs), x.size[dim], f"dimension {dim} ({op})")
         point = list(vs)
         point[dim] = b.symbol
         return point, (b,)
 
-    acc = upcast(node.meta["val"].dtype) if add else node.meta["val"].dtype
-    return scatter_into(ctx, node, x, index.size, _src_value(src, acc), position, "add" if add else "store")
+    return position
 
 
 def _index_write(ctx, node, x, dim, index, source, add: bool, op: str, alpha=1):
@@ -258,20 +265,14 @@ def _index_write(ctx, node, x, dim, index, source, add: bool, op: str, alpha=1):
         return NotImplemented
     dim = _dim(dim, x.ndim)
     acc = upcast(out.dtype) if add else out.dtype
+    loaded = value = _src_value(source, acc)
+    if alpha != 1:
+        scale = Constant(float(alpha) if acc.is_floating_point else int(alpha), acc)
 
-    def position(vs):
-        value = index.load([vs[dim]] if index.ndim == 1 else [])
-        b = binding(ctx, 0, index, value, x.size[dim], f"dimension {dim} ({op})")
-        point = list(vs)
-        point[dim] = b.symbol
-        return point, (b,)
+        def value(vs):
+            return Op("mul", (loaded(vs), scale), acc)
 
-    def value(vs):
-        v = cast(source.load(vs), acc)
-        if alpha == 1:
-            return v
-        return Op("mul", (v, Constant(float(alpha) if acc.is_floating_point else int(alpha), acc)), acc)
-
+    position = _position(ctx, x, dim, index, op, lambda vs: [vs[dim]] if index.ndim == 1 else [])
     return scatter_into(ctx, node, x, source.size, value, position, "add" if add else "store")
 
 
