@@ -139,8 +139,10 @@ def _inlined_indirect(consumer, node: Pointwise, bounds: dict):
 def _shape_refused(graph, node: Pointwise, memo: dict | None = None) -> list | None:
     """`node`'s consumers where every one is a Pointwise or Reduction node (no extern, no group) that
     cannot fuse with it for a reason of shape, else None. `memo`: see _tried."""
-    if memo is not None:
-        return _tried(memo, "shape_refused", lambda: _shape_refused(graph, node))
+    return _tried(memo, "shape_refused", lambda: _consumers_refused(graph, node))
+
+
+def _consumers_refused(graph, node: Pointwise) -> list | None:
     consumers = [graph.node(c) for c in graph.consumers(node.output.name)]
     if not consumers or any(not isinstance(c, (Pointwise, Reduction))
                             or can_fuse(graph, node, c).reason not in SHAPE_REASONS for c in consumers):
@@ -148,10 +150,12 @@ def _shape_refused(graph, node: Pointwise, memo: dict | None = None) -> list | N
     return consumers
 
 
-def _tried(memo: dict, key: str, compute):
-    """`compute()`, once per `memo`: the sweep gives each node one memo, for what its tries (cheap,
-    broadcast, input value, chain) ask alike — a try that fails leaves the graph as it was, and the first
-    that succeeds ends the node's turn, so the answers hold for every try of that turn."""
+def _tried(memo: dict | None, key: str, compute):
+    """`compute()`, once per `memo` (None: every time): the sweep gives each node one memo, for what its tries
+    (cheap, broadcast, input value, chain) ask alike — a try that fails leaves the graph as it was, and the
+    first that succeeds ends the node's turn, so the answers hold for every try of that turn."""
+    if memo is None:
+        return compute()
     if key not in memo:
         memo[key] = compute()
     return memo[key]
@@ -246,10 +250,7 @@ def _expanded(graph, node: Pointwise, inputs, blocked, max_loads: int, max_ops: 
     """`node` with its body expanded down to the graph's inputs (`_from_inputs`), or None where it cannot
     be or is not cheap after expanding. `memo`: see _tried (every caller passes the same inputs and
     blocked buffers)."""
-    if memo is not None:
-        body = _tried(memo, "from_inputs", lambda: _from_inputs(graph, node, inputs, blocked))
-    else:
-        body = _from_inputs(graph, node, inputs, blocked)
+    body = _tried(memo, "from_inputs", lambda: _from_inputs(graph, node, inputs, blocked))
     computed = attrs.evolve(node, body=body) if body is not None else None
     return computed if computed is not None and _cheap(computed, max_loads, max_ops) else None
 

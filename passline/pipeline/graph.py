@@ -648,16 +648,15 @@ def _check_node_once(node, buffers: dict) -> None:
             raise VerificationError(f"{node.reduction_type} writes {out.dtype}, not int64", node.name)
         var_ranges = dict(node.var_ranges)
         for ld in loads(node.body):
-            buf = buffers.get(ld.buffer)
-            key = (ld, buf, node.var_ranges)
+            key = (ld, buffers.get(ld.buffer), node.var_ranges)
             try:
                 if key in _VERIFIED:
                     continue
             except TypeError:  # an index built by hand that does not hash: checked, not remembered
-                _check_load(ld, buffers, var_ranges, node.name)
-                continue
+                key = None
             _check_load(ld, buffers, var_ranges, node.name)
-            _remember(key)
+            if key is not None:
+                _remember(key)
         for v in walk(node.body):
             if isinstance(v, IndexValue):
                 _check_indirect(v, v.expr, var_ranges, node.name)
