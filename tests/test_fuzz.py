@@ -242,6 +242,7 @@ def test_low_precision_parameter_gradients_are_judged_against_float64():
     is about as close to the same step in float64 as eager's: a gradient with dropped terms fails though
     eager's largest rounding error is large elsewhere, and one that eager overflows (inf) must be inf too."""
     import copy
+    import functools
 
     from passline.testing import _assert_module_matches, _float64_twin, loss_weights, train_step
 
@@ -249,7 +250,7 @@ def test_low_precision_parameter_gradients_are_judged_against_float64():
     lin = torch.nn.Linear(16, 4, bias=False).bfloat16()
     x = torch.randn(64, 16, dtype=torch.bfloat16)
     x[:, 0] *= 1000  # one large input feature: its column of dW is ~1000x the others, and so is eager's error
-    ours, twin = copy.deepcopy(lin), _float64_twin(lin, [x])
+    ours, twin = copy.deepcopy(lin), functools.partial(_float64_twin, copy.deepcopy(lin), [x])  # before a step
     w = loss_weights(train_step(lin, [x])[0])
     train_step(ours, [x], w)
     _assert_module_matches(ours, lin, True, True, twin, w)  # the same computation: passes
@@ -261,7 +262,7 @@ def test_low_precision_parameter_gradients_are_judged_against_float64():
     lin = torch.nn.Linear(4, 2, bias=False).half()
     x = torch.ones(64, 4, dtype=torch.float16)
     x[:, 0] = 3000.0  # eager's float16 dW overflows in that column
-    ours, twin, w = copy.deepcopy(lin), _float64_twin(lin, [x]), [torch.ones(64, 2)]
+    ours, twin, w = copy.deepcopy(lin), functools.partial(_float64_twin, copy.deepcopy(lin), [x]), [torch.ones(64, 2)]
     train_step(lin, [x], w)
     train_step(ours, [x], w)
     with torch.no_grad():

@@ -118,8 +118,7 @@ def assert_matches_eager(fn: Callable, inputs: Sequence, pipeline=None, codegen:
     ours_in, eager_in = _clone(inputs), _clone(inputs)
     # a module: a copy for each run, from the same state with no .grad (one module would accumulate both
     # runs' .grad, unchecked; the caller's keeps its own)
-    module = isinstance(fn, torch.nn.Module)
-    in_float64 = _float64_twin(fn, inputs) if module and train else None
+    module, given = isinstance(fn, torch.nn.Module), fn
     ours_fn, fn = (copy.deepcopy(fn), copy.deepcopy(fn)) if module else (fn, fn)
     compiled = torch.compile(ours_fn, backend=be, fullgraph=False)
     if train:
@@ -150,15 +149,14 @@ def assert_matches_eager(fn: Callable, inputs: Sequence, pipeline=None, codegen:
                     # backward's own output; that shows in the values above when its strides are wrong
                     assert_same_strides(a.grad, b.grad, f"grad of input {k}")
     if module:
+        in_float64 = (lambda: _float64_twin(given, inputs)) if train else None  # from the state both runs began in
         _assert_module_matches(ours_fn, fn, train, check_strides, in_float64, loss_weights(eager) if train else None)
     return be
 
 
 def _float64_twin(module: torch.nn.Module, inputs: Sequence):
-    """(the module in float64, its inputs in float64) where its parameters are bfloat16 or float16, else None:
-    the oracle a low-precision parameter gradient is judged against when it misses the tolerance."""
-    if not any(p.dtype in (torch.bfloat16, torch.float16) for p in module.parameters()):
-        return None
+    """(the module in float64, its inputs in float64): the oracle a low-precision parameter gradient is judged
+    against when it misses the tolerance."""
     twin = copy.deepcopy(module).double()
     return twin, [_same_layout(x).detach().double().requires_grad_(x.requires_grad)
                   if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs]
@@ -181,8 +179,8 @@ def _assert_module_matches(ours: torch.nn.Module, eager: torch.nn.Module, train:
         except AssertionError:
             if in_float64 is None or q.dtype not in (torch.bfloat16, torch.float16):
                 raise
-            if reference is None:  # the same step in float64, once
-                twin, args = in_float64
+            if reference is None:  # the same step in float64, once, only where it is needed
+                twin, args = in_float64()
                 train_step(twin, args, weights)
                 reference = {n: t.grad for n, t in twin.named_parameters()}
             # element by element: within the tolerance of the float64 value, widened by twice eager's own
