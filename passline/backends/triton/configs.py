@@ -244,16 +244,25 @@ def _stages(rows: int, rblock: int, row_bytes: float | None, rnumel: int | None,
     return _clamp(int(device.smem_bytes // max(1.0, rows * per_row)), 1, 4)
 
 
+def _per_element(row_bytes: float | None, rnumel: int | None) -> float:
+    """Bytes a mix-order kernel reads and writes an element of its rows (8 where unknown)."""
+    return row_bytes / rnumel if row_bytes and rnumel else 8.0
+
+
+def _mix_warps(elements: int, share: float, per_element: float) -> int:
+    """Warps for a block of `elements` where each thread takes `share` bytes of the kernel's traffic."""
+    threads = elements / max(1.0, share / per_element)
+    return _clamp(1 << max(0, round(math.log2(max(1.0, threads / 32)))), 1, 16)
+
+
+MIX_POINTWISE_SHARE = 96.0  # bytes of traffic a thread, a mix-order kernel with a pointwise row side (see rule)
+
+
 def _mix_block(rb: int, most_rows: int, row_bytes: float | None, rnumel: int | None, row_sums: bool) -> tuple:
     """Rows per block and warps of a mix-order kernel's two-dimensional form (see `rule`)."""
-    per_element = row_bytes / rnumel if row_bytes and rnumel else 8.0  # bytes read and written an element
-
-    def warps(elements: int, share: float) -> int:  # a thread's share of the traffic, in bytes
-        threads = elements / max(1.0, share / per_element)
-        return _clamp(1 << max(0, round(math.log2(max(1.0, threads / 32)))), 1, 16)
-
+    per_element = _per_element(row_bytes, rnumel)
     if not row_sums:  # a pointwise row side: two rows a block
-        return 2, warps(2 * rb, 96.0)
+        return 2, _mix_warps(2 * rb, MIX_POINTWISE_SHARE, per_element)
     if rb <= 128:  # narrow rows: one warp
         rows = 32 * max(1.0, 48.0 / per_element) / rb
         return _clamp(1 << max(0, round(math.log2(max(1.0, rows)))), 2, most_rows), 1
@@ -261,7 +270,7 @@ def _mix_block(rb: int, most_rows: int, row_bytes: float | None, rnumel: int | N
     elements = xb * rb
     if elements > 2048:
         return xb, 16 if elements >= 8192 else 8
-    return xb, warps(elements, 192.0)
+    return xb, _mix_warps(elements, 192.0, per_element)
 
 
 def rule(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, device: Device,

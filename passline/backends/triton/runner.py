@@ -211,17 +211,23 @@ class Kernel:
             return self._remembered(digest(self.key, xnumel, rnumel, _device_name()),
                                     lambda: self._fastest(cands, args, xnumel, rnumel, stream))
         cands = self.uncertain(xnumel, rnumel, args)
-        if not cands:
-            return self._rule(xnumel, rnumel, args)
+        best = self._timed_choice(xnumel, rnumel, lambda: self._fastest(cands, args, xnumel, rnumel, stream)) \
+            if cands else None
+        return best if best is not None else self._rule(xnumel, rnumel, args)
 
-        def timed():  # where no rule holds (configs.uncertain): the few candidates timed, even by default
+    def _timed_choice(self, xnumel: int, rnumel: int | None, pick) -> Config | None:
+        """Where no rule holds (configs.uncertain): `pick()`, the fastest of the few candidates timed even by
+        default, stored on disk under `_uncertain_key` (or the choice stored there by an earlier process);
+        None where the timing failed (no memory for the copy): the caller then takes the rule, as with
+        autotuning off before, and nothing is stored."""
+        def timed():
             self.counters["kernel_choices_timed"] += 1
-            return self._fastest(cands, args, xnumel, rnumel, stream)
+            return pick()
         try:
             best = self._remembered(self._uncertain_key(xnumel, rnumel), timed)
-        except Exception as e:  # noqa: BLE001 - timing that fails (no memory for the copy) leaves the rule,
-            self.info.timings["timing failed"] = repr(e)[:80]  # as autotuning off did, and stores nothing
-            return self._rule(xnumel, rnumel, args)
+        except Exception as e:  # noqa: BLE001 - the user's call never fails for a timing
+            self.info.timings["timing failed"] = repr(e)[:80]
+            return None
         self.timed.add(best)
         return best
 
@@ -528,17 +534,23 @@ class MixKernel(Kernel):
         except Exception:  # noqa: BLE001 - a Triton without warmup: the IR's split
             return None
 
-    def _pick_split(self, args, xnumel, rnumel, stream, after) -> Config:
-        """Each configuration timed at one whole wave of its programs, the leaders again at the IR's split
-        and two to four whole waves; the finishing kernel is timed after each."""
+    def _at_one_wave(self, cands, args, xnumel, rnumel, stream, after) -> tuple[list, dict]:
+        """Each of `cands` (at the IR's split) timed at one whole wave of its programs, the finishing kernel
+        after each (`after`): ([(seconds, placed configuration)] fastest first, {configuration with its split
+        left out: its whole-wave splits})."""
         waves: dict = {}  # configuration (split left out) -> its whole-wave splits
 
         def one_wave(c, compiled):
-            waves[c.with_split(0)] = self.waves(xnumel, compiled, c.warps)
-            return c.with_split((waves[c.with_split(0)] or [self.split])[0])
+            splits = waves[c.with_split(0)] = self.waves(xnumel, compiled, c.warps)
+            return c.with_split((splits or [self.split])[0])
 
+        return self._time(cands, args, xnumel, rnumel, stream, after, one_wave), waves
+
+    def _pick_split(self, args, xnumel, rnumel, stream, after) -> Config:
+        """Each configuration timed at one whole wave of its programs, the leaders again at the IR's split
+        and two to four whole waves; the finishing kernel is timed after each."""
         cands = candidates(self.splits, xnumel, rnumel, self.interpret, self.only)
-        first = self._time(cands, args, xnumel, rnumel, stream, after, one_wave)
+        first, waves = self._at_one_wave(cands, args, xnumel, rnumel, stream, after)
         leaders = self._leaders(first)
         timed = [(t, c) for t, c in first if c in leaders]  # each leader's one-wave time is kept
         for c0 in leaders:
