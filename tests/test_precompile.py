@@ -212,8 +212,8 @@ def _first_call_plan(monkeypatch, tmp_path, fn, inputs, backward=True, calls=1, 
     return planned, launched, be.reports
 
 
-CASES = {
-    "layer_norm": (lambda: torch.nn.LayerNorm(48), lambda: [torch.randn(20000, 48, requires_grad=True)]),
+CASES = {  # (the mix-order kernel by rule: at 20000 rows, rows of at most 128 are timed, configs.uncertain)
+    "layer_norm": (lambda: torch.nn.LayerNorm(200), lambda: [torch.randn(20000, 200, requires_grad=True)]),
     "softmax": (lambda: torch.nn.Softmax(-1), lambda: [torch.randn(64, 300, requires_grad=True)]),
     "gelu_mlp": (lambda: torch.nn.Sequential(torch.nn.Linear(32, 128), torch.nn.GELU(), torch.nn.Linear(128, 32)),
                  lambda: [torch.randn(16, 32, requires_grad=True)]),
@@ -382,6 +382,97 @@ def test_rows_no_rule_decides_are_timed_once_then_remembered(tmp_path, monkeypat
     assert not timed and planned and not any(p.kernel.uncertain(200, 8000) for p in planned)
 
 
+def _gelu_bias(h, b):
+    return torch.nn.functional.gelu(h + b)
+
+
+def _rms_norm_bf16():
+    from modules import RMSNorm
+
+    return RMSNorm(64).to(torch.bfloat16)
+
+
+# tall mix-order kernels no rule decides (configs.uncertain's mix band), bfloat16: the module, its inputs'
+# (rows, width) and bias, the (rows a block, warps) the stand-in timing makes fastest
+MIX_BAND = {
+    "rms_norm_backward": (_rms_norm_bf16, (20000, 64), False, (8, 1)),
+    "bias_gradient": (lambda: _gelu_bias, (20000, 384), True, (1, 1)),
+}
+
+
+@pytest.mark.parametrize("case", list(MIX_BAND))
+def test_tall_mix_order_kernels_are_timed_at_one_wave_once_then_remembered(tmp_path, monkeypatch, case):
+    """A tall mix-order kernel no rule decides (configs.uncertain: narrow rows reduced, a bias gradient's
+    rows of 257-1024), autotuning off: every candidate is built ahead at the IR's split, placed at one whole
+    wave from that binary's registers and built there, with the finishing kernel for each; the first launch
+    times each placed candidate followed by the finishing kernel, compiling nothing, and keeps the fastest;
+    a later process builds only the stored choice and times nothing. Fewer rows keep the rule, and so do a
+    kernel that writes a graph input and one whose split the pipeline fixed."""
+    from passline.backends.triton import runner as prunner
+    from passline.backends.triton.runner import MixKernel
+
+    make, (rows, width), bias, fast = MIX_BAND[case]
+
+    def cfg_of(key):
+        return key[0] if isinstance(key, tuple) else key
+
+    timed = []
+
+    def bench(self, c, args, xnumel, rnumel, stream, after=None, rep=20):  # launches as do_bench's would
+        src = next(iter(self.info.variants.values()))
+        ws = [a for (kind, name), a in zip(src.args, args) if kind == "buffer" and name.endswith("_ws")]
+        assert ws and all(a.shape[0] >= -(-xnumel // c.split) for a in ws)  # a workspace row a program
+        self.launch(c, stream, args, xnumel, rnumel)
+        after(c)
+        timed.append(c)
+        return 0.1 if (c.xblock, c.warps) == fast else 0.3
+    monkeypatch.setattr(prunner.Kernel, "_bench", bench)
+
+    def inputs(n):
+        x = torch.randn(n, width, dtype=torch.bfloat16, requires_grad=True)
+        return [x, torch.randn(width, dtype=torch.bfloat16, requires_grad=True)] if bias else [x]
+
+    planned, launched, reports = _first_call_plan(monkeypatch, tmp_path, make(), inputs(rows))
+    (k,) = [k for r in reports for k in _kernels(r.runner) if isinstance(k, MixKernel)]
+    cands = k.uncertain(rows, width)
+    assert 3 <= len(cands) <= 4 and cands[0] == k._rule(rows, width) and all(c.split == k.split for c in cands)
+    (fast_cfg,) = [c for c in cands if (c.xblock, c.warps) == fast]
+    # built ahead: each candidate at the IR's split and placed at one whole wave (the stand-in's 255
+    # registers a thread leave a few programs an SM), the finishing kernel for each placed candidate
+    placed = {c: k.placements[rows, c] for c in cands}
+    assert set(k.placements) == {(rows, c) for c in cands} and all(p.split != k.split for p in placed.values())
+    assert {cfg_of(p.key) for p in planned if p.kernel is k} == set(cands) | set(placed.values())
+    programs = {-(-rows // c.split) for c in placed.values()}  # the finishing kernel's rows (its rnumel)
+    assert {p.job.args[-1] for p in planned if p.kernel.info.kind == "mix_finish"} == programs
+    # timed: every candidate, at its one-wave split, the finishing kernel after each; the fastest kept
+    assert set(timed) == set(placed.values())
+    chosen = k.choices[k.bucket(rows, width)]
+    assert chosen == placed[fast_cfg] and k.info.chosen == "mix_order_acc2d" and chosen in k.timed
+    assert [cfg_of(key) for kk, key, *_ in launched if kk is k][-1] == chosen  # the call ran the choice
+    assert sum(r.metrics.counters["kernel_choices_timed"] for r in reports) == 1
+    assert all(r.metrics.counters["kernels_compiled_at_launch"] == 0 for r in reports)  # finishes included
+    assert k.saved_choice(rows, width) == chosen
+    # a graph input written, or a split the pipeline fixed: the rule
+    k.mutates = True
+    assert k.uncertain(rows, width) == []
+    k.mutates, k.tune_split = False, False
+    assert k.uncertain(rows, width) == []
+
+    timed.clear()  # a second process: the stored choice, built alone, nothing timed
+    planned, launched, reports = _first_call_plan(monkeypatch, tmp_path, make(), inputs(rows))
+    (k,) = [k for r in reports for k in _kernels(r.runner) if isinstance(k, MixKernel)]
+    assert not timed and {cfg_of(p.key) for p in planned if p.kernel is k} == {chosen}
+    assert [cfg_of(key) for kk, key, *_ in launched if kk is k] == [chosen]
+    assert sum(r.metrics.counters["kernel_choices_timed"] for r in reports) == 0
+    assert all(r.metrics.counters["kernels_compiled_at_launch"] == 0 for r in reports)
+
+    # fewer rows than 64 an SM: the rule's block, placed, nothing timed
+    planned, launched, reports = _first_call_plan(monkeypatch, tmp_path, make(), inputs(4000))
+    (k,) = [k for r in reports for k in _kernels(r.runner) if isinstance(k, MixKernel)]
+    assert not timed and not k.uncertain(4000, width) and not k.placements
+    assert {cfg_of(p.key).with_split(0) for p in planned if p.kernel is k} == {k._rule(4000, width).with_split(0)}
+
+
 def test_timing_launches_run_on_a_copy_of_storage_written_in_place():
     """A kernel may write an output over a buffer it reads (wrapper.alloc): its timing launches, which run
     before the call's own, get a private copy of that storage (same offsets, sizes and strides, still
@@ -421,3 +512,24 @@ def test_a_timing_that_fails_leaves_the_rule_and_stores_nothing(tmp_path, monkey
     for k in band:
         assert k.choices[k.bucket(200, 12345)] == k._rule(200, 12345) and "timing failed" in k.info.timings
         assert k.saved_choice(200, 12345) is None
+
+
+def test_a_mix_order_timing_that_fails_leaves_the_rule_placed(tmp_path, monkeypatch):
+    """... a tall mix-order kernel's too: the rule's block at the one-wave split its binary gives (placed
+    ahead), and nothing stored."""
+    from passline.backends.triton import runner as prunner
+    from passline.backends.triton.runner import MixKernel
+
+    def bench(self, c, *args, **kwargs):
+        raise torch.cuda.OutOfMemoryError("no memory to time")
+    monkeypatch.setattr(prunner.Kernel, "_bench", bench)
+    make, (rows, width), _, _ = MIX_BAND["rms_norm_backward"]
+    x = torch.randn(rows, width, dtype=torch.bfloat16, requires_grad=True)
+    _, launched, reports = _first_call_plan(monkeypatch, tmp_path, make(), [x])
+    (k,) = [k for r in reports for k in _kernels(r.runner) if isinstance(k, MixKernel)]
+    rule = k._rule(rows, width)
+    assert k.uncertain(rows, width) and "timing failed" in k.info.timings and k.saved_choice(rows, width) is None
+    placed = k.choices[k.bucket(rows, width)]
+    assert placed == k.placements[rows, rule] and placed.split != k.split
+    assert [key for kk, key, *_ in launched if kk is k][-1] == placed
+    assert all(r.metrics.counters["kernels_compiled_at_launch"] == 0 for r in reports)

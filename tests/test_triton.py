@@ -531,6 +531,46 @@ def test_configuration_rules_follow_from_sizes_and_device():
     assert rule(red, 576000, 384, False, gpu, only="looped").variant == Variant.LOOPED
 
 
+def test_tall_mix_order_kernels_no_rule_decides_are_timed():
+    """configs.uncertain's mix-order band: tall mix-order kernels (rows >= 64 x SMs) whose rows are reduced
+    and at most 128 wide, or pointwise (a bias gradient) and 257-1024 wide, time the rule's block against a
+    few others at the first launch; other shapes, the one-row form and the interpreter keep the rule."""
+    from passline.backends.triton.configs import MIX_BAND_ROWS_PER_SM, Device, Variant, rule, uncertain
+
+    gpu = Device(sms=132)
+    mix = {Variant.MIX_ORDER: 128, Variant.MIX_ORDER_ACC2D: 128}
+
+    def band(rows, width, row_bytes, row_sums, interpret=False, device=gpu, variants=mix):
+        base = rule(variants, rows, width, interpret, device, row_bytes=row_bytes, row_sums=row_sums)
+        out = uncertain(variants, rows, width, interpret, device, base=base, row_bytes=row_bytes, row_sums=row_sums)
+        assert not out or out[0] == base  # the rule's own block first
+        return [(c.variant, c.xblock, c.warps, c.stages, c.split) for c in out]
+
+    acc2d = Variant.MIX_ORDER_ACC2D
+    # RMSNorm backward, bfloat16 (6 bytes an element): the rule's 4 rows on 1 warp, 8 on 1 and 2, and 2
+    assert band(1 << 21, 64, 64 * 6, True) == [(acc2d, 4, 1, 4, 128), (acc2d, 8, 1, 4, 128), (acc2d, 8, 2, 4, 128),
+                                               (acc2d, 2, 1, 4, 128)]
+    # ... float32 (12 bytes): the rule's 2 rows, 4 on 1 and 2 warps (never fewer than 2 rows)
+    assert band(1 << 20, 64, 64 * 12, True) == [(acc2d, 2, 1, 4, 128), (acc2d, 4, 1, 4, 128), (acc2d, 4, 2, 4, 128)]
+    # a bias gradient (pointwise row side) 384 wide, bfloat16: the rule's 2 rows on 2 warps, 1 on 1, 4 on 4
+    assert band(349525, 384, 384 * 6, False) == [(acc2d, 2, 2, 4, 128), (acc2d, 1, 1, 4, 128), (acc2d, 4, 4, 4, 128)]
+    # rows per block within the split: at a split of 4 the reduced band cannot double its 4 rows
+    assert band(1 << 21, 64, 64 * 6, True, variants={Variant.MIX_ORDER: 4, acc2d: 4}) == [
+        (acc2d, 4, 1, 4, 4), (acc2d, 2, 1, 4, 4)]
+    # from 64 rows an SM on
+    rows = MIX_BAND_ROWS_PER_SM * gpu.sms
+    assert len(band(rows, 64, 64 * 6, True)) == 4 and band(rows - 1, 64, 64 * 6, True) == []
+    assert band(rows - 1, 64, 64 * 6, True, device=Device(sms=100)) != []
+    # the rule decides: the interpreter; rows reduced wider than 128; a bias gradient of 128 or fewer columns
+    # (the one-row form) or wider than 1024; one form only (no two-dimensional accumulator)
+    assert band(1 << 21, 64, 64 * 6, True, interpret=True) == []
+    assert band(576000, 384, 384 * 6, True) == [] and band(1 << 21, 256, 256 * 6, True) == []
+    assert band(1 << 21, 128, 128 * 6, False) == [] and band(1 << 20, 2048, 2048 * 6, False) == []
+    assert band(1 << 21, 64, 64 * 6, True, variants={Variant.MIX_ORDER: 128}) == []
+    # without the rule's configuration, nothing to time around
+    assert uncertain(mix, 1 << 21, 64, False, gpu, row_bytes=64 * 6, row_sums=True) == []
+
+
 def test_persistent_rows_take_32_elements_a_thread_and_few_rows_more_warps():
     # hand facts of configs.rule on a 132-SM GPU for rows held in registers and rows that loop
     from passline.backends.triton.configs import Device, Variant, rule

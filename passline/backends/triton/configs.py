@@ -25,6 +25,7 @@ INTERP_PERSISTENT_MAX = 1 << 16
 INTERP_BLOCK = 1 << 17  # interpreter cost grows with programs x ops: few, large programs
 COLUMN_THREAD_BYTES = 64  # bytes a thread loads a step of a column sum's row loop (see rule)
 MIX_STAGES = (3, 4)  # pipelined row loops timed on a GPU (1: not pipelined, the baseline)
+MIX_BAND_ROWS_PER_SM = 64  # a mix-order kernel with at least this many rows an SM may be timed (uncertain)
 
 
 @attrs.frozen
@@ -160,7 +161,8 @@ def mix_candidates(form: Variant, rb: int, split: int, interpret: bool) -> list:
 
 # -- where no rule holds: a few configurations timed at the first call, even by default ----------------
 def uncertain(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, device: Device,
-              rows_contiguous: bool = True, only: str | None = None, base: Config | None = None) -> list:
+              rows_contiguous: bool = True, only: str | None = None, base: Config | None = None,
+              row_bytes: float | None = None, row_sums: bool = False) -> list:
     """The configurations to time at the first launch where the rule cannot decide, else [].
 
     Rows 8193 to 16384 wide (a persistent block of 16384) with at least a row per SM: the largest
@@ -200,11 +202,35 @@ def uncertain(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, 
     | LayerNorm forward | bfloat16 | 2237 × 30000 | **88** | 96* | 102 | 123 |
     | softmax forward | float32 | 1024 × 65536 | **166** | 169 | 192* | 200 |
 
-    Narrower or fewer rows, strided rows and the interpreter keep the rule."""
+    Narrower or fewer rows, strided rows and the interpreter keep the rule.
+
+    Mix-order kernels (`_mix_band`, the rule's two-dimensional form `base`, `row_bytes` and `row_sums` as
+    the rule had them) over at least MIX_BAND_ROWS_PER_SM rows an SM (the tall, memory-bound shapes):
+    where the row side reduces its rows and they are at most 128 wide, the rule's block (48 bytes of the
+    kernel's traffic a thread, one warp) against twice its rows on one warp and on two (48 bytes a thread
+    again), and half its rows (two at least); where the row side is pointwise (a bias gradient) and its
+    rows 257 to 1024 wide, the rule's two rows against one and four, on the warps the rule's 96 bytes a
+    thread give them. Each is timed at one whole wave of programs with the finishing kernel after it
+    (runner.MixKernel). On an H200 two such points stayed slower than Inductor by rule and were at about
+    Inductor's time autotuned (docs/benchmarks.md):
+
+    | kernel (backward) | dtype | rows × width | the rule | by rule | autotuned |
+    |---|---|---|---|---|---|
+    | RMSNorm | bfloat16 | 2097152 × 64 | 4 rows, 1 warp | 1.17× Inductor | ~1.0× (8 rows a block) |
+    | GELU epilogue (bias gradient) | bfloat16 | 349525 × 384 | 2 rows, 2 warps | 1.07× | 0.99× (block not recorded) |
+
+    LayerNorm's backward at 2097152 × 64, whose kernel the rule sees alike (the same width, bytes an
+    element and row sums), was at autotuning's time by rule (243-285 µs; the rule before, 456): no quantity
+    the rule sees separates the two, so both are timed. Which of the band's candidates wins, and by how
+    much, was not yet timed on a GPU by the change that added the band."""
     if interpret or rnumel is None or not rows_contiguous or xnumel < device.sms:
         return []
     kinds = [v for v in variants if only not in variants or v == only]
     rb = pow2(rnumel)
+    if any(v in MIX_FORMS for v in kinds):
+        if base is None or xnumel < MIX_BAND_ROWS_PER_SM * device.sms:
+            return []
+        return _mix_band(base, rb, row_bytes, rnumel, row_sums, device)
     if set(kinds) == {Variant.PERSISTENT, Variant.LOOPED} and rb == GPU_PERSISTENT_MAX:
         return [Config(Variant.PERSISTENT, 1, rb, 8), Config(Variant.PERSISTENT, 1, rb, 32),
                 Config(Variant.LOOPED, 1, 2048, 16), Config(Variant.LOOPED, 1, 1024, 8)]
@@ -212,6 +238,31 @@ def uncertain(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, 
         wide = [Config(Variant.LOOPED, 1, chunk, MAX_WARPS) for chunk in (16384, 8192, 4096)]
         return ([base] if base is not None and base not in wide else []) + wide
     return []
+
+
+def _mix_band(base: Config, rb: int, row_bytes: float | None, rnumel: int | None, row_sums: bool,
+              device: Device) -> list:
+    """A tall mix-order kernel's configurations to time (see `uncertain`), the rule's `base` first; []
+    where the rule decides: the one-row form, rows wider than the band's, or nothing else fits the split."""
+    if base.variant != Variant.MIX_ORDER_ACC2D:
+        return []
+    per_element = _per_element(row_bytes, rnumel)
+    if row_sums and rb <= 128:  # narrow rows, reduced: one warp (the rule's), and two for twice the rows
+        xb = base.xblock
+        blocks = [(2 * xb, base.warps), (2 * xb, 2 * base.warps), (xb // 2, base.warps)]
+        fewest = 2
+    elif not row_sums and 256 < rb <= 1024:  # a pointwise row side: 96 bytes of traffic a thread
+        blocks = [(xb, _mix_warps(xb * rb, MIX_POINTWISE_SHARE, per_element)) for xb in (1, 4)]
+        fewest = 1
+    else:
+        return []
+    out = [base]
+    for xb, warps in blocks:
+        if fewest <= xb <= pow2(base.split) and xb * rb <= 8192:
+            c = Config(Variant.MIX_ORDER_ACC2D, xb, rb, warps, _stages(xb, rb, row_bytes, rnumel, device), base.split)
+            if c not in out:
+                out.append(c)
+    return out if len(out) > 1 else []
 
 
 # -- the rule (the default: nothing timed) -----------------------------------------------------------

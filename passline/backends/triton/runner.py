@@ -238,7 +238,7 @@ class Kernel:
         if self.autotune or self.mutates:
             return []
         return uncertain(self.splits, xnumel, rnumel, self.interpret, self.device, self.rows_contiguous, self.only,
-                         self._rule(xnumel, rnumel, args))
+                         self._rule(xnumel, rnumel, args), self._row_bytes(xnumel, rnumel, args), self.row_sums)
 
     def _uncertain_key(self, xnumel: int, rnumel: int | None) -> str:
         return digest(self.key, xnumel, rnumel, _device_name(), "uncertain")
@@ -481,6 +481,9 @@ class MixKernel(Kernel):
     def __init__(self, *a, split: int, tune_split: bool, **kw):
         super().__init__(*a, **kw)
         self.split, self.tune_split = split, tune_split
+        # (rows, configuration at the IR's split) -> the same placed at one whole wave, where the precompile
+        # plan (TritonRunner._first_launches) compiled it: its launch then compiles nothing to place from
+        self.placements: dict = {}
 
     def _floor(self, xnumel: int) -> int:
         """The smallest split tried: at most MAX_PROGRAMS_PER_SM programs per SM, never under 16 rows
@@ -504,22 +507,49 @@ class MixKernel(Kernel):
     def _tuned(self) -> bool:
         return not self.interpret and self.tune_split
 
+    def uncertain(self, xnumel: int, rnumel: int | None, args=None) -> list:
+        """`Kernel.uncertain`'s configurations (configs.uncertain's mix-order band), where the split is this
+        kernel's to choose: they are timed at one whole wave each (`_choose`). A split the pipeline fixed,
+        and the interpreter, keep the rule."""
+        return super().uncertain(xnumel, rnumel, args) if self._tuned() else []
+
     def _choose(self, args, xnumel, rnumel, stream, after=None) -> Config:
         if not self._tuned() or args is None:
             return super()._choose(args, xnumel, rnumel, stream)
         if self.autotune and not self.mutates:
             ckey = digest(self.key, xnumel, rnumel, _device_name(), "split")
             return self._remembered(ckey, lambda: self._pick_split(args, xnumel, rnumel, stream, after))
+        cands = self.uncertain(xnumel, rnumel, args)
+        if cands:  # where no rule holds (configs.uncertain): each timed at one whole wave, the finish after it
+            best = self._timed_choice(xnumel, rnumel, lambda: self._fastest_wave(cands, args, xnumel, rnumel, stream,
+                                                                                  after))
+            if best is not None:
+                return best
         # by rule: one whole wave, from what the compiled kernel takes (compiled now, not launched)
-        cfg = self._rule(xnumel, rnumel, args)
-        return self.placed(cfg, self._compile_only(cfg, args, xnumel, rnumel), xnumel)
+        return self._place(self._rule(xnumel, rnumel, args), None, args, xnumel, rnumel)
 
     def placed(self, cfg: Config, compiled, xnumel: int) -> Config:
-        """The rule's configuration `cfg` with its split: one whole wave of programs, from `cfg` compiled at
-        the IR's split (its registers, shared memory); the IR's split where it could not be compiled. What
-        the first launch chooses by rule, and what TritonRunner._first_launches chooses ahead of it."""
+        """The configuration `cfg` (the rule's, or one of configs.uncertain's band) with its split: one whole
+        wave of programs, from `cfg` compiled at the IR's split (its registers, shared memory); the IR's split
+        where it could not be compiled. What the first launch chooses by rule, or times, and what
+        TritonRunner._first_launches chooses ahead of it."""
         waves = self.waves(xnumel, compiled, cfg.warps) if compiled is not None else []
         return cfg.with_split(waves[0] if waves else self.split)
+
+    def _wave_splits(self, cfg: Config, compiled, args, xnumel: int, rnumel: int) -> list[int]:
+        """`waves` of `cfg` (at the IR's split): from `compiled` where its launch compiled it, else the split
+        the precompile plan placed it at (`placements`: its binary was built ahead), else from `cfg` compiled
+        now; [] where it could not be compiled."""
+        if compiled is None:
+            found = self.placements.get((xnumel, cfg))
+            if found is not None:
+                return [found.split]
+            compiled = self._compile_only(cfg, args, xnumel, rnumel)
+        return self.waves(xnumel, compiled, cfg.warps) if compiled is not None else []
+
+    def _place(self, cfg: Config, compiled, args, xnumel: int, rnumel: int) -> Config:
+        """`cfg` at its first whole-wave split (`_wave_splits`), or at the IR's split (as `placed`)."""
+        return cfg.with_split((self._wave_splits(cfg, compiled, args, xnumel, rnumel) or [self.split])[0])
 
     def _compile_only(self, cfg: Config, args, xnumel: int, rnumel: int):
         """`cfg` compiled for these arguments without a launch (the launch that follows finds it in
@@ -537,14 +567,23 @@ class MixKernel(Kernel):
     def _at_one_wave(self, cands, args, xnumel, rnumel, stream, after) -> tuple[list, dict]:
         """Each of `cands` (at the IR's split) timed at one whole wave of its programs, the finishing kernel
         after each (`after`): ([(seconds, placed configuration)] fastest first, {configuration with its split
-        left out: its whole-wave splits})."""
+        left out: its whole-wave splits}). A candidate whose binary was built ahead is placed as the
+        precompile plan placed it (`placements`: its launch compiles nothing to place from)."""
         waves: dict = {}  # configuration (split left out) -> its whole-wave splits
 
         def one_wave(c, compiled):
-            splits = waves[c.with_split(0)] = self.waves(xnumel, compiled, c.warps)
+            splits = waves[c.with_split(0)] = self._wave_splits(c, compiled, args, xnumel, rnumel)
             return c.with_split((splits or [self.split])[0])
 
         return self._time(cands, args, xnumel, rnumel, stream, after, one_wave), waves
+
+    def _fastest_wave(self, cands, args, xnumel, rnumel, stream, after) -> Config:
+        """The fastest of `cands` (configs.uncertain's mix-order band), each at one whole wave with the
+        finishing kernel after it, the leaders timed again as `Kernel._fastest` does; on a private copy of
+        any storage the main kernel writes in place (`_private`: the workspaces are its own)."""
+        args = _private(args)
+        first, _ = self._at_one_wave(cands, args, xnumel, rnumel, stream, after)
+        return self._best(self._leaders(first), args, xnumel, rnumel, stream, after)
 
     def _pick_split(self, args, xnumel, rnumel, stream, after) -> Config:
         """Each configuration timed at one whole wave of its programs, the leaders again at the IR's split
@@ -604,7 +643,9 @@ class MixStep:
         main.wide, finish.wide = wide, wide_finish
         cfg = main.cached(rows, cols)
         if cfg is None:
-            timing = main.autotune and main._tuned() and not main.mutates
+            # workspaces to time on (autotuning, or configs.uncertain's band): one row a program at the
+            # smallest split tried; else one row, to compile on
+            timing = main._tuned() and not main.mutates and (main.autotune or bool(main.uncertain(rows, cols, margs)))
             ws = self._alloc(empty, main.workspace_rows(rows) if timing else 1, cols)
             f = self._with(fargs, self.finish_slots, ws)
 
@@ -716,7 +757,9 @@ class TritonRunner:
         configuration whose binary spills is replaced here as `Kernel._unspill` would after its first
         launch, so the first launch already takes the roomier one. Where the rule cannot decide
         (`configs.uncertain`), every configuration the first launch times is built, or only the choice an
-        earlier process stored. Steps whose sizes are symbolic, or
+        earlier process stored; a mix-order kernel's are built at the IR's split, placed from those
+        binaries and built placed, with the finishing kernel each placement needs (`_plan_timed_mix`).
+        Steps whose sizes are symbolic, or
         that run on the reference backend, are left to their launch. `each(planned)` builds several
         binaries of one kernel (the timed candidates), side by side where the caller can; by default one
         after another."""
@@ -749,6 +792,11 @@ class TritonRunner:
             if sizes is None:
                 return
             rows, cols = sizes
+            fin_src = next(iter(k_fin.info.variants.values()))
+            cands = k_main.uncertain(rows, cols)
+            if cands:  # timed at the first launch (MixKernel._choose), or the stored choice alone
+                self._plan_timed_mix(k_main, main, k_fin, fin_src, workspaces, cands, rows, cols, build, each)
+                return
             if k_main._tuned():  # as MixKernel._choose: the split from the binary at the IR's split
                 cfg = k_main._rule(rows, cols)
                 compiled = build(self._planned(k_main, main, cfg, rows, cols, workspaces))
@@ -760,7 +808,32 @@ class TritonRunner:
                 cfg = k_main.config(rows, cols)
             build(self._planned(k_main, main, cfg, rows, cols, workspaces))
             n = MixStep.programs(rows, cfg)
-            fin_src = next(iter(k_fin.info.variants.values()))
+            build(self._planned(k_fin, fin_src, k_fin.config(cols, n), cols, n, workspaces))
+
+    def _plan_timed_mix(self, k_main, main, k_fin, fin_src, workspaces, cands, rows, cols, build, each) -> None:
+        """`_first_launches` of a mix-order step whose main kernel times `cands` at its first launch
+        (configs.uncertain's band): each candidate built at the IR's split (side by side), placed at one
+        whole wave from that binary as the timing places it (recorded in `placements`, so the timing
+        compiles nothing to place from), built placed, and the finishing kernel built for each placed
+        candidate's programs (the timing runs it after each); or, where an earlier process stored its
+        choice, that choice (placed already) and its finishing kernel alone."""
+        saved = k_main.saved_choice(rows, cols)
+        if saved is not None:
+            k_main.choices[k_main.bucket(rows, cols)] = saved
+            k_main.timed.add(saved)
+            placed = [saved]
+            build(self._planned(k_main, main, saved, rows, cols, workspaces))
+        else:
+            compiled = each([self._planned(k_main, main, c, rows, cols, workspaces) for c in cands])
+            placed = [k_main.placed(c, comp, rows) for c, comp in zip(cands, compiled)]
+            for c, comp, p in zip(cands, compiled, placed):
+                if comp is not None:  # compiled: the timing places it here (a listing leaves it to the launch)
+                    k_main.placements[rows, c] = p
+            placed = list(dict.fromkeys(placed))
+            moved = [p for p in placed if p not in cands]  # those placed off the IR's split
+            if moved:
+                each([self._planned(k_main, main, p, rows, cols, workspaces) for p in moved])
+        for n in dict.fromkeys(MixStep.programs(rows, p) for p in placed):
             build(self._planned(k_fin, fin_src, k_fin.config(cols, n), cols, n, workspaces))
 
     def _planned(self, k: Kernel, src, cfg: Config, xnumel: int, rnumel: int | None, workspaces=None):
