@@ -5,14 +5,18 @@
     TRITON_INTERPRET=1 python benchmarks/choices.py --smoke --device cpu     # a quick check that it runs
 
 Per shape, in one process: aten's mm called directly; Inductor's default `torch.compile` of the same
-function; passline's compile, whose chooser times aten and decompose-K's versions at the first call (each
-candidate compiled by passline) and keeps the fastest. Results are checked against a float64 product first
-(a relative error within max(the dtype's floor, 4 x aten's own)). On a GPU times are
-triton.testing.do_bench medians; on the CPU one timed call (only a check that the path runs), and passline
-runs twice there: as chosen (the rule: aten) and with decompose_k forced.
+function; passline's compile, whose chooser times aten, decompose-K's versions and split-K's (decompose-K
+in one kernel, 16-bit dtypes) at the first call (each candidate compiled by passline) and keeps the
+fastest. Results are checked against a float64 product first (a relative error within max(the dtype's
+floor, 4 x aten's own)). On a GPU times are triton.testing.do_bench medians; on the CPU one timed call
+(only a check that the path runs), and passline runs three times there: as chosen (the rule: aten), with
+decompose_k forced and with split_k forced.
 
-Columns: ms of each; what passline chose and how; passline's speed-up over aten and over Inductor (> 1:
-passline faster); and the fastest decompose-K version its chooser timed, next to its timing of aten.
+Columns: ms of each (do_bench of the call); what passline chose and how; passline's speed-up over aten and
+over Inductor (> 1: passline faster); the same three by GPU time alone (`*_gpu_ms`: replays of a CUDA graph
+of ten calls, as the chooser times candidates — at these sizes a call's host work, 10-100 µs, is larger
+than its GPU work and do_bench of a call measures the host), and their speed-ups; and the fastest
+decompose-K and split-K versions its chooser timed, next to its timing of aten.
 `--csv PATH` also writes the rows. Choices are cached in `--cache-dir` (default: a fresh directory, so
 every shape is timed in this run).
 """
@@ -32,10 +36,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_common, also w
 from bench_common import TOLERANCE, bench, rel_err  # noqa: E402
 
 import passline  # noqa: E402
+from passline.backends.choosing import gpu_ms  # noqa: E402
 
 COLUMNS = ["dtype", "m", "n", "k", "aten_ms", "inductor_ms", "passline_ms", "chosen", "how",
-           "speedup_vs_aten", "speedup_vs_inductor", "timed_aten_ms", "timed_best_dk", "timed_best_dk_ms",
-           "rel_err", "check"]
+           "speedup_vs_aten", "speedup_vs_inductor", "aten_gpu_ms", "inductor_gpu_ms", "passline_gpu_ms",
+           "gpu_speedup_vs_aten", "gpu_speedup_vs_inductor", "timed_aten_ms", "timed_best_dk", "timed_best_dk_ms",
+           "timed_best_sk", "timed_best_sk_ms", "rel_err", "check"]
+WIDE = ("chosen", "timed_best_dk", "timed_best_sk")  # printed in wider columns
 
 
 def matmul(a, b):
@@ -57,32 +64,39 @@ def run_case(m, n, k, dtype, device, cache_dir, force=None) -> dict:
     ref = a.double() @ b.double()
     row = dict(dtype=str(dtype).removeprefix("torch."), m=m, n=n, k=k)
 
+    def timed(fn):  # (do_bench of the call, its GPU time alone: CUDA-graph replays; NaN on the CPU)
+        return bench(fn, device=device), (gpu_ms(fn) if device == "cuda" else math.nan)
+
     aten_out = torch.mm(a, b)
-    row["aten_ms"] = bench(lambda: torch.mm(a, b), device=device)
+    row["aten_ms"], row["aten_gpu_ms"] = timed(lambda: torch.mm(a, b))
     floor = max(TOLERANCE.get(dtype, 1e-4), 4 * rel_err(aten_out, ref))
 
     if device == "cuda":
         ind, out = compiled(None, a, b)
-        row["inductor_ms"] = bench(lambda: ind(a, b), device=device)
+        row["inductor_ms"], row["inductor_gpu_ms"] = timed(lambda: ind(a, b))
         errs = [rel_err(out, ref)]
     else:  # Inductor's CPU code needs a C++ toolchain: not part of this check
-        row["inductor_ms"], errs = math.nan, []
+        row["inductor_ms"] = row["inductor_gpu_ms"] = math.nan
+        errs = []
 
     be = passline.backend(cache_dir=cache_dir, fallback="raise",
                           choice_overrides={"mm": force} if force else None)
     pl, out = compiled(be, a, b)
-    row["passline_ms"] = bench(lambda: pl(a, b), device=device)
+    row["passline_ms"], row["passline_gpu_ms"] = timed(lambda: pl(a, b))
     errs.append(rel_err(out, ref))
     report = be.reports[-1]
     rec = report.choices[0] if report.choices else None
     row["chosen"], row["how"] = (rec.chosen, rec.how) if rec else ("aten", "no candidate")
     timings = rec.timings if rec else {}
-    dks = {k_: v for k_, v in timings.items() if k_ != "aten"}
-    best = min(dks, key=dks.get) if dks else ""
-    row.update(timed_aten_ms=timings.get("aten", math.nan), timed_best_dk=best,
-               timed_best_dk_ms=dks.get(best, math.nan))
+    row["timed_aten_ms"] = timings.get("aten", math.nan)
+    for col, family in (("dk", "decompose_k"), ("sk", "split_k")):  # the fastest version of each
+        mine = {k_: v for k_, v in timings.items() if k_.startswith(family + "(")}
+        best = min(mine, key=mine.get) if mine else ""
+        row[f"timed_best_{col}"], row[f"timed_best_{col}_ms"] = best, mine.get(best, math.nan)
     row["speedup_vs_aten"] = row["aten_ms"] / row["passline_ms"]
     row["speedup_vs_inductor"] = row["inductor_ms"] / row["passline_ms"]
+    row["gpu_speedup_vs_aten"] = row["aten_gpu_ms"] / row["passline_gpu_ms"]
+    row["gpu_speedup_vs_inductor"] = row["inductor_gpu_ms"] / row["passline_gpu_ms"]
     row["rel_err"] = max(errs)
     row["check"] = "ok" if all(e <= floor for e in errs) else f"FAILED (floor {floor:.2e})"
     return row
@@ -100,16 +114,24 @@ def summary(rows) -> list[str]:
     lines = []
     for dtype in dict.fromkeys(r["dtype"] for r in rows):
         rs = [r for r in rows if r["dtype"] == dtype]
-        dk = [r for r in rs if r["chosen"].startswith("decompose_k")]
+        dk = [r for r in rs if r["chosen"] != "aten"]
+        split = sum(r["chosen"].startswith("split_k") for r in dk)
         geo = math.exp(sum(math.log(r["speedup_vs_aten"]) for r in rs) / len(rs))
-        line = (f"{dtype}: {len(rs)} shapes, decompose-K chosen in {len(dk)}; passline over aten: geomean "
-                f"{geo:.3f}x, worst {min(r['speedup_vs_aten'] for r in rs):.3f}x")
+        line = (f"{dtype}: {len(rs)} shapes, a split of K chosen in {len(dk)} (split-K {split}, decompose-K "
+                f"{len(dk) - split}); passline over aten: geomean {geo:.3f}x, "
+                f"worst {min(r['speedup_vs_aten'] for r in rs):.3f}x")
         ind = [r["speedup_vs_inductor"] for r in rs if not math.isnan(r["speedup_vs_inductor"])]
         if ind:
             line += f"; over Inductor: worst {min(ind):.3f}x"
         if dk:
             line += f"; where chosen, over aten: {min(r['speedup_vs_aten'] for r in dk):.3f}x" \
                     f"..{max(r['speedup_vs_aten'] for r in dk):.3f}x"
+        gpu = [r for r in rs if not math.isnan(r["gpu_speedup_vs_aten"])]
+        if gpu:  # GPU time alone (CUDA-graph replays): what the chooser compares
+            geo = math.exp(sum(math.log(r["gpu_speedup_vs_aten"]) for r in gpu) / len(gpu))
+            line += (f". GPU time alone, passline over aten: geomean {geo:.3f}x, worst "
+                     f"{min(r['gpu_speedup_vs_aten'] for r in gpu):.3f}x, over Inductor worst "
+                     f"{min(r['gpu_speedup_vs_inductor'] for r in gpu):.3f}x")
         lines.append(line)
     return lines
 
@@ -133,9 +155,9 @@ def main(argv=None):
     cache_dir = args.cache_dir or tempfile.mkdtemp(prefix="passline-choices-")
     if args.device == "cuda":
         print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}")
-    forced = [args.force] if args.force else ([None, "decompose_k"] if args.device == "cpu" else [None])
+    forced = [args.force] if args.force else ([None, "decompose_k", "split_k"] if args.device == "cpu" else [None])
     rows = []
-    print(" ".join(f"{c:>10}" if c not in ("chosen", "timed_best_dk") else f"{c:>22}" for c in COLUMNS))
+    print(" ".join(f"{c:>10}" if c not in WIDE else f"{c:>22}" for c in COLUMNS))
     for dtype in dtypes:
         for m in ints[0]:
             for n in ints[1]:
@@ -143,8 +165,8 @@ def main(argv=None):
                     for force in forced:
                         row = run_case(m, n, k, dtype, args.device, cache_dir, force)
                         rows.append(row)
-                        print(" ".join(f"{fmt(row[c], c):>10}" if c not in ("chosen", "timed_best_dk")
-                                       else f"{fmt(row[c], c):>22}" for c in COLUMNS), flush=True)
+                        print(" ".join(f"{fmt(row[c], c):>10}" if c not in WIDE else f"{fmt(row[c], c):>22}"
+                                       for c in COLUMNS), flush=True)
     for line in summary(rows):
         print(line)
     if args.csv:
