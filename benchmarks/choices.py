@@ -1,24 +1,24 @@
 """Decompose-K as a choice: (M x K) @ (K x N) with small M, N and a long K, against aten's mm and Inductor.
 
     python benchmarks/choices.py                          # GPU: M, N in 16 32 64, K 4096..32768, fp16 and bf16
-    python benchmarks/choices.py --dtypes float16 --ms 16 # a slice (the full table compiles ~150 graphs)
+    python benchmarks/choices.py --dtypes float16 --ms 16 # a slice (the full table compiles ~700 graphs)
     TRITON_INTERPRET=1 python benchmarks/choices.py --smoke --device cpu     # a quick check that it runs
 
-Per shape, in one process: aten's mm called directly; Inductor's default `torch.compile` of the same
-function; passline's compile, whose chooser times aten, decompose-K's versions and split-K's (decompose-K
-in one kernel, 16-bit dtypes) at the first call (each candidate compiled by passline) and keeps the
-fastest. Results are checked against a float64 product first (a relative error within max(the dtype's
-floor, 4 x aten's own)). On a GPU times are triton.testing.do_bench medians; on the CPU one timed call
-(only a check that the path runs), and passline runs three times there: as chosen (the rule: aten), with
-decompose_k forced and with split_k forced.
-
-Columns: ms of each (do_bench of the call); what passline chose and how; passline's speed-up over aten and
-over Inductor (> 1: passline faster); the same three by GPU time alone (`*_gpu_ms`: replays of a CUDA graph
-of ten calls, as the chooser times candidates — at these sizes a call's host work, 10-100 µs, is larger
-than its GPU work and do_bench of a call measures the host), and their speed-ups; and the fastest
-decompose-K and split-K versions its chooser timed, next to its timing of aten.
-`--csv PATH` also writes the rows. Choices are cached in `--cache-dir` (default: a fresh directory, so
-every shape is timed in this run).
+Per shape, in one process, two pairs of contenders, as a graph runs in each mode:
+- without CUDA graphs: aten's mm called directly; Inductor's default `torch.compile` of the same function;
+  passline's default compile, whose chooser times aten and decompose-K's versions at the first call by calls
+  issued back to back (host included: `choosing.call_ms`) and keeps the fastest;
+- with CUDA graphs: Inductor's `mode="reduce-overhead"`; passline's `cudagraphs=True`, whose chooser times
+  candidates by their GPU time alone (`choosing.gpu_ms`, CUDA-graph replays).
+Each is timed two ways: `*_call_ms`, calls back to back with a synchronization at the end, over the calls
+(`call_ms`: what a loop of calls costs, host included — at these sizes a call's host work, 20-100 µs, is more
+than its GPU work), and `*_gpu_ms`, the device time of its kernels (torch.profiler over 10 calls: what it
+costs a GPU that is kept busy). Speed-ups are aten's or Inductor's time over passline's (> 1: passline
+faster): `call_vs_*` for the default pair, `cg_vs_*` (GPU time) for the CUDA-graph pair. Results are checked
+against a float64 product first (a relative error within max(the dtype's floor, 4 x aten's own)). On the CPU:
+one timed call of each (only a check that the path runs; no Inductor), and passline runs as chosen (the rule:
+aten) and with decompose_k forced. `--csv PATH` also writes the rows. Choices are cached in `--cache-dir`
+(default: a fresh directory, so every shape is timed in this run).
 """
 from __future__ import annotations
 
@@ -33,28 +33,41 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's passline
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_common, also when imported by a test
-from bench_common import TOLERANCE, bench, rel_err  # noqa: E402
+from bench_common import TOLERANCE, bench, kernel_ms, rel_err  # noqa: E402
 
 import passline  # noqa: E402
-from passline.backends.choosing import gpu_ms  # noqa: E402
+from passline.backends.choosing import call_ms  # noqa: E402
 
-COLUMNS = ["dtype", "m", "n", "k", "aten_ms", "inductor_ms", "passline_ms", "chosen", "how",
-           "speedup_vs_aten", "speedup_vs_inductor", "aten_gpu_ms", "inductor_gpu_ms", "passline_gpu_ms",
-           "gpu_speedup_vs_aten", "gpu_speedup_vs_inductor", "timed_aten_ms", "timed_best_dk", "timed_best_dk_ms",
-           "timed_best_sk", "timed_best_sk_ms", "rel_err", "check"]
-WIDE = ("chosen", "timed_best_dk", "timed_best_sk")  # printed in wider columns
+COLUMNS = ["dtype", "m", "n", "k", "aten_call_ms", "inductor_call_ms", "passline_call_ms", "chosen",
+           "call_vs_aten", "call_vs_inductor", "aten_gpu_ms", "inductor_ro_gpu_ms", "passline_cg_gpu_ms",
+           "cg_chosen", "cg_vs_aten", "cg_vs_inductor", "inductor_gpu_ms", "passline_gpu_ms", "passline_cg_call_ms",
+           "inductor_ro_call_ms", "cg_timed_aten_ms", "cg_timed_best_dk", "cg_timed_best_dk_ms", "rel_err", "check"]
+WIDE = ("chosen", "cg_chosen", "cg_timed_best_dk")  # printed in wider columns
 
 
 def matmul(a, b):
     return a @ b
 
 
-def compiled(backend, a, b):
-    """fn compiled by `backend` (None: Inductor) for these inputs, called once (the compile), and its output."""
+def compiled(backend, a, b, mode=None):
+    """fn compiled by `backend` (None: Inductor, in `mode`) for these inputs, called once (the compile), and its
+    output."""
     torch._dynamo.reset()  # one code object for every shape: a fresh cache, never dynamo's recompile limit
-    fn = torch.compile(matmul, dynamic=False) if backend is None else \
+    fn = torch.compile(matmul, dynamic=False, mode=mode) if backend is None else \
         torch.compile(matmul, backend=backend, dynamic=False)
     return fn, fn(a, b)
+
+
+def timed(fn, device) -> tuple[float, float]:
+    """(ms of a call issued back to back, ms of its kernels' GPU time); on the CPU one call's wall time, NaN."""
+    if device != "cuda":
+        return bench(fn, device=device), math.nan
+    return call_ms(fn), kernel_ms(fn, device)
+
+
+def _choice(be) -> tuple[str, dict]:
+    rec = next((c for r in be.reports for c in r.choices), None)
+    return (rec.chosen, rec.timings) if rec else ("aten", {})
 
 
 def run_case(m, n, k, dtype, device, cache_dir, force=None) -> dict:
@@ -63,40 +76,38 @@ def run_case(m, n, k, dtype, device, cache_dir, force=None) -> dict:
     b = torch.randn(k, n, device=device, dtype=dtype, generator=gen)
     ref = a.double() @ b.double()
     row = dict(dtype=str(dtype).removeprefix("torch."), m=m, n=n, k=k)
-
-    def timed(fn):  # (do_bench of the call, its GPU time alone: CUDA-graph replays; NaN on the CPU)
-        return bench(fn, device=device), (gpu_ms(fn) if device == "cuda" else math.nan)
-
-    aten_out = torch.mm(a, b)
-    row["aten_ms"], row["aten_gpu_ms"] = timed(lambda: torch.mm(a, b))
-    floor = max(TOLERANCE.get(dtype, 1e-4), 4 * rel_err(aten_out, ref))
-
-    if device == "cuda":
-        ind, out = compiled(None, a, b)
-        row["inductor_ms"], row["inductor_gpu_ms"] = timed(lambda: ind(a, b))
-        errs = [rel_err(out, ref)]
-    else:  # Inductor's CPU code needs a C++ toolchain: not part of this check
-        row["inductor_ms"] = row["inductor_gpu_ms"] = math.nan
-        errs = []
-
-    be = passline.backend(cache_dir=cache_dir, fallback="raise",
-                          choice_overrides={"mm": force} if force else None)
-    pl, out = compiled(be, a, b)
-    row["passline_ms"], row["passline_gpu_ms"] = timed(lambda: pl(a, b))
-    errs.append(rel_err(out, ref))
-    report = be.reports[-1]
-    rec = report.choices[0] if report.choices else None
-    row["chosen"], row["how"] = (rec.chosen, rec.how) if rec else ("aten", "no candidate")
-    timings = rec.timings if rec else {}
-    row["timed_aten_ms"] = timings.get("aten", math.nan)
-    for col, family in (("dk", "decompose_k"), ("sk", "split_k")):  # the fastest version of each
-        mine = {k_: v for k_, v in timings.items() if k_.startswith(family + "(")}
-        best = min(mine, key=mine.get) if mine else ""
-        row[f"timed_best_{col}"], row[f"timed_best_{col}_ms"] = best, mine.get(best, math.nan)
-    row["speedup_vs_aten"] = row["aten_ms"] / row["passline_ms"]
-    row["speedup_vs_inductor"] = row["inductor_ms"] / row["passline_ms"]
-    row["gpu_speedup_vs_aten"] = row["aten_gpu_ms"] / row["passline_gpu_ms"]
-    row["gpu_speedup_vs_inductor"] = row["inductor_gpu_ms"] / row["passline_gpu_ms"]
+    floor = max(TOLERANCE.get(dtype, 1e-4), 4 * rel_err(torch.mm(a, b), ref))
+    row["aten_call_ms"], row["aten_gpu_ms"] = timed(lambda: torch.mm(a, b), device)
+    errs = []
+    overrides = {"mm": force} if force else None
+    contenders = [("passline", dict(cudagraphs=False))]
+    if device == "cuda":  # Inductor's CPU code needs a C++ toolchain: not part of this check
+        contenders += [("inductor", None), ("inductor_ro", "reduce-overhead"), ("passline_cg", dict(cudagraphs=True))]
+    for label, how in contenders:
+        if label.startswith("inductor"):
+            fn, out = compiled(None, a, b, mode=how)
+        else:
+            be = passline.backend(cache_dir=cache_dir, fallback="raise", choice_overrides=overrides, **how)
+            fn, out = compiled(be, a, b)
+            chosen, timings = _choice(be)
+            if label == "passline":
+                row["chosen"] = chosen
+            else:
+                dks = {k_: v for k_, v in timings.items() if k_ != "aten"}
+                best = min(dks, key=dks.get) if dks else ""
+                row.update(cg_chosen=chosen, cg_timed_aten_ms=timings.get("aten", math.nan), cg_timed_best_dk=best,
+                           cg_timed_best_dk_ms=dks.get(best, math.nan))
+        errs.append(rel_err(out, ref))
+        row[f"{label}_call_ms"], row[f"{label}_gpu_ms"] = timed(lambda fn=fn: fn(a, b), device)
+    for col in ("inductor_call_ms", "inductor_gpu_ms", "inductor_ro_call_ms", "inductor_ro_gpu_ms",
+                "passline_cg_call_ms", "passline_cg_gpu_ms", "cg_timed_aten_ms", "cg_timed_best_dk_ms"):
+        row.setdefault(col, math.nan)
+    row.setdefault("cg_chosen", "")
+    row.setdefault("cg_timed_best_dk", "")
+    row["call_vs_aten"] = row["aten_call_ms"] / row["passline_call_ms"]
+    row["call_vs_inductor"] = row["inductor_call_ms"] / row["passline_call_ms"]
+    row["cg_vs_aten"] = row["aten_gpu_ms"] / row["passline_cg_gpu_ms"]
+    row["cg_vs_inductor"] = row["inductor_ro_gpu_ms"] / row["passline_cg_gpu_ms"]
     row["rel_err"] = max(errs)
     row["check"] = "ok" if all(e <= floor for e in errs) else f"FAILED (floor {floor:.2e})"
     return row
@@ -110,28 +121,28 @@ def fmt(v, column="") -> str:
     return str(v)
 
 
+def _geo(xs) -> float:
+    return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
+
 def summary(rows) -> list[str]:
     lines = []
     for dtype in dict.fromkeys(r["dtype"] for r in rows):
         rs = [r for r in rows if r["dtype"] == dtype]
-        dk = [r for r in rs if r["chosen"] != "aten"]
-        split = sum(r["chosen"].startswith("split_k") for r in dk)
-        geo = math.exp(sum(math.log(r["speedup_vs_aten"]) for r in rs) / len(rs))
-        line = (f"{dtype}: {len(rs)} shapes, a split of K chosen in {len(dk)} (split-K {split}, decompose-K "
-                f"{len(dk) - split}); passline over aten: geomean {geo:.3f}x, "
-                f"worst {min(r['speedup_vs_aten'] for r in rs):.3f}x")
-        ind = [r["speedup_vs_inductor"] for r in rs if not math.isnan(r["speedup_vs_inductor"])]
+        dk = sum(r["chosen"] != "aten" for r in rs)
+        line = (f"{dtype}: {len(rs)} shapes. Without CUDA graphs decompose-K chosen in {dk}; passline over aten "
+                f"(calls back to back): geomean {_geo([r['call_vs_aten'] for r in rs]):.3f}x, worst "
+                f"{min(r['call_vs_aten'] for r in rs):.3f}x")
+        ind = [r["call_vs_inductor"] for r in rs if not math.isnan(r["call_vs_inductor"])]
         if ind:
-            line += f"; over Inductor: worst {min(ind):.3f}x"
-        if dk:
-            line += f"; where chosen, over aten: {min(r['speedup_vs_aten'] for r in dk):.3f}x" \
-                    f"..{max(r['speedup_vs_aten'] for r in dk):.3f}x"
-        gpu = [r for r in rs if not math.isnan(r["gpu_speedup_vs_aten"])]
-        if gpu:  # GPU time alone (CUDA-graph replays): what the chooser compares
-            geo = math.exp(sum(math.log(r["gpu_speedup_vs_aten"]) for r in gpu) / len(gpu))
-            line += (f". GPU time alone, passline over aten: geomean {geo:.3f}x, worst "
-                     f"{min(r['gpu_speedup_vs_aten'] for r in gpu):.3f}x, over Inductor worst "
-                     f"{min(r['gpu_speedup_vs_inductor'] for r in gpu):.3f}x")
+            line += f"; over Inductor: geomean {_geo(ind):.3f}x, worst {min(ind):.3f}x"
+        cg = [r for r in rs if not math.isnan(r["cg_vs_aten"])]
+        if cg:
+            line += (f". With CUDA graphs decompose-K chosen in {sum(r['cg_chosen'] != 'aten' for r in cg)}; "
+                     f"passline over aten (GPU time): geomean {_geo([r['cg_vs_aten'] for r in cg]):.3f}x, worst "
+                     f"{min(r['cg_vs_aten'] for r in cg):.3f}x; over Inductor reduce-overhead: geomean "
+                     f"{_geo([r['cg_vs_inductor'] for r in cg]):.3f}x, worst "
+                     f"{min(r['cg_vs_inductor'] for r in cg):.3f}x")
         lines.append(line)
     return lines
 
@@ -155,7 +166,7 @@ def main(argv=None):
     cache_dir = args.cache_dir or tempfile.mkdtemp(prefix="passline-choices-")
     if args.device == "cuda":
         print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}")
-    forced = [args.force] if args.force else ([None, "decompose_k", "split_k"] if args.device == "cpu" else [None])
+    forced = [args.force] if args.force else ([None, "decompose_k"] if args.device == "cpu" else [None])
     rows = []
     print(" ".join(f"{c:>10}" if c not in WIDE else f"{c:>22}" for c in COLUMNS))
     for dtype in dtypes:

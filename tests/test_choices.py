@@ -44,11 +44,8 @@ def test_decompose_k_matches_eager_forward_and_backward(dtype):
     fwd, bwd = be.reports
     # forward: the (4 x 1024) @ (1024 x 8) product; backward: w's gradient, (8 x 512) @ (512 x 8)
     assert [(c.op, c.chosen, c.how) for c in fwd.choices] == [("mm", "decompose_k(chunks=8)", "override")]
-    assert fwd.choices[0].candidates[:4] == ("aten", "decompose_k(chunks=8)", "decompose_k(chunks=4)",
-                                             "decompose_k(chunks=2)")
-    # split-K (one kernel) for the 16-bit dtypes: splits of 512 and 256 (two 128-long steps at least)
-    assert fwd.choices[0].candidates[4:] == (() if dtype == torch.float32 else
-                                             ("split_k(splits=4)", "split_k(splits=2)"))
+    assert fwd.choices[0].candidates == ("aten", "decompose_k(chunks=8)", "decompose_k(chunks=4)",
+                                         "decompose_k(chunks=2)")
     assert [(c.op, c.chosen) for c in bwd.choices] == [("mm", "decompose_k(chunks=4)")]
     assert all(c.timings == {} for c in (*fwd.choices, *bwd.choices))  # nothing timed on the CPU
     # each long-K product is one bmm of the chunks; the four short-K mms stay (x @ w, the gradients of a,
@@ -327,75 +324,32 @@ def test_every_registered_candidate_compiled_matches_eager(case, data):
 def test_the_benchmark_runs_a_shape(tmp_path):
     bench = benchmark_script("choices")
     row = bench.run_case(4, 8, 512, torch.bfloat16, "cpu", str(tmp_path), force="decompose_k")
-    assert (row["chosen"], row["how"], row["check"]) == ("decompose_k(chunks=4)", "override", "ok")
-    assert row["passline_ms"] > 0 and row["aten_ms"] > 0
+    assert (row["chosen"], row["check"]) == ("decompose_k(chunks=4)", "ok")
+    assert row["passline_call_ms"] > 0 and row["aten_call_ms"] > 0
 
 
-# -- split-K: decompose-K in one kernel (passline/ops/split_k_mm.py) -----------------------------------------
+def test_candidates_are_timed_as_the_graph_will_run(monkeypatch):
+    """With CUDA graphs a call costs the GPU's time alone; without, back-to-back calls' (host included)."""
+    import passline.backends.choosing as choosing
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-@pytest.mark.parametrize("m, n, k, splits, layout", [
-    (32, 32, 4096, 8, "nn"),     # one tile, whole 128-long steps
-    (5, 17, 1000, 3, "tn"),      # odd sizes: a partial tile, a ragged K, a short last split
-    (100, 70, 2048, 4, "nt"),    # several tiles (64-wide) with partial edges
-    (1, 1, 129, 2, "tt"),        # a one-element output; the second split holds one K element
-])
-def test_split_k_matches_the_product_as_closely_as_aten(dtype, m, n, k, splits, layout):
-    from passline.ops.split_k_mm import split_k_mm
-
-    torch.manual_seed(m + n + k)
-    a = torch.randn(m, k, dtype=dtype) if layout[0] == "n" else torch.randn(k, m, dtype=dtype).t()
-    b = torch.randn(k, n, dtype=dtype) if layout[1] == "n" else torch.randn(n, k, dtype=dtype).t()
-    exact = a.double() @ b.double()
-    got, again = split_k_mm(a, b, splits), split_k_mm(a, b, splits)
-    assert got.dtype == dtype and got.shape == (m, n)
-    assert torch.equal(got, again)  # the arrival counters were set back to 0 by the first call
-    scale = exact.abs().max().item()
-    err, aten_err = ((got.double() - exact).abs().max().item() / scale,
-                     ((a @ b).double() - exact).abs().max().item() / scale)
-    assert err <= 2 * aten_err + 1e-7, (err, aten_err)  # float32 sums, one rounding: aten's accuracy
+    seen = []
+    monkeypatch.setattr(choosing, "gpu_ms", lambda run: seen.append("gpu") or 1.0)
+    monkeypatch.setattr(choosing, "call_ms", lambda run: seen.append("calls") or 1.0)
+    for cudagraphs in (False, True):
+        TimedChooser(None, passline.backend(cudagraphs=cudagraphs)).bench(lambda: None)
+    assert seen == ["calls", "gpu"]
 
 
-def test_split_k_is_a_choice_for_16_bit_mms_with_a_long_k():
-    assert choices.split_counts(32, 32, 28672) == [64, 32, 16, 8]  # 28672 / 128 = 224: one step a split
-    assert choices.split_counts(64, 64, 4096) == [16, 8, 4, 2]  # splits of at least two 128-long steps
-    assert choices.split_counts(4, 4, 600) == [2]
-    assert choices.split_counts(16, 16, 500) == []  # under 32 x 16: the output is not small next to K
-    assert choices.split_counts(4, 4, 511) == []  # no two splits of two steps
-    a, b = torch.randn(4, 1024), torch.randn(1024, 8)
-    names = [c.name for c in choices.candidates("mm", (a, b), {})]
-    assert not any(n.startswith("split_k") for n in names)  # float32: not a split-K candidate
-    names = [c.name for c in choices.candidates("mm", (a.bfloat16(), b.bfloat16()), {})]
-    assert [n for n in names if n.startswith("split_k")] == ["split_k(splits=4)", "split_k(splits=2)"]
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="times a GPU")
+def test_gpu_time_leaves_the_host_out_and_calls_keep_it():
+    import time
 
+    from passline.backends.choosing import call_ms, gpu_ms
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-def test_split_k_compiled_trains_and_its_epilogue_fuses(dtype):
-    torch.manual_seed(0)
-    a = torch.randn(8, 2048, dtype=dtype, requires_grad=True)
-    b = torch.randn(2048, 24, dtype=dtype).t().requires_grad_()  # a column-major operand (strided loads)
-    be = assert_matches_eager(lambda a, b: ((a @ b.t()).relu() * 2).sum(1), [a, b],
-                              choice_overrides={"mm": "split_k"})
-    fwd = be.reports[0]
-    assert [(c.chosen, c.how) for c in fwd.choices] == [("split_k(splits=8)", "override")]
-    externs = [n.op for n in fwd.graph.leaf_nodes() if isinstance(n, Extern)]
-    assert externs == [torch.ops.passline.split_k_mm.default]  # one launch for the product
-    # relu, the scale and the row sum: one kernel after it
-    assert sum(isinstance(n, (FusedNode, Reduction)) for n in fwd.graph.leaf_nodes()) == 1
+    x = torch.zeros(1024, device="cuda")
 
+    def run():  # half a millisecond of host work, a microsecond of GPU work
+        time.sleep(0.0005)
+        x.add_(1)
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs")
-def test_split_k_replays_in_a_cuda_graph():
-    from passline.ops.split_k_mm import split_k_mm
-
-    a = torch.randn(32, 8192, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(8192, 32, device="cuda", dtype=torch.bfloat16)
-    split_k_mm(a, b, 16)  # compiled outside the capture
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = split_k_mm(a, b, 16)
-    for _ in range(3):  # new values each replay: the counters the capture zeroes count afresh
-        a.normal_(), b.normal_()
-        graph.replay()
-        torch.cuda.synchronize()
-        torch.testing.assert_close(out, a @ b, **tolerance(torch.bfloat16))
+    assert call_ms(run) >= 0.5 > 0.05 > gpu_ms(run)

@@ -13,9 +13,11 @@ device with generated code, are timed:
   torch ops would time other kernels (an unfused sum and cast);
 - each is checked against the op's result first (`choices.agree`): a candidate that disagrees, or fails to
   compile or run, is dropped with a warning, never chosen;
-- each is timed by its GPU time (`gpu_ms`: do_bench's median of replays of a CUDA graph of several calls,
-  so that a wrapper's host work is not what is measured); the fastest is chosen, unless the op itself is
-  within `NOISE` of it (then the op: the same speed with one call and no partial results).
+- each is timed as it will run: with `cudagraphs=True` (the graph replayed, no host work a call) by its GPU
+  time alone (`gpu_ms`: do_bench's median of replays of a CUDA graph of several calls); otherwise by calls
+  issued back to back (`call_ms`: host included, which at these sizes is most of a call). Inductor likewise
+  takes decompose-K only in max-autotune mode, which replays CUDA graphs. The fastest is chosen, unless
+  the op itself is within `NOISE` of it (then the op: the same speed with one call and no partial results).
 
 The pick is stored under a key of the op, the candidates (their code's fingerprint and versions), the
 arguments' shapes, strides and dtypes, the other arguments, the GPU's name and torch's version
@@ -124,9 +126,36 @@ class TimedChooser(Rule):
         return TritonRunner(graph, interpret=target.device != "cuda", variant=be.kernel_variant,
                             cache=KernelCache(be.cache_dir), autotune=be.autotune)
 
-    @staticmethod
-    def bench(run) -> float:
-        return gpu_ms(run)
+    def bench(self, run) -> float:
+        """Milliseconds of one call of `run` where it will run: replayed in a CUDA graph (`cudagraphs=True`),
+        its GPU time alone (`gpu_ms`); else back-to-back calls, host included (`call_ms`)."""
+        return gpu_ms(run) if self.backend.cudagraphs else call_ms(run)
+
+
+def call_ms(run, rounds: int = 5, round_s: float = 0.01) -> float:
+    """Milliseconds a call of `run` takes issued back to back, as a graph without CUDA graphs runs: the wall
+    time of about `round_s` of calls and a synchronization, over the calls; the median of `rounds` rounds.
+    Where the host's work for a call (a wrapper, an extern's dispatch, a launch: 20-60 µs a call on the lent
+    H100's host) exceeds the GPU's, this is the host's time: a candidate that saves GPU µs with more host work
+    (decompose-K's bmm and sum: +48 µs of host for -2.5 µs of GPU at 32 x 28672 x 32) loses here, and wins
+    only under CUDA graphs, where the host's work is gone (docs/benchmarks.md, *Choices*)."""
+    import statistics
+    import time
+
+    run()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    run()
+    torch.cuda.synchronize()
+    calls = max(10, min(1000, int(round_s / max(1e-7, time.perf_counter() - t0))))
+    times = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            run()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) / calls)
+    return statistics.median(times) * 1e3
 
 
 REPLAYED_CALLS = 10  # calls of a candidate captured in the CUDA graph whose replays are timed

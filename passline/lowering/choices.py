@@ -380,41 +380,6 @@ def decompose_k_mm(a, b, *, chunks):
     return _chunked_mm(a, b, chunks).to(a.dtype)
 
 
-# -- split-K: decompose-K in one launch -------------------------------------------------------------------
-#
-# The same split as decompose-K, but one Triton kernel (passline/ops/split_k_mm.py): each program multiplies
-# one chunk of K for one output tile and the last to finish a tile sums its partials, so no batched matmul,
-# no float32 [chunks, M, N] tensor in memory between two launches, and no second launch. At these sizes the
-# work is a few µs and launches are what decompose-K loses on (docs/benchmarks.md, *Choices*).
-
-SPLIT_K_COUNTS = (2, 4, 8, 16, 32, 64, 128)  # splits tried (the largest MAX_VERSIONS that leave whole steps)
-SPLIT_K_STEPS = 2  # BLOCK_K steps each split takes at least: a pipelined loop needs more than one
-
-
-def split_counts(m: int, n: int, k: int) -> list[int]:
-    """Split counts worth trying for an (m x k) @ (k x n) product with a small output, largest first."""
-    from ..ops.split_k_mm import BLOCK_K
-
-    if m < 1 or n < 1 or k < K_RATIO * max(m, n):
-        return []
-    fit = [s for s in SPLIT_K_COUNTS if k // s >= SPLIT_K_STEPS * BLOCK_K]
-    return fit[::-1][:MAX_VERSIONS]
-
-
-def _split_k_applies(a, b) -> bool:
-    from ..ops.split_k_mm import DTYPES
-
-    return a.dtype in DTYPES and b.dtype == a.dtype and bool(split_counts(a.shape[0], b.shape[1], a.shape[1]))
-
-
-@register_choice(aten.mm, "split_k", applies=_split_k_applies,
-                 variants=lambda a, b: [{"splits": s} for s in split_counts(a.shape[0], b.shape[1], a.shape[1])])
-def split_k_mm(a, b, *, splits):
-    from ..ops import split_k_mm as _op  # noqa: F401  (registers passline::split_k_mm)
-
-    return torch.ops.passline.split_k_mm(a, b, splits)
-
-
 def _addmm_applies(bias, a, b, *, beta=1, alpha=1):
     return _is_float(bias, a, b) and _small_output(a.shape[0], b.shape[1], a.shape[1])
 
