@@ -238,6 +238,15 @@ def test_timing_picks_the_fastest_and_caches_it(monkeypatch, tmp_path):
     (rec,) = be.reports[0].choices
     assert (rec.chosen, rec.how, rec.timings) == ("decompose_k(chunks=4)", "cached", ms)
     assert len(calls) == 4
+    # the same node under CUDA graphs is timed again (GPU time, not calls): a pick made by the other timing
+    # is not reused
+    ms2 = dict(zip(ms, (1.0, 0.5, 0.75, 0.25)))
+    _timed(monkeypatch, ms2, calls)
+    be = passline.backend(cache_dir=str(tmp_path), cudagraphs=True)
+    torch.compile(torch.mm, backend=be)(a, b)
+    (rec,) = be.reports[0].choices
+    assert (rec.chosen, rec.how, len(calls)) == ("decompose_k(chunks=2)", "timed", 8)
+    _timed(monkeypatch, ms, calls)
     # another shape is another key
     be = assert_matches_eager(torch.mm, [torch.randn(2, 1024), b], cache_dir=str(tmp_path),
                               choice_overrides={"mm": "decompose_k(chunks=2)"})
@@ -246,7 +255,7 @@ def test_timing_picks_the_fastest_and_caches_it(monkeypatch, tmp_path):
     be = assert_matches_eager(torch.mm, [torch.randn(3, 1024), b], cache_dir=str(tmp_path),
                               choice_overrides={"mm": "decompose_k"})
     assert (be.reports[0].choices[0].chosen, be.reports[0].choices[0].how) == ("decompose_k(chunks=8)", "override")
-    assert len(calls) == 4
+    assert len(calls) == 8
 
 
 def test_a_win_within_the_timing_noise_keeps_the_op(monkeypatch, tmp_path):
