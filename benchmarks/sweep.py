@@ -76,7 +76,8 @@ UNDER_COPY_PCT = 85  # ... and memory-bound points under this % of the copy band
 
 COLUMNS = ("case", "direction", "dtype", "rows", "width", "shape", "shape_class", "kind", "input_mb",
            "eager_ms", "inductor_ms", "passline_ms", "passline_over_inductor", "inductor_kernel_ms",
-           "passline_kernel_ms", "kernels_over_inductor", "passline_gbs",
+           "passline_kernel_ms", "kernels_over_inductor", "inductor_call_ms", "passline_call_ms",
+           "calls_over_inductor", "passline_gbs",
            "passline_pct_copy", "inductor_gbs", "inductor_pct_copy", "check", "rel_err", "eager_rel_err",
            "compile_s_inductor", "compile_s_passline", "passline_codegen", "passline_kernels",
            "passline_externs", "error")
@@ -114,13 +115,18 @@ def free(device):
         torch.cuda.empty_cache()
 
 
-def time_directions(fn, case, directions, device, reps_ms) -> tuple[dict, dict]:
-    """(direction -> ms of one call of `fn` (compiled and warm), direction -> ms of its GPU work alone)."""
-    out, gpu = {}, {}
+def time_directions(fn, case, directions, device, reps_ms) -> tuple[dict, dict, dict]:
+    """(direction -> ms of one call of `fn` (compiled and warm), direction -> ms of its GPU work alone,
+    direction -> ms a call issued back to back takes: `choosing.call_ms`, CUDA only)."""
+    out, gpu, calls = {}, {}, {}
 
     def both(d, call):
         out[d] = bench(call, reps_ms, device)
         gpu[d] = kernel_ms(call, device)
+        if device == "cuda":
+            from passline.backends.choosing import call_ms
+
+            calls[d] = call_ms(call)
 
     for d in directions:
         if d == "fwd":
@@ -137,7 +143,7 @@ def time_directions(fn, case, directions, device, reps_ms) -> tuple[dict, dict]:
             wrt = differentiated(fn, ins)
             both(d, lambda y=y, wrt=wrt, dy=dy: torch.autograd.grad(y, wrt, dy, retain_graph=True))
             del y, dy, wrt, ins
-    return out, gpu
+    return out, gpu, calls
 
 
 def run_point(name, m, n, dtype, directions, contenders, device, reps_ms, pipeline=None):
@@ -178,7 +184,7 @@ def run_point(name, m, n, dtype, directions, contenders, device, reps_ms, pipeli
             sync(device)
             res["compile_s"] = time.perf_counter() - t0
             res["errors"] = errs
-            res["ms"], res["kernel_ms"] = time_directions(fn, case, directions, device, reps_ms)
+            res["ms"], res["kernel_ms"], res["call_ms"] = time_directions(fn, case, directions, device, reps_ms)
             if be is not None:
                 res["reports"] = {r.name.rstrip("0123456789"): (r.codegen, r.kernels, r.externs) for r in be.reports}
         except Exception as e:  # one failing point must not hide the others
@@ -216,10 +222,13 @@ def rows_of_point(name, m, n, kind, dtype, directions, results, eager_errs, nbyt
             row[f"compile_s_{label}"] = results.get(label, {}).get("compile_s")
         for label in ("inductor", "passline"):
             row[f"{label}_kernel_ms"] = results.get(label, {}).get("kernel_ms", {}).get(d)
+            row[f"{label}_call_ms"] = results.get(label, {}).get("call_ms", {}).get(d)
         if row.get("passline_ms") and row.get("inductor_ms"):
             row["passline_over_inductor"] = row["passline_ms"] / row["inductor_ms"]
         if row.get("passline_kernel_ms") and row.get("inductor_kernel_ms"):
             row["kernels_over_inductor"] = row["passline_kernel_ms"] / row["inductor_kernel_ms"]
+        if row.get("passline_call_ms") and row.get("inductor_call_ms"):
+            row["calls_over_inductor"] = row["passline_call_ms"] / row["inductor_call_ms"]
         p = results.get("passline")
         if p is None:
             row["check"] = "-"
@@ -292,6 +301,12 @@ def summary(rows: list[dict], header: str, skipped: list[str]) -> str:
         lines += ["", f"GPU time of the kernels alone, passline / Inductor: geometric mean "
                       f"**{geomean(r['kernels_over_inductor'] for r in kernels):.3f}** ({len(kernels)} points, "
                       f"{slow} above {SLOWER}x)"]
+    calls = [r for r in rows if r.get("calls_over_inductor")]
+    if calls:  # steady state, host included, without do_bench's cache flush between calls
+        slow = sum(r["calls_over_inductor"] > SLOWER for r in calls)
+        lines += ["", f"Calls issued back to back, passline / Inductor: geometric mean "
+                      f"**{geomean(r['calls_over_inductor'] for r in calls):.3f}** ({len(calls)} points, "
+                      f"{slow} above {SLOWER}x)"]
     # compile seconds per point (each point's rows repeat them: one per point)
     per_point = {(r["case"], r["dtype"], r["shape"]): r for r in rows}.values()
     for label in ("passline", "inductor"):
@@ -300,14 +315,15 @@ def summary(rows: list[dict], header: str, skipped: list[str]) -> str:
             lines.append(f"\nCompile seconds per point, {label}: median "
                          f"{secs[len(secs) // 2]:.1f}, max {secs[-1]:.1f}, total {sum(secs):.0f}")
     cols = ("| case | direction | dtype | shape | Inductor ms | passline ms | passline / Inductor | "
-            "kernels alone, passline / Inductor | % of copy | check |")
-    sep = "|---|---|---|---|---|---|---|---|---|---|"
+            "kernels alone, passline / Inductor | calls back to back, passline / Inductor | % of copy | check |")
+    sep = "|---|---|---|---|---|---|---|---|---|---|---|"
 
     def table(rs):
         return [cols, sep] + [
             f"| {r['case']} | {r['direction']} | {r['dtype']} | {r['shape']} | {fmt(r.get('inductor_ms'))} | "
             f"{fmt(r.get('passline_ms'))} | {fmt(r.get('passline_over_inductor'))} | "
-            f"{fmt(r.get('kernels_over_inductor'))} | {fmt(r.get('passline_pct_copy'))} | {r['check']} |"
+            f"{fmt(r.get('kernels_over_inductor'))} | {fmt(r.get('calls_over_inductor'))} | "
+            f"{fmt(r.get('passline_pct_copy'))} | {r['check']} |"
             for r in rs]
 
     slow = sorted((r for r in ratio if r["passline_over_inductor"] > SLOWER),
