@@ -99,6 +99,7 @@ def run_case(m, n, k, dtype, device, cache_dir, force=None) -> dict:
                            cg_timed_best_dk_ms=dks.get(best, math.nan))
         errs.append(rel_err(out, ref))
         row[f"{label}_call_ms"], row[f"{label}_gpu_ms"] = timed(lambda fn=fn: fn(a, b), device)
+        errs.append(rel_err(fn(a, b), ref))  # after the timing: a replay, for the CUDA-graph contenders
     for col in ("inductor_call_ms", "inductor_gpu_ms", "inductor_ro_call_ms", "inductor_ro_gpu_ms",
                 "passline_cg_call_ms", "passline_cg_gpu_ms", "cg_timed_aten_ms", "cg_timed_best_dk_ms"):
         row.setdefault(col, math.nan)

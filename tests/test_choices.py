@@ -205,15 +205,15 @@ def test_the_cli_explains_and_sets_choices(tmp_path, capsys):
     assert "aten.bmm" in dot and "fillcolor" in dot
 
 
-# -- timing (the GPU path, run on the CPU: only do_bench is replaced) --------------------------------------
+# -- timing (the GPU path, run on the CPU: only the timing itself, `bench`, is replaced) ---------------------
 
 def _timed(monkeypatch, ms: dict, calls: list):
-    """Let the backend's chooser time CPU tensors, with do_bench replaced by `ms` per candidate in the order
+    """Let the backend's chooser time CPU tensors, with its `bench` replaced by `ms` per candidate in the order
     the chooser times them (the op first)."""
     monkeypatch.setattr(TimedChooser, "can_time", lambda self, tensors: True)
     order = iter(ms.values())
 
-    def bench(run):
+    def bench(run, replayed=False):
         calls.append(run)
         return next(order)
 
@@ -344,9 +344,15 @@ def test_candidates_are_timed_as_the_graph_will_run(monkeypatch):
     seen = []
     monkeypatch.setattr(choosing, "gpu_ms", lambda run: seen.append("gpu") or 1.0)
     monkeypatch.setattr(choosing, "call_ms", lambda run: seen.append("calls") or 1.0)
-    for cudagraphs in (False, True):
-        TimedChooser(None, passline.backend(cudagraphs=cudagraphs)).bench(lambda: None)
-    assert seen == ["calls", "gpu"]
+    a, b = torch.randn(4, 1024), torch.randn(1024, 8)
+    for cudagraphs, dynamic in ((False, False), (True, False), (True, True)):
+        be = passline.backend(cudagraphs=cudagraphs)
+        gm = torch.fx.experimental.proxy_tensor.make_fx(torch.mm, tracing_mode="symbolic" if dynamic else "fake")(a, b)
+        node = next(n for n in gm.graph.nodes if n.op == "call_function")
+        chooser = TimedChooser(None, be)
+        chooser.bench(lambda: None, chooser.replayed(node))
+    # replayed only with CUDA graphs and static shapes (a graph with symbolic sizes is not captured)
+    assert seen == ["calls", "gpu", "calls"]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="times a GPU")
@@ -362,3 +368,8 @@ def test_gpu_time_leaves_the_host_out_and_calls_keep_it():
         x.add_(1)
 
     assert call_ms(run) >= 0.5 > 0.05 > gpu_ms(run)
+    # a call that synchronizes with the host cannot be captured: no GPU time, and the caller's stream is
+    # current again (torch's capture leaves its own stream current when ending the capture fails)
+    stream = torch.cuda.current_stream()
+    assert gpu_ms(lambda: x.sum().item()) is None
+    assert torch.cuda.current_stream() == stream

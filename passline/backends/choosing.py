@@ -13,11 +13,14 @@ device with generated code, are timed:
   torch ops would time other kernels (an unfused sum and cast);
 - each is checked against the op's result first (`choices.agree`): a candidate that disagrees, or fails to
   compile or run, is dropped with a warning, never chosen;
-- each is timed as it will run: with `cudagraphs=True` (the graph replayed, no host work a call) by its GPU
-  time alone (`gpu_ms`: do_bench's median of replays of a CUDA graph of several calls); otherwise by calls
-  issued back to back (`call_ms`: host included, which at these sizes is most of a call). Inductor likewise
-  takes decompose-K only in max-autotune mode, which replays CUDA graphs. The fastest is chosen, unless
-  the op itself is within `NOISE` of it (then the op: the same speed with one call and no partial results).
+- the op itself is compiled the same way (a graph of one extern call), so that every candidate pays the same
+  compiled call's host work;
+- each is timed as its graph will run: replayed in a CUDA graph (`cudagraphs=True` and static shapes), by
+  its GPU time alone (`gpu_ms`: do_bench's median of replays of a CUDA graph of several calls; if some
+  candidate cannot be captured, the graph would run uncaptured, and all are timed as calls); otherwise by
+  calls issued back to back (`call_ms`: host included, which at these sizes is most of a call). The fastest
+  is chosen, unless the op itself is within `NOISE` of it (then the op: the same speed with one call and no
+  partial results).
 
 The pick is stored under a key of the op, the candidates (their code's fingerprint and versions), the
 arguments' shapes, strides and dtypes, the other arguments, the GPU's name and torch's version
@@ -27,6 +30,7 @@ override.
 """
 from __future__ import annotations
 
+import contextlib
 import warnings
 
 import torch
@@ -68,12 +72,14 @@ class TimedChooser(Rule):
                      [(c.name, c.choice.fingerprint() if c.choice is not None else None) for c in cands],
                      [(tuple(t.shape), tuple(t.stride()), str(t.dtype)) for t in tensors],
                      [v for v in leaves if not isinstance(v, torch.Tensor)], _device_name(tensors[0].device),
-                     "gpu time" if self.backend.cudagraphs else "calls")  # what was timed (see bench)
+                     "gpu time" if self.replayed(node) else "calls")  # what was timed (see bench)
         cache = KernelCache(self.backend.cache_dir)
         saved = cache.get_choice(key)
         if saved is not None and saved.get("chosen") in by_name:
             return by_name[saved["chosen"]], dict(saved.get("timings", {})), "cached"
-        timings = self.measure(node, cands, args, kwargs)
+        device = tensors[0].device  # the tensors' GPU: its streams are the ones launched on and timed
+        with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+            timings = self.measure(node, cands, args, kwargs)
         if not timings:
             return None
         best = min(timings, key=timings.get)
@@ -96,23 +102,37 @@ class TimedChooser(Rule):
                 return {}
             tensors = [v for v in tree_flatten((real_args, real_kwargs))[0] if isinstance(v, torch.Tensor)]
             want = node.target(*real_args, **real_kwargs)
+            runs = {}
             for c in cands:
-                if c is OP:
-                    run = _calling(node.target, real_args, real_kwargs)
-                else:
-                    try:
-                        run = _first_output(self.compile(c, node), tensors)
-                        ok = agree(run(), want, _matmul_precision(want.dtype))
-                    except Exception as e:  # noqa: BLE001 - a candidate that fails is no candidate
-                        warnings.warn(f"passline: choice {c.name} of {node.name} failed ({type(e).__name__}: "
-                                      f"{e}); it is not a candidate", stacklevel=2)
-                        continue
-                    if not ok:
-                        warnings.warn(f"passline: choice {c.name} of {node.name} disagrees with "
-                                      f"{node.target} on random inputs; it is not a candidate", stacklevel=2)
-                        continue
-                timings[c.name] = self.bench(run)
+                try:
+                    # the op too, as a graph of its own: every candidate pays the same compiled call's host work
+                    run = _first_output(self.compile(c, node), tensors)
+                    ok = c is OP or agree(run(), want, _matmul_precision(want.dtype))
+                except Exception as e:  # noqa: BLE001 - a candidate that fails is no candidate
+                    if c is OP:  # nothing to compare with: the op runs as it is
+                        warnings.warn(f"passline: {node.name} ({node.target}) could not be timed "
+                                      f"({type(e).__name__}: {e}); the op runs as it is", stacklevel=2)
+                        return {}
+                    warnings.warn(f"passline: choice {c.name} of {node.name} failed ({type(e).__name__}: "
+                                  f"{e}); it is not a candidate", stacklevel=2)
+                    continue
+                if not ok:
+                    warnings.warn(f"passline: choice {c.name} of {node.name} disagrees with "
+                                  f"{node.target} on random inputs; it is not a candidate", stacklevel=2)
+                    continue
+                runs[c.name] = run
+            replayed = self.replayed(node)
+            timings = {name: self.bench(run, replayed) for name, run in runs.items()}
+            if replayed and any(t is None for t in timings.values()):
+                # a candidate a CUDA graph cannot capture: the graph would run uncaptured with it, so all are
+                # timed as calls (one unit for all)
+                timings = {name: self.bench(run, False) for name, run in runs.items()}
         return timings
+
+    def replayed(self, node) -> bool:
+        """Whether the node's graph will be replayed in a CUDA graph: `cudagraphs=True` and static shapes
+        (cudagraphs.why_not: a graph with symbolic sizes is not captured; CPU graphs are never timed)."""
+        return self.backend.cudagraphs and not _symbolic(node.graph)
 
     def compile(self, candidate: Candidate, node):
         """The candidate on its own, compiled as the backend compiles a graph: traced, lowered (its ops by
@@ -127,10 +147,23 @@ class TimedChooser(Rule):
         return TritonRunner(graph, interpret=target.device != "cuda", variant=be.kernel_variant,
                             cache=KernelCache(be.cache_dir), autotune=be.autotune)
 
-    def bench(self, run) -> float:
-        """Milliseconds of one call of `run` where it will run: replayed in a CUDA graph (`cudagraphs=True`),
-        its GPU time alone (`gpu_ms`); else back-to-back calls, host included (`call_ms`)."""
-        return gpu_ms(run) if self.backend.cudagraphs else call_ms(run)
+    def bench(self, run, replayed: bool) -> float | None:
+        """Milliseconds of one call of `run` as its graph will run: replayed in a CUDA graph, its GPU time
+        alone (`gpu_ms`; None where `run` cannot be captured); else back-to-back calls, host included
+        (`call_ms`)."""
+        return gpu_ms(run) if replayed else call_ms(run)
+
+
+def _symbolic(graph: torch.fx.Graph) -> bool:
+    """Whether an input of the FX graph has a symbolic size or stride (or is a SymInt)."""
+    for n in graph.nodes:
+        if n.op != "placeholder":
+            continue
+        v = n.meta.get("val")
+        if isinstance(v, torch.SymInt) or (isinstance(v, torch.Tensor) and not all(
+                isinstance(s, int) for s in (*v.shape, *v.stride()))):
+            return True
+    return False
 
 
 def call_ms(run, rounds: int = 5, round_s: float = 0.01) -> float:
@@ -162,27 +195,30 @@ def call_ms(run, rounds: int = 5, round_s: float = 0.01) -> float:
 REPLAYED_CALLS = 10  # calls of a candidate captured in the CUDA graph whose replays are timed
 
 
-def gpu_ms(run, calls: int = REPLAYED_CALLS) -> float:
+def gpu_ms(run, calls: int = REPLAYED_CALLS) -> float | None:
     """Milliseconds of GPU time one call of `run` takes: do_bench's median of replays of a CUDA graph of `calls`
     calls, over `calls` (L2 is flushed before each replay, not between its calls). A candidate's host work — a
     compiled graph's wrapper, an extern's Python, Triton's launch — is not in the time: at these sizes a call
     costs the host 10-100 µs, more than the GPU's few µs, and do_bench of the call itself measured that instead
-    (docs/benchmarks.md, *Choices*). Where `run` cannot be captured, do_bench of the call itself."""
+    (docs/benchmarks.md, *Choices*). None where `run` cannot be captured (an op that synchronizes with the
+    host): the caller's stream is current again (`cudagraphs.capturing`)."""
     from triton.testing import do_bench
 
+    from .cudagraphs import capturing
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm, as capture wants: first-call work done off the graph
+        run()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
     try:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm, as capture wants: first-call work done off the graph
-            run()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with capturing(graph):
             for _ in range(calls):
                 run()
-    except Exception:  # noqa: BLE001 - not capturable (a host sync, a CPU tensor): time the call as it is
+    except Exception:  # noqa: BLE001 - not capturable
         torch.cuda.synchronize()
-        return float(do_bench(run, return_mode="median"))
+        return None
     ms = float(do_bench(graph.replay, return_mode="median")) / calls
     del graph
     return ms
@@ -214,10 +250,6 @@ def _matmul_precision(dtype: torch.dtype) -> torch.dtype:
     if dtype != torch.float32:
         return dtype
     return {"high": torch.float16, "medium": torch.bfloat16}.get(torch.get_float32_matmul_precision(), dtype)
-
-
-def _calling(op, args, kwargs):
-    return lambda: op(*args, **kwargs)
 
 
 def _first_output(runner, tensors):

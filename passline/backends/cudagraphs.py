@@ -52,6 +52,7 @@ capture writes nothing), and the graph uncaptured from then on.
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 import weakref
 from collections import Counter
@@ -200,6 +201,22 @@ class Pool:
 def _keep(arenas=()) -> None:
     """`_KEPT`: the arenas of dropped backends (and of `arenas`) that still have a replay output held."""
     _KEPT[:] = [a for a in [*_KEPT, *arenas] if not a.clean()]
+
+
+@contextlib.contextmanager
+def capturing(graph: torch.cuda.CUDAGraph, pool=None):
+    """`torch.cuda.graph(graph, pool=pool)`, with cuBLAS's workspaces cleared around it (`_clear_cublas`) and
+    the caller's stream current again however it ends: torch's `__exit__` ends the capture before it leaves
+    the capture stream, so a capture that fails to end (an op that synchronized with the host) left that
+    stream current for everything after it, unordered with the work queued on the caller's."""
+    stream = torch.cuda.current_stream()
+    _clear_cublas()
+    try:
+        with torch.cuda.graph(graph, pool=pool):
+            yield
+    finally:
+        torch.cuda.set_stream(stream)
+        _clear_cublas()
 
 
 def _clear_cublas() -> None:
@@ -509,8 +526,7 @@ class CudaGraphed:
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
         try:
-            _clear_cublas()
-            with compat.checked_capture(), torch.cuda.graph(graph, pool=arena.handle):
+            with compat.checked_capture(), capturing(graph, arena.handle):
                 outputs = self._run(call)
         except Exception as e:  # e.g. an extern that synchronizes with the host
             self.report.cudagraphs = f"off: capture failed ({type(e).__name__}: {str(e)[:120]})"
@@ -526,8 +542,6 @@ class CudaGraphed:
                                    "freed inputs it had read last, so the call cannot run again uncaptured; "
                                    "compile with passline.backend(cudagraphs=False)") from e
             return self._run(again)
-        finally:
-            _clear_cublas()
         del call
         graph.replay()  # the capture ran nothing: this call's results
         self.static, self.static_ptrs, self.pooled = static, [ptrs[k] for k in static], pooled

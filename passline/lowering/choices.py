@@ -265,9 +265,10 @@ def choose(chooser, node: torch.fx.Node) -> tuple[ChoiceRecord, Candidate] | Non
 
 
 def trace(candidate: Candidate, node: torch.fx.Node) -> torch.fx.GraphModule:
-    """`candidate` applied to `node`'s arguments as an aten graph: make_fx with passline's decompositions, on
-    fake tensors with the node's shapes, strides, dtypes and devices. Its placeholders are the tensors among
-    the node's arguments, in order; other arguments (numbers, lists) are constants of the graph."""
+    """`candidate` (OP: the node's op itself) applied to `node`'s arguments as an aten graph: make_fx with
+    passline's decompositions, on fake tensors with the node's shapes, strides, dtypes and devices. Its
+    placeholders are the tensors among the node's arguments, in order; other arguments (numbers, lists) are
+    constants of the graph."""
     from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
     from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -285,7 +286,7 @@ def trace(candidate: Candidate, node: torch.fx.Node) -> torch.fx.GraphModule:
         for k, t in zip(where, tensors):
             vals[k] = t
         a, kw = tree_unflatten(vals, spec)
-        return candidate(*a, **kw)
+        return node.target(*a, **kw) if candidate.choice is None else candidate(*a, **kw)  # OP: the op itself
 
     # a fake mode of its own: lowering may run inside aot_autograd's, whose tensors must not leak in
     with unset_fake_temporarily():

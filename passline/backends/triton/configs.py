@@ -222,8 +222,9 @@ def uncertain(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, 
     LayerNorm's backward at 2097152 × 64, whose kernel the rule sees alike (the same width, bytes an
     element and row sums), was at autotuning's time by rule (243-285 µs; the rule before, 456): no quantity
     the rule sees separates the two, so both are timed. On an H100 the band took 8 rows on one warp for
-    RMSNorm (313 µs a step against the rule's 354: 1.05x Inductor's GPU time, was 1.17x) and kept the rule's
-    block for LayerNorm and the GELU epilogue (docs/benchmarks.md, twenty-second session)."""
+    RMSNorm (timed at 313 µs with the finishing kernel against the rule's block's 354; 310 against 344 µs of
+    GPU time a step: 1.05x Inductor's, was 1.17x) and kept the rule's block for LayerNorm and the GELU
+    epilogue (docs/benchmarks.md, twenty-second session)."""
     if interpret or rnumel is None or not rows_contiguous or xnumel < device.sms:
         return []
     kinds = [v for v in variants if only not in variants or v == only]
