@@ -372,10 +372,10 @@ def test_gpu_time_leaves_the_host_out_and_calls_keep_it():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="captures on a GPU")
 def test_an_uncapturable_call_has_no_gpu_time_and_leaves_the_callers_stream():
-    """A call that synchronizes with the host cannot be captured: gpu_ms says None, and the caller's stream is
-    current again (torch's capture leaves its own stream current when ending the capture fails). In a process
-    of its own: a failed capture leaves torch's CUDA generator in capture mode (a torch matter: its
-    capture_end raises before it releases the generator), which would fail later tests' random numbers."""
+    """A call that synchronizes with the host cannot be captured: gpu_ms says None, the caller's stream is
+    current again (torch's capture leaves its own stream current when ending the capture fails), and random
+    numbers can be drawn (its capture_end raises before it takes the CUDA generator out of capture mode:
+    cudagraphs._release_generators). In a process of its own, so that a failure here fails no other test."""
     import subprocess
     import sys
 
@@ -385,6 +385,7 @@ def test_an_uncapturable_call_has_no_gpu_time_and_leaves_the_callers_stream():
             "stream = torch.cuda.current_stream()\n"
             "assert gpu_ms(lambda: x.sum().item()) is None\n"
             "assert torch.cuda.current_stream() == stream\n"
+            "torch.randn(8, device='cuda').sum().item()\n"
             "print('ok')\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]

@@ -214,9 +214,25 @@ def capturing(graph: torch.cuda.CUDAGraph, pool=None):
     try:
         with torch.cuda.graph(graph, pool=pool):
             yield
+    except BaseException:
+        torch.cuda.set_stream(stream)
+        _release_generators()
+        raise
     finally:
         torch.cuda.set_stream(stream)
         _clear_cublas()
+
+
+def _release_generators() -> None:
+    """After a capture that failed to end: torch's `capture_end` raises before it takes the device's CUDA
+    generator out of capture mode, and every random number drawn after that, captured or not, fails ("Offset
+    increment outside graph capture encountered unexpectedly"). An empty capture begins and ends the
+    generator's capture again, which leaves it out of capture mode."""
+    try:
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            pass
+    except Exception:  # noqa: BLE001 - nothing more to do: the capture's own error is what is raised
+        pass
 
 
 def _clear_cublas() -> None:
