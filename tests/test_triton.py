@@ -964,3 +964,39 @@ def test_kernels_timed_at_their_first_launch_match_eager_when_they_write_in_plac
     if dev == "cuda":
         timed = [k for r in be.reports for k in r.kernel_info if k.timings]
         assert timed, [(k.name, k.chosen) for r in be.reports for k in r.kernel_info]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("width", [3, 8, 33, 1000])
+def test_online_softmax_groups_match_eager_with_special_values(dtype, width):
+    """A looped softmax's online max-and-sum keeps one max and sum for each group of lanes a thread loads as
+    one vector (kernel._online_step): softmax, log-softmax and cross-entropy forced looped, at widths under,
+    at and over a group and with a ragged last chunk, with rows of -inf, NaN, +inf and huge values, match
+    eager (the interpreter runs the chunk the rule gives it: groups whole, or the chunk narrower than one)."""
+    torch.manual_seed(width)
+    x = (torch.randn(6, width) * 4).to(dtype)
+    x[1] = float("-inf")  # a row of -inf: NaN, as eager
+    x[2, width // 2] = float("nan")
+    x[3, 0] = float("inf")
+    x[4, -1] = 3e38  # a max far from the rest
+    target = torch.randint(0, width, (6,))
+    for fn in (lambda x: torch.softmax(x, -1), lambda x: torch.log_softmax(x.float(), -1),
+               lambda x: torch.nn.functional.cross_entropy(x.float(), target, reduction="none")):
+        assert_matches_eager(fn, [x], codegen="triton", kernel_variant="looped", backward=False)
+
+
+def test_online_softmax_groups_follow_the_loaded_elements():
+    """The group is one 16-byte vector of the widest element the loop loads: 8 lanes for bfloat16 logits,
+    4 for float32; the accumulators are a group wide and the step reduces each group in its thread."""
+    from passline.backends.triton import kernel as kgen
+
+    for dtype, group in ((torch.bfloat16, 8), (torch.float32, 4)):
+        x = torch.randn(4, 3000, dtype=dtype)
+        be = assert_matches_eager(lambda x: torch.log_softmax(x.float(), -1), [x], codegen="reference",
+                                  backward=False)
+        graph = be.reports[0].graph
+        (node,) = [n for n in graph.nodes() if hasattr(n, "reduction_type") or hasattr(n, "nodes")][:1]
+        src = kgen.generate(node, graph, interpret=False, variant="looped", blocks={}).source
+        g = f"({group} if RBLOCK >= {group} else RBLOCK)"
+        assert f"tl.full([XBLOCK, RBLOCK // {g}]" in src and f"tl.reshape(" in src, src
+        assert f"[XBLOCK, RBLOCK // {g}, {g}]" in src, src
