@@ -998,5 +998,5 @@ def test_online_softmax_groups_follow_the_loaded_elements():
         (node,) = [n for n in graph.nodes() if hasattr(n, "reduction_type") or hasattr(n, "nodes")][:1]
         src = kgen.generate(node, graph, interpret=False, variant="looped", blocks={}).source
         g = f"({group} if RBLOCK >= {group} else RBLOCK)"
-        assert f"tl.full([XBLOCK, RBLOCK // {g}]" in src and f"tl.reshape(" in src, src
+        assert f"tl.full([XBLOCK, RBLOCK // {g}]" in src and "tl.reshape(" in src, src
         assert f"[XBLOCK, RBLOCK // {g}, {g}]" in src, src
