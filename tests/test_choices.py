@@ -144,6 +144,19 @@ def test_bad_overrides_and_registrations_error_clearly():
         passline.unregister_choice("mm", "nothing")
 
 
+def test_a_choice_that_raises_is_named(recwarn):
+    """A choice whose function raises fails lowering with its name; one whose `applies` raises is no
+    candidate (a warning names it) and the op runs as it is."""
+    a, b = torch.randn(4, 1024), torch.randn(1024, 8)
+    with registered(aten.mm, "broken", lambda a, b: 1 / 0):
+        with pytest.raises(Exception, match="choice broken of mm failed when traced: ZeroDivisionError"):
+            assert_matches_eager(torch.mm, [a, b], choice_overrides={"mm": "broken"})
+    with registered(aten.mm, "picky", lambda a, b: a @ b, applies=lambda a, b: 1 / 0):
+        be = assert_matches_eager(torch.mm, [a, b])
+    assert all(c.chosen == "aten" for r in be.reports for c in r.choices)
+    assert any("choice 'picky' of mm" in str(w.message) for w in recwarn.list)
+
+
 def test_a_candidate_of_the_wrong_shape_is_refused_at_lowering():
     with registered(aten.mm, "wrong_shape", lambda a, b: (a @ b).t()):
         with pytest.raises(Exception, match=r"choice wrong_shape of mm returns \(8, 4\)"):

@@ -26,6 +26,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import inspect
+import warnings
 from typing import Callable
 
 import attrs
@@ -198,9 +199,14 @@ def candidates(op: str, args, kwargs) -> list[Candidate]:
     """The node's candidates: the op itself first, then every version of every choice that applies."""
     found = [OP]
     for choice in _REGISTRY.get(op, {}).values():
-        if choice.applies is not None and not choice.applies(*args, **kwargs):
+        try:
+            if choice.applies is not None and not choice.applies(*args, **kwargs):
+                continue
+            versions = choice.variants(*args, **kwargs) if choice.variants is not None else [{}]
+        except Exception as e:  # noqa: BLE001 - a user's predicate that fails: that choice is no candidate
+            warnings.warn(f"passline: choice {choice.name!r} of {op}: its applies or variants raised "
+                          f"{type(e).__name__}: {e}; it is not a candidate here", stacklevel=2)
             continue
-        versions = choice.variants(*args, **kwargs) if choice.variants is not None else [{}]
         found.extend(Candidate(choice, tuple(sorted(v.items()))) for v in versions)
     return found
 
@@ -293,7 +299,11 @@ def trace(candidate: Candidate, node: torch.fx.Node) -> torch.fx.GraphModule:
         with FakeTensorMode():
             fakes = [torch.empty_strided(leaves[k].shape, leaves[k].stride(), dtype=leaves[k].dtype,
                                          device=leaves[k].device) for k in where]
-        gm = make_fx(flat, decomposition_table=decomposition_table(), tracing_mode="fake")(*fakes)
+        try:
+            gm = make_fx(flat, decomposition_table=decomposition_table(), tracing_mode="fake")(*fakes)
+        except Exception as e:
+            raise RuntimeError(f"choice {candidate.name} of {op_name(node.target)} failed when traced: "
+                               f"{type(e).__name__}: {e}") from e
     out = [n for n in gm.graph.nodes if n.op == "output"][0].args[0]
     got = getattr(out, "meta", {}).get("val")
     if not isinstance(got, torch.Tensor) or got.shape != want.shape or got.dtype != want.dtype:
