@@ -730,20 +730,25 @@ class KernelWriter:
 
     def _online_step(self, mx, val: str, acc_m: str, acc_s: str, group: int) -> None:
         """One tile of max and sum(exp(v - max)) together, kept for each group of `group` adjacent lanes
-        (`_online_group`: the lanes one thread loads as one 16-byte vector, so a group's max and sum stay in
-        its thread): the group's running sum is rescaled to its new running max, one exponential a group, and
-        the tile's terms are exp(v - max), one an element. Kept for each lane, the rescaling was one more
-        exponential an element: compiled for sm_90, the loop of a cross-entropy forward over bfloat16 logits
-        (2048-element chunks on 8 warps) took 16 ex2 a thread and 138 PTX lines a step that way, 9 and 99 in
-        groups of 8, with 32 registers against 22 and no shuffles either way (float32 in groups of 4: 16 and
-        144 against 10 and 112). A group that has seen only -inf keeps a zero sum (its terms are
-        exp(-inf - M) = 0 for any finite final max M; _finish_online makes an all -inf row NaN); NaN and +inf
-        propagate as they did lane by lane."""
+        (`_online_group`: as many lanes as one thread loads as a 16-byte vector, so a group's max and sum stay
+        in its thread): the group's running sum is rescaled to its new running max, one exponential a group,
+        and the tile's terms are exp(v - max), one an element. Kept for each lane, the rescaling was one more
+        exponential an element: compiled for sm_90 by Triton 3.6, log-softmax's online loop over bfloat16 rows
+        (2048-element chunks on 8 warps) took 16 ex2 a thread and 212 PTX lines a step that way, 9 and 148 in
+        groups of 8 (10 in the groups of 4 `_online_group` takes), 32 registers against 29 (float32 in groups
+        of 4: 16 and 220 against 10 and 158; inputs not 16-byte aligned: 279 lines against 206), no shuffles
+        either way. A group that has seen only -inf
+        keeps a zero sum (its terms are exp(-inf - M) = 0 for any finite final max M; _finish_online makes an
+        all -inf row NaN); NaN and +inf propagate as they did lane by lane."""
         v, vg, new = self.tmp(), self.tmp(), self.tmp()
         g = _group_expr(group)
         masked = f'tl.where(xmask & rmask, {val}, float("-inf"))'
         self.emit(f"{v} = {_as_block(masked, mx.body.dtype)}")
-        self.emit(f"{vg} = tl.reshape({v}, [XBLOCK, RBLOCK // {g}, {g}])")
+        # can_reorder: any lanes may form a group (the max and the sum of a step use the same groups, and
+        # groups meet only in the max and sum after the loop), so Triton groups each thread's own lanes
+        # whatever its loads' layout: kept in order, a load Triton could not vectorize (an input not
+        # 16-byte aligned) made the reshape shuffle lanes between threads (48 shfl a step)
+        self.emit(f"{vg} = tl.reshape({v}, [XBLOCK, RBLOCK // {g}, {g}], can_reorder=True)")
         self.emit(f"{new} = _max_combine({acc_m}, tl.reduce({vg}, 2, _max_combine))")
         lost = f'{new} == float("-inf")'
         terms = f'tl.where(({lost})[:, :, None], 0.0, tl.exp({vg} - {new}[:, :, None]))'
@@ -753,9 +758,13 @@ class KernelWriter:
 
     def _online_group(self, reads: set) -> int:
         """Lanes of an online softmax loop kept as one group (`_online_step`): a 16-byte vector of the
-        widest element the loop loads (4 float32, 8 bfloat16), whose lanes Triton gives one thread."""
+        widest element the loop loads, whose lanes Triton gives one thread, but at most 4: a chunk holds as few
+        as 4 elements a thread (4096 on 32 warps, a configuration the rule and the timed band use), and a
+        group wider than a thread's share crosses threads (bfloat16 in groups of 8 there: 4 KB of shared
+        memory a step). In groups of 4 rather than 8 a bfloat16 step takes 10 exponentials an 8 elements,
+        not 9."""
         widest = max((self.buffers[b].layout.dtype.itemsize for b in reads if b in self.buffers), default=4)
-        return max(1, 16 // widest)
+        return max(1, min(4, 16 // widest))
 
     def _loop_reads(self, names: set) -> set:
         """The buffers from outside the kernel that a loop computing the members `names` loads."""
