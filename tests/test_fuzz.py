@@ -237,6 +237,38 @@ def test_training_check_compares_a_modules_parameter_gradients():
     assert model.weight.grad is None
 
 
+def test_float32_parameter_gradients_are_judged_against_float64_too():
+    """A float32 LayerNorm applied twice over 2048 rows: eager's bias gradient is 1.3e-4 from the float64
+    step, past float32's tolerance, and passline's (mix-order column sums) 2.3e-5; the check passes it by the
+    float64 judge. A dropped term in a float32 gradient still fails."""
+    import copy
+    import functools
+
+    from passline.testing import _assert_module_matches, _float64_twin, loss_weights, train_step
+
+    class Shared(torch.nn.Module):
+        def __init__(self, d):
+            super().__init__()
+            self.ln, self.b = torch.nn.LayerNorm(d), torch.nn.Parameter(torch.randn(d))
+
+        def forward(self, x):
+            gelu = torch.nn.functional.gelu
+            return gelu(self.ln(x) + self.b) + self.ln(x * 2) + gelu(x + self.b)
+
+    torch.manual_seed(11)
+    assert_matches_eager(Shared(128), [torch.randn(2048, 128).requires_grad_()], kernel_variant="mix_order")
+
+    lin = torch.nn.Linear(16, 4, bias=False)
+    x = torch.randn(64, 16)
+    ours, twin = copy.deepcopy(lin), functools.partial(_float64_twin, copy.deepcopy(lin), [x])
+    w = loss_weights(train_step(lin, [x])[0])
+    train_step(ours, [x], w)
+    with torch.no_grad():
+        ours.weight.grad[:, 1:] *= 1.01  # off by 1%, past the tolerance and far past eager's rounding
+    with pytest.raises(AssertionError, match="farther from the float64 step"):
+        _assert_module_matches(ours, lin, True, True, twin, w)
+
+
 def test_low_precision_parameter_gradients_are_judged_against_float64():
     """A bfloat16 or float16 parameter's .grad outside the tolerance passes only where, element by element, it
     is about as close to the same step in float64 as eager's: a gradient with dropped terms fails though
