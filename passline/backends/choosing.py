@@ -37,7 +37,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ..lowering import lower_graph
-from ..lowering.choices import ATEN, OP, Candidate, Rule, agree, trace
+from ..lowering.choices import ATEN, OP, Candidate, Rule, agree, is_static, trace
 from ..pipeline.graph import SchedulerGraph
 from ..pipeline.manager import PassManager
 from ..pipeline.target import Target
@@ -132,7 +132,8 @@ class TimedChooser(Rule):
     def replayed(self, node) -> bool:
         """Whether the node's graph will be replayed in a CUDA graph: `cudagraphs=True` and static shapes
         (cudagraphs.why_not: a graph with symbolic sizes is not captured; CPU graphs are never timed)."""
-        return self.backend.cudagraphs and not _symbolic(node.graph)
+        inputs = [n.meta.get("val") for n in node.graph.nodes if n.op == "placeholder"]
+        return self.backend.cudagraphs and is_static(inputs, {})
 
     def compile(self, candidate: Candidate, node):
         """The candidate on its own, compiled as the backend compiles a graph: traced, lowered (its ops by
@@ -152,18 +153,6 @@ class TimedChooser(Rule):
         alone (`gpu_ms`; None where `run` cannot be captured); else back-to-back calls, host included
         (`call_ms`)."""
         return gpu_ms(run) if replayed else call_ms(run)
-
-
-def _symbolic(graph: torch.fx.Graph) -> bool:
-    """Whether an input of the FX graph has a symbolic size or stride (or is a SymInt)."""
-    for n in graph.nodes:
-        if n.op != "placeholder":
-            continue
-        v = n.meta.get("val")
-        if isinstance(v, torch.SymInt) or (isinstance(v, torch.Tensor) and not all(
-                isinstance(s, int) for s in (*v.shape, *v.stride()))):
-            return True
-    return False
 
 
 def call_ms(run, rounds: int = 5, round_s: float = 0.01) -> float:

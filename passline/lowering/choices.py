@@ -186,7 +186,8 @@ def meta_args(node: torch.fx.Node) -> tuple[tuple, dict]:
             torch.fx.node.map_arg(node.kwargs, lambda a: a.meta.get("val")))
 
 
-def _static(args, kwargs) -> bool:
+def is_static(args, kwargs) -> bool:
+    """Whether no SymInt, and no tensor of symbolic size or stride, is among `args` and `kwargs`."""
     for v in tree_flatten((args, kwargs))[0]:
         if isinstance(v, torch.SymInt):
             return False
@@ -261,7 +262,7 @@ def choose(chooser, node: torch.fx.Node) -> tuple[ChoiceRecord, Candidate] | Non
     if op not in _REGISTRY:
         return None
     args, kwargs = meta_args(node)
-    if not _static(args, kwargs):
+    if not is_static(args, kwargs):
         return None
     cands = candidates(op, args, kwargs)
     if len(cands) == 1:

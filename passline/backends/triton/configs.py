@@ -364,7 +364,7 @@ def rule(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, devic
       (1056 rows of 60 KB in flight), 140 µs on 32 warps and 8192 (264 rows); LayerNorm forward 286 µs
       against 179, and at 2048 × 65536, 269 µs against 174 (Inductor: 133, 241, 238). A kernel whose
       first loop is a softmax's online max-and-sum (`online`: two exponentials an element when this was
-      measured; since, one and an eighth in bfloat16, kernel._online_step) takes chunks of 2048 on 8 warps
+      measured; since, one and a quarter, kernel._online_step) takes chunks of 2048 on 8 warps
       (bfloat16 softmax forward 4474 × 30000: 224 µs against 261 on 32 warps and 8192; 2048 × 65536: 228,
       220 on 4096 and 16 warps), and where the kernel moves 8 bytes an element (a float32 row read and
       written) 4096 on 32 warps: on an H200 softmax forward 1024 × 65536 float32

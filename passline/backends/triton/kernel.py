@@ -193,7 +193,6 @@ class KernelWriter:
         self.reread: set | None = None
         self.debug = False  # a device_assert was emitted: the kernel is compiled with debug=True
         self.online: dict | None = None  # online_pairs(), computed once
-        self._group: int | None = None  # the current loop's online softmax group (_online_group)
         self._expansions: dict = {}  # _expanded()'s memo
         self.int64: bool | None = False  # the index width (None: the INT64 constexpr chooses it per launch)
         self.flat: dict = {}  # VarKind -> (variables, their contiguous strides, flat index name) in scope
@@ -704,8 +703,7 @@ class KernelWriter:
             self._rindex("roffset + ")
             scope = _Scope(outer_scope)
             self.reread = set().union(*reads[p + 1:])
-            self._group = group
-            self._demand(needed, scope, phase, p, accs)
+            self._demand(needed, scope, phase, p, accs, group)
             self.reread = None
             self.indent -= 1
             finished = {}
@@ -729,9 +727,9 @@ class KernelWriter:
         return out
 
     def _online_step(self, mx, val: str, acc_m: str, acc_s: str, group: int) -> None:
-        """One tile of max and sum(exp(v - max)) together, kept for each group of `group` adjacent lanes
-        (`_online_group`: as many lanes as one thread loads as a 16-byte vector, so a group's max and sum stay
-        in its thread): the group's running sum is rescaled to its new running max, one exponential a group,
+        """One tile of max and sum(exp(v - max)) together, kept for each group of `group` lanes (`_online_group`:
+        no more than a thread holds, and Triton free to pick which, so a group's max and sum stay in its
+        thread): the group's running sum is rescaled to its new running max, one exponential a group,
         and the tile's terms are exp(v - max), one an element. Kept for each lane, the rescaling was one more
         exponential an element: compiled for sm_90 by Triton 3.6, log-softmax's online loop over bfloat16 rows
         (2048-element chunks on 8 warps) took 16 ex2 a thread and 212 PTX lines a step that way, 9 and 148 in
@@ -761,7 +759,7 @@ class KernelWriter:
         widest element the loop loads, whose lanes Triton gives one thread, but at most 4: a chunk holds as few
         as 4 elements a thread (4096 on 32 warps, a configuration the rule and the timed band use), and a
         group wider than a thread's share crosses threads (bfloat16 in groups of 8 there: 4 KB of shared
-        memory a step). In groups of 4 rather than 8 a bfloat16 step takes 10 exponentials an 8 elements,
+        memory a step). In groups of 4 rather than 8 a bfloat16 step takes 10 exponentials for 8 elements,
         not 9."""
         widest = max((self.buffers[b].layout.dtype.itemsize for b in reads if b in self.buffers), default=4)
         return max(1, min(4, 16 // widest))
@@ -790,8 +788,9 @@ class KernelWriter:
                     stack.append(d)
         return want
 
-    def _demand(self, names: set, scope: _Scope, phase: dict, p: int, accs: dict) -> None:
-        """Compute, in this loop, the in-loop members named (and the in-loop members they read)."""
+    def _demand(self, names: set, scope: _Scope, phase: dict, p: int, accs: dict, group: int | None) -> None:
+        """Compute, in this loop, the in-loop members named (and the in-loop members they read); `group`: the
+        loop's online softmax group (`_online_group`), where it has an online pair."""
         online = self.online_pairs()
         partner = {mx.name: sm for sm, mx in ((self.by_name(n), m) for n, m in online.items())}
         want = self._wanted(names)
@@ -804,7 +803,7 @@ class KernelWriter:
                 val = self.value(m.body, m, scope, self.canon(m))
                 sm = partner.get(m.name)
                 if sm is not None and sm.name in want:
-                    self._online_step(m, val, accs[m.name], accs[sm.name], self._group)
+                    self._online_step(m, val, accs[m.name], accs[sm.name], group)
                 else:
                     self._reduce_block(m, val, accs[m.name])
             else:

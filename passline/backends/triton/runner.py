@@ -248,6 +248,16 @@ class Kernel:
         process timed them), or None."""
         return self._saved(self._uncertain_key(xnumel, rnumel))
 
+    def adopt_saved_choice(self, xnumel: int, rnumel: int | None) -> Config | None:
+        """`saved_choice`, where there is one, taken as these sizes' choice ahead of their first launch (the
+        precompile plan: the launch then times nothing) and marked timed, so that it is kept even if its
+        binary spills (`_unspill`); None where nothing is stored."""
+        saved = self.saved_choice(xnumel, rnumel)
+        if saved is not None:
+            self.choices[self.bucket(xnumel, rnumel)] = saved
+            self.timed.add(saved)
+        return saved
+
     def _saved(self, ckey: str) -> Config | None:
         saved = self.cache.get_choice(ckey)
         if saved is not None:
@@ -533,8 +543,11 @@ class MixKernel(Kernel):
         wave of programs, from `cfg` compiled at the IR's split (its registers, shared memory); the IR's split
         where it could not be compiled. What the first launch chooses by rule, or times, and what
         TritonRunner._first_launches chooses ahead of it."""
-        waves = self.waves(xnumel, compiled, cfg.warps) if compiled is not None else []
-        return cfg.with_split(waves[0] if waves else self.split)
+        return self._at_first(cfg, self.waves(xnumel, compiled, cfg.warps) if compiled is not None else [])
+
+    def _at_first(self, cfg: Config, splits: list[int]) -> Config:
+        """`cfg` at the first of its whole-wave `splits`, or at the IR's split where there is none."""
+        return cfg.with_split(splits[0] if splits else self.split)
 
     def _wave_splits(self, cfg: Config, compiled, args, xnumel: int, rnumel: int) -> list[int]:
         """`waves` of `cfg` (at the IR's split): from `compiled` where its launch compiled it, else the split
@@ -549,7 +562,7 @@ class MixKernel(Kernel):
 
     def _place(self, cfg: Config, compiled, args, xnumel: int, rnumel: int) -> Config:
         """`cfg` at its first whole-wave split (`_wave_splits`), or at the IR's split (as `placed`)."""
-        return cfg.with_split((self._wave_splits(cfg, compiled, args, xnumel, rnumel) or [self.split])[0])
+        return self._at_first(cfg, self._wave_splits(cfg, compiled, args, xnumel, rnumel))
 
     def _compile_only(self, cfg: Config, args, xnumel: int, rnumel: int):
         """`cfg` compiled for these arguments without a launch (the launch that follows finds it in
@@ -573,7 +586,7 @@ class MixKernel(Kernel):
 
         def one_wave(c, compiled):
             splits = waves[c.with_split(0)] = self._wave_splits(c, compiled, args, xnumel, rnumel)
-            return c.with_split((splits or [self.split])[0])
+            return self._at_first(c, splits)
 
         return self._time(cands, args, xnumel, rnumel, stream, after, one_wave), waves
 
@@ -775,10 +788,7 @@ class TritonRunner:
                 return
             cands = k.uncertain(*sizes)
             if cands:  # timed at the first launch (Kernel._choose): each candidate built, or the stored choice
-                saved = k.saved_choice(*sizes)
-                if saved is not None:
-                    k.choices[k.bucket(*sizes)] = saved
-                    k.timed.add(saved)  # a timed choice: kept even if its binary spills (Kernel._unspill)
+                saved = k.adopt_saved_choice(*sizes)
                 each([self._planned(k, src, cfg, *sizes) for cfg in ([saved] if saved is not None else cands)])
                 return
             for _ in range(8):  # the roomier configurations, at most doubling warps to MAX_WARPS
@@ -817,10 +827,8 @@ class TritonRunner:
         compiles nothing to place from), built placed, and the finishing kernel built for each placed
         candidate's programs (the timing runs it after each); or, where an earlier process stored its
         choice, that choice (placed already) and its finishing kernel alone."""
-        saved = k_main.saved_choice(rows, cols)
+        saved = k_main.adopt_saved_choice(rows, cols)
         if saved is not None:
-            k_main.choices[k_main.bucket(rows, cols)] = saved
-            k_main.timed.add(saved)
             placed = [saved]
             build(self._planned(k_main, main, saved, rows, cols, workspaces))
         else:
