@@ -980,9 +980,10 @@ def test_online_softmax_groups_match_eager_with_special_values(dtype, width):
     x[3, 0] = float("inf")
     x[4, -1] = 3e38  # a max far from the rest
     target = torch.randint(0, width, (6,))
-    for fn in (lambda x: torch.softmax(x, -1), lambda x: torch.log_softmax(x.float(), -1),
-               lambda x: torch.nn.functional.cross_entropy(x.float(), target, reduction="none")):
-        assert_matches_eager(fn, [x], codegen="triton", kernel_variant="looped", backward=False)
+    for fn in (lambda x, t: torch.softmax(x, -1), lambda x, t: torch.log_softmax(x.float(), -1),
+               lambda x, t: torch.nn.functional.cross_entropy(x.float(), t, reduction="none")):
+        # the target is an input, not a closure's CPU tensor: the check moves inputs to the test's device
+        assert_matches_eager(fn, [x, target], codegen="triton", kernel_variant="looped", backward=False)
 
 
 def test_online_softmax_groups_follow_the_loaded_elements():
