@@ -97,9 +97,12 @@ def main(argv=None):
     ap.add_argument("--shapes", default="576000x384,32768x4096")
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--cases", default="layer_norm,rms_norm,softmax,gelu_epilogue,cross_entropy")
-    ap.add_argument("--out", default=os.environ.get("OUT"))
+    ap.add_argument("--out", default=os.environ.get("OUT"), help="folder for results.jsonl (made if missing)")
     args = ap.parse_args(argv)
     import triton
+
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)  # a missing folder failed each row after its first phase
 
     # backward timings replay one backward with retain_graph=True, which donated buffers forbid
     torch._functorch.config.donated_buffer = False
