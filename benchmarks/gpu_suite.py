@@ -11,7 +11,9 @@ Issue 16's rows (vocabularies from 1k to 256k; embedding forward and backward):
 For each case, shape and dtype it checks passline's forward and backward against eager (relative
 error against a float64 reference), then times eager, Inductor and passline (median of do_bench) and
 prints a Markdown table: times, passline's speed relative to Inductor (Inductor time / passline time:
-above 1 is faster), and passline's GB/s as a percentage of the device-to-device copy bandwidth measured
+above 1 is faster), the GPU time of each contender's kernels alone (torch.profiler, bench_common.kernel_ms:
+a step of a few tens of µs is the host's, do_bench measures its issue rate) and their ratio, and
+passline's GB/s as a percentage of the device-to-device copy bandwidth measured
 at the start of the same run. Bytes are the minimum each row must move (inputs read once, outputs
 written once).
 """
@@ -28,7 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import bench, copy_bandwidth, differentiated, errors, grads, make_case, passed, reference  # noqa: E402
+from bench_common import bench, copy_bandwidth, differentiated, errors, grads, kernel_ms, make_case, passed, reference  # noqa: E402
 
 import passline  # noqa: E402
 
@@ -52,23 +54,27 @@ def run_case(name, m, n, dtype, copy_gbs, rows, out_dir):
     # forward (inference) and backward timings
     det = [x.detach() for x in inputs]
     for phase, nbytes in (("fwd", case.fwd_bytes), ("bwd", case.bwd_bytes)):
-        times = {}
+        times, kernels = {}, {}
         for label, f in (("eager", fn), ("inductor", compiled["inductor"]), ("passline", compiled["passline"])):
             if phase == "fwd":
                 with torch.no_grad():
                     f(*det)  # compile the inference graph outside the timing
                     times[label] = bench(lambda f=f: f(*det))
+                    kernels[label] = kernel_ms(lambda f=f: f(*det))
             else:
                 ins = [x.detach().clone().requires_grad_(x.requires_grad) for x in inputs]
                 y = f(*ins)
                 dy = torch.randn_like(y)
                 wrt = differentiated(f, ins)
-                times[label] = bench(lambda y=y, wrt=wrt, dy=dy: torch.autograd.grad(y, wrt, dy, retain_graph=True))
-                del y, ins
+                call = (lambda y=y, wrt=wrt, dy=dy: torch.autograd.grad(y, wrt, dy, retain_graph=True))
+                times[label], kernels[label] = bench(call), kernel_ms(call)
+                del y, ins, call
         gbs = nbytes / (times["passline"] * 1e-3) / 1e9
         row = dict(case=name, phase=phase, shape=f"{m}x{n}", dtype=str(dtype).replace("torch.", ""),
                    eager_ms=times["eager"], inductor_ms=times["inductor"], passline_ms=times["passline"],
                    vs_inductor=times["inductor"] / times["passline"], gbs=gbs, pct_copy=100 * gbs / copy_gbs,
+                   inductor_kernel_ms=kernels["inductor"], passline_kernel_ms=kernels["passline"],
+                   kernels_vs_inductor=kernels["inductor"] / kernels["passline"],
                    check="ok" if ok else "MISMATCH", rel_err=max(errs), eager_rel_err=max(eager_errs),
                    compile_s_passline=compiled["passline_s"], compile_s_inductor=compiled["inductor_s"],
                    kernels=[(r.name, k.name, k.chosen, k.blocks) for r in be.reports for k in r.kernel_info
@@ -83,12 +89,15 @@ def run_case(name, m, n, dtype, copy_gbs, rows, out_dir):
 
 
 HEADER = ("| case | phase | shape | dtype | eager ms | Inductor ms | passline ms | passline vs Inductor | "
-          "passline GB/s | % of copy | check |\n|---|---|---|---|---|---|---|---|---|---|---|")
+          "kernels alone: Inductor / passline ms (vs) | passline GB/s | % of copy | check |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|---|")
 
 
 def fmt(r) -> str:
     return (f"| {r['case']} | {r['phase']} | {r['shape']} | {r['dtype']} | {r['eager_ms']:.3f} | "
-            f"{r['inductor_ms']:.3f} | {r['passline_ms']:.3f} | {r['vs_inductor']:.2f}x | {r['gbs']:.0f} | "
+            f"{r['inductor_ms']:.3f} | {r['passline_ms']:.3f} | {r['vs_inductor']:.2f}x | "
+            f"{r['inductor_kernel_ms']:.3f} / {r['passline_kernel_ms']:.3f} ({r['kernels_vs_inductor']:.2f}x) | "
+            f"{r['gbs']:.0f} | "
             f"{r['pct_copy']:.0f}% | {r['check']} (rel err {r['rel_err']:.1e}) |")
 
 
