@@ -518,13 +518,16 @@ class MixOrderNode(_GroupNode):
     of `split_rows` rows: it finishes each row's reduction and epilogue, and adds the block's column
     partial sums into a workspace [n_splits, columns]; a small reduction over the splits finishes the
     column results (and their epilogues). `split_rows` is the block size the IR's byte counts and the
-    CPU interpreter use; with `tune_split` a GPU backend may time other block sizes and keep the best."""
+    CPU interpreter use; with `tune_split` a GPU backend may time other block sizes and keep the best.
+    `tiled`: the row side is pointwise and its rows too wide to hold whole in registers, so the kernel takes
+    the columns in blocks too (a program per block of rows and block of columns; mix_order_reduction)."""
 
     name: str
     row: Any
     column_groups: tuple  # the column side's groups (`columns` is how many columns there are)
     split_rows: int
     tune_split: bool = True
+    tiled: bool = False
     origins: tuple = attrs.field(default=attrs.Factory(
         lambda self: _members_origins((self.row, *self.column_groups)), takes_self=True))
     _outputs: tuple = _derived(_group_outputs)
@@ -562,7 +565,7 @@ class MixOrderNode(_GroupNode):
 
     def __repr__(self):
         cols = "; ".join(getattr(c, "name", "?") for c in self.column_groups)
-        split = f"{self.split_rows}{' (tuned)' if self.tune_split else ''}"
+        split = f"{self.split_rows}{' (tuned)' if self.tune_split else ''}{', columns tiled' if self.tiled else ''}"
         return f"{self.name} = MixOrder(rows {self.rows} x cols {self.columns}, split {split}: " \
                f"{self.row.name}; {cols})"
 

@@ -548,8 +548,9 @@ def _describe(node) -> str:
         head = f"{node.name}: fused [{', '.join(map(str, node.ranges))}{red}], {len(node.nodes)} nodes"
         return head + "".join("\n  " + _describe(m).replace("\n", "\n  ") for m in node.nodes)
     if isinstance(node, MixOrderNode):
-        head = (f"{node.name}: mix_order rows={node.rows} cols={node.columns} split_rows={node.split_rows} "
-                f"(row side {node.row.name}; column reductions {', '.join(c.name for c in node.column_groups)})")
+        head = (f"{node.name}: mix_order rows={node.rows} cols={node.columns} split_rows={node.split_rows}"
+                f"{' columns tiled' if node.tiled else ''} (row side {node.row.name}; "
+                f"column reductions {', '.join(c.name for c in node.column_groups)})")
         return head + "".join("\n  " + _describe(g).replace("\n", "\n  ") for g in (node.row, *node.column_groups))
     if isinstance(node, Scatter):
         binds = "".join(f"; {b!r}" for b in node.indirect)

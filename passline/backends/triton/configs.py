@@ -26,6 +26,7 @@ INTERP_BLOCK = 1 << 17  # interpreter cost grows with programs x ops: few, large
 COLUMN_THREAD_BYTES = 64  # bytes a thread loads a step of a column sum's row loop (see rule)
 MIX_STAGES = (3, 4)  # pipelined row loops timed on a GPU (1: not pipelined, the baseline)
 MIX_BAND_ROWS_PER_SM = 64  # a mix-order kernel with at least this many rows an SM may be timed (uncertain)
+MIX_TILE_COLUMNS = 1024  # columns a block of mix_order_tiled by rule (see rule)
 
 
 @attrs.frozen
@@ -41,8 +42,18 @@ class Config:
 
     @property
     def per_program(self) -> int:
-        """Rows (or elements) one program covers: the grid is cdiv(xnumel, per_program)."""
+        """Rows (or elements) one program covers: the grid is cdiv(xnumel, per_program) (times `column_blocks`)."""
         return self.split if self.variant in MIX_FORMS else self.xblock
+
+    def column_blocks(self, rnumel: int | None) -> int:
+        """Programs a block of rows takes: its blocks of columns (mix_order_tiled), else one."""
+        if self.variant != Variant.MIX_ORDER_TILED or not rnumel:
+            return 1
+        return -(-rnumel // self.rblock)
+
+    def programs(self, xnumel: int, rnumel: int | None) -> int:
+        """The launch's grid (one axis): cdiv(xnumel, per_program) blocks of rows, times `column_blocks`."""
+        return max(1, -(-xnumel // self.per_program)) * self.column_blocks(rnumel)
 
     def blocks(self) -> dict:
         """The kernel's block arguments by name (constexprs, and SPLIT)."""
@@ -117,6 +128,8 @@ def candidates(variants: dict, xnumel: int, rnumel: int | None, interpret: bool,
                          for xb, rb in ((1, 2048), (4, 512), (64, 64), (128, 32))
                          if rb <= pow2(rnumel) and xb <= pow2(xnumel)]
                 out += found or [Config(variant, 1, min(2048, pow2(rnumel)))]
+        elif variant == Variant.MIX_ORDER_TILED:
+            out += tiled_candidates(pow2(rnumel), split, interpret)
         elif variant in MIX_FORMS:
             out += mix_candidates(variant, pow2(rnumel), split, interpret)
     if interpret:  # the interpreter's cost is per program and op: prefer persistent
@@ -157,6 +170,22 @@ def mix_candidates(form: Variant, rb: int, split: int, interpret: bool) -> list:
     if form == Variant.MIX_ORDER:
         out.append(cand(1, _warps(rb)[0], 1))
     return out
+
+
+def tiled_candidates(rb: int, split: int, interpret: bool) -> list:
+    """Configs of mix_order_tiled whose rows are `rb` (a power of two) wide. Under the interpreter one: blocks
+    of 1024 columns (a 3001-wide test still has several) and as many rows as make INTERP_BLOCK elements.
+    On a GPU, blocks of 512 to 2048 columns and 1 to 4 rows (1024 to 4096 elements) on 4 and 8 warps, three
+    and four stages (none timed yet on a GPU)."""
+    if interpret:
+        rbl = min(rb, MIX_TILE_COLUMNS)
+        return [Config(Variant.MIX_ORDER_TILED, _clamp(INTERP_BLOCK // rbl, 1, pow2(split)), rbl, 8, 1, split)]
+    out = []
+    for rbl in (512, 1024, 2048):
+        for xb in (1, 2, 4):
+            if rbl <= rb and xb <= pow2(split) and 1024 <= xb * rbl <= 4096:
+                out += [Config(Variant.MIX_ORDER_TILED, xb, rbl, w, st, split) for w in (4, 8) for st in MIX_STAGES]
+    return out or [Config(Variant.MIX_ORDER_TILED, 1, min(rb, MIX_TILE_COLUMNS), 4, 1, split)]
 
 
 # -- where no rule holds: a few configurations timed at the first call, even by default ----------------
@@ -406,6 +435,11 @@ def rule(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, devic
     rb = pow2(rnumel)
     if any(v in MIX_FORMS for v in kinds):
         split = variants[kinds[0]]
+        if Variant.MIX_ORDER_TILED in kinds:  # a wide pointwise row side: blocks of columns, the block's rows
+            rbl = min(rb, MIX_TILE_COLUMNS)  # and warps as narrower ones have (two rows, 96 bytes a thread)
+            xb, warps = _mix_block(rbl, min(8, pow2(split)), row_bytes, rnumel, False)
+            return Config(Variant.MIX_ORDER_TILED, min(xb, pow2(split)), rbl, warps,
+                          _stages(xb, rbl, row_bytes, rnumel, device), split)
         if not row_sums and rb <= 128 and Variant.MIX_ORDER in kinds:  # a narrow pointwise row side
             return Config(Variant.MIX_ORDER, 1, rb, 1, _stages(1, rb, row_bytes, rnumel, device), split)
         if Variant.MIX_ORDER_ACC2D in kinds and rb <= 4096 and pow2(split) >= 2:

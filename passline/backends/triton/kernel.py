@@ -1030,7 +1030,12 @@ def generate_mix(mix: MixOrderNode, graph, interpret: bool, blocks: dict,
 
     - "mix_order": the column partials are one row [1, RBLOCK] that each row block is summed into;
     - "mix_order_acc2d": a [XBLOCK, RBLOCK] tile of partials, summed once at the end (no cross-row sum
-      per block: the form for several rows per block).
+      per block: the form for several rows per block);
+    - "mix_order_tiled": as "mix_order_acc2d" over one block of RBLOCK columns: a program per block of SPLIT
+      rows and block of columns, numbered row block by row block (the program id is their flat index,
+      so the launch keeps one grid axis). Only where the row side is pointwise (`MixOrderNode.tiled`): a
+      row reduction needs whole rows. Each column's partial sums, and the workspace's [split, column]
+      entries, belong to the one program of its column block, so the blocks never meet.
 
     The loop over a program's row blocks is `tl.range(..., num_stages=STAGES)`: with STAGES > 1 Triton
     pipelines its loads through shared memory (asynchronous copies issued STAGES - 1 blocks ahead), so a
@@ -1043,6 +1048,7 @@ def generate_mix(mix: MixOrderNode, graph, interpret: bool, blocks: dict,
 
     assert form in MIX_FORMS, form
     rows, cols = shape(mix.row)
+    tiled = form == KernelVariant.MIX_ORDER_TILED
     finish = finish_node(mix)
     finish_reads = set(finish.read_names())
     row_members = members(mix.row)
@@ -1061,15 +1067,24 @@ def generate_mix(mix: MixOrderNode, graph, interpret: bool, blocks: dict,
     w = KernelWriter(name, list(row_members) + in_loop_cols, rows, cols, stored, graph.buffers(), interpret,
                      swap=set(in_loop_cols))
     w.int64, spans = index_width(graph, mix)
+    if tiled and any(isinstance(m, Reduction) for m in row_members):
+        raise Unsupported("mix-order columns in blocks with a row reduction (it needs whole rows)")
     pid = w.pid()
-    acc2d = form == KernelVariant.MIX_ORDER_ACC2D
+    acc2d = form in (KernelVariant.MIX_ORDER_ACC2D, KernelVariant.MIX_ORDER_TILED)
 
     def colsum(x: str) -> str:
         # tl.sum measured faster here on an H200 than tl.reduce with our combine (0.47 vs 0.70 ms,
         # LayerNorm backward 32768x4096); the interpreter needs the builtin-only form (see printer)
         return f"tl.reduce({x}, 0, _sum_combine)" if interpret else f"tl.sum({x}, 0)"
 
-    w._rindex("")
+    if tiled:  # the program's block of rows (`pid`: which split) and its block of columns
+        w.emit(f"program = {pid}")
+        w.emit(f"column_blocks = tl.cdiv({w.numel('rnumel')}, RBLOCK)")
+        w.emit("split_id = program // column_blocks")
+        w._rindex("(program % column_blocks) * RBLOCK + ")
+        pid = "split_id"
+    else:
+        w._rindex("")
     accs = {}
     for m in in_loop_cols:
         if role(m, cols, rows) == Role.REDUCTION:

@@ -25,7 +25,6 @@ from ...ir import Extern, FusedNode, MixOrderNode, members
 from ...lowering.sizes import at_hint
 from ...pipeline.metrics import node_bytes
 from ..reference import ReferenceRunner, _Bindings
-from ..variants import MIX_FORMS
 from . import compat
 from . import kernel as kgen
 from .cache import KernelCache, digest, interpreting, load_kernel
@@ -311,7 +310,7 @@ class Kernel:
         """Launch `cfg` on `args` (the kernel's buffers and sizes in signature order); returns the compiled
         kernel where this launch compiled it (no binary compiled ahead, or an earlier launch, had its key)."""
         full = (*args, xnumel) if rnumel is None else (*args, xnumel, rnumel)
-        grid0 = max(1, -(-xnumel // cfg.per_program))
+        grid0 = cfg.programs(xnumel, rnumel)
         consts = self.constexprs(cfg, xnumel, rnumel)
         if self.interpret:
             with interpreting(True):
@@ -381,7 +380,7 @@ class Kernel:
             self.ready.clear()
         launch, tail = found
         key = (xnumel, rnumel, wide, *[args[i] for i in inside]) if inside else (xnumel, rnumel, wide)
-        self.ready[key] = launch, max(1, -(-xnumel // cfg.per_program)), tail, self.last
+        self.ready[key] = launch, cfg.programs(xnumel, rnumel), tail, self.last
 
     def _show(self, last) -> None:
         """The report's configuration: the latest launch's (a replay of another size's settled launch)."""
@@ -495,20 +494,29 @@ class MixKernel(Kernel):
         # plan (TritonRunner._first_launches) compiled it: its launch then compiles nothing to place from
         self.placements: dict = {}
 
+    @property
+    def tiled(self) -> bool:
+        """Whether the kernel takes its columns in blocks (mix_order_tiled: its only form)."""
+        return Variant.MIX_ORDER_TILED in self.info.variants
+
     def _floor(self, xnumel: int) -> int:
         """The smallest split tried: at most MAX_PROGRAMS_PER_SM programs per SM, never under 16 rows
-        (tiny blocks make huge workspaces)."""
-        return max(16, math.ceil(xnumel / (self.device.sms * MAX_PROGRAMS_PER_SM)))
+        (tiny blocks make huge workspaces); 64 where the columns are in blocks (mix_order_tiled), whose
+        programs a block of rows are many: its workspace [splits, columns] stays under 1/16 of a float32
+        input's bytes, 1/32 of a bfloat16's, read once and written once more."""
+        return max(64 if self.tiled else 16, math.ceil(xnumel / (self.device.sms * MAX_PROGRAMS_PER_SM)))
 
-    def waves(self, xnumel: int, compiled, warps: int) -> list[int]:
+    def waves(self, xnumel: int, compiled, warps: int, column_blocks: int = 1) -> list[int]:
         """The splits that give one to four whole waves of programs (the first: one wave), from what the
         compiled kernel says of its registers (64, a common figure, if this Triton does not) and its
-        shared memory (the pipelined loads' buffers); those under the smallest split allowed are left out."""
+        shared memory (the pipelined loads' buffers); those under the smallest split allowed are left out.
+        A block of rows is `column_blocks` programs (mix_order_tiled): the wave counts all of them."""
         regs = getattr(compiled, "n_regs", 0) or 64
         smem = getattr(getattr(compiled, "metadata", None), "shared", 0) or 0
         wave = self.device.sms * _resident(regs, warps, smem)
         floor = self._floor(xnumel)
-        return [s for s in dict.fromkeys(math.ceil(xnumel / (wave * k)) for k in (1, 2, 3, 4)) if s >= floor]
+        return [s for s in dict.fromkeys(math.ceil(xnumel * column_blocks / (wave * k)) for k in (1, 2, 3, 4))
+                if s >= floor]
 
     def workspace_rows(self, xnumel: int) -> int:
         """Rows of each workspace while timing: one per program at the smallest split that may be tried."""
@@ -538,12 +546,15 @@ class MixKernel(Kernel):
         # by rule: one whole wave, from what the compiled kernel takes (compiled now, not launched)
         return self._place(self._rule(xnumel, rnumel, args), None, args, xnumel, rnumel)
 
-    def placed(self, cfg: Config, compiled, xnumel: int) -> Config:
+    def placed(self, cfg: Config, compiled, xnumel: int, rnumel: int) -> Config:
         """The configuration `cfg` (the rule's, or one of configs.uncertain's band) with its split: one whole
         wave of programs, from `cfg` compiled at the IR's split (its registers, shared memory); the IR's split
         where it could not be compiled. What the first launch chooses by rule, or times, and what
         TritonRunner._first_launches chooses ahead of it."""
-        return self._at_first(cfg, self.waves(xnumel, compiled, cfg.warps) if compiled is not None else [])
+        return self._at_first(cfg, self._waves_of(cfg, compiled, xnumel, rnumel) if compiled is not None else [])
+
+    def _waves_of(self, cfg: Config, compiled, xnumel: int, rnumel: int) -> list[int]:
+        return self.waves(xnumel, compiled, cfg.warps, cfg.column_blocks(rnumel))
 
     def _at_first(self, cfg: Config, splits: list[int]) -> Config:
         """`cfg` at the first of its whole-wave `splits`, or at the IR's split where there is none."""
@@ -558,7 +569,7 @@ class MixKernel(Kernel):
             if found is not None:
                 return [found.split]
             compiled = self._compile_only(cfg, args, xnumel, rnumel)
-        return self.waves(xnumel, compiled, cfg.warps) if compiled is not None else []
+        return self._waves_of(cfg, compiled, xnumel, rnumel) if compiled is not None else []
 
     def _place(self, cfg: Config, compiled, args, xnumel: int, rnumel: int) -> Config:
         """`cfg` at its first whole-wave split (`_wave_splits`), or at the IR's split (as `placed`)."""
@@ -633,7 +644,8 @@ class MixStep:
 
     @staticmethod
     def programs(rows: int, cfg: Config) -> int:
-        """The main kernel's programs at `cfg`'s split: the finishing kernel's rows to sum."""
+        """The main kernel's blocks of rows at `cfg`'s split (its programs, but for mix_order_tiled's blocks of
+        columns, which share a workspace row): the finishing kernel's rows to sum."""
         return max(1, -(-rows // cfg.split))
 
     def _alloc(self, empty, rows: int, cols: int) -> dict:
@@ -810,7 +822,7 @@ class TritonRunner:
             if k_main._tuned():  # as MixKernel._choose: the split from the binary at the IR's split
                 cfg = k_main._rule(rows, cols)
                 compiled = build(self._planned(k_main, main, cfg, rows, cols, workspaces))
-                placed = k_main.placed(cfg, compiled, rows)
+                placed = k_main.placed(cfg, compiled, rows, cols)
                 if compiled is not None:  # compiled: the launch takes this split (a listing leaves it)
                     k_main.choices[k_main.bucket(rows, cols)] = placed
                 cfg = placed
@@ -833,7 +845,7 @@ class TritonRunner:
             build(self._planned(k_main, main, saved, rows, cols, workspaces))
         else:
             compiled = each([self._planned(k_main, main, c, rows, cols, workspaces) for c in cands])
-            placed = [k_main.placed(c, comp, rows) for c, comp in zip(cands, compiled)]
+            placed = [k_main.placed(c, comp, rows, cols) for c, comp in zip(cands, compiled)]
             for c, comp, p in zip(cands, compiled, placed):
                 if comp is not None:  # compiled: the timing places it here (a listing leaves it to the launch)
                     k_main.placements[rows, c] = p
@@ -1000,9 +1012,12 @@ class TritonRunner:
             if bad:
                 raise Unsupported(f"mix-order column reduction {bad[0]}")
             blocks = {"XBLOCK": 1, "RBLOCK": 1, "SPLIT": int(node.split_rows)}
-            main, finish = kgen.generate_mix(node, self.graph, self.interpret, blocks)
-            variants = {Variant.MIX_ORDER: main}
-            for form in MIX_FORMS[1:]:  # more multi-kernel candidates (on the CPU: when forced)
+            # a node whose columns are tiled has that form only (its rows are too wide for a block); others
+            # the whole-row forms, the two-dimensional one a multi-kernel candidate (on the CPU: when forced)
+            forms = (Variant.MIX_ORDER_TILED,) if node.tiled else (Variant.MIX_ORDER, Variant.MIX_ORDER_ACC2D)
+            main, finish = kgen.generate_mix(node, self.graph, self.interpret, blocks, forms[0])
+            variants = {forms[0]: main}
+            for form in forms[1:]:
                 variants[form] = kgen.generate_mix(node, self.graph, self.interpret, blocks, form)[0]
             stored = kgen._stored(node, self.graph)
             k_main = self._kernel(node, "mix_order", variants, stored, MixKernel, split=int(node.split_rows),
