@@ -20,12 +20,22 @@ of two, so what fits is a count of elements, not the input's bytes: on an H200 b
 mixed at 0.8× Inductor's time, 12345 wide (blocks of 16384) at 1.5–1.8×; float32 rows of 4097–8192, unmixed
 while the gate counted the input's bytes, read x and dy twice (1.27–1.65× Inductor's time on an H100, where
 bfloat16 at the same width ran mixed at 86–88% of copy: docs/passes.md). Wider rows get their column sums from
-recompute_columns; rows ≥ min_rows; column reductions only of
-`reduction_types` (comma-separated; partial results must combine by the same reduction); at most `max_reads`
-distinct buffers read. Refuses: sides that do not share a buffer; a column side whose per-point work needs a
-finished column result or any column epilogue (the finishing kernel computes those, after all rows); a column
-side the row side depends on; another path between them (a cycle). Members with permuted loops (memory_order,
-reorder_loops) are mixed like any other."""
+recompute_columns, or, where the row side is pointwise, the tiled form below; rows ≥ min_rows; column reductions
+only of `reduction_types` (comma-separated; partial results must combine by the same reduction); at most
+`max_reads` distinct buffers read. Refuses: sides that do not share a buffer; a column side whose per-point work
+needs a finished column result or any column epilogue (the finishing kernel computes those, after all rows); a
+column side the row side depends on; another path between them (a cycle). Members with permuted loops (memory_order,
+reorder_loops) are mixed like any other.
+
+Tiled (`tile_columns`, on by default): the width gates bound what a program holds of a whole row, which only a
+row side that reduces its rows (a norm's row sums) needs. A pointwise row side past them (a bias gradient at
+12345, 30000, 65536 columns: dh written, db its sum over the rows) is mixed anyway as a node marked `tiled`,
+whose kernel takes the columns in blocks as well as the rows (the Triton backend's `mix_order_tiled`: a program
+per block of rows and block of columns, each writing its columns' partial sums into the same [n_splits, columns]
+workspace), TILED_SPLIT rows a block in the IR. Unmixed, such a pair was a pointwise kernel writing dh and a
+column sum reading it back: 4 passes over memory (x, dy read; dh written, read) instead of 3 (on an H100 1.12x
+Inductor's kernel time at 2237 x 30000 float32). Compiled for sm_90 the tiled kernels spill nothing; they are not
+yet timed on a GPU. A pair that fits the gates is mixed as before (whole rows, not tiled)."""
 from __future__ import annotations
 
 from typing import Annotated
@@ -59,29 +69,49 @@ def _cycle(graph, row, col) -> str | None:
     return None
 
 
+def _row_sums(side) -> bool:
+    """Whether the row side reduces its rows (a norm's backward), so that a program must hold whole rows."""
+    group = side.row if isinstance(side, MixOrderNode) else side
+    return any(isinstance(m, Reduction) for m in members(group))
+
+
 def _gate(row, col, max_columns, min_rows, types, max_reads, rows, cols, max_row_bytes=None,
-          layouts=None, hints=None) -> str | None:
-    """What keeps the two sides from mixing, from the nodes alone (the graph's paths: `_cycle`)."""
+          layouts=None, hints=None, tile_columns=False) -> tuple[str | None, bool]:
+    """What keeps the two sides from mixing, from the nodes alone (the graph's paths: `_cycle`), and whether
+    their kernel must take its columns in blocks: (problem or None, tiled). The width gates (max_columns,
+    max_row_bytes) bound what a program holds of a whole row; a row side that does not reduce its rows (a
+    bias gradient's pointwise dh) needs no whole row, so with `tile_columns` a wide one is mixed tiled."""
     if isinstance(col, (Extern, MixOrderNode)) or isinstance(row, Extern):
-        return "extern or mix-order"
+        return "extern or mix-order", False
     if row.mutates or col.mutates:  # its finishing kernel would reorder the write against the readers
-        return "writes a graph input in place"
+        return "writes a graph input in place", False
     if not rows == () and not cols:
-        return "no reduction"
+        return "no reduction", False
+    tileable = tile_columns and not _row_sums(row)
+    wide = False  # a width gate passed over, the columns to be tiled
     ncol, nrow = product(cols), product(rows)
     # a run-time row length is gated at the traced one (`hints`), as the kernel's blocks will be sized near it;
     # a run-time row count leaves the width gates as they are (they gated nothing until the twenty-first
     # session: a bfloat16 LayerNorm 12345 wide with a dynamic batch was mixed, 16384-wide blocks)
     width_cols = int(ncol) if ncol.is_number else at_hint(ncol, hints or {})
     if width_cols is not None and width_cols > max_columns:
-        return f"{ncol} columns > max_columns={max_columns}"
+        if not tileable:
+            return f"{ncol} columns > max_columns={max_columns}", False
+        wide = True
     if nrow.is_number and int(nrow) < min_rows:
-        return f"{nrow} rows < min_rows={min_rows}"
+        return f"{nrow} rows < min_rows={min_rows}", False
     if max_row_bytes is not None and width_cols is not None:
         width = _widest(row, col, layouts, ncol * nrow)
         if row_bytes(width_cols, width) > max_row_bytes:
-            return (f"rows of {ncol} x {width}-byte elements take {row_bytes(width_cols, width)} bytes "
-                    f"> max_row_bytes={max_row_bytes}")
+            if not tileable:
+                return (f"rows of {ncol} x {width}-byte elements take {row_bytes(width_cols, width)} bytes "
+                        f"> max_row_bytes={max_row_bytes}"), False
+            wide = True
+    return _problem(row, col, types, max_reads, rows, cols), wide
+
+
+def _problem(row, col, types, max_reads, rows, cols) -> str | None:
+    """`_gate`'s checks after the sizes': the reductions, the reads, where the column side meets the row side."""
     bad = [m.reduction_type for m in _reductions(col) if m.reduction_type not in types]
     if bad:
         return f"column reduction {bad[0]} is not one of {sorted(types)}"
@@ -160,6 +190,9 @@ def _auto_split(rows, hints: dict) -> int:
     return 64 if n is None else min(128, max(16, -(-n // 256)))
 
 
+TILED_SPLIT = 128  # rows per program of a tiled node (see the module's docstring)
+
+
 @register_pass("mix_order_reduction", provides={"mix_order"})
 def mix_order_reduction(graph, ctx, *,
                         max_columns: Annotated[int, "most columns (row length) to mix"] = 16384,
@@ -169,7 +202,9 @@ def mix_order_reduction(graph, ctx, *,
                         min_rows: Annotated[int, "fewest rows worth mixing"] = 8,
                         reduction_types: Annotated[str, "column reductions allowed, comma-separated"] = "sum",
                         max_reads: Annotated[int, "most distinct buffers the mixed kernel reads"] = 10,
-                        split_rows: Annotated[int, "rows per block (0: automatic, and tuned on a GPU)"] = 0):
+                        split_rows: Annotated[int, "rows per block (0: automatic, and tuned on a GPU)"] = 0,
+                        tile_columns: Annotated[bool, "mix a pointwise row side wider than the width gates "
+                                                "allow, its columns taken in blocks"] = True):
     """Merge a row reduction, or pointwise work over rows x columns, with transposed column reductions of
     the same data into one kernel."""
     types = {t.strip() for t in reduction_types.split(",") if t.strip()}
@@ -203,19 +238,22 @@ def mix_order_reduction(graph, ctx, *,
                 key = (id(side), id(col))
                 if key not in gates:
                     g_rows, g_cols = shape(group)
-                    gates[key] = (side, col, _gate(side, col, max_columns, min_rows, types, max_reads, g_rows,
-                                                   g_cols, max_row_bytes, layouts, graph.hints))
+                    gates[key] = (side, col, *_gate(side, col, max_columns, min_rows, types, max_reads, g_rows,
+                                                    g_cols, max_row_bytes, layouts, graph.hints, tile_columns))
                 problem = gates[key][2] or _cycle(graph, side, col)
+                tiled = gates[key][3]
                 if problem:
                     ctx.refuse("mix-order gate", row, col, problem) if _known(ctx, row, col) else None
                     continue
                 if not ctx.decide("mix", row, col):
                     continue
                 if isinstance(row, MixOrderNode):
-                    new = MixOrderNode(row.name, row.row, row.column_groups + (col,), row.split_rows, row.tune_split)
+                    new = MixOrderNode(row.name, row.row, row.column_groups + (col,), row.split_rows, row.tune_split,
+                                       row.tiled or tiled)
                 else:
-                    split = split_rows or _auto_split(shape(group)[0], graph.hints)
-                    new = MixOrderNode(f"mix_{row.name}", group, (col,), split, tune_split=not split_rows)
+                    split = split_rows or (TILED_SPLIT if tiled else _auto_split(shape(group)[0], graph.hints))
+                    new = MixOrderNode(f"mix_{row.name}", group, (col,), split, tune_split=not split_rows,
+                                       tiled=tiled)
                 position = min(graph.order(row.name), graph.order(col.name))
                 graph.remove_node(row.name)
                 graph.remove_node(col.name)

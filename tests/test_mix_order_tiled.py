@@ -1,0 +1,150 @@
+"""mix_order_reduction's tiled form: a pointwise row side (a bias gradient's dh) too wide for whole rows in
+registers is mixed with its column sums anyway, the kernel taking its columns in blocks (mix_order_tiled): one
+main kernel writing dh and the workspace, one finishing kernel, where it was a pointwise kernel and a column sum
+reading dh back (4 passes over memory instead of 3)."""
+import pytest
+import torch
+
+import passline
+from passline.backends.triton.configs import Config, Device, rule, tiled_candidates
+from passline.backends.variants import KernelVariant as Variant
+from passline.ir import MixOrderNode
+from passline.testing import assert_matches_eager
+
+# rows of 3001 float32 fit the width gates (12 KB): a smaller max_row_bytes makes them a tiled pair
+NARROW_GATE = passline.DEFAULT_PIPELINE.replace("mix_order_reduction", "mix_order_reduction(max_row_bytes=8192)")
+
+
+def _gelu_bias(h, b):
+    return torch.nn.functional.gelu(h + b)
+
+
+def _scale_bias(x, w, b):
+    return x * w + b
+
+
+def _tiled(be, columns: int):
+    """The backward's report, asserting it is one tiled mix-order node launched as its main kernel (the
+    tiled form, blocks of fewer columns than the row has) and the finishing kernel, and nothing else."""
+    bwd = be.reports[-1]
+    nodes = bwd.graph.nodes()
+    assert len(nodes) == 1 and isinstance(nodes[0], MixOrderNode) and nodes[0].tiled, bwd.graph.format()
+    assert nodes[0].columns == columns or not nodes[0].columns.is_number  # a run-time width: its traced one
+    kinds = sorted(k.kind for k in bwd.kernel_info)
+    assert kinds == ["mix_finish", "mix_order"], kinds
+    (main,) = [k for k in bwd.kernel_info if k.kind == "mix_order"]
+    assert main.chosen == "mix_order_tiled" and main.blocks["RBLOCK"] < columns, main.blocks
+    assert "split_id = program // column_blocks" in main.source
+    return bwd
+
+
+@pytest.mark.parametrize("shape, dtype, pipeline", [
+    ((40, 12345), torch.bfloat16, None),  # past max_columns' 8192 in registers: refused before
+    ((40, 12345), torch.float32, None),
+    ((300, 3001), torch.float32, NARROW_GATE),  # three splits of 128 rows, the last ragged; 3 column blocks
+    ((2, 30, 9000), torch.float32, None),  # rows over two dims; 9000 float32 take 36 KB
+])
+def test_wide_bias_gradient_mixes_tiled(shape, dtype, pipeline):
+    h = torch.randn(*shape, dtype=dtype, requires_grad=True)
+    b = torch.randn(shape[-1], dtype=dtype, requires_grad=True)
+    be = assert_matches_eager(_gelu_bias, [h, b], pipeline=pipeline, codegen="triton")
+    _tiled(be, shape[-1])
+
+
+def test_scale_and_bias_gradients_mix_tiled():
+    """x * w + b: dx = dy * w is the row side, dw and db two column sums of the same rows, all in one kernel."""
+    x = torch.randn(64, 3001, dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(3001, dtype=torch.bfloat16, requires_grad=True)
+    b = torch.randn(3001, dtype=torch.bfloat16, requires_grad=True)
+    be = assert_matches_eager(_scale_bias, [x, w, b], pipeline=NARROW_GATE.replace(
+        "max_row_bytes=8192", "max_row_bytes=4096"), codegen="triton")
+    bwd = _tiled(be, 3001)
+    assert len(bwd.graph.nodes()[0].column_groups) >= 1
+
+
+@pytest.mark.parametrize("make_h", [lambda: torch.randn(64, 3100)[:, :3001],  # rows 3100 apart
+                                    lambda: torch.randn(64, 6002)[:, ::2]])  # every other column
+def test_non_contiguous_input_mixes_tiled(make_h):
+    """h a non-contiguous view: the pass still mixes, the kernel reads it through its strides. (A transposed
+    h is not a mix-order pair: memory_order runs the column sum along memory and it fuses with dh.)"""
+    h = make_h().requires_grad_()
+    b = torch.randn(3001, requires_grad=True)
+    be = assert_matches_eager(_gelu_bias, [h, b], pipeline=NARROW_GATE, codegen="triton")
+    _tiled(be, 3001)
+
+
+def test_tile_columns_off_and_row_sums_keep_the_width_gates():
+    """tile_columns=False refuses a wide pointwise pair as before; a row side that reduces its rows (LayerNorm's
+    backward) is never tiled, whatever the option."""
+    h = torch.randn(16, 9000, requires_grad=True)
+    b = torch.randn(9000, requires_grad=True)
+    off = passline.DEFAULT_PIPELINE.replace("mix_order_reduction", "mix_order_reduction(tile_columns=false)")
+    bwd = assert_matches_eager(_gelu_bias, [h, b], pipeline=off, codegen="reference").reports[-1]
+    assert not any(isinstance(n, MixOrderNode) for n in bwd.graph.nodes()), bwd.graph.format()
+    refused = [f.detail for f in bwd.metrics.refusals if f.pass_name == "mix_order_reduction"]
+    assert any("max_row_bytes" in d for d in refused), refused
+    bwd = assert_matches_eager(torch.nn.LayerNorm(9000), [h], codegen="reference").reports[-1]
+    assert not any(isinstance(n, MixOrderNode) for n in bwd.graph.nodes()), bwd.graph.format()
+
+
+def test_narrow_pairs_keep_their_whole_row_forms():
+    """A pair that fits the width gates is mixed as before: not tiled, the whole-row forms its variants."""
+    h = torch.randn(64, 384, requires_grad=True)
+    b = torch.randn(384, requires_grad=True)
+    bwd = assert_matches_eager(_gelu_bias, [h, b], codegen="triton").reports[-1]
+    (mix,) = bwd.graph.nodes()
+    assert isinstance(mix, MixOrderNode) and not mix.tiled
+    (main,) = [k for k in bwd.kernel_info if k.kind == "mix_order"]
+    assert main.chosen in ("mix_order", "mix_order_acc2d") and "column_blocks" not in main.source
+
+
+def test_tiled_rule_and_grid():
+    """By rule on a GPU: blocks of 1024 columns, two rows a block (96 bytes of traffic a thread); a program per
+    block of SPLIT rows and block of columns."""
+    variants = {Variant.MIX_ORDER_TILED: 128}
+    cfg = rule(variants, 2237, 30000, False, Device(), row_bytes=12 * 30000)
+    assert (cfg.variant, cfg.xblock, cfg.rblock, cfg.warps) == (Variant.MIX_ORDER_TILED, 2, 1024, 8)
+    assert cfg.column_blocks(30000) == 30 and cfg.programs(2237, 30000) == 18 * 30
+    assert Config(Variant.MIX_ORDER_ACC2D, 2, 512, 4, 1, 128).programs(2237, 500) == 18  # whole rows: one
+    small = rule(variants, 100, 700, False, Device(), row_bytes=12 * 700)
+    assert small.rblock == 1024 and small.column_blocks(700) == 1
+    on_gpu = tiled_candidates(32768, 128, interpret=False)
+    assert {c.rblock for c in on_gpu} == {512, 1024, 2048} and all(1024 <= c.xblock * c.rblock <= 4096 for c in on_gpu)
+    (interp,) = tiled_candidates(16384, 128, interpret=True)
+    assert (interp.rblock, interp.xblock) == (1024, 128)
+
+
+def test_tiled_split_counts_every_program_of_a_wave():
+    """MixKernel.waves: one whole wave counts a block of rows as its column blocks' programs, never under 64
+    rows a program (the workspace [splits, columns] stays small against the data)."""
+    from passline.backends.triton.runner import MixKernel, _resident
+
+    class Compiled:
+        n_regs, metadata = 48, None
+
+    k = MixKernel.__new__(MixKernel)
+    k.device, k.info = Device(sms=132), type("I", (), {"variants": {Variant.MIX_ORDER_TILED: None}})()
+    waves = k.waves(2237, Compiled(), 8, column_blocks=30)
+    per_wave = 132 * _resident(48, 8)  # 48 registers a thread on 8 warps: 5 programs an SM
+    assert waves[0] == -(-2237 * 30 // per_wave) and all(s >= 64 for s in waves)
+    assert k.waves(2237, Compiled(), 8, column_blocks=1) == []  # a split of 3 rows is under the floor
+
+
+def test_dynamic_rows_and_width_mix_tiled():
+    """Run-time rows and width: the node is gated at the traced width and tiled; its kernel's column blocks
+    follow the width each call passes (`tl.cdiv(rnumel, RBLOCK)`)."""
+    torch._dynamo.reset()
+    be = passline.backend(fallback="raise", codegen="triton")
+    compiled = torch.compile(_gelu_bias, backend=be)
+    for rows, cols in [(40, 9000), (33, 9100)]:
+        h = torch.randn(rows, cols, requires_grad=True)
+        b = torch.randn(cols, requires_grad=True)
+        if rows == 40:
+            torch._dynamo.mark_dynamic(h, 0)
+        h2, b2 = h.detach().clone().requires_grad_(), b.detach().clone().requires_grad_()
+        dy = torch.randn(rows, cols)
+        compiled(h, b).backward(dy)
+        _gelu_bias(h2, b2).backward(dy)
+        torch.testing.assert_close(h.grad, h2.grad)
+        torch.testing.assert_close(b.grad, b2.grad, atol=1e-4, rtol=1e-4)
+    assert be.reports[-1].graph.hints and _tiled(be, 9100)
