@@ -124,10 +124,12 @@ def test_tiled_split_counts_every_program_of_a_wave():
 
     k = MixKernel.__new__(MixKernel)
     k.device, k.info = Device(sms=132), type("I", (), {"variants": {Variant.MIX_ORDER_TILED: None}})()
-    waves = k.waves(2237, Compiled(), 8, column_blocks=30)
+    tiled = Config(Variant.MIX_ORDER_TILED, 2, 1024, 8, 4, 128)  # 30 blocks of columns at 30000
+    waves = k.waves(tiled, Compiled(), 2237, 30000)
     per_wave = 132 * _resident(48, 8)  # 48 registers a thread on 8 warps: 5 programs an SM
     assert waves[0] == -(-2237 * 30 // per_wave) and all(s >= 64 for s in waves)
-    assert k.waves(2237, Compiled(), 8, column_blocks=1) == []  # a split of 3 rows is under the floor
+    whole_rows = Config(Variant.MIX_ORDER_ACC2D, 2, 1024, 8, 4, 128)  # one program a block of rows
+    assert k.waves(whole_rows, Compiled(), 2237, 1000) == []  # a split of 3 rows is under the floor
 
 
 def test_dynamic_rows_and_width_mix_tiled():

@@ -438,8 +438,8 @@ def rule(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, devic
         if Variant.MIX_ORDER_TILED in kinds:  # a wide pointwise row side: blocks of columns, the block's rows
             rbl = min(rb, MIX_TILE_COLUMNS)  # and warps as narrower ones have (two rows, 96 bytes a thread)
             xb, warps = _mix_block(rbl, min(8, pow2(split)), row_bytes, rnumel, False)
-            return Config(Variant.MIX_ORDER_TILED, min(xb, pow2(split)), rbl, warps,
-                          _stages(xb, rbl, row_bytes, rnumel, device), split)
+            xb = min(xb, pow2(split))
+            return Config(Variant.MIX_ORDER_TILED, xb, rbl, warps, _stages(xb, rbl, row_bytes, rnumel, device), split)
         if not row_sums and rb <= 128 and Variant.MIX_ORDER in kinds:  # a narrow pointwise row side
             return Config(Variant.MIX_ORDER, 1, rb, 1, _stages(1, rb, row_bytes, rnumel, device), split)
         if Variant.MIX_ORDER_ACC2D in kinds and rb <= 4096 and pow2(split) >= 2:

@@ -502,21 +502,21 @@ class MixKernel(Kernel):
     def _floor(self, xnumel: int) -> int:
         """The smallest split tried: at most MAX_PROGRAMS_PER_SM programs per SM, never under 16 rows
         (tiny blocks make huge workspaces); 64 where the columns are in blocks (mix_order_tiled), whose
-        programs a block of rows are many: its workspace [splits, columns] stays under 1/16 of a float32
-        input's bytes, 1/32 of a bfloat16's, read once and written once more."""
+        programs a block of rows are many: its float32 workspace [splits, columns] is then at most a 64th of
+        a float32 input's bytes, a 32nd of a bfloat16's, written once and read once more."""
         return max(64 if self.tiled else 16, math.ceil(xnumel / (self.device.sms * MAX_PROGRAMS_PER_SM)))
 
-    def waves(self, xnumel: int, compiled, warps: int, column_blocks: int = 1) -> list[int]:
-        """The splits that give one to four whole waves of programs (the first: one wave), from what the
-        compiled kernel says of its registers (64, a common figure, if this Triton does not) and its
+    def waves(self, cfg: Config, compiled, xnumel: int, rnumel: int) -> list[int]:
+        """The splits of `cfg` that give one to four whole waves of programs (the first: one wave), from what
+        its compiled binary says of its registers (64, a common figure, if this Triton does not) and its
         shared memory (the pipelined loads' buffers); those under the smallest split allowed are left out.
-        A block of rows is `column_blocks` programs (mix_order_tiled): the wave counts all of them."""
+        A block of rows is `cfg.column_blocks` programs (mix_order_tiled): the wave counts all of them."""
         regs = getattr(compiled, "n_regs", 0) or 64
         smem = getattr(getattr(compiled, "metadata", None), "shared", 0) or 0
-        wave = self.device.sms * _resident(regs, warps, smem)
+        wave = self.device.sms * _resident(regs, cfg.warps, smem)
+        programs = xnumel * cfg.column_blocks(rnumel)  # a program a row and block of columns, at one row a split
         floor = self._floor(xnumel)
-        return [s for s in dict.fromkeys(math.ceil(xnumel * column_blocks / (wave * k)) for k in (1, 2, 3, 4))
-                if s >= floor]
+        return [s for s in dict.fromkeys(math.ceil(programs / (wave * k)) for k in (1, 2, 3, 4)) if s >= floor]
 
     def workspace_rows(self, xnumel: int) -> int:
         """Rows of each workspace while timing: one per program at the smallest split that may be tried."""
@@ -551,10 +551,7 @@ class MixKernel(Kernel):
         wave of programs, from `cfg` compiled at the IR's split (its registers, shared memory); the IR's split
         where it could not be compiled. What the first launch chooses by rule, or times, and what
         TritonRunner._first_launches chooses ahead of it."""
-        return self._at_first(cfg, self._waves_of(cfg, compiled, xnumel, rnumel) if compiled is not None else [])
-
-    def _waves_of(self, cfg: Config, compiled, xnumel: int, rnumel: int) -> list[int]:
-        return self.waves(xnumel, compiled, cfg.warps, cfg.column_blocks(rnumel))
+        return self._at_first(cfg, self.waves(cfg, compiled, xnumel, rnumel) if compiled is not None else [])
 
     def _at_first(self, cfg: Config, splits: list[int]) -> Config:
         """`cfg` at the first of its whole-wave `splits`, or at the IR's split where there is none."""
@@ -569,7 +566,7 @@ class MixKernel(Kernel):
             if found is not None:
                 return [found.split]
             compiled = self._compile_only(cfg, args, xnumel, rnumel)
-        return self._waves_of(cfg, compiled, xnumel, rnumel) if compiled is not None else []
+        return self.waves(cfg, compiled, xnumel, rnumel) if compiled is not None else []
 
     def _place(self, cfg: Config, compiled, args, xnumel: int, rnumel: int) -> Config:
         """`cfg` at its first whole-wave split (`_wave_splits`), or at the IR's split (as `placed`)."""
