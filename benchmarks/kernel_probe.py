@@ -96,7 +96,8 @@ def run(args, root) -> int:
     case = make_case(args.case, m, n, getattr(torch, args.dtype), "cpu")
     pipeline = (args.pipeline or passline.DEFAULT_PIPELINE) \
         .replace("split_reductions", f"split_reductions(sms={args.sms})") \
-        .replace("tile_rows", f"tile_rows(sms={args.sms})")
+        .replace("tile_rows", f"tile_rows(sms={args.sms})") \
+        .replace("mix_order_reduction", f"mix_order_reduction(sms={args.sms})")
     be = passline.backend(pipeline=pipeline, fallback="raise")
     fn = torch.compile(case.fn, backend=be, dynamic=False)
     if args.direction == "fwd":

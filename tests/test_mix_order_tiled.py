@@ -11,7 +11,7 @@ from passline.backends.variants import KernelVariant as Variant
 from passline.ir import MixOrderNode
 from passline.testing import assert_matches_eager
 
-# rows of 3001 float32 fit the width gates (12 KB): a smaller max_row_bytes makes them a tiled pair
+# rows of 3000 float32 fit the width gates (12 KB): a smaller max_row_bytes makes them a tiled pair
 NARROW_GATE = passline.DEFAULT_PIPELINE.replace("mix_order_reduction", "mix_order_reduction(max_row_bytes=8192)")
 
 
@@ -39,9 +39,9 @@ def _tiled(be, columns: int):
 
 
 @pytest.mark.parametrize("shape, dtype, pipeline", [
-    ((40, 12345), torch.bfloat16, None),  # past max_columns' 8192 in registers: refused before
-    ((40, 12345), torch.float32, None),
-    ((300, 3001), torch.float32, NARROW_GATE),  # three splits of 128 rows, the last ragged; 3 column blocks
+    ((40, 12344), torch.bfloat16, None),  # past max_columns' 8192 in registers: refused before
+    ((40, 12344), torch.float32, None),
+    ((300, 3000), torch.float32, NARROW_GATE),  # three splits of 128 rows, the last ragged; 3 column blocks
     ((2, 30, 9000), torch.float32, None),  # rows over two dims; 9000 float32 take 36 KB
 ])
 def test_wide_bias_gradient_mixes_tiled(shape, dtype, pipeline):
@@ -53,24 +53,24 @@ def test_wide_bias_gradient_mixes_tiled(shape, dtype, pipeline):
 
 def test_scale_and_bias_gradients_mix_tiled():
     """x * w + b: dx = dy * w is the row side, dw and db two column sums of the same rows, all in one kernel."""
-    x = torch.randn(64, 3001, dtype=torch.bfloat16, requires_grad=True)
-    w = torch.randn(3001, dtype=torch.bfloat16, requires_grad=True)
-    b = torch.randn(3001, dtype=torch.bfloat16, requires_grad=True)
+    x = torch.randn(64, 3000, dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(3000, dtype=torch.bfloat16, requires_grad=True)
+    b = torch.randn(3000, dtype=torch.bfloat16, requires_grad=True)
     be = assert_matches_eager(_scale_bias, [x, w, b], pipeline=NARROW_GATE.replace(
         "max_row_bytes=8192", "max_row_bytes=4096"), codegen="triton")
-    bwd = _tiled(be, 3001)
+    bwd = _tiled(be, 3000)
     assert len(bwd.graph.nodes()[0].column_groups) >= 1
 
 
-@pytest.mark.parametrize("make_h", [lambda: torch.randn(64, 3100)[:, :3001],  # rows 3100 apart
-                                    lambda: torch.randn(64, 6002)[:, ::2]])  # every other column
+@pytest.mark.parametrize("make_h", [lambda: torch.randn(64, 3100)[:, :3000],  # rows 3100 apart
+                                    lambda: torch.randn(64, 6000)[:, ::2]])  # every other column
 def test_non_contiguous_input_mixes_tiled(make_h):
     """h a non-contiguous view: the pass still mixes, the kernel reads it through its strides. (A transposed
     h is not a mix-order pair: memory_order runs the column sum along memory and it fuses with dh.)"""
     h = make_h().requires_grad_()
-    b = torch.randn(3001, requires_grad=True)
+    b = torch.randn(3000, requires_grad=True)
     be = assert_matches_eager(_gelu_bias, [h, b], pipeline=NARROW_GATE, codegen="triton")
-    _tiled(be, 3001)
+    _tiled(be, 3000)
 
 
 def test_tile_columns_off_and_row_sums_keep_the_width_gates():
@@ -87,6 +87,23 @@ def test_tile_columns_off_and_row_sums_keep_the_width_gates():
     assert not any(isinstance(n, MixOrderNode) for n in bwd.graph.nodes()), bwd.graph.format()
 
 
+@pytest.mark.parametrize("make_h, dtype", [
+    (lambda dt: torch.randn(40, 12345, dtype=dt), torch.bfloat16),  # an odd width
+    (lambda dt: torch.randn(40, 9002, dtype=dt), torch.float32),  # 36008 bytes a row: 8 past a vector
+    (lambda dt: torch.randn(40, 9004, dtype=dt)[:, :9000], torch.bfloat16),  # rows 18008 bytes apart
+])
+def test_rows_off_vector_boundaries_are_not_tiled(make_h, dtype):
+    """A tiled kernel loads a block of columns in 16-byte vectors only where every row starts on a 16-byte
+    boundary and the width is whole vectors; elsewhere it loads element by element (2.2-2.5x the unmixed pair's
+    time at 12345 wide on an H200), so the pair stays unmixed, saying why."""
+    h = make_h(dtype).requires_grad_()
+    b = torch.randn(h.shape[-1], dtype=dtype, requires_grad=True)
+    bwd = assert_matches_eager(_gelu_bias, [h, b], codegen="triton").reports[-1]
+    assert not any(isinstance(n, MixOrderNode) for n in bwd.graph.nodes()), bwd.graph.format()
+    refused = [f.detail for f in bwd.metrics.refusals if f.pass_name == "mix_order_reduction"]
+    assert any("not a multiple of 16" in d and "tile_columns" in d for d in refused), refused
+
+
 def test_narrow_pairs_keep_their_whole_row_forms():
     """A pair that fits the width gates is mixed as before: not tiled, the whole-row forms its variants."""
     h = torch.randn(64, 384, requires_grad=True)
@@ -99,11 +116,13 @@ def test_narrow_pairs_keep_their_whole_row_forms():
 
 
 def test_tiled_rule_and_grid():
-    """By rule on a GPU: blocks of 1024 columns, two rows a block (96 bytes of traffic a thread); a program per
-    block of SPLIT rows and block of columns."""
+    """By rule on a GPU: blocks of 1024 columns on 4 warps, 96 bytes of traffic a thread (one float32 row of dy,
+    h and dh a step, two bfloat16 rows), 3 stages; a program per block of SPLIT rows and block of columns."""
     variants = {Variant.MIX_ORDER_TILED: 128}
     cfg = rule(variants, 2237, 30000, False, Device(), row_bytes=12 * 30000)
-    assert (cfg.variant, cfg.xblock, cfg.rblock, cfg.warps) == (Variant.MIX_ORDER_TILED, 2, 1024, 8)
+    assert (cfg.variant, cfg.xblock, cfg.rblock, cfg.warps, cfg.stages) == (Variant.MIX_ORDER_TILED, 1, 1024, 4, 3)
+    # bfloat16 dy, h and dh: 6 bytes an element, and the workspace's share (6.08 a GELU epilogue's)
+    assert rule(variants, 2237, 30000, False, Device(), row_bytes=6.08 * 30000).xblock == 2
     assert cfg.column_blocks(30000) == 30 and cfg.programs(2237, 30000) == 18 * 30
     assert Config(Variant.MIX_ORDER_ACC2D, 2, 512, 4, 1, 128).programs(2237, 500) == 18  # whole rows: one
     small = rule(variants, 100, 700, False, Device(), row_bytes=12 * 700)
@@ -150,3 +169,20 @@ def test_dynamic_rows_and_width_mix_tiled():
         torch.testing.assert_close(h.grad, h2.grad)
         torch.testing.assert_close(b.grad, b2.grad, atol=1e-4, rtol=1e-4)
     assert be.reports[-1].graph.hints and _tiled(be, 9100)
+
+
+@pytest.mark.parametrize("rows, tiled", [(64, False), (1024, True)])
+def test_too_few_rows_for_the_gpu_are_not_tiled(rows, tiled):
+    """Planned for a GPU (`sms`), a tiled kernel has at most one program a block of 64 rows and 1024 columns:
+    64 x 9000 makes 9 for 132 SMs, each walking its rows alone (on an H200 64 x 30000 took ten times Inductor's
+    time), so the pair stays unmixed, saying why; 1024 rows make 144, tiled. No GPU planned for: no bound."""
+    h = torch.randn(rows, 9000, requires_grad=True)
+    b = torch.randn(9000, requires_grad=True)
+    gpu = passline.DEFAULT_PIPELINE.replace("mix_order_reduction", "mix_order_reduction(sms=132)")
+    bwd = assert_matches_eager(_gelu_bias, [h, b], pipeline=gpu, codegen="reference").reports[-1]
+    assert any(isinstance(n, MixOrderNode) and n.tiled for n in bwd.graph.nodes()) == tiled, bwd.graph.format()
+    refused = [f.detail for f in bwd.metrics.refusals if f.pass_name == "mix_order_reduction"]
+    assert tiled or any("9 tiled programs" in d and "132 SMs" in d for d in refused), refused
+    if not tiled:
+        bwd = assert_matches_eager(_gelu_bias, [h, b], codegen="reference").reports[-1]
+        assert any(isinstance(n, MixOrderNode) and n.tiled for n in bwd.graph.nodes()), bwd.graph.format()

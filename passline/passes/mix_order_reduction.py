@@ -29,13 +29,15 @@ reorder_loops) are mixed like any other.
 
 Tiled (`tile_columns`, on by default): the width gates bound what a program holds of a whole row, which only a
 row side that reduces its rows (a norm's row sums) needs. A pointwise row side past them (a bias gradient at
-12345, 30000, 65536 columns: dh written, db its sum over the rows) is mixed anyway as a node marked `tiled`,
+9000, 30000, 65536 columns: dh written, db its sum over the rows) is mixed anyway as a node marked `tiled`,
 whose kernel takes the columns in blocks as well as the rows (the Triton backend's `mix_order_tiled`: a program
 per block of rows and block of columns, each writing its columns' partial sums into the same [n_splits, columns]
 workspace), TILED_SPLIT rows a block in the IR. Unmixed, such a pair was a pointwise kernel writing dh and a
-column sum reading it back: 4 passes over memory (x, dy read; dh written, read) instead of 3 (on an H100 1.12x
-Inductor's kernel time at 2237 x 30000 float32). Compiled for sm_90 the tiled kernels spill nothing; they are not
-yet timed on a GPU. A pair that fits the gates is mixed as before (whole rows, not tiled)."""
+column sum reading it back: 4 passes over memory (x, dy read; dh written, read) instead of 3. On an H200 the
+tiled kernel took 0.79-0.95x the unmixed pair's time in float32 (1024 and 2048 x 65536, 2237 x 30000, 7457 x
+9000) and 0.88-0.97x in bfloat16 (one point 1.07x: 2237 x 30000). Only rows on 16-byte boundaries are tiled
+(`_unaligned`): at an odd width every load of a block of columns is one element (12345 wide: 2.2-2.5x the
+unmixed pair's time). A pair that fits the gates is mixed as before (whole rows, not tiled)."""
 from __future__ import annotations
 
 from typing import Annotated
@@ -46,7 +48,7 @@ from ..ir import Extern, FusedNode, MixOrderNode, Pointwise, Reduction
 from ..ir.index import product, substitute
 from ..ir.loops import Role, canonical_map, members, role, shape, transposed
 from ..lowering.sizes import at_hint
-from ..pipeline.registry import register_pass
+from ..pipeline.registry import PipelineError, register_pass
 from .legality import MIX_ROW_BYTES, fixed_layouts, other_path, row_bytes, split_group
 
 
@@ -63,6 +65,56 @@ def _widest(row, col, layouts: dict, points) -> int:
     return max(sizes, default=4)
 
 
+VECTOR_BYTES = 16  # the widest load a GPU thread issues (one 128-bit access)
+
+
+def _unaligned(row, col, layouts: dict, points, ncol, hints: dict) -> str | None:
+    """Why a tiled kernel of the pair would load its rows element by element, or None. A block of columns is
+    loaded in 16-byte vectors only where every row it touches starts on a 16-byte boundary and its mask (the
+    width) is whole vectors: the width and each stride of every [rows, columns] buffer, but its smallest (along
+    which a row's elements run), must be multiples of 16 bytes. The unmixed pair's pointwise kernel runs over
+    the flat buffer, vectorized whatever the width. On an H200 the tiled bias gradient at 5436 x 12345 (odd
+    width: scalar loads, sm_90 PTX `ld.global.b32`) took 2.2x (float32) and 2.5x (bfloat16) the unmixed pair's
+    time; at 7457 x 9000 (aligned) 0.79x and 0.90x. A run-time size is taken at its traced value (`hints`)."""
+    own = set(row.output_names())
+    names = [b for n in (row, col) for b in (*n.read_names(), *n.output_names()) if b in layouts]
+    for b in dict.fromkeys(names):
+        lay = layouts[b].layout
+        if sympy.expand(lay.numel - points) != 0:
+            continue
+        size = layouts[b].dtype.itemsize
+        strides = [st for n, st in zip(lay.size, lay.stride) if n != 1]
+        strides = sorted(strides, key=lambda st: at_hint(st, hints) or 0)[1:]
+        for what, elements in (("width", ncol), *(("row stride", s) for s in strides)):
+            value = at_hint(elements, hints)
+            if value is None or value * size % VECTOR_BYTES:
+                side = "written" if b in own else "read"
+                traced = value is not None and not sympy.sympify(elements).is_number
+                shown = f"{elements} (traced {value})" if traced else elements
+                return (f"{b} ({side}) has a {what} of {shown} x {size} bytes, not a multiple of {VECTOR_BYTES}: "
+                        f"its rows in blocks of columns would load element by element (tile_columns)")
+    return None
+
+
+TILED_MIN_SPLIT = 64  # fewest rows a program of a tiled node sums (the workspace stays small against the data)
+TILED_COLUMNS = 1024  # columns a program of a tiled node takes (the Triton rule's block)
+
+
+def _too_few_programs(nrow, ncol, sms: int, hints: dict) -> str | None:
+    """Why a tiled kernel of the pair would leave a GPU's SMs idle, or None (no GPU target: None). Its programs
+    are at most one a block of TILED_MIN_SPLIT rows and block of TILED_COLUMNS columns; fewer than the SMs, each
+    walks its rows one step after another while the unmixed pair's kernels spread over every SM. On an H200
+    the tiled bias gradient at 64 x 30000 (30 programs) took 72-82 µs against Inductor's 7-8."""
+    rows, cols = at_hint(nrow, hints), at_hint(ncol, hints)
+    if not sms or rows is None or cols is None:
+        return None
+    programs = -(-rows // TILED_MIN_SPLIT) * -(-cols // TILED_COLUMNS)
+    if programs < sms:
+        return (f"{rows} rows x {cols} columns make {programs} tiled programs (blocks of {TILED_MIN_SPLIT} rows x "
+                f"{TILED_COLUMNS} columns) for {sms} SMs (tile_columns)")
+    return None
+
+
 def _cycle(graph, row, col) -> str | None:
     if other_path(graph, row.name, col.name) or other_path(graph, col.name, row.name):
         return "another path connects them (cycle)"
@@ -76,7 +128,7 @@ def _row_sums(side) -> bool:
 
 
 def _gate(row, col, max_columns, min_rows, types, max_reads, rows, cols, max_row_bytes=None,
-          layouts=None, hints=None, tile_columns=False) -> tuple[str | None, bool]:
+          layouts=None, hints=None, tile_columns=False, sms=0) -> tuple[str | None, bool]:
     """What keeps the two sides from mixing, from the nodes alone (the graph's paths: `_cycle`), and whether
     their kernel must take its columns in blocks: (problem or None, tiled). The width gates (max_columns,
     max_row_bytes) bound what a program holds of a whole row; a row side that does not reduce its rows (a
@@ -107,6 +159,11 @@ def _gate(row, col, max_columns, min_rows, types, max_reads, rows, cols, max_row
                 return (f"rows of {ncol} x {width}-byte elements take {row_bytes(width_cols, width)} bytes "
                         f"> max_row_bytes={max_row_bytes}"), False
             wide = True
+    if wide:
+        problem = (_unaligned(row, col, layouts or {}, ncol * nrow, ncol, hints or {})
+                   or _too_few_programs(nrow, ncol, sms, hints or {}))
+        if problem:
+            return problem, False
     return _problem(row, col, types, max_reads, rows, cols), wide
 
 
@@ -204,9 +261,14 @@ def mix_order_reduction(graph, ctx, *,
                         max_reads: Annotated[int, "most distinct buffers the mixed kernel reads"] = 10,
                         split_rows: Annotated[int, "rows per block (0: automatic, and tuned on a GPU)"] = 0,
                         tile_columns: Annotated[bool, "mix a pointwise row side wider than the width gates "
-                                                "allow, its columns taken in blocks"] = True):
+                                                "allow, its columns taken in blocks"] = True,
+                        sms: Annotated[int, "SMs a tiled kernel's programs should fill (0: the target's; none on "
+                                       "a CPU target)"] = 0):
     """Merge a row reduction, or pointwise work over rows x columns, with transposed column reductions of
     the same data into one kernel."""
+    if sms < 0:
+        raise PipelineError(f"option 'sms' of pass 'mix_order_reduction' must be >= 0, got {sms}")
+    gpu_sms = sms or (ctx.target.sms if not ctx.target.interpreted else 0)
     types = {t.strip() for t in reduction_types.split(",") if t.strip()}
     layouts = graph.buffers()  # dtypes and sizes: the same buffers whatever the pass merges
     fixed = fixed_layouts(graph)
@@ -239,7 +301,8 @@ def mix_order_reduction(graph, ctx, *,
                 if key not in gates:
                     g_rows, g_cols = shape(group)
                     gates[key] = (side, col, *_gate(side, col, max_columns, min_rows, types, max_reads, g_rows,
-                                                    g_cols, max_row_bytes, layouts, graph.hints, tile_columns))
+                                                    g_cols, max_row_bytes, layouts, graph.hints, tile_columns,
+                                                    gpu_sms))
                 problem = gates[key][2] or _cycle(graph, side, col)
                 tiled = gates[key][3]
                 if problem:

@@ -12,6 +12,7 @@ import math
 
 import attrs
 
+from ...passes.mix_order_reduction import TILED_COLUMNS
 from ..variants import MIX_FORMS
 from ..variants import KernelVariant as Variant
 
@@ -26,7 +27,9 @@ INTERP_BLOCK = 1 << 17  # interpreter cost grows with programs x ops: few, large
 COLUMN_THREAD_BYTES = 64  # bytes a thread loads a step of a column sum's row loop (see rule)
 MIX_STAGES = (3, 4)  # pipelined row loops timed on a GPU (1: not pipelined, the baseline)
 MIX_BAND_ROWS_PER_SM = 64  # a mix-order kernel with at least this many rows an SM may be timed (uncertain)
-MIX_TILE_COLUMNS = 1024  # columns a block of mix_order_tiled by rule (see rule)
+MIX_TILE_COLUMNS = TILED_COLUMNS  # columns a block of mix_order_tiled by rule (1024; see rule)
+MIX_TILE_WARPS = 4  # ... its warps
+MIX_TILE_STAGES = 3  # ... its row loop's pipeline depth
 
 
 @attrs.frozen
@@ -423,7 +426,13 @@ def rule(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, devic
       float32 277 against 208; the bias gradient 349525 × 384 bfloat16 572 against 360 (two rows on 2
       warps; four rows on 4 warps: 727), 2097152 × 64 bfloat16 544 against 357 (the one-row form, one warp).
       LayerNorm backward at 384 and 1000 columns kept its times (200-217 µs), and 32768 × 4096 bfloat16
-      207 µs on two rows and 16 warps.
+      207 µs on two rows and 16 warps. Where such a row side is too wide for whole rows (mix_order_tiled: a
+      program per block of rows and block of 1024 columns), a program is 4 warps with 96 bytes a thread:
+      one float32 row a step (12 bytes an element: dy and h read, dh written), two bfloat16 rows, 3 stages.
+      Timed on an H200 against 30 candidates at 1024 and 2048 × 65536, 2237 × 30000 and 7457 × 9000
+      (float32) this was within 1% of the best at each; in bfloat16 (2237 × 30000, 1024 × 65536) within 0
+      and 8%. The rule it replaced (two rows a step, 8 warps in float32, 4 stages) was 1-13% slower than
+      the best, 1.04-1.08x Inductor's kernel time at three of the six points.
     Under the interpreter the one candidate (few, large programs) is the rule.
     """
     if interpret:
@@ -435,11 +444,13 @@ def rule(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, devic
     rb = pow2(rnumel)
     if any(v in MIX_FORMS for v in kinds):
         split = variants[kinds[0]]
-        if Variant.MIX_ORDER_TILED in kinds:  # a wide pointwise row side: blocks of columns, the block's rows
-            rbl = min(rb, MIX_TILE_COLUMNS)  # and warps as narrower ones have (two rows, 96 bytes a thread)
-            xb, warps = _mix_block(rbl, min(8, pow2(split)), row_bytes, rnumel, False)
-            xb = min(xb, pow2(split))
-            return Config(Variant.MIX_ORDER_TILED, xb, rbl, warps, _stages(xb, rbl, row_bytes, rnumel, device), split)
+        if Variant.MIX_ORDER_TILED in kinds:  # a wide pointwise row side: blocks of columns (see rule)
+            rbl = min(rb, MIX_TILE_COLUMNS)
+            step = MIX_TILE_WARPS * 32 * MIX_POINTWISE_SHARE  # bytes of traffic a program's step
+            rows = step / (rbl * _per_element(row_bytes, rnumel))  # (the workspace adds a little: round)
+            xb = _clamp(1 << max(0, round(math.log2(max(1.0, rows)))), 1, pow2(split))
+            stages = min(MIX_TILE_STAGES, _stages(xb, rbl, row_bytes, rnumel, device))
+            return Config(Variant.MIX_ORDER_TILED, xb, rbl, MIX_TILE_WARPS, stages, split)
         if not row_sums and rb <= 128 and Variant.MIX_ORDER in kinds:  # a narrow pointwise row side
             return Config(Variant.MIX_ORDER, 1, rb, 1, _stages(1, rb, row_bytes, rnumel, device), split)
         if Variant.MIX_ORDER_ACC2D in kinds and rb <= 4096 and pow2(split) >= 2:

@@ -23,6 +23,7 @@ from ... import __version__
 from ...config import current_settings
 from ...ir import Extern, FusedNode, MixOrderNode, members
 from ...lowering.sizes import at_hint
+from ...passes.mix_order_reduction import TILED_MIN_SPLIT
 from ...pipeline.metrics import node_bytes
 from ..reference import ReferenceRunner, _Bindings
 from . import compat
@@ -504,7 +505,7 @@ class MixKernel(Kernel):
         (tiny blocks make huge workspaces); 64 where the columns are in blocks (mix_order_tiled), whose
         programs a block of rows are many: its float32 workspace [splits, columns] is then at most a 64th of
         a float32 input's bytes, a 32nd of a bfloat16's, written once and read once more."""
-        return max(64 if self.tiled else 16, math.ceil(xnumel / (self.device.sms * MAX_PROGRAMS_PER_SM)))
+        return max(TILED_MIN_SPLIT if self.tiled else 16, math.ceil(xnumel / (self.device.sms * MAX_PROGRAMS_PER_SM)))
 
     def waves(self, cfg: Config, compiled, xnumel: int, rnumel: int) -> list[int]:
         """The splits of `cfg` that give one to four whole waves of programs (the first: one wave), from what
