@@ -18,9 +18,10 @@ device with generated code, are timed:
 - each is timed as its graph will run: replayed in a CUDA graph (`cudagraphs=True` and static shapes), by
   its GPU time alone (`gpu_ms`: do_bench's median of replays of a CUDA graph of several calls; if some
   candidate cannot be captured, the graph would run uncaptured, and all are timed as calls); otherwise by
-  calls issued back to back (`call_ms`: host included, which at these sizes is most of a call). The fastest
-  is chosen, unless the op itself is within `NOISE` of it (then the op: the same speed with one call and no
-  partial results).
+  calls issued back to back (`calls_ms`: host included, which at these sizes is most of a call; the
+  candidates' rounds interleaved, so that a drift in the host's speed falls on all alike). The fastest is
+  chosen, unless the op itself is within `NOISE` of it by GPU time, `CALL_NOISE` by calls (then the op: the
+  same speed with one call and no partial results).
 
 The pick is stored under a key of the op, the candidates (their code's fingerprint and versions), the
 arguments' shapes, strides and dtypes, the other arguments, the GPU's name and torch's version
@@ -44,8 +45,12 @@ from ..pipeline.target import Target
 from .triton.cache import KernelCache, digest
 
 # do_bench medians of the same microsecond-scale kernel move by a few percent from run to run: a candidate
-# must beat the op by more than this fraction to be chosen over it.
+# must beat the op by more than this fraction of its GPU time to be chosen over it.
 NOISE = 0.02
+# ... and of its time by calls, whose host share moves far more: on the lent H200's host, timed one candidate
+# after the other, decompose-K was chosen by calls at 4 of 144 shapes (benchmarks/choices.py, 2026-11-28),
+# though its bmm, sum and second launch cost the host ~50 µs more a call than the op (docs/benchmarks.md).
+CALL_NOISE = 0.10
 
 
 class TimedChooser(Rule):
@@ -79,17 +84,18 @@ class TimedChooser(Rule):
             return by_name[saved["chosen"]], dict(saved.get("timings", {})), "cached"
         device = tensors[0].device  # the tensors' GPU: its streams are the ones launched on and timed
         with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
-            timings = self.measure(node, cands, args, kwargs)
+            timings, by_gpu = self.measure(node, cands, args, kwargs)
         if not timings:
             return None
         best = min(timings, key=timings.get)
-        if ATEN in timings and timings[ATEN] <= (1 + NOISE) * timings[best]:
+        if ATEN in timings and timings[ATEN] <= (1 + (NOISE if by_gpu else CALL_NOISE)) * timings[best]:
             best = ATEN  # a win within the timing's own spread is none: keep the op (one call, no partials)
         cache.put_choice(key, {"chosen": best, "timings": timings})
         return by_name[best], timings, "timed"
 
-    def measure(self, node, cands: list[Candidate], args, kwargs) -> dict[str, float]:
-        """Milliseconds per candidate that agrees with the op (see the module doc)."""
+    def measure(self, node, cands: list[Candidate], args, kwargs) -> tuple[dict[str, float], bool]:
+        """Milliseconds per candidate that agrees with the op, and whether they are GPU times (else calls')
+        (see the module doc)."""
         from torch._subclasses.fake_tensor import unset_fake_temporarily
 
         timings: dict[str, float] = {}
@@ -99,7 +105,7 @@ class TimedChooser(Rule):
             except torch.cuda.OutOfMemoryError:
                 warnings.warn(f"passline: no memory to time the candidates of {node.name}: the op runs as it is",
                               stacklevel=2)
-                return {}
+                return {}, False
             tensors = [v for v in tree_flatten((real_args, real_kwargs))[0] if isinstance(v, torch.Tensor)]
             want = node.target(*real_args, **real_kwargs)
             runs = {}
@@ -112,7 +118,7 @@ class TimedChooser(Rule):
                     if c is OP:  # nothing to compare with: the op runs as it is
                         warnings.warn(f"passline: {node.name} ({node.target}) could not be timed "
                                       f"({type(e).__name__}: {e}); the op runs as it is", stacklevel=2)
-                        return {}
+                        return {}, False
                     warnings.warn(f"passline: choice {c.name} of {node.name} failed ({type(e).__name__}: "
                                   f"{e}); it is not a candidate", stacklevel=2)
                     continue
@@ -122,12 +128,12 @@ class TimedChooser(Rule):
                     continue
                 runs[c.name] = run
             replayed = self.replayed(node)
-            timings = {name: self.bench(run, replayed) for name, run in runs.items()}
+            timings = self.bench(runs, replayed)
             if replayed and any(t is None for t in timings.values()):
                 # a candidate a CUDA graph cannot capture: the graph would run uncaptured with it, so all are
                 # timed as calls (one unit for all)
-                timings = {name: self.bench(run, False) for name, run in runs.items()}
-        return timings
+                return self.bench(runs, False), False
+        return timings, replayed
 
     def replayed(self, node) -> bool:
         """Whether the node's graph will be replayed in a CUDA graph: `cudagraphs=True` and static shapes
@@ -148,16 +154,23 @@ class TimedChooser(Rule):
         return TritonRunner(graph, interpret=target.device != "cuda", variant=be.kernel_variant,
                             cache=KernelCache(be.cache_dir), autotune=be.autotune)
 
-    def bench(self, run, replayed: bool) -> float | None:
-        """Milliseconds of one call of `run` as its graph will run: replayed in a CUDA graph, its GPU time
-        alone (`gpu_ms`; None where `run` cannot be captured); else back-to-back calls, host included
-        (`call_ms`)."""
-        return gpu_ms(run) if replayed else call_ms(run)
+    def bench(self, runs: dict, replayed: bool) -> dict[str, float | None]:
+        """Milliseconds of one call of each of `runs` (by name) as its graph will run: replayed in a CUDA
+        graph, its GPU time alone (`gpu_ms`; None where it cannot be captured); else back-to-back calls, host
+        included (`calls_ms`, the candidates' rounds interleaved)."""
+        return {name: gpu_ms(run) for name, run in runs.items()} if replayed else calls_ms(runs)
 
 
 def call_ms(run, rounds: int = 5, round_s: float = 0.01) -> float:
-    """Milliseconds a call of `run` takes issued back to back, as a graph without CUDA graphs runs: the wall
-    time of about `round_s` of calls and a synchronization, over the calls; the median of `rounds` rounds.
+    """`calls_ms` of one `run`."""
+    return calls_ms({"run": run}, rounds, round_s)["run"]
+
+
+def calls_ms(runs: dict, rounds: int = 5, round_s: float = 0.01) -> dict[str, float]:
+    """Milliseconds a call of each of `runs` (by name) takes issued back to back, as a graph without CUDA graphs
+    runs: the wall time of about `round_s` of calls and a synchronization, over the calls; the median of `rounds`
+    rounds, round r of every run before round r + 1 of any (a host that speeds up or slows down during the
+    timing — clocks, other processes — then moves every run's rounds alike, not only the last run's).
     Where the host's work for a call (a wrapper, an extern's dispatch, a launch: 20-60 µs a call on the lent
     H100's host) exceeds the GPU's, this is the host's time: a candidate that saves GPU µs with more host work
     (decompose-K's bmm and sum: +48 µs of host for -2.5 µs of GPU at 32 x 28672 x 32) loses here, and wins
@@ -165,20 +178,22 @@ def call_ms(run, rounds: int = 5, round_s: float = 0.01) -> float:
     import statistics
     import time
 
-    run()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    run()
-    torch.cuda.synchronize()
-    calls = max(10, min(1000, int(round_s / max(1e-7, time.perf_counter() - t0))))
-    times = []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            run()
+    calls, times = {}, {name: [] for name in runs}
+    for name, run in runs.items():
+        run()
         torch.cuda.synchronize()
-        times.append((time.perf_counter() - t0) / calls)
-    return statistics.median(times) * 1e3
+        t0 = time.perf_counter()
+        run()
+        torch.cuda.synchronize()
+        calls[name] = max(10, min(1000, int(round_s / max(1e-7, time.perf_counter() - t0))))
+    for _ in range(rounds):
+        for name, run in runs.items():
+            t0 = time.perf_counter()
+            for _ in range(calls[name]):
+                run()
+            torch.cuda.synchronize()
+            times[name].append((time.perf_counter() - t0) / calls[name])
+    return {name: statistics.median(t) * 1e3 for name, t in times.items()}
 
 
 REPLAYED_CALLS = 10  # calls of a candidate captured in the CUDA graph whose replays are timed
