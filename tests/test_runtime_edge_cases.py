@@ -204,6 +204,22 @@ def test_cumprod_backward_argmaxes_bools(codegen):
     assert_matches_eager(lambda x: torch.cumprod(x, -1), [x.requires_grad_()], codegen=codegen)
 
 
+@pytest.mark.parametrize("codegen", ["reference", "triton"])
+@pytest.mark.parametrize("fn", [lambda x: torch.argmax(x, 1), lambda x: torch.argmin(x), lambda x: x.argmax(0) + 1])
+def test_argmax_of_bools_raises_as_eager(codegen, fn):
+    """Eager refuses torch.argmax/argmin of a bool tensor while their meta kernels do not: the op runs as the
+    extern call, which raises eager's error, instead of returning an index eager never would. (max.dim's
+    indices of bools, which eager gives, are still generated: the last case below.)"""
+    x = torch.rand(4, 5) > 0.5
+    with pytest.raises(RuntimeError, match="does not support bool input"):
+        fn(x)
+    torch._dynamo.reset()
+    with pytest.raises(RuntimeError, match="does not support bool input"):
+        torch.compile(fn, backend=passline.backend(codegen=codegen))(x)
+    be = assert_matches_eager(lambda x: torch.max(x, 1), [x], codegen=codegen, fallback="raise")
+    assert "argmax" in be.reports[0].graph.format()
+
+
 def test_python_scalars_and_bfloat16():
     x = torch.randn(8, 8, dtype=torch.bfloat16, requires_grad=True)
     _triton(lambda x: (torch.pow(x, 2.0) * 0.5 + 3, torch.logical_or(x, x > 1), torch.logical_not(x),

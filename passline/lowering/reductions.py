@@ -157,6 +157,8 @@ lowering(aten.amin.default)(_minmax("min"))
 def _arg(rtype):
     def lower(ctx, node, x, dim=None, keepdim=False):
         out = node.meta["val"]
+        if x.dtype == torch.bool:  # eager refuses a bool input (the meta kernel does not): the extern call raises
+            return NotImplemented
         if dim is None:
             flat = x.reshape((product(x.size),))
             ref = reduce(ctx, flat, [0], rtype, out.dtype, upcast(x.dtype))
