@@ -242,9 +242,8 @@ def test_float32_parameter_gradients_are_judged_against_float64_too():
     step, past float32's tolerance, and passline's (mix-order column sums) 2.3e-5; the check passes it by the
     float64 judge. A dropped term in a float32 gradient still fails."""
     import copy
-    import functools
 
-    from passline.testing import _assert_module_matches, _float64_twin, loss_weights, train_step
+    from passline.testing import _assert_module_matches, _Float64Step, loss_weights, train_step
 
     class Shared(torch.nn.Module):
         def __init__(self, d):
@@ -260,13 +259,13 @@ def test_float32_parameter_gradients_are_judged_against_float64_too():
 
     lin = torch.nn.Linear(16, 4, bias=False)
     x = torch.randn(64, 16)
-    ours, twin = copy.deepcopy(lin), functools.partial(_float64_twin, copy.deepcopy(lin), [x])
+    ours, start = copy.deepcopy(lin), copy.deepcopy(lin)
     w = loss_weights(train_step(lin, [x])[0])
     train_step(ours, [x], w)
     with torch.no_grad():
         ours.weight.grad[:, 1:] *= 1.01  # off by 1%, past the tolerance and far past eager's rounding
     with pytest.raises(AssertionError, match="farther from the float64 step"):
-        _assert_module_matches(ours, lin, True, True, twin, w)
+        _assert_module_matches(ours, lin, True, True, _Float64Step(start, [x], w))
 
 
 def test_low_precision_parameter_gradients_are_judged_against_float64():
@@ -274,30 +273,59 @@ def test_low_precision_parameter_gradients_are_judged_against_float64():
     is about as close to the same step in float64 as eager's: a gradient with dropped terms fails though
     eager's largest rounding error is large elsewhere, and one that eager overflows (inf) must be inf too."""
     import copy
-    import functools
 
-    from passline.testing import _assert_module_matches, _float64_twin, loss_weights, train_step
+    from passline.testing import _assert_module_matches, _Float64Step, loss_weights, train_step
 
     torch.manual_seed(0)
     lin = torch.nn.Linear(16, 4, bias=False).bfloat16()
     x = torch.randn(64, 16, dtype=torch.bfloat16)
     x[:, 0] *= 1000  # one large input feature: its column of dW is ~1000x the others, and so is eager's error
-    ours, twin = copy.deepcopy(lin), functools.partial(_float64_twin, copy.deepcopy(lin), [x])  # before a step
+    ours, start = copy.deepcopy(lin), copy.deepcopy(lin)  # before a step
     w = loss_weights(train_step(lin, [x])[0])
     train_step(ours, [x], w)
-    _assert_module_matches(ours, lin, True, True, twin, w)  # the same computation: passes
+    _assert_module_matches(ours, lin, True, True, _Float64Step(start, [x], w))  # the same computation: passes
     with torch.no_grad():
         ours.weight.grad[:, 1:] = 0  # a dropped term
     with pytest.raises(AssertionError, match="farther from the float64 step"):
-        _assert_module_matches(ours, lin, True, True, twin, w)
+        _assert_module_matches(ours, lin, True, True, _Float64Step(start, [x], w))
 
     lin = torch.nn.Linear(4, 2, bias=False).half()
     x = torch.ones(64, 4, dtype=torch.float16)
     x[:, 0] = 3000.0  # eager's float16 dW overflows in that column
-    ours, twin, w = copy.deepcopy(lin), functools.partial(_float64_twin, copy.deepcopy(lin), [x]), [torch.ones(64, 2)]
+    ours, start, w = copy.deepcopy(lin), copy.deepcopy(lin), [torch.ones(64, 2)]
     train_step(lin, [x], w)
     train_step(ours, [x], w)
     with torch.no_grad():
         ours.weight.grad.zero_()
     with pytest.raises(AssertionError, match="farther from the float64 step"):
-        _assert_module_matches(ours, lin, True, True, twin, w)
+        _assert_module_matches(ours, lin, True, True, _Float64Step(start, [x], w))
+
+
+def test_input_gradients_are_judged_against_float64_too():
+    """An input's .grad outside the tolerance passes where it is about as close to the float64 step as eager's
+    (a long-K matmul's dX sums over K), and fails where a term is dropped; a function that cannot run in float64
+    has no oracle, and the tolerance alone decides."""
+    from passline.testing import _assert_grad_close, _Float64Step, loss_weights, tolerance, train_step
+
+    torch.manual_seed(0)
+    w = torch.randn(4096, 8, dtype=torch.bfloat16)
+    x = torch.randn(16, 4096, dtype=torch.bfloat16, requires_grad=True)
+    fn = lambda x: (x @ w).t() @ (x @ w)  # noqa: E731 - dX sums over 4096 and then 8 products in bfloat16
+    eager_x = x.detach().clone().requires_grad_()
+    weights = loss_weights(train_step(fn, [eager_x])[0])
+    oracle = _Float64Step(lambda x: (x @ w.double()).t() @ (x @ w.double()), [x], weights)
+    exact = oracle.input_grad(0)
+    assert exact.dtype == torch.float64
+    # passline's stand-in: the float64 gradient rounded once, closer to it than eager's bfloat16 sums
+    ours = exact.bfloat16()
+    with pytest.raises(AssertionError):  # outside bfloat16's tolerance of eager's (7.6% of elements, by 16)
+        torch.testing.assert_close(ours, eager_x.grad, **tolerance(torch.bfloat16))
+    _assert_grad_close(ours, eager_x.grad, "grad of input 0", lambda: exact)
+    dropped = ours.clone()
+    dropped[:, ::2] = 0
+    with pytest.raises(AssertionError, match="farther from the float64 step"):
+        _assert_grad_close(dropped, eager_x.grad, "grad of input 0", lambda: exact)
+    with pytest.raises(AssertionError, match="grad of input 0"):  # no oracle: the tolerance decides
+        _assert_grad_close(dropped, eager_x.grad, "grad of input 0", lambda: None)
+    bad = _Float64Step(lambda x: x.view(torch.int16).float(), [x], weights)  # bfloat16-only: no float64 step
+    assert bad.input_grad(0) is None

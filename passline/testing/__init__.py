@@ -135,6 +135,9 @@ def assert_matches_eager(fn: Callable, inputs: Sequence, pipeline=None, codegen:
         torch.testing.assert_close(a, b, **tolerance(b.dtype), equal_nan=True, msg=lambda m, k=k: f"output {k}: {m}")
         if check_strides:
             assert_same_strides(a, b, f"output {k}")
+    # the same step in float64 (from the state both runs began in), run once and only where a low-precision
+    # gradient misses the tolerance
+    oracle = _Float64Step(given, inputs, loss_weights(eager)) if train else None
     if train:
         for k, (a, b) in enumerate(zip(ours_in, eager_in)):
             if isinstance(a, torch.Tensor) and a.requires_grad:
@@ -142,31 +145,83 @@ def assert_matches_eager(fn: Callable, inputs: Sequence, pipeline=None, codegen:
                     f"grad of input {k}: {'None' if a.grad is None else 'a tensor'}, eager's is {b.grad}"
                 if b.grad is None:  # no output depends on this input, in either
                     continue
-                torch.testing.assert_close(a.grad, b.grad, **tolerance(b.dtype),
-                                           msg=lambda m, k=k: f"grad of input {k}: {m}")
+                _assert_grad_close(a.grad, b.grad, f"grad of input {k}", lambda k=k: oracle.input_grad(k))
                 if check_strides:
                     # AccumulateGrad gives .grad the input's strides (or contiguous ones) whatever the
                     # backward returned, so this checks the layout a user's optimizer sees, not the
                     # backward's own output; that shows in the values above when its strides are wrong
                     assert_same_strides(a.grad, b.grad, f"grad of input {k}")
     if module:
-        in_float64 = (lambda: _float64_twin(given, inputs)) if train else None  # from the state both runs began in
-        _assert_module_matches(ours_fn, fn, train, check_strides, in_float64, loss_weights(eager) if train else None)
+        _assert_module_matches(ours_fn, fn, train, check_strides, oracle)
     return be
 
 
-def _float64_twin(module: torch.nn.Module, inputs: Sequence):
-    """(the module in float64, its inputs in float64): the oracle a low-precision parameter gradient is judged
-    against when it misses the tolerance."""
-    twin = copy.deepcopy(module).double()
-    return twin, [_same_layout(x).detach().double().requires_grad_(x.requires_grad)
-                  if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs]
+class _Float64Step:
+    """The training step of `fn` (a module: a float64 copy of it) on float64 copies of `inputs`, with the same
+    loss weights: the oracle a low-precision gradient is judged against when it misses the tolerance. Run at
+    most once, at the first question; None for every gradient where the step cannot run in float64."""
+
+    def __init__(self, fn, inputs: Sequence, weights):
+        self.fn, self.inputs, self.weights = fn, inputs, weights
+        self.done, self.params, self.args = False, {}, []
+
+    def _run(self) -> None:
+        if self.done:
+            return
+        self.done = True
+        twin = copy.deepcopy(self.fn).double() if isinstance(self.fn, torch.nn.Module) else self.fn
+        args = [_same_layout(x).detach().double().requires_grad_(x.requires_grad)
+                if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in self.inputs]
+        try:
+            train_step(twin, args, self.weights)
+        except Exception:  # noqa: BLE001 - a function that only runs in its own dtypes has no oracle
+            return
+        self.args = args
+        self.params = {n: t.grad for n, t in twin.named_parameters()} if isinstance(twin, torch.nn.Module) else {}
+
+    def input_grad(self, k: int):
+        self._run()
+        x = self.args[k] if k < len(self.args) else None
+        return x.grad if isinstance(x, torch.Tensor) else None
+
+    def param_grad(self, name: str):
+        self._run()
+        return self.params.get(name)
+
+
+def _assert_grad_close(got: torch.Tensor, want: torch.Tensor, what: str, exact_of) -> None:
+    """`got` (passline's gradient) against `want` (eager's) within the dtype's tolerance; in bfloat16, float16
+    and float32, one outside it still passes when it is about as close as eager's to the float64 step's
+    (`exact_of()`: a weight's gradient sums over every row, a long-K matmul's input gradient over K, and
+    eager's own rounding is often past the tolerance: a float32 LayerNorm's bias gradient over 2048 rows was
+    1.3e-4 from float64 in eager)."""
+    try:
+        torch.testing.assert_close(got, want, **tolerance(want.dtype), equal_nan=True, msg=lambda m: f"{what}: {m}")
+        return
+    except AssertionError:
+        if want.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+            raise
+        exact = exact_of()
+        if exact is None or exact.shape != want.shape:
+            raise
+    # element by element: within the tolerance of the float64 value, widened by twice eager's own distance from
+    # it there, or twice its typical (median) distance where eager's rounding happened to land close; where
+    # eager's is not finite, ours must be the same value
+    tol = tolerance(want.dtype)
+    exact, got, want = exact.to(want.device), got.double(), want.double()
+    off = (want - exact).abs()
+    finite = torch.isfinite(off)
+    typical = off[finite].median() if finite.any() else off.new_zeros(())
+    near = (got - exact).abs() <= tol["atol"] + tol["rtol"] * exact.abs() + 2 * torch.maximum(off, 2 * typical)
+    same = (got == want) | (got.isnan() & want.isnan())
+    ok = torch.where(torch.isfinite(want), near, same)
+    assert bool(ok.all()), (f"{what}: {int((~ok).sum())} of {ok.numel()} elements farther from the float64 step "
+                            f"than eager's rounding allows (first at {tuple(int(i) for i in (~ok).nonzero()[0])})")
 
 
 def _assert_module_matches(ours: torch.nn.Module, eager: torch.nn.Module, train: bool, check_strides: bool,
-                           in_float64, weights) -> None:
+                           oracle: _Float64Step | None) -> None:
     """The compiled copy's parameter gradients and buffers against eager's (see assert_matches_eager)."""
-    reference = None
     theirs = dict(eager.named_parameters())
     for name, p in ours.named_parameters() if train else ():
         q = theirs[name]
@@ -174,29 +229,7 @@ def _assert_module_matches(ours: torch.nn.Module, eager: torch.nn.Module, train:
             f"grad of parameter {name}: {'None' if p.grad is None else 'a tensor'}, eager's is {q.grad}"
         if q.grad is None:
             continue
-        try:
-            torch.testing.assert_close(p.grad, q.grad, **tolerance(q.dtype), equal_nan=True,
-                                       msg=lambda m, name=name: f"grad of parameter {name}: {m}")
-        except AssertionError:
-            if in_float64 is None or q.dtype not in (torch.bfloat16, torch.float16, torch.float32):
-                raise
-            if reference is None:  # the same step in float64, once, only where it is needed
-                twin, args = in_float64()
-                train_step(twin, args, weights)
-                reference = {n: t.grad for n, t in twin.named_parameters()}
-            # element by element: within the tolerance of the float64 value, widened by twice eager's own
-            # distance from it there, or twice its typical (median) distance where eager's rounding happened to
-            # land close; where eager's is not finite, ours must be the same value
-            exact, got, want = reference[name], p.grad.double(), q.grad.double()
-            tol, off = tolerance(q.dtype), (want - exact).abs()
-            finite = torch.isfinite(off)
-            typical = off[finite].median() if finite.any() else off.new_zeros(())
-            near = (got - exact).abs() <= tol["atol"] + tol["rtol"] * exact.abs() + 2 * torch.maximum(off, 2 * typical)
-            same = (got == want) | (got.isnan() & want.isnan())
-            ok = torch.where(torch.isfinite(want), near, same)
-            assert bool(ok.all()), (f"grad of parameter {name}: {int((~ok).sum())} of {ok.numel()} elements "
-                                    f"farther from the float64 step than eager's rounding allows (first at "
-                                    f"{tuple(int(i) for i in (~ok).nonzero()[0])})")
+        _assert_grad_close(p.grad, q.grad, f"grad of parameter {name}", lambda name=name: oracle.param_grad(name))
         if check_strides:
             assert_same_strides(p.grad, q.grad, f"grad of parameter {name}")
     theirs = dict(eager.named_buffers())
