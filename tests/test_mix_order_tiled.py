@@ -186,3 +186,35 @@ def test_too_few_rows_for_the_gpu_are_not_tiled(rows, tiled):
     if not tiled:
         bwd = assert_matches_eager(_gelu_bias, [h, b], codegen="reference").reports[-1]
         assert any(isinstance(n, MixOrderNode) and n.tiled for n in bwd.graph.nodes()), bwd.graph.format()
+
+
+def test_expanded_input_rows_are_aligned():
+    """A broadcast (stride 0) dim starts every row of an expanded input at the same address: its rows are on
+    16-byte boundaries where the width is, and the pair is tiled (the smallest stride, 0, is not the one a row's
+    elements run along)."""
+    x = torch.randn(1, 3000).expand(64, 3000)
+    h = torch.randn(64, 3000, requires_grad=True)
+    b = torch.randn(3000, requires_grad=True)
+    be = assert_matches_eager(lambda h, x, b: torch.nn.functional.gelu(h * x + b), [h, x, b], pipeline=NARROW_GATE,
+                              codegen="triton")
+    bwd = be.reports[-1]
+    assert any(isinstance(n, MixOrderNode) and n.tiled for n in bwd.graph.nodes()), (
+        bwd.graph.format(), [f.detail for f in bwd.metrics.refusals if f.pass_name == "mix_order_reduction"])
+
+
+def test_a_stride_without_a_traced_value_refuses_by_name():
+    """A row stride with no traced value is checked (and refuses, named), not sorted as the smallest."""
+    from types import SimpleNamespace as NS
+
+    import sympy
+
+    from passline.ir.nodes import Layout
+    from passline.passes.mix_order_reduction import _unaligned
+
+    s1 = sympy.Symbol("s1", integer=True, positive=True)
+    x = NS(layout=Layout((64, 9000), (s1, 1), torch.float32), dtype=torch.float32)
+    side = NS(read_names=lambda: ["x"], output_names=lambda: [])
+    col = NS(read_names=lambda: [], output_names=lambda: [])
+    why = _unaligned(side, col, {"x": x}, sympy.Integer(64 * 9000), sympy.Integer(9000), {})
+    assert why and "row stride of s1 (no traced value)" in why, why
+    assert _unaligned(side, col, {"x": x}, sympy.Integer(64 * 9000), sympy.Integer(9000), {s1: 9004}) is None

@@ -209,7 +209,7 @@ def test_cumprod_backward_argmaxes_bools(codegen):
 def test_argmax_of_bools_raises_as_eager(codegen, fn):
     """Eager refuses torch.argmax/argmin of a bool tensor while their meta kernels do not: the op runs as the
     extern call, which raises eager's error, instead of returning an index eager never would. (max.dim's
-    indices of bools, which eager gives, are still generated: the last case below.)"""
+    indices of bools, which eager gives, are still generated: the check after the two raises.)"""
     x = torch.rand(4, 5) > 0.5
     with pytest.raises(RuntimeError, match="does not support bool input"):
         fn(x)

@@ -40,6 +40,7 @@ tiled kernel took 0.79-0.95x the unmixed pair's time in float32 (1024 and 2048 x
 unmixed pair's time). A pair that fits the gates is mixed as before (whole rows, not tiled)."""
 from __future__ import annotations
 
+import math
 from typing import Annotated
 
 import sympy
@@ -72,7 +73,7 @@ def _unaligned(row, col, layouts: dict, points, ncol, hints: dict) -> str | None
     """Why a tiled kernel of the pair would load its rows element by element, or None. A block of columns is
     loaded in 16-byte vectors only where every row it touches starts on a 16-byte boundary and its mask (the
     width) is whole vectors: the width and each stride of every [rows, columns] buffer, but its smallest (along
-    which a row's elements run), must be multiples of 16 bytes. The unmixed pair's pointwise kernel runs over
+    which a row's elements run) and a broadcast dim's 0, must be multiples of 16 bytes. The unmixed pair's pointwise kernel runs over
     the flat buffer, vectorized whatever the width. On an H200 the tiled bias gradient at 5436 x 12345 (odd
     width: scalar loads, sm_90 PTX `ld.global.b32`) took 2.2x (float32) and 2.5x (bfloat16) the unmixed pair's
     time; at 7457 x 9000 (aligned) 0.79x and 0.90x. A run-time size is taken at its traced value (`hints`)."""
@@ -83,14 +84,19 @@ def _unaligned(row, col, layouts: dict, points, ncol, hints: dict) -> str | None
         if sympy.expand(lay.numel - points) != 0:
             continue
         size = layouts[b].dtype.itemsize
-        strides = [st for n, st in zip(lay.size, lay.stride) if n != 1]
-        strides = sorted(strides, key=lambda st: at_hint(st, hints) or 0)[1:]
+        # a broadcast dim (stride 0: an expanded input) starts every row at the same address, aligned or not as
+        # the others say; a stride with no traced value sorts last, so that it is checked (and refuses), not
+        # taken for the smallest
+        traced = {st: at_hint(st, hints) for st in lay.stride}
+        strides = [st for n, st in zip(lay.size, lay.stride) if n != 1 and traced[st] != 0]
+        strides = sorted(strides, key=lambda st: math.inf if traced[st] is None else traced[st])[1:]
         for what, elements in (("width", ncol), *(("row stride", s) for s in strides)):
             value = at_hint(elements, hints)
             if value is None or value * size % VECTOR_BYTES:
                 side = "written" if b in own else "read"
-                traced = value is not None and not sympy.sympify(elements).is_number
-                shown = f"{elements} (traced {value})" if traced else elements
+                symbolic = not sympy.sympify(elements).is_number
+                shown = (f"{elements} (traced {value})" if value is not None else f"{elements} (no traced value)") \
+                    if symbolic else elements
                 return (f"{b} ({side}) has a {what} of {shown} x {size} bytes, not a multiple of {VECTOR_BYTES}: "
                         f"its rows in blocks of columns would load element by element (tile_columns)")
     return None

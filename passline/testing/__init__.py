@@ -100,9 +100,10 @@ def assert_matches_eager(fn: Callable, inputs: Sequence, pipeline=None, codegen:
     $PASSLINE_TEST_DEVICE, else where the inputs are) moves the inputs and an nn.Module there first.
     An `nn.Module` runs as two copies, eager's and the compiled one's, so that each parameter's `.grad` and
     each buffer (BatchNorm's running statistics) is compared too; in bfloat16, float16 and float32 a
-    parameter's `.grad` outside the tolerance still passes when it is about as close as eager's to the same
-    step in float64 (a weight's gradient sums over every row: eager's own rounding is often past the
-    tolerance — a float32 LayerNorm's bias gradient over 2048 rows, 1.3e-4 from float64 in eager).
+    parameter's or an input's `.grad` outside the tolerance still passes when it is about as close as eager's
+    to the same step in float64 (a weight's gradient sums over every row, a long-K matmul's input gradient
+    over K: eager's own rounding is often past the tolerance — a float32 LayerNorm's bias gradient over 2048
+    rows, 1.3e-4 from float64 in eager).
     Returns the passline backend, whose `reports` describe what was compiled."""
     import passline
 
