@@ -7,7 +7,8 @@
 Per shape, in one process, two pairs of contenders, as a graph runs in each mode:
 - without CUDA graphs: aten's mm called directly; Inductor's default `torch.compile` of the same function;
   passline's default compile, whose chooser times aten and decompose-K's versions at the first call by calls
-  issued back to back (host included: `choosing.call_ms`) and keeps the fastest;
+  issued back to back (host included: `choosing.calls_ms`, the candidates' rounds interleaved) and keeps the
+  fastest, unless aten is within 10% of it (`choosing.CALL_NOISE`);
 - with CUDA graphs: Inductor's `mode="reduce-overhead"`; passline's `cudagraphs=True`, whose chooser times
   candidates by their GPU time alone (`choosing.gpu_ms`, CUDA-graph replays).
 Each is timed two ways: `*_call_ms`, calls back to back with a synchronization at the end, over the calls

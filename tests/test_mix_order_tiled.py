@@ -218,3 +218,18 @@ def test_a_stride_without_a_traced_value_refuses_by_name():
     why = _unaligned(side, col, {"x": x}, sympy.Integer(64 * 9000), sympy.Integer(9000), {})
     assert why and "row stride of s1 (no traced value)" in why, why
     assert _unaligned(side, col, {"x": x}, sympy.Integer(64 * 9000), sympy.Integer(9000), {s1: 9004}) is None
+
+
+def test_a_bool_mask_needs_8_byte_rows():
+    """A 1-byte buffer (a dropout-style mask) is loaded 8 adjacent elements a thread: rows of 9000 bools (8-byte
+    multiples, not 16) are tiled; 9004 (float32 rows of whole vectors, bool rows 4 bytes off) not."""
+    for width, tiled in ((9000, True), (9004, False)):
+        h = torch.randn(64, width, requires_grad=True)
+        b = torch.randn(width, requires_grad=True)
+        mask = torch.rand(64, width) > 0.3
+        bwd = assert_matches_eager(lambda h, b, m: torch.nn.functional.gelu(h + b) * m, [h, b, mask],
+                                   codegen="reference").reports[-1]
+        assert any(isinstance(n, MixOrderNode) and n.tiled for n in bwd.graph.nodes()) == tiled, bwd.graph.format()
+        if not tiled:
+            refused = [f.detail for f in bwd.metrics.refusals if f.pass_name == "mix_order_reduction"]
+            assert any("x 1 bytes, not a multiple of 8" in d for d in refused), refused

@@ -69,12 +69,20 @@ def _widest(row, col, layouts: dict, points) -> int:
 VECTOR_BYTES = 16  # the widest load a GPU thread issues (one 128-bit access)
 
 
+def _vector(itemsize: int) -> int:
+    """Bytes of the widest load a thread of a tiled kernel makes of one buffer: a 128-bit access, or the 8 adjacent
+    elements it holds of a 1-byte buffer (a bool mask) where those are fewer bytes."""
+    return min(VECTOR_BYTES, 8 * itemsize)
+
+
 def _unaligned(row, col, layouts: dict, points, ncol, hints: dict) -> str | None:
     """Why a tiled kernel of the pair would load its rows element by element, or None. A block of columns is
-    loaded in 16-byte vectors only where every row it touches starts on a 16-byte boundary and its mask (the
-    width) is whole vectors: the width and each stride of every [rows, columns] buffer, but its smallest (along
-    which a row's elements run) and a broadcast dim's 0, must be multiples of 16 bytes. The unmixed pair's pointwise kernel runs over
-    the flat buffer, vectorized whatever the width. On an H200 the tiled bias gradient at 5436 x 12345 (odd
+    loaded in vectors only where every row it touches starts on a vector's boundary and its mask (the width) is
+    whole vectors: the width and each stride of every [rows, columns] buffer, but its smallest (along which a
+    row's elements run) and a broadcast dim's 0, must be multiples of `_vector(itemsize)` bytes (16; 8 for a
+    1-byte mask, of which a thread holds 8 adjacent elements of a 1024-column block on 4 warps). The unmixed
+    pair's pointwise kernel runs over the flat buffer, vectorized whatever the width. On an H200 the tiled bias
+    gradient at 5436 x 12345 (odd
     width: scalar loads, sm_90 PTX `ld.global.b32`) took 2.2x (float32) and 2.5x (bfloat16) the unmixed pair's
     time; at 7457 x 9000 (aligned) 0.79x and 0.90x. A run-time size is taken at its traced value (`hints`)."""
     own = set(row.output_names())
@@ -92,12 +100,12 @@ def _unaligned(row, col, layouts: dict, points, ncol, hints: dict) -> str | None
         strides = sorted(strides, key=lambda st: math.inf if traced[st] is None else traced[st])[1:]
         for what, elements in (("width", ncol), *(("row stride", s) for s in strides)):
             value = at_hint(elements, hints)
-            if value is None or value * size % VECTOR_BYTES:
+            if value is None or value * size % _vector(size):
                 side = "written" if b in own else "read"
                 symbolic = not sympy.sympify(elements).is_number
                 shown = (f"{elements} (traced {value})" if value is not None else f"{elements} (no traced value)") \
                     if symbolic else elements
-                return (f"{b} ({side}) has a {what} of {shown} x {size} bytes, not a multiple of {VECTOR_BYTES}: "
+                return (f"{b} ({side}) has a {what} of {shown} x {size} bytes, not a multiple of {_vector(size)}: "
                         f"its rows in blocks of columns would load element by element (tile_columns)")
     return None
 
