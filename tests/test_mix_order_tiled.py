@@ -233,3 +233,17 @@ def test_a_bool_mask_needs_8_byte_rows():
         if not tiled:
             refused = [f.detail for f in bwd.metrics.refusals if f.pass_name == "mix_order_reduction"]
             assert any("x 1 bytes, not a multiple of 8" in d for d in refused), refused
+
+
+def test_a_transposed_input_is_not_tiled():
+    """x stored transposed (its rows adjacent in memory): a block of columns would read it one element a row,
+    while unmixed, memory_order lets the pointwise kernel take it in its own order. The pair stays unmixed,
+    saying why; the same x contiguous is tiled."""
+    h = torch.randn(64, 9000, requires_grad=True)
+    b = torch.randn(9000, requires_grad=True)
+    fn = lambda h, b, x: torch.nn.functional.gelu(h * x + b)  # noqa: E731
+    for x, tiled in ((torch.randn(9000, 64).t(), False), (torch.randn(64, 9000), True)):
+        bwd = assert_matches_eager(fn, [h, b, x], codegen="triton").reports[-1]
+        assert any(isinstance(n, MixOrderNode) and n.tiled for n in bwd.graph.nodes()) == tiled, bwd.graph.format()
+        refused = [f.detail for f in bwd.metrics.refusals if f.pass_name == "mix_order_reduction"]
+        assert tiled or any("a transposed layout" in d and "tile_columns" in d for d in refused), refused

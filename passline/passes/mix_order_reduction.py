@@ -37,7 +37,9 @@ column sum reading it back: 4 passes over memory (x, dy read; dh written, read) 
 tiled kernel took 0.79-0.95x the unmixed pair's time in float32 (1024 and 2048 x 65536, 2237 x 30000, 7457 x
 9000) and 0.88-0.97x in bfloat16 (one point 1.07x: 2237 x 30000). Only rows on 16-byte boundaries are tiled
 (`_unaligned`): at an odd width every load of a block of columns is one element (12345 wide: 2.2-2.5x the
-unmixed pair's time). A pair that fits the gates is mixed as before (whole rows, not tiled)."""
+unmixed pair's time); nor a pair reading a buffer across its memory order (`_across_rows`: a transposed input),
+nor one whose kernel would leave SMs idle (`_too_few_programs`). A pair that fits the gates is mixed as before
+(whole rows, not tiled)."""
 from __future__ import annotations
 
 import math
@@ -46,7 +48,7 @@ from typing import Annotated
 import sympy
 
 from ..ir import Extern, FusedNode, MixOrderNode, Pointwise, Reduction
-from ..ir.index import product, substitute
+from ..ir.index import VarKind, loop_vars, product, substitute
 from ..ir.loops import Role, canonical_map, members, role, shape, transposed
 from ..lowering.sizes import at_hint
 from ..pipeline.registry import PipelineError, register_pass
@@ -107,6 +109,39 @@ def _unaligned(row, col, layouts: dict, points, ncol, hints: dict) -> str | None
                     if symbolic else elements
                 return (f"{b} ({side}) has a {what} of {shown} x {size} bytes, not a multiple of {_vector(size)}: "
                         f"its rows in blocks of columns would load element by element (tile_columns)")
+    return None
+
+
+def _across_rows(side, col, layouts: dict, points, hints: dict) -> str | None:
+    """Why a tiled kernel of the pair would read a [rows, columns] buffer across its memory order, or None: a
+    buffer whose elements along a row are farther apart than along some other loop (a transposed input) is read
+    by a block of columns one element a row each, where the unmixed pair's pointwise kernel can take it in its
+    own order (memory_order). Checked on every access of the row side's members (loops: rows, then columns)
+    and of the column side's (columns outer, rows reduced): the innermost column loop's stride must be the
+    smallest (a broadcast 0 aside). A `[:, ::2]` view (stride 2 along a row, thousands along the rows) passes:
+    the unmixed kernels read it no better."""
+    accesses = []
+    for m in members(side.row if isinstance(side, MixOrderNode) else side):
+        outer = [v for v, n in zip(loop_vars(VarKind.OUTER, len(m.ranges)), m.ranges) if n != 1]
+        accesses += [(m, outer, d) for d in m.reads()]
+    for m in members(col):
+        loops = [v for v, n in zip(loop_vars(VarKind.OUTER, len(m.ranges)), m.ranges) if n != 1]
+        if isinstance(m, Reduction):  # columns outer, rows reduced: the columns' innermost loop last
+            loops = [v for v, n in zip(loop_vars(VarKind.REDUCTION, len(m.reduction_ranges)), m.reduction_ranges)
+                     if n != 1] + loops
+        accesses += [(m, loops, d) for d in m.reads()]
+    for m, loops, d in accesses:
+        if not loops or d.buffer not in layouts or sympy.expand(layouts[d.buffer].layout.numel - points) != 0:
+            continue
+        index = sympy.expand(d.index)
+        coef = {v: at_hint(index.coeff(v), hints) for v in loops}
+        inner = coef[loops[-1]]
+        if inner is None or any(c is None for c in coef.values()):
+            continue  # not affine in the loops (a view's floor or modulo): left to the alignment check
+        if inner and any(0 < abs(c) < abs(inner) for v, c in coef.items() if v is not loops[-1]):
+            return (f"{m.name} reads {d.buffer} with a stride of {inner} elements along a row, more than along "
+                    f"another loop (a transposed layout): a block of columns would load one element a row "
+                    f"(tile_columns)")
     return None
 
 
@@ -175,6 +210,7 @@ def _gate(row, col, max_columns, min_rows, types, max_reads, rows, cols, max_row
             wide = True
     if wide:
         problem = (_unaligned(row, col, layouts or {}, ncol * nrow, ncol, hints or {})
+                   or _across_rows(row, col, layouts or {}, ncol * nrow, hints or {})
                    or _too_few_programs(nrow, ncol, sms, hints or {}))
         if problem:
             return problem, False
