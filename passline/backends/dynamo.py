@@ -25,8 +25,10 @@ from ..pipeline.metrics import Metrics
 from ..pipeline.report import CompileReport, set_last_report
 from ..pipeline.target import Target
 from ..pipeline.text import Pipeline
+from . import graph_cache
 from .check import checked
 from .choosing import TimedChooser
+from .graph_cache import GraphCache
 from .layouts import conform_inputs
 from .partition import SAVED_FROM, partition
 from .reference import ReferenceRunner
@@ -60,7 +62,8 @@ class Backend:
     PASSLINE_* variable, or an enclosing `with passline.settings(...)`): dump_dir: write graph dumps for each
     pass that changed the graph ("" for none); metric_tables, metric_dir: CSV metric tables to write, and
     where; cache_dir: kernel cache; autotune: time each kernel's candidate configurations at its first call
-    (off: configurations by rule, nothing timed);
+    (off: configurations by rule, nothing timed); graph_cache: reuse a graph's lowering and passes from an
+    earlier compile of the same graph, in this process or another (backends/graph_cache.py; on by default);
     fallback: when passline fails on a graph, "eager" (the default for users) warns and runs that graph's
     aten code as it is, "raise" (what passline.testing uses) raises the error;
     check: the accuracy guard (off by default): the first call of each graph is also run
@@ -74,7 +77,7 @@ class Backend:
                  metric_tables=None, metric_dir=None, instruments=(), pass_limit=None, decision_limits=None,
                  capture: bool = False, kernel_variant: str = "auto", cache_dir=None, fallback=None,
                  check: bool | None = None, autotune: bool | None = None, cudagraphs: bool = False,
-                 choice_overrides=None):
+                 choice_overrides=None, graph_cache: bool | None = None):
         if codegen not in CODEGENS:
             raise ValueError(f"unknown codegen {codegen!r}; choose one of {', '.join(CODEGENS)}")
         self.pipeline = Pipeline.parse(DEFAULT_PIPELINE if pipeline is None else pipeline) \
@@ -83,7 +86,7 @@ class Backend:
         self.verify = verify
         self.settings = current_settings().evolve(
             dump_dir=dump_dir, metric_tables=metric_tables, metric_dir=metric_dir, cache_dir=cache_dir,
-            fallback=fallback, check=check, autotune=autotune)
+            fallback=fallback, check=check, autotune=autotune, graph_cache=graph_cache)
         self.dump_dir = self.settings.dump_dir
         self.metric_tables = self.settings.metric_tables
         self.metric_dir = self.settings.metric_dir
@@ -98,6 +101,7 @@ class Backend:
         # force one reduction variant (tests, experiments)
         self.kernel_variant = AUTO if kernel_variant == AUTO else KernelVariant(kernel_variant)
         self.autotune = self.settings.autotune
+        self.graph_cache = self.settings.graph_cache  # scheduled graphs reused across processes (graph_cache.py)
         self.chooser = TimedChooser(choice_overrides, self)  # checks the overrides' names
         self.choice_overrides = self.chooser.overrides
         self.cudagraphs = cudagraphs  # capture static-shape GPU graphs and replay them (backends/cudagraphs.py)
@@ -216,17 +220,32 @@ class Backend:
     def _compile_aten(self, gm: torch.fx.GraphModule, example_inputs, kind: str, fx: FxStage):
         name = f"{kind}{next(self._ids)}"
         t0 = time.perf_counter()
-        program = lower_graph(gm, example_inputs, self.chooser)
-        graph = SchedulerGraph.from_program(program)
-        if self.verify:
-            graph.verify()
-        t1 = time.perf_counter()
-        metrics = Metrics(enabled=self.metric_tables)
+        cache = GraphCache(self.cache_dir) if graph_cache.enabled(self) else None
+        key = graph_cache.graph_key(gm, self) if cache is not None else None
+        entry = cache.load(key) if key is not None else None
+        if entry is not None:  # lowered and scheduled by an earlier compile of the same graph
+            graph, nodes_before, metrics = entry["graph"], entry["nodes_before"], entry["metrics"]
+            records = [*fx.records, *entry["records"]]
+            metrics.counters["graph_cache_hits"] += 1
+            # a choice timed by the compile that stored the graph was read back now, not timed
+            graph.choices = tuple(attrs.evolve(c, how="cached") if c.how == "timed" else c for c in graph.choices)
+            t1 = t2 = time.perf_counter()
+        else:
+            program = lower_graph(gm, example_inputs, self.chooser)
+            graph = SchedulerGraph.from_program(program)
+            if self.verify:
+                graph.verify()
+            t1 = time.perf_counter()
+            metrics = Metrics(enabled=self.metric_tables)
+            nodes_before = len(graph)
+            # the passes may decide by the device the graph runs on (split_reductions: its SM count)
+            graph, records = self.manager.run(graph, metrics, name, Target.of(graph), before=fx.records)
+            t2 = time.perf_counter()
+            if key is not None:  # the scheduler stage's own figures and records (the FX stage's are this call's)
+                stored = cache.store(key, graph=graph, nodes_before=nodes_before, metrics=metrics,
+                                     records=records[len(fx.records):])
+                metrics.counters["graph_cache_stores" if stored else "graph_cache_unpicklable"] += 1
         fx.count_into(metrics)
-        nodes_before = len(graph)
-        # the passes may decide by the device the graph runs on (split_reductions: its SM count)
-        graph, records = self.manager.run(graph, metrics, name, Target.of(graph), before=fx.records)
-        t2 = time.perf_counter()
         codegen, reason = choose_codegen(self.codegen, graph)
         if codegen == "triton":
             from .triton.cache import KernelCache

@@ -1,0 +1,220 @@
+"""Scheduled graphs on disk across processes: an aten graph's lowering and pass pipeline run once.
+
+A second process that compiles the same model (a restarted training script) gets from dynamo and aot_autograd
+the same aten graphs; lowering them and running the pipeline again would give the same SchedulerGraph. The dynamo
+backend (`Backend._compile_aten`) asks `GraphCache.load` first and, on a miss, stores what the pipeline made
+(`store`): the graph, the scheduler passes' records, the node count before them and their metrics. What comes
+after — the Triton runner's kernels, their binaries and tuning choices — has caches of its own
+(`triton/cache.py`, Triton's).
+
+The key is everything the result depends on, so that a hit is the graph the pipeline would make now:
+
+- the aten graph: its code, and every node's traced value (shape, strides, dtype, device: lowering reads them),
+  the size symbols' lower bounds and traced values (`lowering.sizes.size_facts`), the bytes of every tensor
+  constant;
+- the pipeline's `cache_key` (its text, every option, the source of each pass's module), the source of every
+  file of the passline package (lowering, IR, verifier), the code of lowerings and choices registered from
+  outside passline, the backend's choice overrides, codegen, autotuning and CUDA-graph modes (a choice is timed
+  by calls or by GPU time), the device (its name and SM count) and the torch and Python versions.
+
+Not cached (each compile runs the pipeline): graphs whose constants exceed `MAX_CONSTANT_BYTES`, and backends
+that observe or limit the pipeline (instruments, dumps, metric tables, pass or decision limits: bisection, the
+accuracy guard, capture). A graph that cannot be pickled (an extern call of a Python function) is not stored.
+An entry that fails to load is a miss. `PASSLINE_GRAPH_CACHE=0` (or `passline.backend(graph_cache=False)`)
+turns the cache off; entries live beside the kernel cache (`$PASSLINE_CACHE_DIR/graphs`).
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import io
+import os
+import pickle
+import platform
+import re
+import tempfile
+from pathlib import Path
+
+import torch
+from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+MAX_CONSTANT_BYTES = 64 << 20  # tensor constants hashed into a key at most (a frozen model's weights: not cached)
+MAX_ENTRIES = 4096  # graphs kept; past it the least recently used quarter goes (an edit of passline changes every key)
+_FORMAT = "passline graph cache 1"
+
+
+@functools.lru_cache(maxsize=1)
+def package_hash() -> str:
+    """A hash of every Python file of the passline package (read once a process): an edit anywhere in lowering,
+    the IR or the passes changes every key."""
+    root = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        h.update(str(path.relative_to(root)).encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def _code(fn) -> str:
+    """What identifies a function defined outside passline: its module, name, bytecode and constants."""
+    code = getattr(fn, "__code__", None)
+    consts = repr(code.co_consts) if code is not None else ""
+    return (f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', repr(fn))} "
+            f"{code.co_code.hex() if code is not None else ''} {consts}")
+
+
+def _outside_passline(fn) -> bool:
+    return not (getattr(fn, "__module__", None) or "").startswith("passline.")
+
+
+def _registrations() -> list:
+    """Lowerings and choices registered from outside the passline package (passline's own are in
+    `package_hash`), by their code."""
+    from ..lowering.choices import registered
+    from ..lowering.registry import LOWERINGS
+
+    out = [(str(op), _code(fn)) for op, fn in LOWERINGS.items() if _outside_passline(fn)]
+    for op, choices in sorted(registered().items()):
+        out += [(op, name, c.fingerprint()) for name, c in sorted(choices.items()) if _outside_passline(c.fn)]
+    return sorted(out, key=repr)
+
+
+def _value(v) -> str:
+    """A traced value as lowering sees it: a tensor's shape, strides, offset, dtype and device; else its text."""
+    if isinstance(v, torch.Tensor):
+        return (f"T{tuple(str(s) for s in v.shape)}{tuple(str(s) for s in v.stride())}+{v.storage_offset()} "
+                f"{v.dtype} {v.device} {v.requires_grad}")
+    if isinstance(v, (tuple, list)):
+        return "(" + ", ".join(_value(x) for x in v) + ")"
+    return f"{type(v).__name__}:{v}"
+
+
+def _graph_text(gm: torch.fx.GraphModule) -> str | None:
+    """The aten graph's code and every node's traced value; None where its tensor constants are too large to
+    hash (the key would cost more than the pipeline)."""
+    parts = [gm.code]
+    constants = 0
+    for n in gm.graph.nodes:
+        parts.append(f"{n.op} {n.name} {n.target} {_value(n.meta.get('val'))}")
+        if n.op == "get_attr":
+            value = getattr(gm, str(n.target), None)
+            if isinstance(value, torch.Tensor):
+                constants += value.numel() * value.element_size()
+                if constants > MAX_CONSTANT_BYTES:
+                    return None
+                with unset_fake_temporarily():  # compiles run under FakeTensorMode; a constant is a real tensor
+                    data = value.detach().cpu().contiguous()
+                    parts.append(hashlib.sha256(data.view(torch.uint8).numpy().tobytes()
+                                                if data.numel() else b"").hexdigest())
+            else:
+                parts.append(repr(value))
+    return "\n".join(parts)
+
+
+def _device(gm: torch.fx.GraphModule) -> str:
+    """The GPU the graph's tensors are on, by name and SM count (the passes plan for it), or "cpu"."""
+    for n in gm.graph.nodes:
+        v = n.meta.get("val")
+        if isinstance(v, torch.Tensor) and v.device.type == "cuda":
+            props = torch.cuda.get_device_properties(v.device)
+            return f"cuda {props.name} {props.multi_processor_count}"
+    return "cpu"
+
+
+def graph_key(gm: torch.fx.GraphModule, backend) -> str | None:
+    """The key of `gm`'s scheduled graph under `backend` (see the module doc), or None: not to be cached."""
+    from ..lowering.sizes import size_facts
+
+    text = _graph_text(gm)
+    if text is None:
+        return None
+    bounds, hints = size_facts(gm)
+    named = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", text))  # the ShapeEnv's symbols this graph uses
+    bounds = {k: v for k, v in bounds.items() if str(k) in named}
+    hints = {k: v for k, v in hints.items() if str(k) in named}
+    h = hashlib.sha256()
+    for part in (_FORMAT, torch.__version__, platform.python_version(), package_hash(), backend.pipeline.cache_key(),
+                 repr(_registrations()), repr(sorted(backend.choice_overrides.items())), backend.codegen,
+                 backend.autotune, backend.cudagraphs, _device(gm),
+                 repr(sorted((str(k), str(v)) for k, v in bounds.items())),
+                 repr(sorted((str(k), str(v)) for k, v in hints.items())), text):
+        h.update(repr(part).encode())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def _op(namespace: str, name: str, overload: str):
+    return getattr(getattr(getattr(torch.ops, namespace), name), overload)
+
+
+class _Pickler(pickle.Pickler):
+    """Pickles aten ops by name (an OpOverload is not picklable itself)."""
+
+    def reducer_override(self, obj):
+        if isinstance(obj, torch._ops.OpOverload):
+            return _op, (obj.namespace, obj._opname, obj._overloadname)
+        return NotImplemented
+
+
+class GraphCache:
+    """Scheduled graphs under `directory/graphs`, one file a key, written atomically."""
+
+    def __init__(self, directory):
+        self.dir = Path(directory) / "graphs"
+
+    def load(self, key: str) -> dict | None:
+        path = self.dir / f"{key}.pkl"
+        try:
+            with path.open("rb") as f, unset_fake_temporarily():  # a constant's tensor is real
+                entry = pickle.load(f)
+        except FileNotFoundError:
+            return None
+        except Exception:  # noqa: BLE001 - a truncated or stale entry is a miss, rebuilt and stored again
+            return None
+        if not (isinstance(entry, dict) and entry.get("format") == _FORMAT):
+            return None
+        with contextlib.suppress(OSError):  # recently used: kept longest
+            os.utime(path)
+        return entry
+
+    def store(self, key: str, **entry) -> bool:
+        """Store `entry` (graph, records, nodes_before, metrics); False where it cannot be pickled."""
+        buf = io.BytesIO()
+        try:
+            with unset_fake_temporarily():
+                _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump({"format": _FORMAT, **entry})
+        except Exception:  # noqa: BLE001 - an extern of a Python function, a lambda: compiled each time
+            return False
+        self.dir.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=".tmp")
+        with os.fdopen(fd, "wb") as f:
+            f.write(buf.getvalue())
+        os.replace(tmp, self.dir / f"{key}.pkl")
+        self._evict()
+        return True
+
+    def _evict(self) -> None:
+        """Past MAX_ENTRIES, remove the least recently used quarter (by modification time: `load` touches)."""
+        entries = list(self.dir.glob("*.pkl"))
+        if len(entries) <= MAX_ENTRIES:
+            return
+        def mtime(p):
+            try:
+                return p.stat().st_mtime
+            except OSError:  # removed by another process meanwhile
+                return 0.0
+        for p in sorted(entries, key=mtime)[:len(entries) - MAX_ENTRIES * 3 // 4]:
+            with contextlib.suppress(OSError):
+                p.unlink()
+
+
+def enabled(backend) -> bool:
+    """Whether `backend` uses the cache: on by default; off where something observes or limits the pipeline."""
+    if not backend.graph_cache:
+        return False
+    m = backend.manager
+    return not (m.instruments or m.dump_dir or m.pass_limit is not None or m.decision_limits
+                or backend.metric_tables or backend.check or backend.capture)
+
+

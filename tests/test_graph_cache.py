@@ -1,0 +1,165 @@
+"""The graph cache (backends/graph_cache.py): a compile of the same aten graph in a later backend or process loads the
+scheduled graph an earlier one stored instead of lowering and running the pipeline again, and gets the same results;
+anything the result depends on makes another key."""
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+import passline
+from passline.backends import graph_cache
+from passline.testing import assert_matches_eager
+
+
+def _ln_relu(x, w):
+    return torch.nn.functional.layer_norm(x, (x.shape[-1],), w).relu()
+
+
+def _counters(be, name: str) -> list:
+    return [r.metrics.counters.get(name, 0) for r in be.reports]
+
+
+def _inputs(rows=32, cols=64, dtype=torch.float32):
+    return [torch.randn(rows, cols, dtype=dtype, requires_grad=True),
+            torch.randn(cols, dtype=dtype, requires_grad=True)]
+
+
+def test_a_second_compile_loads_the_scheduled_graph(tmp_path, monkeypatch):
+    first = assert_matches_eager(_ln_relu, _inputs(), cache_dir=str(tmp_path))
+    assert _counters(first, "graph_cache_stores") == [1, 1] and _counters(first, "graph_cache_hits") == [0, 0]
+
+    # lowering and the pipeline must not run again: both would raise
+    import passline.backends.dynamo as dynamo
+
+    def refuse(*a, **k):
+        raise AssertionError("lowered again")
+
+    monkeypatch.setattr(dynamo, "lower_graph", refuse)
+    second = assert_matches_eager(_ln_relu, _inputs(), cache_dir=str(tmp_path))
+    assert _counters(second, "graph_cache_hits") == [1, 1]
+    for a, b in zip(first.reports, second.reports):  # what the report says of the passes is the stored compile's
+        assert a.graph.format() == b.graph.format() and [p.name for p in a.passes] == [p.name for p in b.passes]
+        assert b.seconds["passes"] == 0
+
+
+@pytest.mark.parametrize("change", ["shape", "dtype", "strides", "pipeline", "overrides", "graph_cache_off"])
+def test_what_the_result_depends_on_makes_another_key(tmp_path, change):
+    assert_matches_eager(_ln_relu, _inputs(), cache_dir=str(tmp_path))
+    inputs, options = _inputs(), {}
+    if change == "shape":
+        inputs = _inputs(rows=33)
+    elif change == "dtype":
+        inputs = _inputs(dtype=torch.float64)
+    elif change == "strides":
+        inputs[0] = torch.randn(64, 32).t().requires_grad_()
+    elif change == "pipeline":
+        options["pipeline"] = passline.DEFAULT_PIPELINE.replace("mix_order_reduction",
+                                                                "mix_order_reduction(min_rows=9)")
+    elif change == "overrides":
+        options["choice_overrides"] = {"mm": "aten"}
+    else:
+        options["graph_cache"] = False
+    be = assert_matches_eager(_ln_relu, inputs, cache_dir=str(tmp_path), **options)
+    assert _counters(be, "graph_cache_hits") == [0, 0]
+
+
+def test_tensor_constants_are_part_of_the_key(tmp_path):
+    """A constant aot_autograd lifts into the graph (a get_attr) is hashed by its bytes: another value, another key."""
+    for value, hits in ((2.0, [0]), (2.0, [1]), (3.0, [0])):
+        def scale(x, v=value):
+            return x * torch.tensor([v, 1.0, v, 1.0])  # a constant of the graph (`_tensor_constant0`)
+
+        be = assert_matches_eager(scale, [torch.randn(3, 4)], cache_dir=str(tmp_path))
+        assert "_tensor_constant0" in be.reports[0].gm.code and _counters(be, "graph_cache_hits") == hits
+
+
+def test_observed_pipelines_are_not_cached(tmp_path):
+    """Instruments, dumps, metric tables, pass and decision limits, the accuracy guard and capture watch or limit
+    the passes: such a backend runs them every time."""
+    assert_matches_eager(_ln_relu, _inputs(), cache_dir=str(tmp_path))
+    for options in ({"metric_tables": "all", "metric_dir": str(tmp_path / "m")}, {"pass_limit": 3},
+                    {"dump_dir": str(tmp_path / "d")}, {"check": True}, {"capture": True}):
+        be = passline.backend(cache_dir=str(tmp_path), **options)
+        assert not graph_cache.enabled(be), options
+    assert graph_cache.enabled(passline.backend(cache_dir=str(tmp_path)))
+
+
+def test_a_broken_entry_is_a_miss(tmp_path):
+    assert_matches_eager(_ln_relu, _inputs(), cache_dir=str(tmp_path))
+    for p in (tmp_path / "graphs").glob("*.pkl"):
+        p.write_bytes(b"not a pickle")
+    be = assert_matches_eager(_ln_relu, _inputs(), cache_dir=str(tmp_path))
+    assert _counters(be, "graph_cache_hits") == [0, 0] and _counters(be, "graph_cache_stores") == [1, 1]
+
+
+def test_a_pass_registered_again_with_other_code_makes_another_key(tmp_path):
+    """The key holds each pass's source (the pipeline's cache_key): the same name with other code in another
+    module is another pipeline, whose graph is scheduled afresh."""
+    hits = []
+    try:
+        for version in (1, 2, 2):
+            module = tmp_path / f"user_pass_v{version}.py"
+            module.write_text(textwrap.dedent(f"""
+                import passline
+
+                @passline.register_pass("user_noop", replace=True)
+                def user_noop(graph, ctx):
+                    return graph  # version {version}
+            """))
+            sys.path.insert(0, str(tmp_path))
+            try:
+                __import__(f"user_pass_v{version}")
+            finally:
+                sys.path.remove(str(tmp_path))
+            be = assert_matches_eager(_ln_relu, _inputs(), cache_dir=str(tmp_path / "cache"),
+                                      pipeline="user_noop, " + passline.DEFAULT_PIPELINE)
+            hits.append(_counters(be, "graph_cache_hits"))
+    finally:
+        passline.unregister_pass("user_noop")
+    assert hits == [[0, 0], [0, 0], [1, 1]]
+
+
+def test_eviction_keeps_the_most_recently_used(tmp_path, monkeypatch):
+    monkeypatch.setattr(graph_cache, "MAX_ENTRIES", 4)
+    cache = graph_cache.GraphCache(tmp_path)
+    for k in range(4):
+        assert cache.store(f"k{k}", graph=k, records=[], nodes_before=0, metrics=None)
+        os.utime(cache.dir / f"k{k}.pkl", (k, k))  # k0 the oldest
+    assert cache.load("k0")["graph"] == 0  # touched: now the most recent
+    cache.store("k4", graph=4, records=[], nodes_before=0, metrics=None)  # 5 > 4: down to 3, the oldest gone
+    assert sorted(p.stem for p in cache.dir.glob("*.pkl")) == ["k0", "k3", "k4"]
+
+
+def test_unpicklable_graphs_are_not_stored(tmp_path):
+    cache = graph_cache.GraphCache(tmp_path)
+    assert not cache.store("k", graph=lambda: None, records=[], nodes_before=0, metrics=None)
+    assert cache.load("k") is None
+
+
+def test_a_later_process_loads_the_graph(tmp_path):
+    """A restarted script: the second process gets its graphs from the first one's store, the same loss and
+    gradients, and runs no pass."""
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""
+        import torch, passline
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.LayerNorm(32))
+        x = torch.randn(8, 16)
+        be = passline.backend(fallback="raise")
+        loss = torch.compile(model, backend=be)(x).square().mean()
+        loss.backward()
+        hits = sum(r.metrics.counters.get("graph_cache_hits", 0) for r in be.reports)
+        print(f"{loss.item():.8f} {model[0].weight.grad.abs().sum().item():.8f} hits={hits}")
+    """))
+    env = {**os.environ, "PASSLINE_CACHE_DIR": str(tmp_path / "cache"), "TRITON_INTERPRET": "1",
+           "PYTHONPATH": str(Path(passline.__file__).resolve().parents[1])}
+    runs = [subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
+            for _ in range(2)]
+    outs = [r.stdout.strip().splitlines()[-1] for r in runs]
+    assert all(r.returncode == 0 for r in runs), [r.stderr[-2000:] for r in runs]
+    assert outs[0].endswith("hits=0") and outs[1].endswith("hits=2"), outs
+    assert outs[0].split()[:2] == outs[1].split()[:2]
