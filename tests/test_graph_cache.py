@@ -163,3 +163,85 @@ def test_a_later_process_loads_the_graph(tmp_path):
     assert all(r.returncode == 0 for r in runs), [r.stderr[-2000:] for r in runs]
     assert outs[0].endswith("hits=0") and outs[1].endswith("hits=2"), outs
     assert outs[0].split()[:2] == outs[1].split()[:2]
+
+
+def test_deterministic_algorithms_make_another_key(tmp_path):
+    """Lowering asks torch whether deterministic algorithms are on (no float atomic adds): a graph scheduled with
+    them off must not be reused with them on."""
+    from passline.ir import Scatter
+
+    def fn(x, i, v):
+        return x.index_put((i,), v, accumulate=True) * 2
+
+    args = [torch.randn(10), torch.tensor([1, 1, 3, 7]), torch.randn(4)]
+    assert_matches_eager(fn, args, cache_dir=str(tmp_path))
+    try:
+        torch.use_deterministic_algorithms(True)
+        be = assert_matches_eager(fn, args, cache_dir=str(tmp_path))
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert _counters(be, "graph_cache_hits") == [0]
+    assert not any(isinstance(n, Scatter) for n in be.reports[0].graph.nodes())
+
+
+def test_a_scalar_tensor_constant_is_hashed(tmp_path):
+    """A 0-dim constant (`x * torch.tensor(2.5)`) has no byte view of its own: hashed flattened."""
+    for hits in ([0], [1]):
+        be = assert_matches_eager(lambda x: x * torch.tensor(2.5), [torch.randn(4)], cache_dir=str(tmp_path))
+        assert _counters(be, "graph_cache_hits") == hits
+
+
+def test_a_derived_size_is_defined_again_on_load(tmp_path):
+    """A size computed through float arithmetic is a symbol whose definition lives in the lowering process's
+    registry (ir.index._DERIVED): a later process that loads the graph without lowering must have it too."""
+    from passline.ir import index
+
+    def fn(x):
+        return x.reshape(int(x.shape[0] * 0.5), -1).relu() * 2
+
+    torch._dynamo.reset()
+    be = passline.backend(fallback="raise", cache_dir=str(tmp_path))
+    x = torch.randn(10, 4)
+    torch.testing.assert_close(torch.compile(fn, backend=be, dynamic=True)(x), fn(x))
+    assert be.reports[0].graph.derived
+    saved = dict(index._DERIVED)
+    index._DERIVED.clear()  # as in a fresh process
+    try:
+        torch._dynamo.reset()
+        be = passline.backend(fallback="raise", cache_dir=str(tmp_path))
+        torch.testing.assert_close(torch.compile(fn, backend=be, dynamic=True)(x), fn(x))
+        assert _counters(be, "graph_cache_hits") == [1]
+    finally:
+        index._DERIVED.update(saved)
+
+
+def test_the_key_holds_no_address(tmp_path):
+    """Python function targets (torch.sym_float of a dynamic graph) by name: the same graph in another process
+    is the same key."""
+    be = passline.backend(cache_dir=str(tmp_path))
+    torch.compile(lambda x: torch.nn.functional.interpolate(x, scale_factor=0.5), backend=be, dynamic=True)(
+        torch.randn(1, 2, 10, 12))
+    text = graph_cache._graph_text(be.reports[0].gm)
+    assert "sym_float" in text and " at 0x" not in text
+
+
+def test_code_the_key_cannot_see_is_not_cached(tmp_path, monkeypatch):
+    """A choice or pass whose source cannot be read (a prompt, exec) or that closes over values, and a process
+    whose passline files were edited after it imported them, neither store nor load."""
+    ns = {"passline": passline, "torch": torch}
+    exec(compile("passline.register_choice(torch.ops.aten.mm, 'scaled', replace=True)(lambda a, b: (a @ b) * 1.0)",
+                 "<stdin>", "exec"), ns)
+    try:
+        assert graph_cache.graph_key(_traced_mm(), passline.backend(cache_dir=str(tmp_path))) is None
+    finally:
+        passline.unregister_choice(torch.ops.aten.mm, "scaled")
+    be = passline.backend(cache_dir=str(tmp_path))
+    assert graph_cache.graph_key(_traced_mm(), be) is not None
+    monkeypatch.setattr(graph_cache, "_IMPORT_STAMPS", ())
+    assert graph_cache.graph_key(_traced_mm(), be) is None
+
+
+def _traced_mm():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    return make_fx(torch.mm)(torch.randn(2, 3), torch.randn(3, 4))

@@ -15,9 +15,13 @@ The key is everything the result depends on, so that a hit is the graph the pipe
 - the pipeline's `cache_key` (its text, every option, the source of each pass's module), the source of every
   file of the passline package (lowering, IR, verifier), the code of lowerings and choices registered from
   outside passline, the backend's choice overrides, codegen, autotuning and CUDA-graph modes (a choice is timed
-  by calls or by GPU time), the device (its name and SM count) and the torch and Python versions.
+  by calls or by GPU time), `verify`, torch's deterministic-algorithms flag (lowering reads it), the device (its
+  name and SM count) and the torch and Python versions.
 
-Not cached (each compile runs the pipeline): graphs whose constants exceed `MAX_CONSTANT_BYTES`, and backends
+Not cached (each compile runs the pipeline): graphs whose constants exceed `MAX_CONSTANT_BYTES`; a pass, lowering or
+choice from outside passline whose source cannot be read (defined at a prompt or with exec) or that is a closure
+(what it computes is not all in its code); a process whose passline files changed after it imported them
+(package_hash would name code it does not run); and backends
 that observe or limit the pipeline (instruments, dumps, metric tables, pass or decision limits: bisection, the
 accuracy guard, capture). A graph that cannot be pickled (an extern call of a Python function) is not stored.
 An entry that fails to load is a miss. `PASSLINE_GRAPH_CACHE=0` (or `passline.backend(graph_cache=False)`)
@@ -28,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import inspect
 import io
 import os
 import pickle
@@ -44,22 +49,56 @@ MAX_ENTRIES = 4096  # graphs kept; past it the least recently used quarter goes 
 _FORMAT = "passline graph cache 1"
 
 
+def _package_files() -> list:
+    root = Path(__file__).resolve().parents[1]
+    return [(p, str(p.relative_to(root))) for p in sorted(root.rglob("*.py"))]
+
+
+def _stamps() -> tuple:
+    out = []
+    for p, rel in _package_files():
+        try:
+            st = p.stat()
+            out.append((rel, st.st_mtime_ns, st.st_size))
+        except OSError:
+            out.append((rel, None, None))
+    return tuple(out)
+
+
 @functools.lru_cache(maxsize=1)
 def package_hash() -> str:
     """A hash of every Python file of the passline package (read once a process): an edit anywhere in lowering,
     the IR or the passes changes every key."""
-    root = Path(__file__).resolve().parents[1]
     h = hashlib.sha256()
-    for path in sorted(root.rglob("*.py")):
-        h.update(str(path.relative_to(root)).encode())
+    for path, rel in _package_files():
+        h.update(rel.encode())
         h.update(path.read_bytes())
     return h.hexdigest()
 
 
+# Taken when passline is imported (backends.dynamo imports this module): the files the running code came from.
+# A file edited later (a pull, an editor, while a notebook or a training job runs) makes package_hash describe
+# code this process does not run: such a process neither stores nor loads (`_edited_since_import`).
+_IMPORT_STAMPS = _stamps()
+package_hash()
+
+
+def _edited_since_import() -> bool:
+    return _stamps() != _IMPORT_STAMPS
+
+
+def _consts(code) -> str:
+    """A code object's constants, nested code by its own bytecode and constants (repr holds an address)."""
+    return "(" + ", ".join(f"<{c.co_name} {c.co_code.hex()} {_consts(c)}>" if hasattr(c, "co_code") else repr(c)
+                           for c in code.co_consts) + ")"
+
+
 def _code(fn) -> str:
     """What identifies a function defined outside passline: its module, name, bytecode and constants."""
+    if fn is None:
+        return ""
     code = getattr(fn, "__code__", None)
-    consts = repr(code.co_consts) if code is not None else ""
+    consts = _consts(code) if code is not None else ""
     return (f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', repr(fn))} "
             f"{code.co_code.hex() if code is not None else ''} {consts}")
 
@@ -76,8 +115,34 @@ def _registrations() -> list:
 
     out = [(str(op), _code(fn)) for op, fn in LOWERINGS.items() if _outside_passline(fn)]
     for op, choices in sorted(registered().items()):
-        out += [(op, name, c.fingerprint()) for name, c in sorted(choices.items()) if _outside_passline(c.fn)]
+        out += [(op, name, c.fingerprint(), _code(c.fn), _code(c.applies), _code(c.variants))
+                for name, c in sorted(choices.items()) if _outside_passline(c.fn)]
     return sorted(out, key=repr)
+
+
+def _opaque(fn) -> bool:
+    """Whether what `fn` computes is not all in its code: a closure's cells, or code whose source cannot be read
+    (defined at a prompt, with exec) and so edited unseen. Such registrations are not cached."""
+    if fn is None or not _outside_passline(fn):
+        return False
+    if getattr(fn, "__closure__", None):
+        return True
+    try:
+        inspect.getsource(fn)
+    except (OSError, TypeError):
+        return True
+    return False
+
+
+def _uncacheable(backend) -> bool:
+    from ..lowering.choices import registered
+    from ..lowering.registry import LOWERINGS
+
+    fns = [call.info.source_of for call in backend.pipeline.calls()]
+    fns += [getattr(call.info, "run", None) for call in backend.pipeline.calls()]
+    fns += list(LOWERINGS.values())
+    fns += [f for cs in registered().values() for c in cs.values() for f in (c.fn, c.applies, c.variants)]
+    return any(_opaque(getattr(f, "__func__", f)) for f in fns if callable(f) and not inspect.isclass(f))
 
 
 def _value(v) -> str:
@@ -90,13 +155,20 @@ def _value(v) -> str:
     return f"{type(v).__name__}:{v}"
 
 
+def _target(target) -> str:
+    """A node's target by name: a Python function's default text holds its address, which differs per process."""
+    if callable(target) and not isinstance(target, torch._ops.OpOverload):
+        return f"{getattr(target, '__module__', '')}.{getattr(target, '__qualname__', repr(target))}"
+    return str(target)
+
+
 def _graph_text(gm: torch.fx.GraphModule) -> str | None:
     """The aten graph's code and every node's traced value; None where its tensor constants are too large to
     hash (the key would cost more than the pipeline)."""
     parts = [gm.code]
     constants = 0
     for n in gm.graph.nodes:
-        parts.append(f"{n.op} {n.name} {n.target} {_value(n.meta.get('val'))}")
+        parts.append(f"{n.op} {n.name} {_target(n.target)} {_value(n.meta.get('val'))}")
         if n.op == "get_attr":
             value = getattr(gm, str(n.target), None)
             if isinstance(value, torch.Tensor):
@@ -104,7 +176,7 @@ def _graph_text(gm: torch.fx.GraphModule) -> str | None:
                 if constants > MAX_CONSTANT_BYTES:
                     return None
                 with unset_fake_temporarily():  # compiles run under FakeTensorMode; a constant is a real tensor
-                    data = value.detach().cpu().contiguous()
+                    data = value.detach().cpu().contiguous().reshape(-1)  # a 0-dim tensor has no byte view
                     parts.append(hashlib.sha256(data.view(torch.uint8).numpy().tobytes()
                                                 if data.numel() else b"").hexdigest())
             else:
@@ -126,6 +198,8 @@ def graph_key(gm: torch.fx.GraphModule, backend) -> str | None:
     """The key of `gm`'s scheduled graph under `backend` (see the module doc), or None: not to be cached."""
     from ..lowering.sizes import size_facts
 
+    if _edited_since_import() or _uncacheable(backend):
+        return None
     text = _graph_text(gm)
     if text is None:
         return None
@@ -136,7 +210,9 @@ def graph_key(gm: torch.fx.GraphModule, backend) -> str | None:
     h = hashlib.sha256()
     for part in (_FORMAT, torch.__version__, platform.python_version(), package_hash(), backend.pipeline.cache_key(),
                  repr(_registrations()), repr(sorted(backend.choice_overrides.items())), backend.codegen,
-                 backend.autotune, backend.cudagraphs, _device(gm),
+                 backend.autotune, backend.cudagraphs, backend.verify, _device(gm),
+                 # lowering asks torch (indexing.scatter_into: no float atomic adds under deterministic algorithms)
+                 torch.are_deterministic_algorithms_enabled(),
                  repr(sorted((str(k), str(v)) for k, v in bounds.items())),
                  repr(sorted((str(k), str(v)) for k, v in hints.items())), text):
         h.update(repr(part).encode())
@@ -174,12 +250,21 @@ class GraphCache:
             return None
         if not (isinstance(entry, dict) and entry.get("format") == _FORMAT):
             return None
+        from ..ir.index import derived_symbol
+
+        # a derived size's definition lives in a registry of the process that lowered it (ir.index._DERIVED),
+        # which the runners read to bind it: made again here, as lowering would have
+        if any(derived_symbol(d).name != name for name, d in entry.get("derived", ())):
+            return None
         with contextlib.suppress(OSError):  # recently used: kept longest
             os.utime(path)
         return entry
 
     def store(self, key: str, **entry) -> bool:
         """Store `entry` (graph, records, nodes_before, metrics); False where it cannot be pickled."""
+        from ..ir.index import derived_definition
+
+        entry["derived"] = [(sym.name, derived_definition(sym)) for sym in getattr(entry.get("graph"), "derived", ())]
         buf = io.BytesIO()
         try:
             with unset_fake_temporarily():
