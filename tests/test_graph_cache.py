@@ -15,6 +15,19 @@ from passline.backends import graph_cache
 from passline.testing import assert_matches_eager
 
 
+@pytest.fixture(autouse=True)
+def _graph_cache_on():
+    """The cache is off by default (`graph_cache=True` asks for it): every backend made in these tests asks."""
+    with passline.settings(graph_cache=True):
+        yield
+
+
+def test_the_cache_is_off_unless_asked(tmp_path):
+    with passline.settings(graph_cache=False):
+        assert not graph_cache.enabled(passline.backend(cache_dir=str(tmp_path)))
+        assert graph_cache.enabled(passline.backend(cache_dir=str(tmp_path), graph_cache=True))
+
+
 def _ln_relu(x, w):
     return torch.nn.functional.layer_norm(x, (x.shape[-1],), w).relu()
 
@@ -156,6 +169,7 @@ def test_a_later_process_loads_the_graph(tmp_path):
         print(f"{loss.item():.8f} {model[0].weight.grad.abs().sum().item():.8f} hits={hits}")
     """))
     env = {**os.environ, "PASSLINE_CACHE_DIR": str(tmp_path / "cache"), "TRITON_INTERPRET": "1",
+           "PASSLINE_GRAPH_CACHE": "1",
            "PYTHONPATH": str(Path(passline.__file__).resolve().parents[1])}
     runs = [subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
             for _ in range(2)]

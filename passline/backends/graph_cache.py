@@ -24,8 +24,13 @@ choice from outside passline whose source cannot be read (defined at a prompt or
 (package_hash would name code it does not run); and backends
 that observe or limit the pipeline (instruments, dumps, metric tables, pass or decision limits: bisection, the
 accuracy guard, capture). A graph that cannot be pickled (an extern call of a Python function) is not stored.
-An entry that fails to load is a miss. `PASSLINE_GRAPH_CACHE=0` (or `passline.backend(graph_cache=False)`)
-turns the cache off; entries live beside the kernel cache (`$PASSLINE_CACHE_DIR/graphs`).
+An entry that fails to load is a miss.
+
+Off by default: `passline.backend(graph_cache=True)` or `PASSLINE_GRAPH_CACHE=1` turns it on. A key can only be
+as complete as what it names, and a review of this module found five ways (all closed, all tested) in which a
+hit could have been a graph the pipeline would no longer make — a flag lowering reads from torch, a closure, a
+file edited after import. Until a conformance campaign has run with it on, it stays a user's choice. Entries live
+beside the kernel cache (`$PASSLINE_CACHE_DIR/graphs`, private to the user: entries are unpickled).
 """
 from __future__ import annotations
 
@@ -250,33 +255,41 @@ class GraphCache:
             return None
         if not (isinstance(entry, dict) and entry.get("format") == _FORMAT):
             return None
-        from ..ir.index import derived_symbol
+        from ..ir.index import adopt_vars, derived_symbol
 
         # a derived size's definition lives in a registry of the process that lowered it (ir.index._DERIVED),
         # which the runners read to bind it: made again here, as lowering would have
         if any(derived_symbol(d).name != name for name, d in entry.get("derived", ())):
             return None
+        # so are the kinds of passline's symbols (loop variables, sizes: ir.index._VARS), which the runners ask
+        # (`var_kind`) of symbols this process may never have made: registered as the storing process had them
+        adopt_vars(entry.get("vars", ()))
         with contextlib.suppress(OSError):  # recently used: kept longest
             os.utime(path)
         return entry
 
     def store(self, key: str, **entry) -> bool:
         """Store `entry` (graph, records, nodes_before, metrics); False where it cannot be pickled."""
-        from ..ir.index import derived_definition
+        from ..ir.index import derived_definition, known_vars
 
         entry["derived"] = [(sym.name, derived_definition(sym)) for sym in getattr(entry.get("graph"), "derived", ())]
+        entry["vars"] = known_vars()
         buf = io.BytesIO()
         try:
             with unset_fake_temporarily():
                 _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump({"format": _FORMAT, **entry})
         except Exception:  # noqa: BLE001 - an extern of a Python function, a lambda: compiled each time
             return False
-        self.dir.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=".tmp")
-        with os.fdopen(fd, "wb") as f:
-            f.write(buf.getvalue())
-        os.replace(tmp, self.dir / f"{key}.pkl")
-        self._evict()
+        try:
+            # private, as the kernel cache: an entry is unpickled, so nobody else may write there
+            self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=".tmp")
+            with os.fdopen(fd, "wb") as f:
+                f.write(buf.getvalue())
+            os.replace(tmp, self.dir / f"{key}.pkl")
+            self._evict()
+        except OSError:  # a read-only or full cache directory: compiled each time, as without the cache
+            return False
         return True
 
     def _evict(self) -> None:
@@ -295,7 +308,8 @@ class GraphCache:
 
 
 def enabled(backend) -> bool:
-    """Whether `backend` uses the cache: on by default; off where something observes or limits the pipeline."""
+    """Whether `backend` uses the cache: on request (`graph_cache=True`, `PASSLINE_GRAPH_CACHE=1`), and then not
+    where something observes or limits the pipeline."""
     if not backend.graph_cache:
         return False
     m = backend.manager

@@ -90,6 +90,18 @@ def var_info(sym) -> VarInfo | None:
     return _VARS.get(sym)
 
 
+def known_vars() -> list:
+    """(symbol, VarInfo) of every variable this process made (`var`, `size_var`, derived sizes)."""
+    return list(_VARS.items())
+
+
+def adopt_vars(items) -> None:
+    """Register variables another process made (a stored graph's: backends/graph_cache.py), so that `var_info`
+    and `var_kind` answer for them here too."""
+    for sym, info in items:
+        _VARS.setdefault(sym, info)
+
+
 def var_kind(sym) -> VarKind | None:
     info = _VARS.get(sym)
     return info.kind if info is not None else None
