@@ -28,7 +28,6 @@ from ..pipeline.text import Pipeline
 from . import graph_cache
 from .check import checked
 from .choosing import TimedChooser
-from .graph_cache import GraphCache
 from .layouts import conform_inputs
 from .partition import SAVED_FROM, partition
 from .reference import ReferenceRunner
@@ -220,7 +219,7 @@ class Backend:
     def _compile_aten(self, gm: torch.fx.GraphModule, example_inputs, kind: str, fx: FxStage):
         name = f"{kind}{next(self._ids)}"
         t0 = time.perf_counter()
-        cache = GraphCache(self.cache_dir) if graph_cache.enabled(self) else None
+        cache = graph_cache.GraphCache(self.cache_dir) if graph_cache.enabled(self) else None
         key = graph_cache.graph_key(gm, self) if cache is not None else None
         entry = cache.load(key) if key is not None else None
         if entry is not None:  # lowered and scheduled by an earlier compile of the same graph
@@ -244,7 +243,7 @@ class Backend:
             if key is not None:  # the scheduler stage's own figures and records (the FX stage's are this call's)
                 stored = cache.store(key, graph=graph, nodes_before=nodes_before, metrics=metrics,
                                      records=records[len(fx.records):])
-                metrics.counters["graph_cache_stores" if stored else "graph_cache_unpicklable"] += 1
+                metrics.counters["graph_cache_stores" if stored else "graph_cache_not_stored"] += 1
         fx.count_into(metrics)
         codegen, reason = choose_codegen(self.codegen, graph)
         if codegen == "triton":
