@@ -78,7 +78,8 @@ class TimedChooser(Rule):
                      [(tuple(t.shape), tuple(t.stride()), str(t.dtype)) for t in tensors],
                      [v for v in leaves if not isinstance(v, torch.Tensor)], _device_name(tensors[0].device),
                      "gpu time" if self.replayed(node) else "calls",  # what was timed (see bench)
-                     NOISE, CALL_NOISE)  # and the margins a win needed (a pick under other ones is re-timed)
+                     NOISE, CALL_NOISE,  # and the margins a win needed (a pick under other ones is re-timed)
+                     torch.get_float32_matmul_precision())  # sets the tolerance a candidate must agree within
         cache = KernelCache(self.backend.cache_dir)
         saved = cache.get_choice(key)
         if saved is not None and saved.get("chosen") in by_name:

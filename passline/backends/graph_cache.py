@@ -218,6 +218,7 @@ def graph_key(gm: torch.fx.GraphModule, backend) -> str | None:
                  backend.autotune, backend.cudagraphs, backend.verify, _device(gm),
                  # lowering asks torch (indexing.scatter_into: no float atomic adds under deterministic algorithms)
                  torch.are_deterministic_algorithms_enabled(),
+                 torch.get_float32_matmul_precision(),  # the chooser's agreement tolerance (choosing.agree)
                  repr(sorted((str(k), str(v)) for k, v in bounds.items())),
                  repr(sorted((str(k), str(v)) for k, v in hints.items())), text):
         h.update(repr(part).encode())
