@@ -259,3 +259,29 @@ def _traced_mm():
     from torch.fx.experimental.proxy_tensor import make_fx
 
     return make_fx(torch.mm)(torch.randn(2, 3), torch.randn(3, 4))
+
+
+def test_a_hit_warns_what_the_compile_that_stored_it_warned(tmp_path):
+    """A user's choice whose `applies` raises is no candidate, with a warning naming it: a later compile that
+    loads the graph warns the same (it runs no lowering that would)."""
+    from torch._ops import ops
+
+    from passline.lowering.choices import register_choice, unregister_choice
+
+    register_choice(ops.aten.mm, "picky_cached", applies=_raises)(_matmul)
+    try:
+        for hits in ([0], [1]):
+            with pytest.warns(UserWarning, match="choice 'picky_cached' of mm"):
+                be = assert_matches_eager(torch.mm, [torch.randn(4, 1024), torch.randn(1024, 8)],
+                                          cache_dir=str(tmp_path))
+            assert _counters(be, "graph_cache_hits") == hits
+    finally:
+        unregister_choice(ops.aten.mm, "picky_cached")
+
+
+def _matmul(a, b):
+    return a @ b
+
+
+def _raises(a, b):
+    return 1 / 0

@@ -226,23 +226,31 @@ class Backend:
             graph, nodes_before, metrics = entry["graph"], entry["nodes_before"], entry["metrics"]
             records = [*fx.records, *entry["records"]]
             metrics.counters["graph_cache_hits"] += 1
+            for message, category in entry.get("warnings", ()):  # what lowering and the passes warned, again
+                warnings.warn(message, category, stacklevel=2)
             # a choice timed by the compile that stored the graph was read back now, not timed
             graph.choices = tuple(attrs.evolve(c, how="cached") if c.how == "timed" else c for c in graph.choices)
             t1 = t2 = time.perf_counter()
         else:
-            program = lower_graph(gm, example_inputs, self.chooser)
-            graph = SchedulerGraph.from_program(program)
-            if self.verify:
-                graph.verify()
-            t1 = time.perf_counter()
-            metrics = Metrics(enabled=self.metric_tables)
-            nodes_before = len(graph)
-            # the passes may decide by the device the graph runs on (split_reductions: its SM count)
-            graph, records = self.manager.run(graph, metrics, name, Target.of(graph), before=fx.records)
-            t2 = time.perf_counter()
+            # what lowering and the passes warn (a user's choice that raised) is kept for a later hit to repeat
+            with warnings.catch_warnings(record=True) as warned:
+                warnings.simplefilter("always")
+                program = lower_graph(gm, example_inputs, self.chooser)
+                graph = SchedulerGraph.from_program(program)
+                if self.verify:
+                    graph.verify()
+                t1 = time.perf_counter()
+                metrics = Metrics(enabled=self.metric_tables)
+                nodes_before = len(graph)
+                # the passes may decide by the device the graph runs on (split_reductions: its SM count)
+                graph, records = self.manager.run(graph, metrics, name, Target.of(graph), before=fx.records)
+                t2 = time.perf_counter()
+            for w in warned:  # shown as they would have been (the filters in effect decide)
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
             if key is not None:  # the scheduler stage's own figures and records (the FX stage's are this call's)
                 stored = cache.store(key, graph=graph, nodes_before=nodes_before, metrics=metrics,
-                                     records=records[len(fx.records):])
+                                     records=records[len(fx.records):],
+                                     warnings=[(str(w.message), w.category) for w in warned])
                 metrics.counters["graph_cache_stores" if stored else "graph_cache_not_stored"] += 1
         fx.count_into(metrics)
         codegen, reason = choose_codegen(self.codegen, graph)
