@@ -59,12 +59,27 @@ def _reductions(group) -> list:
     return [m for m in members(group) if isinstance(m, Reduction)]
 
 
+def _full(layouts: dict, buffer: str, points) -> bool:
+    """Whether `buffer` is one of the pair's [rows, columns] buffers (as many elements as the pair has points)."""
+    return buffer in layouts and sympy.expand(layouts[buffer].layout.numel - points) == 0
+
+
+def _loops(kind: VarKind, ranges) -> list:
+    """A member's loop variables of `kind` over `ranges`, size-1 loops left out."""
+    return [v for v, n in zip(loop_vars(kind, len(ranges)), ranges) if n != 1]
+
+
+def _row_side(side):
+    """The row side's group: a MixOrderNode's own, or the side itself."""
+    return side.row if isinstance(side, MixOrderNode) else side
+
+
 def _widest(row, col, layouts: dict, points) -> int:
     """Bytes an element of the widest [rows, columns] buffer the mixed kernel would load from memory (what
     the row side computes reaches the column side in registers); 4 where there is none."""
     own = set(row.output_names())
     sizes = [layouts[b].dtype.itemsize for n in (row, col) for b in n.read_names()
-             if b not in own and b in layouts and sympy.expand(layouts[b].layout.numel - points) == 0]
+             if b not in own and _full(layouts, b, points)]
     return max(sizes, default=4)
 
 
@@ -90,9 +105,9 @@ def _unaligned(row, col, layouts: dict, points, ncol, hints: dict) -> str | None
     own = set(row.output_names())
     names = [b for n in (row, col) for b in (*n.read_names(), *n.output_names()) if b in layouts]
     for b in dict.fromkeys(names):
-        lay = layouts[b].layout
-        if sympy.expand(lay.numel - points) != 0:
+        if not _full(layouts, b, points):
             continue
+        lay = layouts[b].layout
         size = layouts[b].dtype.itemsize
         # a broadcast dim (stride 0: an expanded input) starts every row at the same address, aligned or not as
         # the others say; a stride with no traced value sorts last, so that it is checked (and refuses), not
@@ -121,17 +136,15 @@ def _across_rows(side, col, layouts: dict, points, hints: dict) -> str | None:
     smallest (a broadcast 0 aside). A `[:, ::2]` view (stride 2 along a row, thousands along the rows) passes:
     the unmixed kernels read it no better."""
     accesses = []
-    for m in members(side.row if isinstance(side, MixOrderNode) else side):
-        outer = [v for v, n in zip(loop_vars(VarKind.OUTER, len(m.ranges)), m.ranges) if n != 1]
-        accesses += [(m, outer, d) for d in m.reads()]
+    for m in members(_row_side(side)):
+        accesses += [(m, _loops(VarKind.OUTER, m.ranges), d) for d in m.reads()]
     for m in members(col):
-        loops = [v for v, n in zip(loop_vars(VarKind.OUTER, len(m.ranges)), m.ranges) if n != 1]
+        loops = _loops(VarKind.OUTER, m.ranges)
         if isinstance(m, Reduction):  # columns outer, rows reduced: the columns' innermost loop last
-            loops = [v for v, n in zip(loop_vars(VarKind.REDUCTION, len(m.reduction_ranges)), m.reduction_ranges)
-                     if n != 1] + loops
+            loops = _loops(VarKind.REDUCTION, m.reduction_ranges) + loops
         accesses += [(m, loops, d) for d in m.reads()]
     for m, loops, d in accesses:
-        if not loops or d.buffer not in layouts or sympy.expand(layouts[d.buffer].layout.numel - points) != 0:
+        if not loops or not _full(layouts, d.buffer, points):
             continue
         index = sympy.expand(d.index)
         coef = {v: at_hint(index.coeff(v), hints) for v in loops}
@@ -172,8 +185,7 @@ def _cycle(graph, row, col) -> str | None:
 
 def _row_sums(side) -> bool:
     """Whether the row side reduces its rows (a norm's backward), so that a program must hold whole rows."""
-    group = side.row if isinstance(side, MixOrderNode) else side
-    return any(isinstance(m, Reduction) for m in members(group))
+    return any(isinstance(m, Reduction) for m in members(_row_side(side)))
 
 
 def _gate(row, col, max_columns, min_rows, types, max_reads, rows, cols, max_row_bytes=None,
