@@ -54,6 +54,7 @@ def main(argv=None) -> int:
     ap.add_argument("--direction", default="fwd", choices=("fwd", "fwd_train", "bwd"))
     ap.add_argument("--sms", type=int, default=132, help="SMs the pass and the rule plan for (H200: 132)")
     ap.add_argument("--source", action="store_true", help="print each kernel's source and graph")
+    ap.add_argument("--sass", metavar="DIR", help="write the rule's binary of each kernel, disassembled, to DIR")
     ap.add_argument("--configs", default="", help="alternatives for reduction kernels: 'XBLOCK,WARPS;...'")
     ap.add_argument("--pipeline", default=None,
                     help="passline's pipeline (default passline.DEFAULT_PIPELINE), e.g. with a pass's options changed")
@@ -141,6 +142,12 @@ def run(args, root) -> int:
                   f"{' (rule)' if i == 0 else ''}\n   loads {dict(loads)} stores {dict(stores)}\n"
                   f"   registers {regs}, local (spills) {local} B, shared {smem} B: {progs} programs"
                   f" ({progs * kwargs['XBLOCK']} {'rows' if 'RBLOCK' in kwargs else 'elements'}) an SM")
+            if args.sass and i == 0:  # the rule's binary as the GPU runs it, to count a loop's instructions
+                out = Path(args.sass) / f"{job.fn_name}_{blocks.replace(' ', '_')}_w{kwargs['num_warps']}.sass"
+                out.parent.mkdir(parents=True, exist_ok=True)
+                out.write_text(subprocess.run([str(cuobjdump), "-sass", str(cubin)], capture_output=True,
+                                              text=True).stdout)
+                print(f"   sass: {out}")
             if args.source and i == 0:
                 src = Path(job.path).read_text()
                 print(src[src.index(f"def {job.fn_name}("):])

@@ -22,10 +22,13 @@ from passline.ir import MixOrderNode
 
 
 def _training_reports(fn, x, dynamic: bool) -> list:
-    """The compile reports (graphs captured, reference codegen) of fn's training step on x."""
+    """The compile reports (graphs captured, reference codegen) of fn's training step on x (its forward
+    alone where x does not require grad)."""
     be = passline.backend(codegen="reference", fallback="raise", capture=True)
     torch._dynamo.reset()
-    torch.compile(fn, backend=be, dynamic=dynamic)(x).float().square().mean().backward()
+    out = torch.compile(fn, backend=be, dynamic=dynamic)(x)
+    if x.requires_grad:
+        out.float().square().mean().backward()
     return be.reports
 
 
@@ -301,3 +304,31 @@ def test_rows_of_two_run_time_sizes_take_the_static_configuration_and_split(tmp_
     splits = [[n.split_rows for r in _training_reports(m, x.detach().clone().requires_grad_(), dynamic)
                for n in r.graph.nodes() if isinstance(n, MixOrderNode)] for dynamic in (False, True)]
     assert splits[0] == splits[1] == [16]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16, torch.int32,
+                                   torch.bool])
+def test_gpu_max_and_min_reductions_compile_in_every_dtype(gpu_compile, dtype):
+    # the GPU prelude's max and min combines are one max.NaN / min.NaN instruction for floats (NaN still
+    # wins, as the interpreter's where-form) and compares for integers and bools (any / all): each dtype
+    # compiles for sm_90, and float32 takes the one-instruction form
+    def f(x):
+        if dtype == torch.bool:
+            return x.any(-1), x.all(-1)
+        return x.amax(-1), x.amin(-1)
+
+    x = torch.randn(7, 300) > 0 if dtype == torch.bool else (torch.randn(7, 300) * 100).to(dtype)
+    ptx = "".join(gpu_compile(f, x, False, "max").values())
+    if dtype in (torch.float32, torch.bfloat16, torch.float16):
+        assert _count(ptx, r"\bmax\.NaN\.") and _count(ptx, r"\bmin\.NaN\."), ptx[-2000:]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_online_softmax_terms_are_one_exponential_each_on_the_gpu(gpu_compile, dtype):
+    # a row too wide to hold (looped, max and sum online): each term of the sum is one ex2.approx.ftz
+    # (`_exp_term`), its running max one max.NaN; the exponentials whose results are stored (none here
+    # in the forward but the rescaling's) keep tl.exp
+    x = torch.randn(3, 70000, dtype=dtype)
+    ptx = "".join(gpu_compile(lambda x: torch.log_softmax(x, -1), x, False, "online").values())
+    assert _count(ptx, r"ex2\.approx\.ftz\.f32") >= 2, ptx[-3000:]
+    assert _count(ptx, r"\bmax\.NaN\.f32")
