@@ -13,10 +13,12 @@ but as many bytes. `ROWSxWIDTH` (`64x30000`) gives the rows: the "few rows" poin
 
 Directions: fwd (inference: no input requires grad), fwd_train (inputs require grad, so the forward also
 writes what the backward saves) and bwd (the backward alone, replayed from one forward with
-retain_graph=True). Each (case, shape, dtype) compiles separately (dynamic=False) for Inductor
-(`torch.compile` default) and for passline (`passline.backend(fallback="raise")`), after
-`torch._dynamo.reset()`; the compile seconds are the first training call (forward and backward) plus the
-first inference call, synchronized.
+retain_graph=True). Each (case, shape, dtype) compiles (dynamic=False) for Inductor (`torch.compile`
+default) and for passline (`passline.backend(fallback="raise")`) after one `torch._dynamo.reset()`; the
+compile seconds are the first training call (forward and backward) plus the first inference call,
+synchronized. Then every contender's every direction is timed in --rounds interleaved rounds (the order
+rotated each round) and the fastest round kept, so a contender is not judged on a moment the others did
+not see; the CSV's `*_ms_rounds` columns hold every round.
 
 Check: passline's output (inference and training forward) and input gradients against a float64 reference
 on the same inputs; each relative error must be within max(the dtype's floor, 4 x eager's own error):
@@ -80,7 +82,7 @@ COLUMNS = ("case", "direction", "dtype", "rows", "width", "shape", "shape_class"
            "calls_over_inductor", "passline_gbs",
            "passline_pct_copy", "inductor_gbs", "inductor_pct_copy", "check", "rel_err", "eager_rel_err",
            "compile_s_inductor", "compile_s_passline", "passline_codegen", "passline_kernels",
-           "passline_externs", "error")
+           "passline_externs", "error", "inductor_ms_rounds", "passline_ms_rounds")
 
 
 # ---------------------------------------------------------------------------------------------- points
@@ -115,40 +117,54 @@ def free(device):
         torch.cuda.empty_cache()
 
 
-def time_directions(fn, case, directions, device, reps_ms) -> tuple[dict, dict, dict]:
-    """(direction -> ms of one call of `fn` (compiled and warm), direction -> ms of its GPU work alone,
-    direction -> ms a call issued back to back takes: `choosing.call_ms`, CUDA only)."""
-    out, gpu, calls = {}, {}, {}
-
-    def both(d, call):
-        out[d] = bench(call, reps_ms, device)
-        gpu[d] = kernel_ms(call, device)
-        if device == "cuda":
-            from passline.backends.choosing import call_ms
-
-            calls[d] = call_ms(call)
-
+def direction_calls(fn, case, directions) -> tuple[dict, list]:
+    """({direction: a call of `fn` (compiled and warm) to time}, what the calls hold on to). A backward
+    replays one backward of a forward run here (retain_graph=True); an inference call runs under no_grad."""
+    calls, held = {}, []
     for d in directions:
         if d == "fwd":
             det = [x.detach() for x in case.inputs]
-            with torch.no_grad():
-                both(d, lambda det=det: fn(*det))
+
+            def call(det=det):
+                with torch.no_grad():
+                    return fn(*det)
         elif d == "fwd_train":
             ins = fresh(case.inputs)
-            both(d, lambda ins=ins: fn(*ins))
+
+            def call(ins=ins):
+                return fn(*ins)
         else:
             ins = fresh(case.inputs)
             y = fn(*ins)
             dy = torch.randn_like(y)
             wrt = differentiated(fn, ins)
-            both(d, lambda y=y, wrt=wrt, dy=dy: torch.autograd.grad(y, wrt, dy, retain_graph=True))
-            del y, dy, wrt, ins
-    return out, gpu, calls
+            held.append((y, dy, wrt, ins))
+
+            def call(y=y, wrt=wrt, dy=dy):
+                return torch.autograd.grad(y, wrt, dy, retain_graph=True)
+        calls[d] = call
+    return calls, held
 
 
-def run_point(name, m, n, dtype, directions, contenders, device, reps_ms, pipeline=None):
-    """({contender: {"ms": {direction: ms}, "compile_s", "errors", "error", "reports"}}, eager's errors,
-    {direction: bytes})."""
+def time_rounds(calls: dict, device, reps_ms, rounds: int) -> dict:
+    """{contender: {direction: [ms of each round]}}: every contender's every direction timed once a round,
+    the contenders' order rotated from round to round, so each is timed at about the moment the others
+    are (a lent GPU's speed, or its host's, moves between one contender's timing and the next's: steps of
+    both compilers jumped by ~0.1 ms in single timings whose kernels had not moved)."""
+    labels = list(calls)
+    out = {label: {d: [] for d in calls[label]} for label in labels}
+    for r in range(rounds):
+        for label in labels[r % len(labels):] + labels[:r % len(labels)]:
+            for d, call in calls[label].items():
+                out[label][d].append(bench(call, reps_ms, device))
+    return out
+
+
+def run_point(name, m, n, dtype, directions, contenders, device, reps_ms, pipeline=None, rounds=3):
+    """({contender: {"ms": {direction: ms}, "ms_rounds", "kernel_ms", "call_ms", "compile_s", "errors",
+    "error", "reports"}}, eager's errors, {direction: bytes}). Every contender is compiled and checked
+    first, then all are timed in `rounds` interleaved rounds (`time_rounds`): "ms" is a direction's fastest
+    round, "ms_rounds" every round's."""
     import passline
 
     torch.manual_seed(0)
@@ -156,12 +172,12 @@ def run_point(name, m, n, dtype, directions, contenders, device, reps_ms, pipeli
     train = any(d != "fwd" for d in directions)  # fwd_train and bwd run the training graphs
     ref = reference(case, dtype)
     eager_errs = errors(*grads(case.fn, case.inputs), ref)
-    results = {}
+    results, calls, keep = {}, {}, []
+    torch._dynamo.reset()  # then each contender's graphs stay cached beside the others' (keyed by backend)
     for label in contenders:
         res = results[label] = {"ms": {}, "compile_s": None, "errors": None, "error": ""}
         be = None
         try:
-            torch._dynamo.reset()
             if label == "eager":
                 fn = case.fn
             elif label == "inductor":
@@ -184,21 +200,42 @@ def run_point(name, m, n, dtype, directions, contenders, device, reps_ms, pipeli
             sync(device)
             res["compile_s"] = time.perf_counter() - t0
             res["errors"] = errs
-            res["ms"], res["kernel_ms"], res["call_ms"] = time_directions(fn, case, directions, device, reps_ms)
+            calls[label], held = direction_calls(fn, case, directions)
+            keep.append((fn, held))
             if be is not None:
                 res["reports"] = {r.name.rstrip("0123456789"): (r.codegen, r.kernels, r.externs) for r in be.reports}
         except Exception as e:  # one failing point must not hide the others
-            res["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
-            print(f"{name} {m}x{n} {dtype}: {label} failed", file=sys.stderr)
-            traceback.print_exc()  # the CSV keeps the first line; the log the whole story
+            failed(res, f"{name} {m}x{n} {dtype}: {label}", e)
+            calls.pop(label, None)
         finally:
             fn = be = None
-            torch._dynamo.reset()
-            free(device)
+    try:
+        for label, by_dir in time_rounds(calls, device, reps_ms, rounds).items():
+            res = results[label]
+            res["ms_rounds"], res["ms"] = by_dir, {d: min(ms) for d, ms in by_dir.items()}
+            res["kernel_ms"] = {d: kernel_ms(call, device) for d, call in calls[label].items()}
+            if device == "cuda":
+                from passline.backends.choosing import call_ms
+
+                res["call_ms"] = {d: call_ms(call) for d, call in calls[label].items()}
+    except Exception as e:  # noqa: BLE001
+        for label in calls:
+            failed(results[label], f"{name} {m}x{n} {dtype}: timing {label}", e)
+    del calls, keep
+    torch._dynamo.reset()
+    free(device)
     nbytes = {d: case.bytes(d) for d in DIRECTIONS}
     del case, ref
     free(device)
     return results, eager_errs, nbytes
+
+
+def failed(res: dict, what: str, e: Exception) -> None:
+    """Record a contender's failure; one failing point must not hide the others. The CSV keeps the first
+    line of the error, the log the whole story."""
+    res["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+    print(f"{what} failed", file=sys.stderr)
+    traceback.print_exc()
 
 
 def rows_of_point(name, m, n, kind, dtype, directions, results, eager_errs, nbytes, copy_gbs) -> list[dict]:
@@ -214,6 +251,9 @@ def rows_of_point(name, m, n, kind, dtype, directions, results, eager_errs, nbyt
         for label in ("eager", "inductor", "passline"):
             ms = results.get(label, {}).get("ms", {}).get(d)
             row[f"{label}_ms"] = ms
+            rounds = results.get(label, {}).get("ms_rounds", {}).get(d)
+            if rounds and label != "eager":
+                row[f"{label}_ms_rounds"] = " ".join(f"{x:.4g}" for x in rounds)
             if ms and label != "eager":
                 gbs = nbytes[d] / (ms * 1e-3) / 1e9
                 row[f"{label}_gbs"] = gbs
@@ -418,6 +458,8 @@ def parse(argv):
     ap.add_argument("--inductor", action=argparse.BooleanOptionalAction,
                     help="time Inductor (default: on CUDA; off on the CPU, where its C++ compile takes minutes)")
     ap.add_argument("--reps-ms", type=float, default=100, help="do_bench's rep per timing (default 100)")
+    ap.add_argument("--rounds", type=int, help="interleaved timing rounds a point, the fastest kept (default 3 on "
+                                               "CUDA, 1 on the CPU)")
     ap.add_argument("--pipeline", help="passline's pipeline (default passline.DEFAULT_PIPELINE): to compare a "
                                        "pass's options, e.g. without split_reductions; --no-inductor then")
     ap.add_argument("--max-minutes", type=float, help="start no new point after this many minutes")
@@ -491,7 +533,8 @@ def main(argv=None) -> int:
                         continue
                     t0 = time.perf_counter()
                     results, eager_errs, nbytes = run_point(name, m, n, dtype, directions, contenders,
-                                                            args.device, args.reps_ms, args.pipeline)
+                                                            args.device, args.reps_ms, args.pipeline,
+                                                            args.rounds or (3 if args.device == "cuda" else 1))
                     new = rows_of_point(name, m, n, kind, dtype, directions, results, eager_errs, nbytes,
                                         copy_gbs)
                     for r in new:
