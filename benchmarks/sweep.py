@@ -65,11 +65,12 @@ DIRECTIONS = ("fwd", "fwd_train", "bwd")
 DTYPES = ("float32", "bfloat16")
 # The issue's widths: powers of two and not, from 64 to 65536, and few-rows points of wide rows.
 ALL_WIDTHS = "64,100,384,1000,1024,3000,4096,8192,12345,30000,65536,64x8192,64x30000,64x65536"
-# The default: 9 shapes x 6 cases x 2 dtypes = 108 points, ~15 minutes on an H200 (docs/benchmarks.md).
+# The default: 9 shapes x 6 cases x 2 dtypes = 108 points, ~15 minutes on an H200 before the timing rounds, ~20
+# with three (docs/benchmarks.md).
 DEFAULT_WIDTHS = "64,384,1000,4096,8192,12345,30000,65536,64x30000"
 # --quick: the three losses reported in issue 15 (RMSNorm 1000-wide, LayerNorm backward square 8192-wide
-# bf16, softmax 30000-wide few rows) for every case: 18 points, ~3 minutes on an H200.
-QUICK = dict(dtypes="bfloat16", widths="1000,8192,64x30000", max_minutes=3.5)
+# bf16, softmax 30000-wide few rows) for every case: 18 points, ~4 minutes on an H200.
+QUICK = dict(dtypes="bfloat16", widths="1000,8192,64x30000", max_minutes=5)
 # --smoke: shapes small enough for Triton's interpreter on a CPU (a few rows of each width).
 # (The interpreter runs a reduction's combine function in Python, element by element: ~0.1 ms each.)
 SMOKE = dict(widths="64,2x100", target_mb=2 / 1024)
@@ -146,18 +147,43 @@ def direction_calls(fn, case, directions) -> tuple[dict, list]:
     return calls, held
 
 
-def time_rounds(calls: dict, device, reps_ms, rounds: int) -> dict:
-    """{contender: {direction: [ms of each round]}}: every contender's every direction timed once a round,
-    the contenders' order rotated from round to round, so each is timed at about the moment the others
-    are (a lent GPU's speed, or its host's, moves between one contender's timing and the next's: steps of
-    both compilers jumped by ~0.1 ms in single timings whose kernels had not moved)."""
+def time_rounds(calls: dict, device, reps_ms, rounds: int) -> tuple[dict, dict]:
+    """({contender: {direction: [ms of each round]}}, {contender: the exception its timing raised}): every
+    contender's every direction timed once a round, the contenders' order rotated from round to round, so
+    each is timed at about the moment the others are (a lent GPU's speed, or its host's, moves between one
+    contender's timing and the next's: steps of both compilers jumped by ~0.1 ms in single timings whose
+    kernels had not moved). A contender whose call raises is left out of later rounds; the others go on."""
     labels = list(calls)
     out = {label: {d: [] for d in calls[label]} for label in labels}
+    errors = {}
     for r in range(rounds):
         for label in labels[r % len(labels):] + labels[:r % len(labels)]:
-            for d, call in calls[label].items():
-                out[label][d].append(bench(call, reps_ms, device))
-    return out
+            if label in errors:
+                continue
+            try:
+                for d, call in calls[label].items():
+                    out[label][d].append(bench(call, reps_ms, device))
+            except Exception as e:  # noqa: BLE001
+                errors[label] = e
+    return {label: ms for label, ms in out.items() if label not in errors}, errors
+
+
+def back_to_back(calls: dict) -> dict:
+    """{contender: {direction: ms a call issued back to back takes}} (`choosing.calls_ms`: every contender's
+    rounds interleaved with the others'); a contender whose call raises gets none."""
+    from passline.backends.choosing import calls_ms
+
+    runs = {(label, d): call for label in calls for d, call in calls[label].items()}
+    try:
+        ms = calls_ms(runs)
+    except Exception:  # noqa: BLE001 - one contender's failure: time the others without it
+        ms = {}
+        for label in calls:
+            try:
+                ms |= calls_ms({(label, d): call for d, call in calls[label].items()})
+            except Exception:  # noqa: BLE001
+                pass
+    return {label: {d: ms[(label, d)] for d in calls[label] if (label, d) in ms} for label in calls}
 
 
 def run_point(name, m, n, dtype, directions, contenders, device, reps_ms, pipeline=None, rounds=3):
@@ -209,18 +235,16 @@ def run_point(name, m, n, dtype, directions, contenders, device, reps_ms, pipeli
             calls.pop(label, None)
         finally:
             fn = be = None
-    try:
-        for label, by_dir in time_rounds(calls, device, reps_ms, rounds).items():
-            res = results[label]
-            res["ms_rounds"], res["ms"] = by_dir, {d: min(ms) for d, ms in by_dir.items()}
-            res["kernel_ms"] = {d: kernel_ms(call, device) for d, call in calls[label].items()}
-            if device == "cuda":
-                from passline.backends.choosing import call_ms
-
-                res["call_ms"] = {d: call_ms(call) for d, call in calls[label].items()}
-    except Exception as e:  # noqa: BLE001
-        for label in calls:
-            failed(results[label], f"{name} {m}x{n} {dtype}: timing {label}", e)
+    timed, errs = time_rounds(calls, device, reps_ms, rounds)
+    for label, e in errs.items():
+        failed(results[label], f"{name} {m}x{n} {dtype}: {label}'s timing", e)
+        del calls[label]
+    for label, by_dir in timed.items():
+        results[label]["ms_rounds"], results[label]["ms"] = by_dir, {d: min(ms) for d, ms in by_dir.items()}
+        results[label]["kernel_ms"] = {d: kernel_ms(call, device) for d, call in calls[label].items()}
+    if device == "cuda":
+        for label, by_dir in back_to_back(calls).items():
+            results[label]["call_ms"] = by_dir
     del calls, keep
     torch._dynamo.reset()
     free(device)
@@ -473,6 +497,8 @@ def parse(argv):
         args.widths = ALL_WIDTHS
     args.target_mb = args.target_mb or preset.get("target_mb") or 256
     args.max_minutes = args.max_minutes or preset.get("max_minutes")
+    if args.rounds is not None and args.rounds < 1:
+        ap.error("--rounds must be at least 1")
     if args.inductor is None:
         args.inductor = args.device == "cuda"
     if args.device == "cuda" and not torch.cuda.is_available() and not args.plot:

@@ -377,6 +377,15 @@ def test_rows_no_rule_decides_are_timed_once_then_remembered(tmp_path, monkeypat
     assert {cfg_of(p.key) for p in planned if p.kernel.uncertain(200, width)} == {fast}
     assert sum(r.metrics.counters["kernel_choices_timed"] for r in reports) == 0
 
+    # a later passline's band with one more candidate: the choice stored among fewer is not taken, the band
+    # is timed again (the twenty-fifth session added chunks of 2048 on 8 warps, which a stored choice hid)
+    extra = Config(Variant.LOOPED, 1, 1024, 4)
+    band_of = prunner.uncertain
+    monkeypatch.setattr(prunner, "uncertain", lambda *a, **kw: band_of(*a, **kw) and band_of(*a, **kw) + [extra])
+    planned, launched, reports = _first_call_plan(monkeypatch, tmp_path, torch.nn.Softmax(-1), [x])
+    assert extra in timed and sum(r.metrics.counters["kernel_choices_timed"] for r in reports) == 2
+    timed.clear()
+
     planned, _, _ = _first_call_plan(monkeypatch, tmp_path, torch.nn.Softmax(-1),
                                      [torch.randn(200, 8000, requires_grad=True)])
     assert not timed and planned and not any(p.kernel.uncertain(200, 8000) for p in planned)

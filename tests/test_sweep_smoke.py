@@ -67,7 +67,7 @@ def test_points_and_summary():
 def test_bad_arguments_are_refused_before_running(capsys):
     mod = benchmark_script("sweep")
     for argv, message in ((["--widths", "64,wide"], "--widths '64,wide'"), (["--cases", "lay_norm"], "unknown case"),
-                          (["--directions", "backward"], "unknown direction")):
+                          (["--directions", "backward"], "unknown direction"), (["--rounds", "0"], "--rounds")):
         with pytest.raises(SystemExit) as exit_:
             mod.parse(["--device", "cpu", *argv])
         assert exit_.value.code == 2 and message in capsys.readouterr().err
@@ -88,3 +88,26 @@ def test_plot_writes_one_svg_per_case(tmp_path):
     written = mod.plot(str(path), str(tmp_path / "img"))
     assert sorted(p.name for p in written) == ["sweep_layer_norm.svg", "sweep_softmax.svg"]
     assert all(p.read_text().lstrip().startswith("<?xml") for p in written)
+
+
+def test_rounds_interleave_contenders_and_a_failing_one_spares_the_others():
+    mod = benchmark_script("sweep")
+    order = []
+
+    def call(label, d, fail=False):
+        def run():
+            order.append((label, d))
+            if fail:
+                raise RuntimeError(f"{label} broke")
+        return run
+
+    calls = {"eager": {"fwd": call("eager", "fwd")},
+             "inductor": {"fwd": call("inductor", "fwd"), "bwd": call("inductor", "bwd")},
+             "passline": {"fwd": call("passline", "fwd"), "bwd": call("passline", "bwd", fail=True)}}
+    timed, errors = mod.time_rounds(calls, "cpu", 1, 3)
+    # round r starts at the r-th contender: each leads once; passline's failure ends its rounds only
+    assert [label for label, d in order if d == "fwd"][:3] == ["eager", "inductor", "passline"]
+    assert order[5:8] == [("inductor", "fwd"), ("inductor", "bwd"), ("eager", "fwd")]  # round 2: inductor first
+    assert set(timed) == {"eager", "inductor"} and list(errors) == ["passline"]
+    assert [len(v) for v in timed["inductor"].values()] == [3, 3] and len(timed["eager"]["fwd"]) == 3
+    assert sum(1 for label, _ in order if label == "passline") == 2  # one failing round, never again

@@ -241,7 +241,9 @@ class Kernel:
                          self._rule(xnumel, rnumel, args), self._row_bytes(xnumel, rnumel, args), self.row_sums)
 
     def _uncertain_key(self, xnumel: int, rnumel: int | None) -> str:
-        return digest(self.key, xnumel, rnumel, _device_name(), "uncertain")
+        # the band's candidates too: a choice timed among fewer (an earlier passline's band) is timed again
+        band = tuple(str(c) for c in self.uncertain(xnumel, rnumel))
+        return digest(self.key, xnumel, rnumel, _device_name(), "uncertain", band)
 
     def saved_choice(self, xnumel: int, rnumel: int | None) -> Config | None:
         """The timed choice among `uncertain`'s configurations stored on disk for these sizes (an earlier
