@@ -1002,3 +1002,17 @@ def test_online_softmax_groups_follow_the_loaded_elements():
         g = f"({group} if RBLOCK >= {group} else RBLOCK)"
         assert f"tl.full([XBLOCK, RBLOCK // {g}]" in src and "tl.reshape(" in src, src
         assert f"[XBLOCK, RBLOCK // {g}, {g}], can_reorder=True)" in src, src  # any lanes a thread holds
+
+
+def test_a_looped_kernels_per_row_loads_come_before_its_loop():
+    # a row's value (s[i]) and a scalar (c) are the same in every step of a looped reduction: loaded once,
+    # before the loop (in it, each step loaded them again: Triton cannot move a load past the loop's
+    # stores); the row's elements stay in the loop
+    def f(x, s, c):
+        return ((x * s[:, None] + c) ** 2).sum(-1) * s
+
+    x, s, c = torch.randn(3, 70000), torch.randn(3), torch.tensor(0.5)
+    be = assert_matches_eager(f, [x, s, c], codegen="triton")
+    (k,) = [k for r in be.reports for k in r.kernel_info if k.chosen == "looped"]
+    before, loop = k.source.split("for roffset")
+    assert before.count("tl.load(") == 2 and loop.count("tl.load(") == 1, k.source

@@ -193,6 +193,9 @@ class KernelWriter:
         self.reread: set | None = None
         self.debug = False  # a device_assert was emitted: the kernel is compiled with debug=True
         self.online: dict | None = None  # online_pairs(), computed once
+        # inside a looped kernel's loop: (line, indent, scope) where a load the same in every step goes
+        # instead (before the loop; see load())
+        self.hoist: tuple | None = None
         self._expansions: dict = {}  # _expanded()'s memo
         self.int64: bool | None = False  # the index width (None: the INT64 constexpr chooses it per launch)
         self.flat: dict = {}  # VarKind -> (variables, their contiguous strides, flat index name) in scope
@@ -382,8 +385,21 @@ class KernelWriter:
             policy = self.eviction(buffer, expr)
             if policy:
                 extra += f", eviction_policy={policy!r}"
-            self.emit(f"{var} = tl.load({self.ptr(buffer)} + {index}{extra})")
-            scope.loads[key] = var
+            line = f"{var} = tl.load({self.ptr(buffer)} + {index}{extra})"
+            if self.hoist is not None and not also and not any(
+                    var_kind(s) == VarKind.CANON_REDUCTION or s in self.locals for s in expr.free_symbols):
+                # the same address in every step of the loop (a row's statistic, a scalar): loaded once,
+                # before it. Left in the loop, it was loaded again each step — Triton cannot move a load
+                # past the loop's stores, which might alias it — (a cross-entropy backward's loop took four
+                # such loads a step and its 8 elements: the row's max, log-sum-exp, target and scale).
+                # Earlier is safe: a kernel's loads read what was there before its stores (verify())
+                at, indent, outer = self.hoist
+                self.lines.insert(at, "    " * indent + line)
+                self.hoist = (at + 1, indent, outer)
+                outer.loads[key] = var
+            else:
+                self.emit(line)
+                scope.loads[key] = var
         return var
 
     def eviction(self, buffer: str, expr) -> str | None:
@@ -698,13 +714,14 @@ class KernelWriter:
                 continue
             group = self._online_group(reads[p]) if paired & {m.name for m in reds} else None
             accs = {m.name: self._acc_init(m, group if m.name in paired else None) for m in reds}
+            self.hoist = (len(self.lines), self.indent, outer_scope)
             self.emit(f"for roffset in range(0, {self.numel('rnumel')}, RBLOCK):")
             self.indent += 1
             self._rindex("roffset + ")
             scope = _Scope(outer_scope)
             self.reread = set().union(*reads[p + 1:])
             self._demand(needed, scope, phase, p, accs, group)
-            self.reread = None
+            self.reread = self.hoist = None
             self.indent -= 1
             finished = {}
             for m in reds:
