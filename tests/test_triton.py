@@ -1007,7 +1007,7 @@ def test_online_softmax_groups_follow_the_loaded_elements():
 def test_a_looped_kernels_per_row_loads_come_before_its_loop():
     # a row's value (s[i]) and a scalar (c) are the same in every step of a looped reduction: loaded once,
     # before the loop (in it, each step loaded them again: Triton cannot move a load past the loop's
-    # stores); the row's elements stay in the loop
+    # stores), and s[i] is not loaded again after it for the epilogue; the row's elements stay in the loop
     def f(x, s, c):
         return ((x * s[:, None] + c) ** 2).sum(-1) * s
 
@@ -1016,3 +1016,20 @@ def test_a_looped_kernels_per_row_loads_come_before_its_loop():
     (k,) = [k for r in be.reports for k in r.kernel_info if k.chosen == "looped"]
     before, loop = k.source.split("for roffset")
     assert before.count("tl.load(") == 2 and loop.count("tl.load(") == 1, k.source
+
+
+def test_a_looped_kernels_row_index_is_checked_once_before_its_loop():
+    # w[idx[i]] is the same in every step of row i's loop: the index, its bounds check and the load go
+    # before the loop; out of range still raises as eager does
+    def f(x, idx, w):
+        return (x * w[idx][:, None]).sum(-1)
+
+    x, w = torch.randn(3, 70000), torch.randn(10)
+    be = assert_matches_eager(f, [x, torch.tensor([4, 0, 9]), w], codegen="triton")
+    (k,) = [k for r in be.reports for k in r.kernel_info if k.chosen == "looped"]
+    before, loop = k.source.split("for roffset")
+    assert "_check_index(" in before and "_check_index(" not in loop and loop.count("tl.load(") == 1, k.source
+    torch._dynamo.reset()
+    compiled = torch.compile(f, backend=passline.backend(codegen="triton", fallback="raise"))
+    with pytest.raises(Exception, match="index 10 is out of bounds"):  # the interpreter wraps the IndexError
+        compiled(x, torch.tensor([4, 10, 9]), w)

@@ -193,9 +193,10 @@ class KernelWriter:
         self.reread: set | None = None
         self.debug = False  # a device_assert was emitted: the kernel is compiled with debug=True
         self.online: dict | None = None  # online_pairs(), computed once
-        # inside a looped kernel's loop: (line, indent, scope) where a load the same in every step goes
-        # instead (before the loop; see load())
+        # inside a looped kernel's loop: (line, indent, scope) where a value the same in every step goes
+        # instead (before the loop: `invariant`, `place`), and the variables put there
         self.hoist: tuple | None = None
+        self.hoisted: set = set()
         self._expansions: dict = {}  # _expanded()'s memo
         self.int64: bool | None = False  # the index width (None: the INT64 constexpr chooses it per launch)
         self.flat: dict = {}  # VarKind -> (variables, their contiguous strides, flat index name) in scope
@@ -300,21 +301,27 @@ class KernelWriter:
                 continue
             elif isinstance(node, Constant):
                 src = printer.constant(node.value, node.dtype)
+                hoist = self.invariant()
             elif isinstance(node, IndexValue):
                 expr = substitute(node.expr, cmap)
                 if node.indirect:
                     expr = expr.xreplace(self.indirect(node, scope, cmap)[0])
                 src = f"({self.idx(expr)} + tl.full([1], 0, tl.int64)).to({tl_dtype(node.dtype)})"
+                hoist = self.invariant(expr=expr)
             elif isinstance(node, Cast):
                 src = printer.cast(scope.values[id(node.value)], node.value.dtype, node.dtype)
+                hoist = self.invariant([scope.values[id(node.value)]])
             elif isinstance(node, Op):
-                src = printer.op(node, [scope.values[id(a)] for a in node.args])
+                operands = [scope.values[id(a)] for a in node.args]
+                src = printer.op(node, operands)
+                hoist = self.invariant(operands)
                 if self.interpret and node.name in INTEGER_DIVISIONS and not node.args[1].dtype.is_floating_point:
                     self.check_divisor(node.args[1], scope, cmap)
+                    hoist = False  # the division stays after its check
             else:
                 raise Unsupported(f"value {node!r}")
             var = self.tmp()
-            self.emit(f"{var} = {src}")
+            self.place(f"{var} = {src}", hoist, var)
             scope.values[id(node)] = var
         return scope.values[id(v)]
 
@@ -340,19 +347,22 @@ class KernelWriter:
             var = scope.load(key)
             if var is None:
                 var = self.tmp()
-                self.emit(f"{var} = {raw}.to(tl.int64)")
+                # a row's index (a target) is checked once, before a looped kernel's loop: in it, each step
+                # checked it again, and each device_assert is followed by a barrier of the whole program
+                hoist = self.invariant([raw], also=dep)
+                self.place(f"{var} = {raw}.to(tl.int64)", hoist, var)
                 if b.wrap:
-                    self.emit(f"{var} = tl.where({var} < 0, {var} + {bound}, {var})")
+                    self.place(f"{var} = tl.where({var} < 0, {var} + {bound}, {var})", hoist)
                 if not b.proven:
                     ok = f"(({var} >= 0) & ({var} < {bound}))"
                     mask = self.mask_for(sympy.S.Zero, dep)
                     if self.interpret:
-                        self.emit(f"_check_index({raw}, {ok}, {mask or 'None'}, {b.what!r}, {bound})")
+                        self.place(f"_check_index({raw}, {ok}, {mask or 'None'}, {b.what!r}, {bound})", hoist)
                     else:
                         self.debug = True
                         cond = f"{ok} | ~({mask})" if mask else ok
                         message = f"index out of bounds for {b.what} with size {b.bound}"
-                        self.emit(f"tl.device_assert({cond}, {message!r})")
+                        self.place(f"tl.device_assert({cond}, {message!r})", hoist)
                 scope.loads[key] = var
             sym = sympy.Symbol(var, integer=True, nonnegative=True)
             self.locals.add(sym)
@@ -385,22 +395,37 @@ class KernelWriter:
             policy = self.eviction(buffer, expr)
             if policy:
                 extra += f", eviction_policy={policy!r}"
-            line = f"{var} = tl.load({self.ptr(buffer)} + {index}{extra})"
-            if self.hoist is not None and not also and not any(
-                    var_kind(s) == VarKind.CANON_REDUCTION or s in self.locals for s in expr.free_symbols):
-                # the same address in every step of the loop (a row's statistic, a scalar): loaded once,
-                # before it. Left in the loop, it was loaded again each step — Triton cannot move a load
-                # past the loop's stores, which might alias it — (a cross-entropy backward's loop took four
-                # such loads a step and its 8 elements: the row's max, log-sum-exp, target and scale).
-                # Earlier is safe: a kernel's loads read what was there before its stores (verify())
-                at, indent, outer = self.hoist
-                self.lines.insert(at, "    " * indent + line)
-                self.hoist = (at + 1, indent, outer)
-                outer.loads[key] = var
-            else:
-                self.emit(line)
-                scope.loads[key] = var
+            # the same address in every step of a looped kernel's loop (a row's statistic, a scalar): loaded
+            # once, before it. Left in the loop, it was loaded again each step — Triton cannot move a load
+            # past the loop's stores, which might alias it — (a cross-entropy backward's loop took four such
+            # loads a step: the row's max, log-sum-exp, target and scale). Earlier is safe: a kernel's loads
+            # read what was there before its stores (verify())
+            hoist = self.invariant(expr=expr, also=also)
+            self.place(f"{var} = tl.load({self.ptr(buffer)} + {index}{extra})", hoist, var)
+            (self.hoist[2] if hoist else scope).loads[key] = var  # before the loop: for what follows it too
         return var
+
+    def invariant(self, operands=(), expr=None, also=()) -> bool:
+        """Whether a value is the same in every step of the looped kernel's loop being written (False outside
+        one): its operands (kernel variables) were all put before the loop, and its index (`expr`, the loop
+        variables `also` of an indirect one) uses no reduction variable and no index variable of the loop."""
+        if self.hoist is None or any(v not in self.hoisted for v in operands):
+            return False
+        syms = (set(expr.free_symbols) if expr is not None else set()) | set(also)
+        return not any((is_canonical(s) and var_kind(s) == VarKind.CANON_REDUCTION)
+                       or (s in self.locals and s.name not in self.hoisted) for s in syms)
+
+    def place(self, line: str, hoist: bool, var: str | None = None) -> None:
+        """Emit `line` here, or with `hoist` before the loop being written (after what was put there
+        before, so operands come first); `var`, the variable it defines, is then known as put there."""
+        if not hoist:
+            self.emit(line)
+            return
+        at, indent, outer = self.hoist
+        self.lines.insert(at, "    " * indent + line)
+        self.hoist = (at + 1, indent, outer)
+        if var is not None:
+            self.hoisted.add(var)
 
     def eviction(self, buffer: str, expr) -> str | None:
         """The L2 policy of a load in a looped kernel's loop, as Inductor's: a looped reduction reads its
