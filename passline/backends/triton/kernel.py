@@ -316,8 +316,7 @@ class KernelWriter:
                 src = printer.op(node, operands)
                 hoist = self.invariant(operands)
                 if self.interpret and node.name in INTEGER_DIVISIONS and not node.args[1].dtype.is_floating_point:
-                    self.check_divisor(node.args[1], scope, cmap)
-                    hoist = False  # the division stays after its check
+                    self.check_divisor(node.args[1], scope, cmap, hoist)  # where the division goes, before it
             else:
                 raise Unsupported(f"value {node!r}")
             var = self.tmp()
@@ -369,13 +368,14 @@ class KernelWriter:
             at[b.symbol] = sym
         return at, deps
 
-    def check_divisor(self, divisor, scope: _Scope, cmap) -> None:
+    def check_divisor(self, divisor, scope: _Scope, cmap, hoist: bool = False) -> None:
         """Under the interpreter, raise as eager does on the CPU where an integer divisor is 0 in a lane
-        inside the masks of the loops it depends on (a masked load's 0 is no divisor)."""
+        inside the masks of the loops it depends on (a masked load's 0 is no divisor); with `hoist`, before
+        the loop being written, with the division (as the GPU's kernel has it there, unchecked)."""
         deps = {s for v in walk(divisor) if isinstance(v, (Load, IndexValue))
                 for s in substitute(v.index if isinstance(v, Load) else v.expr, cmap).free_symbols if is_canonical(s)}
         mask = self.mask_for(sympy.S.Zero, deps)
-        self.emit(f"_check_divisor({scope.values[id(divisor)]}, {mask or 'None'})")
+        self.place(f"_check_divisor({scope.values[id(divisor)]}, {mask or 'None'})", hoist)
 
     def load(self, buffer: str, expr, scope: _Scope, also=()) -> str:
         """The variable holding `buffer[expr]`: loaded once per distinct address in a scope and the scopes
@@ -399,7 +399,7 @@ class KernelWriter:
             # once, before it. Left in the loop, it was loaded again each step — Triton cannot move a load
             # past the loop's stores, which might alias it — (a cross-entropy backward's loop took four such
             # loads a step: the row's max, log-sum-exp, target and scale). Earlier is safe: a kernel's loads
-            # read what was there before its stores (verify())
+            # read what was there before its stores (verify(); a write into an input goes last: phases())
             hoist = self.invariant(expr=expr, also=also)
             self.place(f"{var} = tl.load({self.ptr(buffer)} + {index}{extra})", hoist, var)
             (self.hoist[2] if hoist else scope).loads[key] = var  # before the loop: for what follows it too
@@ -641,6 +641,19 @@ class KernelWriter:
                 avail[m.output.name] = p
             else:
                 avail[m.output.name] = p
+        # A member writing a graph input in place goes last: the kernel's other members read that input's old
+        # value from memory (they come before the write in program order: legality), and a read in a later
+        # phase's loop — a norm's second pass over x, a reduction over rows weighted by the input's per-row
+        # value — ran after the write when the writer kept its own phase (the row's values came out doubled
+        # for `y = x - x.mean(-1, keepdim=True); x.mul_(2)` at 70000 wide). Whole elements: in the last loop,
+        # after the members before it; a row's value: after every loop.
+        last = max(phase.values(), default=0)
+        for m in self.nodes:
+            if getattr(m, "in_place", False):
+                if self.role(m) == Role.INNER:
+                    phase[m.name] = last
+                elif self.role(m) == Role.OUTER:
+                    avail[m.output.name] = last + 2
         return phase, avail
 
     def online_pairs(self) -> dict:
