@@ -229,6 +229,7 @@ def test_an_in_place_write_comes_after_every_loop_that_reads_the_old_value(fn, s
     # rows too wide to hold (a looped kernel, a loop per reduction phase): the write into the input went in
     # its own phase, before a later loop's reads of the old value (the centered rows came out of the doubled
     # x; the weighted sum used z), both off by hundreds; it now goes last
+    torch.manual_seed(0)
     inputs = [torch.randn(s) for s in shapes]
     want_inputs = [t.clone() for t in inputs]
     want = fn(*want_inputs)
@@ -237,6 +238,6 @@ def test_an_in_place_write_comes_after_every_loop_that_reads_the_old_value(fn, s
     got = torch.compile(fn, backend=be)(*inputs)
     if not passline.settings.test_device:  # (a GPU may split these few rows instead)
         assert [k.chosen for r in be.reports for k in r.kernel_info] == ["looped"]
-    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)  # sums of 70000 in another order
     for g, w in zip(inputs, want_inputs):
         torch.testing.assert_close(g, w)
