@@ -247,7 +247,6 @@ def run_point(name, m, n, dtype, directions, contenders, device, reps_ms, pipeli
             results[label]["call_ms"] = by_dir
     del calls, keep
     torch._dynamo.reset()
-    free(device)
     nbytes = {d: case.bytes(d) for d in DIRECTIONS}
     del case, ref
     free(device)
