@@ -23,7 +23,7 @@ from ... import __version__
 from ...config import current_settings
 from ...ir import Extern, FusedNode, MixOrderNode, members
 from ...lowering.sizes import at_hint
-from ...passes.mix_order_reduction import TILED_MIN_SPLIT
+from ...passes.mix_order_reduction import MIN_SPLIT, TILED_MIN_SPLIT
 from ...pipeline.metrics import node_bytes
 from ..reference import ReferenceRunner, _Bindings
 from . import compat
@@ -482,19 +482,20 @@ class MixKernel(Kernel):
     """A mix-order kernel, whose rows per program (SPLIT, a run-time argument) is chosen with its
     configuration when the node allows it (`MixOrderNode.tune_split`): by rule, one whole wave — as many
     programs as all SMs hold at once, from the compiled kernel's registers, warps and shared memory;
-    with autotune=True each configuration is timed at one whole wave and the leaders again at the IR's
-    split and two to four whole waves, each time followed by the finishing kernel, which sums one
-    workspace row per program. A partial last wave leaves SMs idle while the stragglers run: on an H200,
-    bfloat16 LayerNorm backward (576000, 384) with the loads of the next rows held in registers took 413
-    µs at 128 rows per program (4.3 waves) and 385 µs at one wave; pipelined through shared memory the
-    split matters less (329, 330 and 332 µs at one, two and three waves), and fewer, longer programs still
-    make the finishing kernel cheaper."""
+    in configs.uncertain's mix-order band, and for every configuration with autotune=True, each is timed
+    at one whole wave and the leaders again at the IR's split and two to four whole waves, each time
+    followed by the finishing kernel, which sums one workspace row per program (`_fastest_split`). A
+    partial last wave leaves SMs idle while the stragglers run: on an H200, bfloat16 LayerNorm backward
+    (576000, 384) with the loads of the next rows held in registers took 413 µs at 128 rows per program
+    (4.3 waves) and 385 µs at one wave; pipelined through shared memory the split matters less (329, 330
+    and 332 µs at one, two and three waves), and fewer, longer programs still make the finishing kernel
+    cheaper — but not always: see `_fastest_split`."""
 
     def __init__(self, *a, split: int, tune_split: bool, **kw):
         super().__init__(*a, **kw)
         self.split, self.tune_split = split, tune_split
-        # (rows, configuration at the IR's split) -> the same placed at one whole wave, where the precompile
-        # plan (TritonRunner._first_launches) compiled it: its launch then compiles nothing to place from
+        # (rows, configuration at the IR's split) -> its whole-wave splits (`waves`), where the precompile
+        # plan (TritonRunner._first_launches) compiled it there: its launch then compiles nothing to place from
         self.placements: dict = {}
 
     @property
@@ -507,7 +508,8 @@ class MixKernel(Kernel):
         (tiny blocks make huge workspaces); 64 where the columns are in blocks (mix_order_tiled), whose
         programs a block of rows are many: its float32 workspace [splits, columns] is then at most a 64th of
         a float32 input's bytes, a 32nd of a bfloat16's, written once and read once more."""
-        return max(TILED_MIN_SPLIT if self.tiled else 16, math.ceil(xnumel / (self.device.sms * MAX_PROGRAMS_PER_SM)))
+        fewest = TILED_MIN_SPLIT if self.tiled else MIN_SPLIT
+        return max(fewest, math.ceil(xnumel / (self.device.sms * MAX_PROGRAMS_PER_SM)))
 
     def waves(self, cfg: Config, compiled, xnumel: int, rnumel: int) -> list[int]:
         """The splits of `cfg` that give one to four whole waves of programs (the first: one wave), from what
@@ -530,7 +532,7 @@ class MixKernel(Kernel):
 
     def uncertain(self, xnumel: int, rnumel: int | None, args=None) -> list:
         """`Kernel.uncertain`'s configurations (configs.uncertain's mix-order band), where the split is this
-        kernel's to choose: they are timed at one whole wave each (`_choose`). A split the pipeline fixed,
+        kernel's to choose: they are timed with their splits (`_fastest_split`). A split the pipeline fixed,
         and the interpreter, keep the rule."""
         return super().uncertain(xnumel, rnumel, args) if self._tuned() else []
 
@@ -541,9 +543,9 @@ class MixKernel(Kernel):
             ckey = digest(self.key, xnumel, rnumel, _device_name(), "split")
             return self._remembered(ckey, lambda: self._pick_split(args, xnumel, rnumel, stream, after))
         cands = self.uncertain(xnumel, rnumel, args)
-        if cands:  # where no rule holds (configs.uncertain): each timed at one whole wave, the finish after it
-            best = self._timed_choice(xnumel, rnumel, lambda: self._fastest_wave(cands, args, xnumel, rnumel, stream,
-                                                                                  after))
+        if cands:  # where no rule holds (configs.uncertain): timed with their splits, the finish after each
+            best = self._timed_choice(xnumel, rnumel, lambda: self._fastest_split(cands, _private(args), xnumel,
+                                                                                   rnumel, stream, after))
             if best is not None:
                 return best
         # by rule: one whole wave, from what the compiled kernel takes (compiled now, not launched)
@@ -567,7 +569,7 @@ class MixKernel(Kernel):
         if compiled is None:
             found = self.placements.get((xnumel, cfg))
             if found is not None:
-                return [found.split]
+                return list(found)
             compiled = self._compile_only(cfg, args, xnumel, rnumel)
         return self.waves(cfg, compiled, xnumel, rnumel) if compiled is not None else []
 
@@ -601,18 +603,13 @@ class MixKernel(Kernel):
 
         return self._time(cands, args, xnumel, rnumel, stream, after, one_wave), waves
 
-    def _fastest_wave(self, cands, args, xnumel, rnumel, stream, after) -> Config:
-        """The fastest of `cands` (configs.uncertain's mix-order band), each at one whole wave with the
-        finishing kernel after it, the leaders timed again as `Kernel._fastest` does; on a private copy of
-        any storage the main kernel writes in place (`_private`: the workspaces are its own)."""
-        args = _private(args)
-        first, _ = self._at_one_wave(cands, args, xnumel, rnumel, stream, after)
-        return self._best(self._leaders(first), args, xnumel, rnumel, stream, after)
-
-    def _pick_split(self, args, xnumel, rnumel, stream, after) -> Config:
-        """Each configuration timed at one whole wave of its programs, the leaders again at the IR's split
-        and two to four whole waves; the finishing kernel is timed after each."""
-        cands = candidates(self.splits, xnumel, rnumel, self.interpret, self.only)
+    def _fastest_split(self, cands, args, xnumel, rnumel, stream, after) -> Config:
+        """The fastest of `cands`: each timed at one whole wave of its programs, the leaders again at the IR's
+        split and two to four whole waves, the finishing kernel timed after each; the leaders of all those
+        timed again as `Kernel._fastest` does. On an H200 the one-wave split was the best for bfloat16
+        LayerNorm backward (2097152 × 64: 245 µs, 246 at 4 waves) but not for RMSNorm's at the same shape
+        (240 µs at one wave, 217 at 4) or the GELU epilogue's bias gradient at 349525 × 384 (391 µs, 360 at
+        two): which split pays follows from how evenly the SMs finish, which no size tells."""
         first, waves = self._at_one_wave(cands, args, xnumel, rnumel, stream, after)
         leaders = self._leaders(first)
         timed = [(t, c) for t, c in first if c in leaders]  # each leader's one-wave time is kept
@@ -624,6 +621,15 @@ class MixKernel(Kernel):
                     self.info.timings[f"{c} +finish"] = t
                     timed.append((t, c))
         return self._best(self._leaders(sorted(timed, key=lambda tc: tc[0])), args, xnumel, rnumel, stream, after)
+
+    def _pick_split(self, args, xnumel, rnumel, stream, after) -> Config:
+        """autotune=True: every candidate configuration, as `_fastest_split` times the band's."""
+        cands = candidates(self.splits, xnumel, rnumel, self.interpret, self.only)
+        return self._fastest_split(cands, args, xnumel, rnumel, stream, after)
+
+    def _uncertain_key(self, xnumel: int, rnumel: int | None) -> str:
+        # "splits": the band's choice is timed over splits too (a choice stored from one wave is timed again)
+        return digest(super()._uncertain_key(xnumel, rnumel), "splits")
 
 
 class MixStep:
@@ -834,23 +840,25 @@ class TritonRunner:
 
     def _plan_timed_mix(self, k_main, main, k_fin, fin_src, workspaces, cands, rows, cols, build, each) -> None:
         """`_first_launches` of a mix-order step whose main kernel times `cands` at its first launch
-        (configs.uncertain's band): each candidate built at the IR's split (side by side), placed at one
-        whole wave from that binary as the timing places it (recorded in `placements`, so the timing
-        compiles nothing to place from), built placed, and the finishing kernel built for each placed
-        candidate's programs (the timing runs it after each); or, where an earlier process stored its
-        choice, that choice (placed already) and its finishing kernel alone."""
+        (configs.uncertain's band): each candidate built at the IR's split (side by side), its whole-wave
+        splits found from that binary as the timing finds them (recorded in `placements`, so the timing
+        compiles nothing to place from), built at each (the timing tries the leaders at all of them,
+        `MixKernel._fastest_split`), and the finishing kernel built for each of those programs counts;
+        or, where an earlier process stored its choice, that choice (placed already) and its finishing
+        kernel alone."""
         saved = k_main.adopt_saved_choice(rows, cols)
         if saved is not None:
             placed = [saved]
             build(self._planned(k_main, main, saved, rows, cols, workspaces))
         else:
             compiled = each([self._planned(k_main, main, c, rows, cols, workspaces) for c in cands])
-            placed = [k_main.placed(c, comp, rows, cols) for c, comp in zip(cands, compiled)]
-            for c, comp, p in zip(cands, compiled, placed):
+            placed = list(cands)
+            for c, comp in zip(cands, compiled):
                 if comp is not None:  # compiled: the timing places it here (a listing leaves it to the launch)
-                    k_main.placements[rows, c] = p
+                    splits = k_main.placements[rows, c] = tuple(k_main.waves(c, comp, rows, cols))
+                    placed += [c.with_split(s) for k, s in enumerate(splits) if k == 0 or c.xblock <= s]
             placed = list(dict.fromkeys(placed))
-            moved = [p for p in placed if p not in cands]  # those placed off the IR's split
+            moved = [p for p in placed if p not in cands]  # those off the IR's split
             if moved:
                 each([self._planned(k_main, main, p, rows, cols, workspaces) for p in moved])
         for n in dict.fromkeys(MixStep.programs(rows, p) for p in placed):
