@@ -46,6 +46,12 @@ def resident(regs: int, warps: int, smem: int) -> int:
     return max(0, min(PROGRAMS, WARPS // warps, REGS // (per_warp * warps), SMEM // (smem + 1024)))
 
 
+def with_option(pipeline: str, name: str, option: str) -> str:
+    """`pipeline` with `option` added to pass `name`'s options (kept where it has some already)."""
+    return re.sub(rf"\b{name}\b(?:\(([^()]*)\))?",
+                  lambda m: f"{name}({option}" + (f", {m.group(1)}" if m.group(1) else "") + ")", pipeline)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--case", default="cross_entropy")
@@ -95,10 +101,9 @@ def run(args, root) -> int:
     passline.Backend.compile_aten = eagerly
     m, n = map(int, args.shape.split("x"))
     case = make_case(args.case, m, n, getattr(torch, args.dtype), "cpu")
-    pipeline = (args.pipeline or passline.DEFAULT_PIPELINE) \
-        .replace("split_reductions", f"split_reductions(sms={args.sms})") \
-        .replace("tile_rows", f"tile_rows(sms={args.sms})") \
-        .replace("mix_order_reduction", f"mix_order_reduction(sms={args.sms})")
+    pipeline = args.pipeline or passline.DEFAULT_PIPELINE
+    for name in ("split_reductions", "tile_rows", "mix_order_reduction"):
+        pipeline = with_option(pipeline, name, f"sms={args.sms}")
     be = passline.backend(pipeline=pipeline, fallback="raise")
     fn = torch.compile(case.fn, backend=be, dynamic=False)
     if args.direction == "fwd":

@@ -188,6 +188,24 @@ def test_too_few_rows_for_the_gpu_are_not_tiled(rows, tiled):
         assert any(isinstance(n, MixOrderNode) and n.tiled for n in bwd.graph.nodes()), bwd.graph.format()
 
 
+@pytest.mark.parametrize("rows, mixed", [(64, False), (2112, True)])
+def test_too_few_rows_for_the_gpu_are_not_mixed_whole(rows, mixed):
+    """Planned for a GPU, a pair mixed whole has at most one program a block of 16 rows: 64 rows make 4 for
+    132 SMs (on an H200 a bfloat16 LayerNorm backward 64 x 8192 took 23 µs mixed, 7 unmixed), so the pair
+    stays unmixed, saying why; 2112 rows make 132, mixed. A split the pipeline fixes mixes anyway."""
+    ln = torch.nn.LayerNorm(64)
+    x = torch.randn(rows, 64, requires_grad=True)
+    gpu = passline.DEFAULT_PIPELINE.replace("mix_order_reduction", "mix_order_reduction(sms=132)")
+    bwd = assert_matches_eager(ln, [x], pipeline=gpu, codegen="reference").reports[-1]
+    assert any(isinstance(n, MixOrderNode) for n in bwd.graph.nodes()) == mixed, bwd.graph.format()
+    refused = [f.detail for f in bwd.metrics.refusals if f.pass_name == "mix_order_reduction"]
+    assert mixed or any("64 rows make 4 programs" in d and "132 SMs" in d for d in refused), refused
+    if not mixed:
+        fixed = passline.DEFAULT_PIPELINE.replace("mix_order_reduction", "mix_order_reduction(sms=132, split_rows=16)")
+        bwd = assert_matches_eager(ln, [x], pipeline=fixed, codegen="reference").reports[-1]
+        assert any(isinstance(n, MixOrderNode) for n in bwd.graph.nodes()), bwd.graph.format()
+
+
 def test_expanded_input_rows_are_aligned():
     """A broadcast (stride 0) dim starts every row of an expanded input at the same address: its rows are on
     16-byte boundaries where the width is, and the pair is tiled (the smallest stride, 0, is not the one a row's

@@ -17,7 +17,9 @@ BOTH = ["reference", "triton"]
 
 def pipeline(**options) -> str:
     opts = ", ".join(f"{k}={v}" for k, v in options.items())
-    return passline.DEFAULT_PIPELINE.replace("split_reductions", f"split_reductions({opts})")
+    # whole rows mixed however few (fill_sms=false), as on the CPU: these tests are about the split, a GPU run too
+    mixed = passline.DEFAULT_PIPELINE.replace("mix_order_reduction", "mix_order_reduction(fill_sms=false)")
+    return mixed.replace("split_reductions", f"split_reductions({opts})")
 
 
 def split_count(be) -> int:
@@ -178,11 +180,13 @@ def test_rule_on_a_gpu_target_splits_batchnorm_statistics():
 
 def test_rule_with_sms_option_and_no_divisor():
     # 4099 is prime: no divisor near the 8 splits wanted for 4 SMs, so 4 chunks (min_chunk 1024), masked
-    be = assert_matches_eager(lambda x: x.sum(), [torch.randn(4099)], pipeline=pipeline(sms=4),
+    # (min_program_bytes=0: sums this small are not split by default, a few kernels cost more than they save)
+    be = assert_matches_eager(lambda x: x.sum(), [torch.randn(4099)], pipeline=pipeline(sms=4, min_program_bytes=0),
                               codegen="reference")
     (p,) = partials(be)
     assert p.ranges == (4,) and p.reduction_ranges == (1025,)
-    be = assert_matches_eager(lambda x: x.sum(), [torch.randn(50000)], pipeline=pipeline(sms=4), codegen="reference")
+    be = assert_matches_eager(lambda x: x.sum(), [torch.randn(50000)], pipeline=pipeline(sms=4, min_program_bytes=0),
+                              codegen="reference")
     (p,) = partials(be)
     assert p.ranges == (8,) and p.reduction_ranges == (6250,)  # 8 divides 50000
 
@@ -284,13 +288,14 @@ def test_rule_on_a_gpu_target_few_long_rows():
     """LayerNorm over 64 rows of 30000 on a 132-SM GPU: 64 row programs would leave half the SMs idle, so
     the rows are split in 5 chunks of 6000 (264 programs wanted, 5 divides 30000): one partial kernel of
     320 programs computing each chunk's sum and squared deviations, one finishing kernel, then the
-    normalization, 3 kernels instead of the 5 of a mean, then a variance, each split on its own."""
+    normalization, 3 kernels instead of the 5 of a mean, then a variance, each split on its own — where a
+    row's 120 KB are worth splitting (min_program_bytes=0 here; by default they are not: below)."""
     from passline.backends.triton.configs import Device, Variant, rule
     from passline.backends.triton.kernel import rows_contiguous
 
     ln = torch.nn.LayerNorm(30000)
-    be = assert_matches_eager(ln, [torch.randn(64, 30000, requires_grad=True)], pipeline=pipeline(sms=132),
-                              codegen="reference")
+    be = assert_matches_eager(ln, [torch.randn(64, 30000, requires_grad=True)],
+                              pipeline=pipeline(sms=132, min_program_bytes=0), codegen="reference")
     forward = be.reports[0].graph
     (group,) = groups_of_partials(forward)
     assert (group.ranges, group.reduction_ranges, len(group.nodes)) == ((64, 5), (6000,), 2)
@@ -299,6 +304,24 @@ def test_rule_on_a_gpu_target_few_long_rows():
     # program, 8 warps for 32 elements a thread (320 programs: more than the SMs)
     cfg = rule({Variant.PERSISTENT: None, Variant.LOOPED: None}, 320, 6000, False, Device(132), rows_contiguous(group))
     assert (cfg.variant, cfg.xblock, cfg.rblock, cfg.warps) == (Variant.PERSISTENT, 1, 8192, 8)
+
+
+def test_a_split_pays_only_for_programs_that_load_enough():
+    """By default a row is split only where its program would load at least 256 KB (min_program_bytes): on
+    an H200, 64 float32 rows of 30000 (120 KB) ran faster unsplit; of 65536 (256 KB) they are split. A
+    column sum counts 16 columns a program: 64 float32 columns over 4096 rows (256 KB a program) are split,
+    bfloat16 (128 KB) not."""
+    forward = lambda be: be.reports[0]  # noqa: E731
+    for width, split in ((30000, False), (65536, True)):
+        be = assert_matches_eager(lambda x: x.softmax(-1), [torch.randn(64, width)], pipeline=pipeline(sms=132),
+                                  codegen="reference")
+        assert (split_count(be) > 0) == split, forward(be).graph.format()
+    for dtype, split in ((torch.bfloat16, False), (torch.float32, True)):  # 128 KB a program, 256 KB
+        be = assert_matches_eager(lambda x: x.sum(0), [torch.randn(4096, 64, dtype=dtype)], pipeline=pipeline(sms=132),
+                                  codegen="reference")
+        assert (split_count(be) > 0) == split, forward(be).graph.format()
+    with pytest.raises(PipelineError, match="min_program_bytes"):
+        passline.PassManager("split_reductions(min_program_bytes=-1)").run(column_sum_graph(64, 4))
 
 
 def test_independent_reductions_share_their_partial_and_finishing_kernels():
@@ -310,8 +333,8 @@ def test_independent_reductions_share_their_partial_and_finishing_kernels():
 
     x, t = torch.randn(4099, 10), torch.randint(0, 10, (4099,))
     t[::5] = -100
-    be = assert_matches_eager(torch.nn.functional.cross_entropy, [x, t], pipeline=pipeline(sms=132),
-                              codegen="reference")
+    be = assert_matches_eager(torch.nn.functional.cross_entropy, [x, t],
+                              pipeline=pipeline(sms=132, min_program_bytes=0), codegen="reference")
     graph = be.reports[0].graph
     (group,) = groups_of_partials(graph)
     assert sorted(m.reduction_type for m in group.nodes) == ["sum", "sum"]

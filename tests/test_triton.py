@@ -49,7 +49,9 @@ def test_mix_order_kernel_forms(norm, form):
 def test_mix_order_row_loop_is_pipelined_on_gpus_only():
     from passline.backends.triton.configs import Variant, mix_candidates
 
-    be = assert_matches_eager(torch.nn.LayerNorm(48), [torch.randn(300, 48, requires_grad=True)], codegen="triton")
+    mixed = passline.DEFAULT_PIPELINE.replace("mix_order_reduction", "mix_order_reduction(fill_sms=false)")
+    be = assert_matches_eager(torch.nn.LayerNorm(48), [torch.randn(300, 48, requires_grad=True)], codegen="triton",
+                              pipeline=mixed)  # 300 rows: mixed on a GPU too
     (mix,) = [k for r in be.reports for k in r.kernel_info if k.kind == "mix_order"]
     assert "tl.range(0, SPLIT, XBLOCK, num_stages=STAGES)" in mix.source
     on_gpu = "GPU" in be.reports[0].codegen_reason
@@ -713,9 +715,11 @@ def test_kernel_probe_compiles_for_sm90_cross_entropy_rows_in_16_byte_loads():
     from modules import BENCHMARKS
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    # (min_program_bytes=0: a loss over 4099 rows is too short to split by default; the split's form is tested)
+    pipeline = passline.DEFAULT_PIPELINE.replace("split_reductions", "split_reductions(min_program_bytes=0)")
     proc = subprocess.run([sys.executable, str(BENCHMARKS / "kernel_probe.py"), "--case", "cross_entropy",
-                           "--shape", "4099x1000", "--sms", "2"], capture_output=True, text=True, env=env,
-                          timeout=600)
+                           "--shape", "4099x1000", "--sms", "2", "--pipeline", pipeline], capture_output=True,
+                          text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
     assert "(3 kernels, 0 extern calls)" in out, out
@@ -1004,6 +1008,10 @@ def test_online_softmax_groups_follow_the_loaded_elements():
         assert f"[XBLOCK, RBLOCK // {g}, {g}], can_reorder=True)" in src, src  # any lanes a thread holds
 
 
+# on a GPU, 3 rows of 70000 are split across programs (split_reductions): these tests are about one loop a row
+_UNSPLIT = passline.DEFAULT_PIPELINE.replace(", split_reductions", "")
+
+
 def test_a_looped_kernels_per_row_loads_come_before_its_loop():
     # a row's value (s[i]) and a scalar (c) are the same in every step of a looped reduction: loaded once,
     # before the loop (in it, each step loaded them again: Triton cannot move a load past the loop's
@@ -1012,7 +1020,7 @@ def test_a_looped_kernels_per_row_loads_come_before_its_loop():
         return ((x * s[:, None] + c) ** 2).sum(-1) * s
 
     x, s, c = torch.randn(3, 70000), torch.randn(3), torch.tensor(0.5)
-    be = assert_matches_eager(f, [x, s, c], codegen="triton")
+    be = assert_matches_eager(f, [x, s, c], codegen="triton", pipeline=_UNSPLIT)
     (k,) = [k for r in be.reports for k in r.kernel_info if k.chosen == "looped"]
     before, loop = k.source.split("for roffset")
     assert before.count("tl.load(") == 2 and loop.count("tl.load(") == 1, k.source
@@ -1025,11 +1033,13 @@ def test_a_looped_kernels_row_index_is_checked_once_before_its_loop():
         return (x * w[idx][:, None]).sum(-1)
 
     x, w = torch.randn(3, 70000), torch.randn(10)
-    be = assert_matches_eager(f, [x, torch.tensor([4, 0, 9]), w], codegen="triton")
+    be = assert_matches_eager(f, [x, torch.tensor([4, 0, 9]), w], codegen="triton", pipeline=_UNSPLIT)
     (k,) = [k for r in be.reports for k in r.kernel_info if k.chosen == "looped"]
     before, loop = k.source.split("for roffset")
-    assert "_check_index(" in before and "_check_index(" not in loop and loop.count("tl.load(") == 1, k.source
+    check = "_check_index(" if "_check_index(" in k.source else "tl.device_assert("  # the interpreter's, a GPU's
+    assert check in before and check not in loop and loop.count("tl.load(") == 1, k.source
     torch._dynamo.reset()
     compiled = torch.compile(f, backend=passline.backend(codegen="triton", fallback="raise"))
+    # on the CPU on a GPU run too: a device-side assert ends the CUDA context (test_indexing checks it apart)
     with pytest.raises(Exception, match="index 10 is out of bounds"):  # the interpreter wraps the IndexError
         compiled(x, torch.tensor([4, 10, 9]), w)

@@ -39,7 +39,10 @@ tiled kernel took 0.79-0.95x the unmixed pair's time in float32 (1024 and 2048 x
 (`_unaligned`): at an odd width every load of a block of columns is one element (12345 wide: 2.2-2.5x the
 unmixed pair's time); nor a pair reading a buffer across its memory order (`_across_rows`: a transposed input),
 nor one whose kernel would leave SMs idle (`_too_few_programs`). A pair that fits the gates is mixed as before
-(whole rows, not tiled)."""
+(whole rows, not tiled) — on a GPU target, where its blocks of at least MIN_SPLIT rows make a program for every SM
+(2097 rows on 132 SMs; `split_rows=N` or `fill_sms=false` mixes anyway): a mixed program walks its rows one block
+after another, and with fewer rows the unmixed kernels, spread over every SM, are faster (bfloat16 at 64 x 8192 on
+an H200: 4 programs, 3.6-13.7x Inductor's time mixed)."""
 from __future__ import annotations
 
 import math
@@ -158,22 +161,32 @@ def _across_rows(side, col, layouts: dict, points, hints: dict) -> str | None:
     return None
 
 
-TILED_MIN_SPLIT = 64  # fewest rows a program of a tiled node sums (the workspace stays small against the data)
+MIN_SPLIT = 16  # fewest rows a program of a mixed node sums (the workspace stays small against the data)
+TILED_MIN_SPLIT = 64  # ... of a tiled node
 TILED_COLUMNS = 1024  # columns a program of a tiled node takes (the Triton rule's block)
 
 
-def _too_few_programs(nrow, ncol, sms: int, hints: dict) -> str | None:
-    """Why a tiled kernel of the pair would leave a GPU's SMs idle, or None (no GPU target: None). Its programs
-    are at most one a block of TILED_MIN_SPLIT rows and block of TILED_COLUMNS columns; fewer than the SMs, each
-    walks its rows one step after another while the unmixed pair's kernels spread over every SM. On an H200
-    the tiled bias gradient at 64 x 30000 (30 programs) took 72-82 µs against Inductor's 7-8."""
-    rows, cols = at_hint(nrow, hints), at_hint(ncol, hints)
-    if not sms or rows is None or cols is None:
+def _too_few_programs(nrow, ncol, sms: int, hints: dict, tiled: bool) -> str | None:
+    """Why the pair's mixed kernel would leave a GPU's SMs idle, or None (no GPU target: None). Its programs
+    are at most one a block of MIN_SPLIT rows (whole rows), or, tiled, one a block of TILED_MIN_SPLIT rows and
+    block of TILED_COLUMNS columns; fewer than the SMs, each walks its rows one step after another while the
+    unmixed pair's kernels (the rows', and a column sum that split_reductions spreads) use every SM. On an
+    H200 the tiled bias gradient at 64 x 30000 (30 programs) took 72-82 µs against Inductor's 7-8; mixed
+    whole, 64 rows of 8192 (4 programs) took 3.6-5x Inductor's time in a norm's backward, 12-14x in a bias
+    gradient's."""
+    rows = at_hint(nrow, hints)
+    if not sms or rows is None:
         return None
-    programs = -(-rows // TILED_MIN_SPLIT) * -(-cols // TILED_COLUMNS)
-    if programs < sms:
-        return (f"{rows} rows x {cols} columns make {programs} tiled programs (blocks of {TILED_MIN_SPLIT} rows x "
-                f"{TILED_COLUMNS} columns) for {sms} SMs (tile_columns)")
+    if tiled:
+        cols = at_hint(ncol, hints)
+        if cols is None:
+            return None
+        programs = -(-rows // TILED_MIN_SPLIT) * -(-cols // TILED_COLUMNS)
+        if programs < sms:
+            return (f"{rows} rows x {cols} columns make {programs} tiled programs (blocks of {TILED_MIN_SPLIT} "
+                    f"rows x {TILED_COLUMNS} columns) for {sms} SMs (tile_columns)")
+    elif -(-rows // MIN_SPLIT) < sms:
+        return (f"{rows} rows make {-(-rows // MIN_SPLIT)} programs (blocks of {MIN_SPLIT} rows) for {sms} SMs")
     return None
 
 
@@ -189,11 +202,13 @@ def _row_sums(side) -> bool:
 
 
 def _gate(row, col, max_columns, min_rows, types, max_reads, rows, cols, max_row_bytes=None,
-          layouts=None, hints=None, tile_columns=False, sms=0) -> tuple[str | None, bool]:
+          layouts=None, hints=None, tile_columns=False, sms=0, fixed_split=False) -> tuple[str | None, bool]:
     """What keeps the two sides from mixing, from the nodes alone (the graph's paths: `_cycle`), and whether
     their kernel must take its columns in blocks: (problem or None, tiled). The width gates (max_columns,
     max_row_bytes) bound what a program holds of a whole row; a row side that does not reduce its rows (a
-    bias gradient's pointwise dh) needs no whole row, so with `tile_columns` a wide one is mixed tiled."""
+    bias gradient's pointwise dh) needs no whole row, so with `tile_columns` a wide one is mixed tiled. A
+    pair mixed whole with a split the pipeline fixed (`fixed_split`: split_rows=N, or fill_sms=false) is
+    mixed however few its programs: asked for."""
     if isinstance(col, (Extern, MixOrderNode)) or isinstance(row, Extern):
         return "extern or mix-order", False
     if row.mutates or col.mutates:  # its finishing kernel would reorder the write against the readers
@@ -223,7 +238,11 @@ def _gate(row, col, max_columns, min_rows, types, max_reads, rows, cols, max_row
     if wide:
         problem = (_unaligned(row, col, layouts or {}, ncol * nrow, ncol, hints or {})
                    or _across_rows(row, col, layouts or {}, ncol * nrow, hints or {})
-                   or _too_few_programs(nrow, ncol, sms, hints or {}))
+                   or _too_few_programs(nrow, ncol, sms, hints or {}, tiled=True))
+        if problem:
+            return problem, False
+    elif not fixed_split:
+        problem = _too_few_programs(nrow, ncol, sms, hints or {}, tiled=False)
         if problem:
             return problem, False
     return _problem(row, col, types, max_reads, rows, cols), wide
@@ -306,7 +325,7 @@ def _auto_split(rows, hints: dict) -> int:
     size does (a fixed 64 rows left a GPT block's 4000 rows on 63 programs: 0.051 ms against 0.012)."""
     n = product(rows)
     n = int(n) if n.is_number else at_hint(n, hints)
-    return 64 if n is None else min(128, max(16, -(-n // 256)))
+    return 64 if n is None else min(128, max(MIN_SPLIT, -(-n // 256)))
 
 
 TILED_SPLIT = 128  # rows per program of a tiled node (see the module's docstring)
@@ -324,8 +343,10 @@ def mix_order_reduction(graph, ctx, *,
                         split_rows: Annotated[int, "rows per block (0: automatic, and tuned on a GPU)"] = 0,
                         tile_columns: Annotated[bool, "mix a pointwise row side wider than the width gates "
                                                 "allow, its columns taken in blocks"] = True,
-                        sms: Annotated[int, "SMs a tiled kernel's programs should fill (0: the target's; none on "
-                                       "a CPU target)"] = 0):
+                        sms: Annotated[int, "SMs a mixed kernel's programs should fill (0: the target's; none on "
+                                       "a CPU target)"] = 0,
+                        fill_sms: Annotated[bool, "mix whole rows only where blocks of 16 make a program an SM "
+                                            "(a GPU target)"] = True):
     """Merge a row reduction, or pointwise work over rows x columns, with transposed column reductions of
     the same data into one kernel."""
     if sms < 0:
@@ -364,7 +385,7 @@ def mix_order_reduction(graph, ctx, *,
                     g_rows, g_cols = shape(group)
                     gates[key] = (side, col, *_gate(side, col, max_columns, min_rows, types, max_reads, g_rows,
                                                     g_cols, max_row_bytes, layouts, graph.hints, tile_columns,
-                                                    gpu_sms))
+                                                    gpu_sms, fixed_split=bool(split_rows) or not fill_sms))
                 problem = gates[key][2] or _cycle(graph, side, col)
                 tiled = gates[key][3]
                 if problem:
