@@ -533,6 +533,30 @@ def test_configuration_rules_follow_from_sizes_and_device():
     assert rule(red, 576000, 384, False, gpu, only="looped").variant == Variant.LOOPED
 
 
+def test_short_column_sums_are_timed():
+    """configs.uncertain's short-column band: a column sum over at most 256 rows with a column per SM (a few
+    rows' weight gradient) times the rule's chunk against whole columns in persistent blocks of 16, 32 and 64
+    columns; longer columns, fewer columns than SMs, contiguous rows and the interpreter keep the rule."""
+    from passline.backends.triton.configs import Device, Variant, rule, uncertain
+
+    gpu = Device(sms=132)
+    red = {Variant.PERSISTENT: None, Variant.LOOPED: None}
+
+    def band(cols, rows, interpret=False, rows_contiguous=False):
+        base = rule(red, cols, rows, interpret, gpu, rows_contiguous=rows_contiguous, row_bytes=rows * 8)
+        return uncertain(red, cols, rows, interpret, gpu, rows_contiguous=rows_contiguous, base=base,
+                         row_bytes=rows * 8)
+
+    found = band(30000, 64)
+    assert found[0] == rule(red, 30000, 64, False, gpu, rows_contiguous=False, row_bytes=64 * 8)
+    assert [(c.variant, c.xblock, c.rblock, c.warps) for c in found[1:]] == [
+        (Variant.PERSISTENT, 16, 64, 1), (Variant.PERSISTENT, 32, 64, 4), (Variant.PERSISTENT, 64, 64, 8)]
+    assert all(c.xblock * c.rblock <= 32 * 32 * c.warps for c in band(768, 256))  # at most 32 a thread
+    assert band(30000, 300) == [] and band(100, 64) == [] and band(30000, 64, interpret=True) == []
+    assert band(512, 64) == []  # 256 KB: a launch's worth (a split reduction's finishing sum)
+    assert band(30000, 64, rows_contiguous=True) == []  # a row sum of 64: the rule's persistent rows
+
+
 def test_tall_mix_order_kernels_no_rule_decides_are_timed():
     """configs.uncertain's mix-order band: tall mix-order kernels (rows >= 64 x SMs) whose rows are reduced
     and at most 128 wide, or pointwise (a bias gradient) and 257-1024 wide, time the rule's block against a

@@ -27,6 +27,8 @@ INTERP_BLOCK = 1 << 17  # interpreter cost grows with programs x ops: few, large
 COLUMN_THREAD_BYTES = 64  # bytes a thread loads a step of a column sum's row loop (see rule)
 MIX_STAGES = (3, 4)  # pipelined row loops timed on a GPU (1: not pipelined, the baseline)
 MIX_BAND_ROWS_PER_SM = 64  # a mix-order kernel with at least this many rows an SM may be timed (uncertain)
+SHORT_COLUMN = 256  # a column sum over at most this many rows (rounded up) is timed (uncertain) ...
+SHORT_COLUMN_BYTES = 1 << 20  # ... where it moves at least this many bytes
 MIX_TILE_COLUMNS = TILED_COLUMNS  # columns a block of mix_order_tiled by rule (1024; see rule)
 MIX_TILE_WARPS = 4  # ... its warps
 MIX_TILE_STAGES = 3  # ... its row loop's pipeline depth
@@ -237,7 +239,18 @@ def uncertain(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, 
     | LayerNorm forward | bfloat16 | 2237 × 30000 | **88** | 96* | 102 | 123 |
     | softmax forward | float32 | 1024 × 65536 | **166** | 169 | 192* | 200 |
 
-    Narrower or fewer rows, strided rows and the interpreter keep the rule.
+    Narrower or fewer rows and the interpreter keep the rule.
+
+    Column sums (strided rows) over at most SHORT_COLUMN rows, with at least a column per SM and at least
+    SHORT_COLUMN_BYTES moved (1 MB; less is a launch's worth of work, a split reduction's finishing sum): a
+    few rows' weight or bias gradient (a backward over 64 rows sums 64 values a column). The rule's chunk of rows
+    against whole columns held in one persistent block of 16, 32 and 64 columns (`_short_column_band`). Such
+    a kernel is a few microseconds, bound by how many loads an SM has in flight, which the block's shape and
+    warps set in ways the rule does not see: on an H200 the float32 LayerNorm backward at 64 × 30000 took 7.9
+    µs in its column kernel by rule (two loop steps of 64 × 32 on 8 warps) and 8.1 in one step of 64 × 64 on
+    8, where autotuning's best was 4.8 (persistent, 16 × 64 on one warp; 32 × 64 on 4 warps within 2%); the
+    whole backward 1.18× Inductor's time by rule, at Inductor's autotuned. Longer column sums keep the rule
+    (and split_reductions spreads them over more programs).
 
     Mix-order kernels (`_mix_band`, the rule's two-dimensional form `base`, `row_bytes` and `row_sums` as
     the rule had them) over at least MIX_BAND_ROWS_PER_SM rows an SM (the tall, memory-bound shapes):
@@ -262,10 +275,12 @@ def uncertain(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, 
     RMSNorm (timed at 313 µs with the finishing kernel against the rule's block's 354; 310 against 344 µs of
     GPU time a step: 1.05x Inductor's, was 1.17x) and kept the rule's block for LayerNorm and the GELU
     epilogue (docs/benchmarks.md, twenty-second session)."""
-    if interpret or rnumel is None or not rows_contiguous or xnumel < device.sms:
+    if interpret or rnumel is None or xnumel < device.sms:
         return []
     kinds = [v for v in variants if only not in variants or v == only]
     rb = pow2(rnumel)
+    if not rows_contiguous:
+        return _short_column_band(kinds, xnumel, rb, base, row_bytes)
     if any(v in MIX_FORMS for v in kinds):
         if base is None or xnumel < MIX_BAND_ROWS_PER_SM * device.sms:
             return []
@@ -278,6 +293,24 @@ def uncertain(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, 
         wide.append(Config(Variant.LOOPED, 1, 2048, 8))  # short chunks, several programs an SM
         return ([base] if base is not None and base not in wide else []) + wide
     return []
+
+
+def _short_column_band(kinds: list, xnumel: int, rb: int, base: Config | None, row_bytes: float | None) -> list:
+    """A column sum over at most SHORT_COLUMN rows (after rounding up) that moves at least SHORT_COLUMN_BYTES
+    to time (see `uncertain`), the rule's `base` first: whole columns held in one block, 16, 32 and 64
+    columns a program at 32, 16 and 16 elements a thread (at most 8 warps, at most 32 elements a thread); []
+    where the rule decides."""
+    if set(kinds) != {Variant.PERSISTENT, Variant.LOOPED} or rb > SHORT_COLUMN or base is None:
+        return []
+    if xnumel * (row_bytes or 4 * rb) < SHORT_COLUMN_BYTES:
+        return []  # a launch's worth of work (a split reduction's finishing sum): timing gains nothing
+    out = [base]
+    for xb, per_thread in ((16, 32), (32, 16), (64, 16)):
+        warps = _clamp(xb * rb // (32 * per_thread), 1, 8)
+        c = Config(Variant.PERSISTENT, xb, rb, warps)
+        if xb <= pow2(xnumel) and xb * rb <= 32 * 32 * warps and c not in out:
+            out.append(c)
+    return out if len(out) > 1 else []
 
 
 def _mix_band(base: Config, rb: int, row_bytes: float | None, rnumel: int | None, row_sums: bool,
