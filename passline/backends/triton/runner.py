@@ -614,13 +614,17 @@ class MixKernel(Kernel):
         leaders = self._leaders(first)
         timed = [(t, c) for t, c in first if c in leaders]  # each leader's one-wave time is kept
         for c0 in leaders:
-            for split in dict.fromkeys([self.split] + waves[c0.with_split(0)]):
-                if split != c0.split and c0.xblock <= split:
-                    c = c0.with_split(split)
-                    t = self._bench(c, args, xnumel, rnumel, stream, after)
-                    self.info.timings[f"{c} +finish"] = t
-                    timed.append((t, c))
+            for c in self.retimed(c0, waves[c0.with_split(0)]):
+                t = self._bench(c, args, xnumel, rnumel, stream, after)
+                self.info.timings[f"{c} +finish"] = t
+                timed.append((t, c))
         return self._best(self._leaders(sorted(timed, key=lambda tc: tc[0])), args, xnumel, rnumel, stream, after)
+
+    def retimed(self, c0: Config, splits) -> list[Config]:
+        """A leader `c0` (at its one-wave split) at the IR's split and at its other whole-wave `splits`, each
+        that holds its block: what `_fastest_split` times again, and what the precompile plan builds ahead
+        for every candidate (TritonRunner._plan_timed_mix)."""
+        return [c0.with_split(s) for s in dict.fromkeys([self.split, *splits]) if s != c0.split and c0.xblock <= s]
 
     def _pick_split(self, args, xnumel, rnumel, stream, after) -> Config:
         """autotune=True: every candidate configuration, as `_fastest_split` times the band's."""
@@ -856,7 +860,8 @@ class TritonRunner:
             for c, comp in zip(cands, compiled):
                 if comp is not None:  # compiled: the timing places it here (a listing leaves it to the launch)
                     splits = k_main.placements[rows, c] = tuple(k_main.waves(c, comp, rows, cols))
-                    placed += [c.with_split(s) for k, s in enumerate(splits) if k == 0 or c.xblock <= s]
+                    one = k_main._at_first(c, splits)  # as the timing places it, then what it may time again
+                    placed += [one, *k_main.retimed(one, splits)]
             placed = list(dict.fromkeys(placed))
             moved = [p for p in placed if p not in cands]  # those off the IR's split
             if moved:
