@@ -4,7 +4,12 @@ from pathlib import Path
 
 import torch
 
+import passline
+
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+# the default pipeline with whole rows mixed however few (mix_order_reduction's fill_sms off): as on the CPU, on
+# a GPU run too (PASSLINE_TEST_DEVICE=cuda), for tests of mixing at small sizes
+MIXED = passline.DEFAULT_PIPELINE.replace("mix_order_reduction", "mix_order_reduction(fill_sms=false)")
 
 
 def benchmark_script(name: str):

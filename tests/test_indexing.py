@@ -13,6 +13,7 @@ import pytest
 import sympy
 import torch
 import torch.nn.functional as F
+from modules import MIXED
 
 import passline
 from passline.ir import Buffer, Indirect, Layout, Load, Pointwise, Reduction, indirect_var, loads, loop_vars
@@ -528,8 +529,7 @@ def test_softmax_topk_backward_mixes_after_the_scatter():
         return probs.topk(2, dim=-1).values, probs.mean(0)
 
     for codegen in ("reference", "triton"):
-        mixed = passline.DEFAULT_PIPELINE.replace("mix_order_reduction", "mix_order_reduction(fill_sms=false)")
-        be = assert_matches_eager(fn, [_g(10, 4), _g(4)], codegen=codegen, pipeline=mixed)  # 10 rows on a GPU too
+        be = assert_matches_eager(fn, [_g(10, 4), _g(4)], codegen=codegen, pipeline=MIXED)  # 10 rows on a GPU too
         assert be.reports[1].metrics.counters["codegen_mix_order_reduction"] == 1
 
 

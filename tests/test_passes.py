@@ -2,7 +2,7 @@
 on real forward/backward graphs, always checked against eager."""
 import pytest
 import torch
-from modules import RMSNorm
+from modules import MIXED, RMSNorm
 
 import passline
 from passline.ir import (
@@ -435,8 +435,6 @@ def test_memory_order_walks_channels_last_outputs_in_memory_order():
 
 
 WITHOUT_MERGE = passline.DEFAULT_PIPELINE.replace("merge_loops, ", "")
-# mix_order_reduction with whole rows mixed however few (fill_sms=false): as on the CPU, on a GPU run too
-MIXED = passline.DEFAULT_PIPELINE.replace("mix_order_reduction", "mix_order_reduction(fill_sms=false)")
 
 
 

@@ -3,6 +3,7 @@ reductions — against eager on both backends, the rule on a GPU target, and wha
 import pytest
 import sympy
 import torch
+from modules import MIXED
 
 import passline
 from passline.ir import Buffer, FusedNode, Layout, Load, MixOrderNode, Op, Reduction, TensorArg, loop_vars, walk
@@ -17,9 +18,7 @@ BOTH = ["reference", "triton"]
 
 def pipeline(**options) -> str:
     opts = ", ".join(f"{k}={v}" for k, v in options.items())
-    # whole rows mixed however few (fill_sms=false), as on the CPU: these tests are about the split, a GPU run too
-    mixed = passline.DEFAULT_PIPELINE.replace("mix_order_reduction", "mix_order_reduction(fill_sms=false)")
-    return mixed.replace("split_reductions", f"split_reductions({opts})")
+    return MIXED.replace("split_reductions", f"split_reductions({opts})")  # these tests are about the split
 
 
 def split_count(be) -> int:

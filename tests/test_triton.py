@@ -7,7 +7,7 @@ import sys
 
 import pytest
 import torch
-from modules import RMSNorm
+from modules import MIXED, RMSNorm
 
 import passline
 from passline.testing import assert_matches_eager
@@ -49,9 +49,8 @@ def test_mix_order_kernel_forms(norm, form):
 def test_mix_order_row_loop_is_pipelined_on_gpus_only():
     from passline.backends.triton.configs import Variant, mix_candidates
 
-    mixed = passline.DEFAULT_PIPELINE.replace("mix_order_reduction", "mix_order_reduction(fill_sms=false)")
     be = assert_matches_eager(torch.nn.LayerNorm(48), [torch.randn(300, 48, requires_grad=True)], codegen="triton",
-                              pipeline=mixed)  # 300 rows: mixed on a GPU too
+                              pipeline=MIXED)  # 300 rows: mixed on a GPU too
     (mix,) = [k for r in be.reports for k in r.kernel_info if k.kind == "mix_order"]
     assert "tl.range(0, SPLIT, XBLOCK, num_stages=STAGES)" in mix.source
     on_gpu = "GPU" in be.reports[0].codegen_reason
