@@ -8,7 +8,10 @@ Horizontal: independent nodes with the same iteration space that read a common b
 Candidates are pairs that share a buffer (horizontal ones within `window` consumers of each other in
 program order). They are tried best first — most bytes of memory traffic saved, then closest in program
 order — and each fusion is a counted decision. Groups keep growing within a round (a chain fuses in
-one round); rounds repeat until nothing fuses, at most `max_rounds`.
+one round); rounds repeat until nothing fuses, at most `max_rounds`. A pair refused only because a path
+between them runs through other nodes is tried again after each later fusion of the round (those nodes
+may have joined the producer's group), ahead of the pairs ranked below it: cross-entropy's gather of the
+target logit joins the row statistics it subtracts, whatever dtype the logits were cast to.
 
 Refusals, each recorded with its reason for `passline.explain`: extern calls; different devices;
 different numel or loop structure; transposed reductions (left to mix_order_reduction); loop order
@@ -205,6 +208,79 @@ def _lined_up(graph, na, nb, fixed: set):
     return both if both[1].ok or first is None else first
 
 
+def _round(graph, ctx, ranked, fixed, refused: set, max_nodes: int) -> set:
+    """Fuse `ranked` pairs, best first; the groups made (`refused` collects the pairs whose refusal is
+    recorded)."""
+    alias: dict[str, str] = {}
+    made: set = set()
+    # pairs refused only for a path between them through other nodes, in rank order: once those nodes
+    # join one side's group the path is gone, so each is tried again after a fusion that touches it, before
+    # any pair ranked below it (cross-entropy's gather of the target logit ranks above the row statistics
+    # it subtracts being one group, and would otherwise fuse for less, wherever the cast order put it)
+    blocked: list = []
+
+    def attempt(a, b, first_try: bool) -> str | None:
+        """The group made of a's and b's, or None (refused: recorded on the first try)."""
+        a, b = _find(alias, a), _find(alias, b)
+        if a == b:
+            return None
+        na, nb = graph.node(a), graph.node(b)
+        if len(members(na)) + len(members(nb)) > max_nodes:
+            return None  # the cap: not worth a refusal record per pair
+        verdict = can_fuse(graph, na, nb, max_nodes)
+        # other loops: a split may line them up. Sizes that are a permutation of each other look like a
+        # transpose ((2, 3, 6) against (6, 2, 3)) yet may be two merges of one walk: tried too, and
+        # where no split fuses them the transpose verdict stands (reorder_loops' cue)
+        if not verdict.ok and verdict.reason in ("loop structure", "loop order mismatch"):
+            lined = _lined_up(graph, na, nb, fixed)
+            if lined is not None and not lined[1].ok and verdict.reason == "loop order mismatch":
+                lined = None
+            if lined is not None and lined[1].ok:
+                split, verdict = lined
+                for new in split:
+                    graph.replace_node(new.name, new)
+                    na, nb = (new, nb) if new.name == na.name else (na, new)
+                    ctx.count("split_loops")
+            elif lined is not None:
+                verdict = lined[1]
+        if not verdict.ok:
+            if first_try and verdict.reason == "cycle" and verdict.producer is not None:
+                blocked.append((a, b))
+            if first_try and (a, b) not in refused:
+                refused.add((a, b))
+                ctx.refuse(verdict.reason, na, nb, verdict.detail)
+            return None
+        if not ctx.decide("fuse", na, nb):
+            return None
+        if verdict.producer is not None:
+            first, second = (na, nb) if verdict.producer is na else (nb, na)
+        else:
+            first, second = (na, nb) if graph.order(a) <= graph.order(b) else (nb, na)
+        group = fuse_nodes(_name(graph, na, nb), first, second, *verdict.shape)
+        graph.merge([a, b], group)
+        alias[a] = alias[b] = group.name
+        alias.pop(group.name, None)
+        made.discard(a)
+        made.discard(b)
+        made.add(group.name)
+        ctx.count("fusions")
+        return group.name
+
+    for _, _, _, a, b in ranked:
+        group = attempt(a, b, True)
+        while group and blocked:
+            # the path of a blocked pair closes only when its nodes join one side's group: retry those
+            # pairs that have a side in the new group, best first
+            retry = [k for k, (p, c) in enumerate(blocked) if group in (_find(alias, p), _find(alias, c))]
+            group = None
+            for k in retry:
+                group = attempt(*blocked[k], False)
+                if group:
+                    del blocked[k]
+                    break
+    return made
+
+
 @register_pass("fuse", provides={"fused"})
 def fuse(graph, ctx, *,
          max_nodes: Annotated[int, "most nodes in one fused kernel"] = 64,
@@ -225,50 +301,7 @@ def fuse(graph, ctx, *,
         ranked = [(-saved_bytes(graph, a, b, io, nbytes, outputs), abs(order[a] - order[b]), order[a], a, b)
                   for a, b in pairs if a in io and b in io]
         ranked.sort()
-        alias: dict[str, str] = {}
-        made: set = set()
-        for _, _, _, a, b in ranked:
-            a, b = _find(alias, a), _find(alias, b)
-            if a == b:
-                continue
-            na, nb = graph.node(a), graph.node(b)
-            if len(members(na)) + len(members(nb)) > max_nodes:
-                continue  # the cap: not worth a refusal record per pair, counted once below
-            verdict = can_fuse(graph, na, nb, max_nodes)
-            # other loops: a split may line them up. Sizes that are a permutation of each other look like a
-            # transpose ((2, 3, 6) against (6, 2, 3)) yet may be two merges of one walk: tried too, and
-            # where no split fuses them the transpose verdict stands (reorder_loops' cue)
-            if not verdict.ok and verdict.reason in ("loop structure", "loop order mismatch"):
-                lined = _lined_up(graph, na, nb, fixed)
-                if lined is not None and not lined[1].ok and verdict.reason == "loop order mismatch":
-                    lined = None
-                if lined is not None and lined[1].ok:
-                    split, verdict = lined
-                    for new in split:
-                        graph.replace_node(new.name, new)
-                        na, nb = (new, nb) if new.name == na.name else (na, new)
-                        ctx.count("split_loops")
-                elif lined is not None:
-                    verdict = lined[1]
-            if not verdict.ok:
-                if (a, b) not in refused:
-                    refused.add((a, b))
-                    ctx.refuse(verdict.reason, na, nb, verdict.detail)
-                continue
-            if not ctx.decide("fuse", na, nb):
-                continue
-            if verdict.producer is not None:
-                first, second = (na, nb) if verdict.producer is na else (nb, na)
-            else:
-                first, second = (na, nb) if graph.order(a) <= graph.order(b) else (nb, na)
-            group = fuse_nodes(_name(graph, na, nb), first, second, *verdict.shape)
-            graph.merge([a, b], group)
-            alias[a] = alias[b] = group.name
-            alias.pop(group.name, None)
-            made.discard(a)
-            made.discard(b)
-            made.add(group.name)
-            ctx.count("fusions")
+        made = _round(graph, ctx, ranked, fixed, refused, max_nodes)
         if not made:
             break
         dirty = made

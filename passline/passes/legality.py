@@ -175,7 +175,9 @@ def can_fuse(graph, a, b, max_nodes: int = 64) -> Verdict:
         if bad is not None:
             return bad
         if other_path(graph, producer.name, consumer.name):
-            return refuse("cycle", f"a path leads from {producer.name} to {consumer.name} through other nodes")
+            # producer named: the path may close into the producer's group later (fuse's waiting consumers)
+            return refuse("cycle", f"a path leads from {producer.name} to {consumer.name} through other nodes"
+                          )._replace(producer=producer)
     elif other_path(graph, a.name, b.name, False) or other_path(graph, b.name, a.name, False):
         return refuse("cycle", "one depends on the other through other nodes")
     return Verdict(True, shape=(outer, red), producer=producer if (a_to_b or b_to_a) else None)

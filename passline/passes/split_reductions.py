@@ -52,7 +52,8 @@ estimated as X for a row reduction and X / 16 for a column reduction (a coalesce
 least 16 columns wide: backends/triton/configs.py `rule`). With fewer programs than `programs_per_sm`
 per SM, R at least `min_reduced`, and each unsplit program loading at least `min_program_bytes` (R points
 times the bytes a point streams — the buffers read that are as large as the reduction, x and dy, not a row's
-mean or the weight — times 16 columns for a column reduction; 256 KB), S is about
+mean or the weight, and a 32-byte sector for each gathered element — times 16 columns for a column
+reduction; 256 KB), S is about
 programs_per_sm * SMs / programs, but no more than makes chunks of `min_chunk`; at S < 2 nothing is split.
 The bytes bound is what a split must save to pay for the kernels it adds (a finishing kernel, and the
 epilogue of a row's result, a norm's normalization, as a kernel of its own): on an H200, 64 rows of 8192
@@ -117,6 +118,9 @@ MIN_PROGRAM_BYTES = 256 << 10
 # the narrowest column block a coalesced column reduction runs (16 columns: a whole 32-byte sector even
 # in 16-bit types); backends/triton/configs.py `rule` never goes below it
 COLUMN_BLOCK = 16
+# what a gathered element costs a program: the whole 32-byte sector memory moves for it, and a latency its
+# neighbours' loads do not hide (a cross-entropy's target logit, one per row of a vocabulary)
+SECTOR = 32
 
 
 def _identity(rtype: str, dtype: torch.dtype) -> Constant:
@@ -182,15 +186,17 @@ def _inline(members, n_outer: int) -> tuple[dict, dict]:
 
 def _point_bytes(bodies: tuple, layouts: dict, points: int, hints: dict) -> int:
     """Bytes the group's reductions stream a reduced point: the element sizes of the distinct buffers they read
-    that hold as many elements as the reduction has points (x and dy in a norm's backward; not its per-row
-    mean and rstd, nor the weight, which a program reads once or finds in cache); 4 where there is none."""
-    read = {v.buffer for body in bodies[1].values() for v in walk(body) if isinstance(v, Load)}
+    directly that hold as many elements as the reduction has points (x and dy in a norm's backward; not its
+    per-row mean and rstd, nor the weight, which a program reads once or finds in cache), and a SECTOR for
+    each distinct gather (an indirect load: a cross-entropy's target logit); 4 where there is none."""
+    loads = [v for body in bodies[1].values() for v in walk(body) if isinstance(v, Load)]
+    gathers = {(v.buffer, v.index, v.indirect) for v in loads if v.indirect}
     sizes = []
-    for b in read:
+    for b in {v.buffer for v in loads if not v.indirect}:
         n = at_hint(layouts[b].layout.numel, hints) if b in layouts else None
         if n is not None and n >= points:
             sizes.append(layouts[b].dtype.itemsize)
-    return sum(sizes) or 4
+    return sum(sizes) + SECTOR * len(gathers) or 4
 
 
 def _columns(bodies, outer: tuple, red: tuple) -> bool:
