@@ -41,6 +41,11 @@ class Verdict(NamedTuple):  # a tuple: built once per pair tried, thousands of t
     producer: object = None  # which side produces what the other reads (None: horizontal)
 
 
+# the narrowest column block a coalesced column reduction runs (16 columns: a whole 32-byte sector even
+# in 16-bit types); backends/triton/configs.py `rule` never goes below it. split_reductions counts a column
+# reduction's programs by it; mix_order_reduction's column form wants one for every SM
+COLUMN_BLOCK = 16
+
 # The widest rows mix_order_reduction mixes, in the bytes a row takes in registers (`row_bytes`): its kernel
 # holds a block of every column, and recompute_columns leaves narrower rows to it. What fits follows from
 # elements, not from the input's bytes: values are float32 in registers whatever the input's dtype (see row_bytes).

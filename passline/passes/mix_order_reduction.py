@@ -42,7 +42,14 @@ nor one whose kernel would leave SMs idle (`_too_few_programs`). A pair that fit
 (whole rows, not tiled) — on a GPU target, where its blocks of at least MIN_SPLIT rows make a program for every SM
 (2097 rows on 132 SMs; `split_rows=N` or `fill_sms=false` mixes anyway): a mixed program walks its rows one block
 after another, and with fewer rows the unmixed kernels, spread over every SM, are faster (bfloat16 at 64 x 8192 on
-an H200: 4 programs, 3.6-13.7x Inductor's time mixed)."""
+an H200: 4 programs, 3.6-13.7x Inductor's time mixed).
+
+Column form (`column_form`, on by default): a pointwise row side refused for too few programs (whole or tiled)
+is fused into its column sums in their loop order instead — columns outer, rows inner — one kernel whose
+programs take blocks of columns down every row, storing dh as they sum it (Inductor's form of a bias
+gradient), where the unmixed pair wrote dh with one kernel and read it back with another. Only where the
+columns give every SM a program of 16 and the rows are at most COLUMN_FORM_ROWS (`_column_form_pays`); a row
+side with row sums (a norm's backward) has no such form. Stat: `column_form`."""
 from __future__ import annotations
 
 import math
@@ -52,10 +59,19 @@ import sympy
 
 from ..ir import Extern, FusedNode, MixOrderNode, Pointwise, Reduction
 from ..ir.index import VarKind, loop_vars, product, substitute
-from ..ir.loops import Role, canonical_map, members, role, shape, transposed
+from ..ir.loops import Role, canonical_map, members, permute_pointwise, role, shape, transposed
 from ..lowering.sizes import at_hint
 from ..pipeline.registry import PipelineError, register_pass
-from .legality import MIX_ROW_BYTES, fixed_layouts, other_path, row_bytes, split_group
+from .legality import (
+    COLUMN_BLOCK,
+    MIX_ROW_BYTES,
+    can_fuse,
+    fixed_layouts,
+    fuse_nodes,
+    other_path,
+    row_bytes,
+    split_group,
+)
 
 
 def _reductions(group) -> list:
@@ -190,6 +206,49 @@ def _too_few_programs(nrow, ncol, sms: int, hints: dict, tiled: bool) -> str | N
     return None
 
 
+COLUMNS = "columns"  # _gate's form for the column form (see `_column_form`)
+
+
+COLUMN_FORM_ROWS = 256  # most rows the column form walks down a column
+
+
+def _column_form_pays(nrow, ncol, sms: int, hints: dict) -> bool:
+    """Whether the column form (`_column_form`) beats the unmixed pair: its programs, one a block of
+    COLUMN_BLOCK columns, are at least the SMs, and each walks at most COLUMN_FORM_ROWS rows (a block of
+    whole columns, as the Triton rule runs short column sums). On an H200 the unmixed pair over 64 rows took
+    1.05-1.25x Inductor's one kernel of this form (8192-65536 columns); over 1000 rows of 4096 it beat it
+    (0.79-0.90x), the pointwise kernel spread over every SM, so the form stops short of such rows."""
+    cols, rows = at_hint(ncol, hints), at_hint(nrow, hints)
+    return bool(sms) and cols is not None and rows is not None and rows <= COLUMN_FORM_ROWS \
+        and -(-cols // COLUMN_BLOCK) >= sms
+
+
+def _column_form(graph, row, group, col):
+    """The pointwise row side (`group`: its members over the column reduction's rows, then its columns)
+    with its loops run in the column reduction's order — columns, then rows — fused into `col` as its
+    prologue: one kernel whose programs take blocks of columns down every row, storing what the row side
+    stores as they sum it (Inductor's form of a bias gradient). For rows too few to mix whole: the unmixed
+    pair wrote dh with one kernel and read it back with another. Returns the fused node, put in the graph
+    in place of the two, or None (the graph unchanged) when the two cannot fuse so."""
+    c_cols, c_rows = shape(col)
+    nr, nc = len(c_rows), len(c_cols)
+    order = list(range(nr, nr + nc)) + list(range(nr))
+    permuted = []
+    for m in members(group):
+        if len(m.ranges) != nr + nc:
+            return None
+        permuted.append(permute_pointwise(m, order))
+    side = FusedNode(row.name, tuple(permuted), tuple(c_cols) + tuple(c_rows))
+    graph.replace_node(row.name, side)
+    verdict = can_fuse(graph, side, col)
+    if not verdict.ok or verdict.producer is not side:
+        graph.replace_node(row.name, row)
+        return None
+    fused = fuse_nodes(col.name if isinstance(col, FusedNode) else f"fused_{col.name}", side, col, *verdict.shape)
+    graph.merge([row.name, col.name], fused)
+    return fused
+
+
 def _cycle(graph, row, col) -> str | None:
     if other_path(graph, row.name, col.name) or other_path(graph, col.name, row.name):
         return "another path connects them (cycle)"
@@ -202,11 +261,13 @@ def _row_sums(side) -> bool:
 
 
 def _gate(row, col, max_columns, min_rows, types, max_reads, rows, cols, max_row_bytes=None,
-          layouts=None, hints=None, tile_columns=False, sms=0, fixed_split=False) -> tuple[str | None, bool]:
-    """What keeps the two sides from mixing, from the nodes alone (the graph's paths: `_cycle`), and whether
-    their kernel must take its columns in blocks: (problem or None, tiled). The width gates (max_columns,
-    max_row_bytes) bound what a program holds of a whole row; a row side that does not reduce its rows (a
-    bias gradient's pointwise dh) needs no whole row, so with `tile_columns` a wide one is mixed tiled. A
+          layouts=None, hints=None, tile_columns=False, sms=0, fixed_split=False, columns=False):
+    """What keeps the two sides from mixing, from the nodes alone (the graph's paths: `_cycle`), and how their
+    kernel takes the columns: (problem or None, tiled), tiled being False (whole rows), True (blocks of
+    columns) or COLUMNS (the column form, `_column_form`). The width gates (max_columns, max_row_bytes)
+    bound what a program holds of a whole row; a row side that does not reduce its rows (a bias gradient's
+    pointwise dh) needs no whole row, so with `tile_columns` a wide one is mixed tiled, and with `columns`
+    one with too few rows to mix whole gets the column form where its columns give every SM a program. A
     pair mixed whole with a split the pipeline fixed (`fixed_split`: split_rows=N, or fill_sms=false) is
     mixed however few its programs: asked for."""
     if isinstance(col, (Extern, MixOrderNode)) or isinstance(row, Extern):
@@ -235,16 +296,20 @@ def _gate(row, col, max_columns, min_rows, types, max_reads, rows, cols, max_row
                 return (f"rows of {ncol} x {width}-byte elements take {row_bytes(width_cols, width)} bytes "
                         f"> max_row_bytes={max_row_bytes}"), False
             wide = True
+    few = None  # why the mixed kernel's programs would be too few for the SMs
     if wide:
         problem = (_unaligned(row, col, layouts or {}, ncol * nrow, ncol, hints or {})
-                   or _across_rows(row, col, layouts or {}, ncol * nrow, hints or {})
-                   or _too_few_programs(nrow, ncol, sms, hints or {}, tiled=True))
+                   or _across_rows(row, col, layouts or {}, ncol * nrow, hints or {}))
         if problem:
             return problem, False
+        few = _too_few_programs(nrow, ncol, sms, hints or {}, tiled=True)
     elif not fixed_split:
-        problem = _too_few_programs(nrow, ncol, sms, hints or {}, tiled=False)
-        if problem:
-            return problem, False
+        few = _too_few_programs(nrow, ncol, sms, hints or {}, tiled=False)
+    if few:
+        if columns and not _row_sums(row) and not isinstance(row, MixOrderNode) \
+                and _column_form_pays(nrow, ncol, sms, hints or {}):
+            return _problem(row, col, types, max_reads, rows, cols), COLUMNS
+        return few, False
     return _problem(row, col, types, max_reads, rows, cols), wide
 
 
@@ -346,7 +411,10 @@ def mix_order_reduction(graph, ctx, *,
                         sms: Annotated[int, "SMs a mixed kernel's programs should fill (0: the target's; none on "
                                        "a CPU target)"] = 0,
                         fill_sms: Annotated[bool, "mix whole rows only where blocks of 16 make a program an SM "
-                                            "(a GPU target)"] = True):
+                                            "(a GPU target)"] = True,
+                        column_form: Annotated[bool, "where a pointwise row side has too few rows to mix whole, "
+                                               "fuse it into the column sums in their order (a GPU target)"]
+                        = True):
     """Merge a row reduction, or pointwise work over rows x columns, with transposed column reductions of
     the same data into one kernel."""
     if sms < 0:
@@ -385,7 +453,8 @@ def mix_order_reduction(graph, ctx, *,
                     g_rows, g_cols = shape(group)
                     gates[key] = (side, col, *_gate(side, col, max_columns, min_rows, types, max_reads, g_rows,
                                                     g_cols, max_row_bytes, layouts, graph.hints, tile_columns,
-                                                    gpu_sms, fixed_split=bool(split_rows) or not fill_sms))
+                                                    gpu_sms, fixed_split=bool(split_rows) or not fill_sms,
+                                                    columns=column_form))
                 problem = gates[key][2] or _cycle(graph, side, col)
                 tiled = gates[key][3]
                 if problem:
@@ -393,6 +462,15 @@ def mix_order_reduction(graph, ctx, *,
                     continue
                 if not ctx.decide("mix", row, col):
                     continue
+                if tiled == COLUMNS:
+                    if _column_form(graph, row, group, col) is None:
+                        if _known(ctx, row, col):
+                            ctx.refuse("mix-order gate", row, col, "too few rows to mix, and the column form "
+                                       "does not fuse")
+                        continue
+                    ctx.count("column_form")
+                    changed = True
+                    break
                 if isinstance(row, MixOrderNode):
                     new = MixOrderNode(row.name, row.row, row.column_groups + (col,), row.split_rows, row.tune_split,
                                        row.tiled or tiled)

@@ -111,13 +111,11 @@ from ..ir.index import (
 from ..ir.loops import Role, canon_var, canonical_map, role, shape, store_access
 from ..lowering.sizes import at_hint
 from ..pipeline.registry import PipelineError, register_pass
+from .legality import COLUMN_BLOCK
 
 COMBINABLE = ("sum", "prod", "max", "min", "any", "all")
 # the fewest bytes an unsplit program loads that the rule splits (see the module docstring)
 MIN_PROGRAM_BYTES = 256 << 10
-# the narrowest column block a coalesced column reduction runs (16 columns: a whole 32-byte sector even
-# in 16-bit types); backends/triton/configs.py `rule` never goes below it
-COLUMN_BLOCK = 16
 # what a gathered element costs a program: the whole 32-byte sector memory moves for it, and a latency its
 # neighbours' loads do not hide (a cross-entropy's target logit, one per row of a vocabulary)
 SECTOR = 32
