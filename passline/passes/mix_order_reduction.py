@@ -201,8 +201,10 @@ def _too_few_programs(nrow, ncol, sms: int, hints: dict, tiled: bool) -> str | N
         if programs < sms:
             return (f"{rows} rows x {cols} columns make {programs} tiled programs (blocks of {TILED_MIN_SPLIT} "
                     f"rows x {TILED_COLUMNS} columns) for {sms} SMs (tile_columns)")
-    elif -(-rows // MIN_SPLIT) < sms:
-        return (f"{rows} rows make {-(-rows // MIN_SPLIT)} programs (blocks of {MIN_SPLIT} rows) for {sms} SMs")
+    else:
+        programs = -(-rows // MIN_SPLIT)
+        if programs < sms:
+            return f"{rows} rows make {programs} programs (blocks of {MIN_SPLIT} rows) for {sms} SMs"
     return None
 
 

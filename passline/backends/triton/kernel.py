@@ -621,8 +621,9 @@ class KernelWriter:
                 var = self.compute(m, scope)
                 self.store(m, var, "xmask & rmask" if r == Role.INNER else "xmask")
 
-    def phases(self) -> dict:
-        """Loop phase of each in-loop member and reduction; `avail` = first phase a value can be used."""
+    def phases(self) -> tuple[dict, dict]:
+        """(phase, avail): the loop phase of each in-loop member and reduction, and the first phase each
+        member's value can be used in."""
         avail: dict = {}
         phase: dict = {}
         online = self.online_pairs()
@@ -650,9 +651,10 @@ class KernelWriter:
         last = max(phase.values(), default=0)
         for m in self.nodes:
             if getattr(m, "in_place", False):
-                if self.role(m) == Role.INNER:
+                r = self.role(m)
+                if r == Role.INNER:
                     phase[m.name] = last
-                elif self.role(m) == Role.OUTER:
+                elif r == Role.OUTER:
                     avail[m.output.name] = last + 2
         return phase, avail
 
