@@ -29,7 +29,7 @@ from ..reference import ReferenceRunner, _Bindings
 from . import compat
 from . import kernel as kgen
 from .cache import KernelCache, digest, interpreting, load_kernel
-from .configs import MAX_WARPS, Config, Device, Variant, candidates, pow2, rule, uncertain
+from .configs import MAX_WARPS, Config, Device, Variant, autotune_candidates, candidates, pow2, rule, uncertain
 from .printer import Unsupported
 
 
@@ -205,10 +205,12 @@ class Kernel:
         if self.interpret or self.mutates or args is None:
             return self._rule(xnumel, rnumel, args)
         if self.autotune:
-            cands = candidates(self.splits, xnumel, rnumel, self.interpret, self.only)
+            base = self._rule(xnumel, rnumel, args)
+            cands = autotune_candidates(candidates(self.splits, xnumel, rnumel, self.interpret, self.only), base,
+                                        self._band(xnumel, rnumel, args, base))
             if len(cands) == 1:
                 return cands[0]
-            return self._remembered(digest(self.key, xnumel, rnumel, _device_name()),
+            return self._remembered(digest(self.key, xnumel, rnumel, _device_name(), "with rule"),
                                     lambda: self._fastest(cands, args, xnumel, rnumel, stream))
         cands = self.uncertain(xnumel, rnumel, args)
         best = self._timed_choice(xnumel, rnumel, lambda: self._fastest(cands, args, xnumel, rnumel, stream)) \
@@ -237,8 +239,13 @@ class Kernel:
         input is not) and only while autotuning is off (on, every candidate is timed)."""
         if self.autotune or self.mutates:
             return []
+        return self._band(xnumel, rnumel, args)
+
+    def _band(self, xnumel: int, rnumel: int | None, args=None, base: Config | None = None) -> list:
+        """configs.uncertain's configurations at these sizes (`base`: the rule's, when the caller has it)."""
+        base = base if base is not None else self._rule(xnumel, rnumel, args)
         return uncertain(self.splits, xnumel, rnumel, self.interpret, self.device, self.rows_contiguous, self.only,
-                         self._rule(xnumel, rnumel, args), self._row_bytes(xnumel, rnumel, args), self.row_sums)
+                         base, self._row_bytes(xnumel, rnumel, args), self.row_sums)
 
     def _uncertain_key(self, xnumel: int, rnumel: int | None) -> str:
         # the band's candidates too: a choice timed among fewer (an earlier passline's band) is timed again
@@ -540,7 +547,7 @@ class MixKernel(Kernel):
         if not self._tuned() or args is None:
             return super()._choose(args, xnumel, rnumel, stream)
         if self.autotune and not self.mutates:
-            ckey = digest(self.key, xnumel, rnumel, _device_name(), "split")
+            ckey = digest(self.key, xnumel, rnumel, _device_name(), "split", "with rule")
             return self._remembered(ckey, lambda: self._pick_split(args, xnumel, rnumel, stream, after))
         cands = self.uncertain(xnumel, rnumel, args)
         if cands:  # where no rule holds (configs.uncertain): timed with their splits, the finish after each
@@ -627,8 +634,11 @@ class MixKernel(Kernel):
         return [c0.with_split(s) for s in dict.fromkeys([self.split, *splits]) if s != c0.split and c0.xblock <= s]
 
     def _pick_split(self, args, xnumel, rnumel, stream, after) -> Config:
-        """autotune=True: every candidate configuration, as `_fastest_split` times the band's."""
-        cands = candidates(self.splits, xnumel, rnumel, self.interpret, self.only)
+        """autotune=True: every candidate configuration, the rule's and the band's among them, as
+        `_fastest_split` times the band's."""
+        base = self._rule(xnumel, rnumel, args)
+        cands = autotune_candidates(candidates(self.splits, xnumel, rnumel, self.interpret, self.only), base,
+                                    self._band(xnumel, rnumel, args, base))
         return self._fastest_split(cands, args, xnumel, rnumel, stream, after)
 
     def _uncertain_key(self, xnumel: int, rnumel: int | None) -> str:
