@@ -180,19 +180,23 @@ def _column_form(bwd):
     return nodes[0]
 
 
-@pytest.mark.parametrize("rows, tiled", [(64, False), (1024, True)])
-def test_too_few_rows_for_the_gpu_are_not_tiled(rows, tiled):
+@pytest.mark.parametrize("rows, form", [(64, "columns"), (300, "unmixed"), (1024, "tiled")])
+def test_too_few_rows_for_the_gpu_are_not_tiled(rows, form):
     """Planned for a GPU (`sms`), a tiled kernel has at most one program a block of 64 rows and 1024 columns:
-    64 x 9000 makes 9 for 132 SMs, each walking its rows alone (on an H200 64 x 30000 took ten times Inductor's
-    time), so the pair is not tiled, saying why — it gets the column form instead (9000 columns make a program
-    of 16 for every SM); 1024 rows make 144, tiled. No GPU planned for: no bound."""
+    300 x 9000 makes 45 for 132 SMs, each walking its rows alone (on an H200 64 x 30000 took ten times
+    Inductor's time), so the pair is not tiled, saying why; 64 rows get the column form instead (9000 columns
+    make a program of 16 for every SM, and 64 rows are few enough); 1024 rows make 144, tiled. No GPU
+    planned for: no bound."""
     h = torch.randn(rows, 9000, requires_grad=True)
     b = torch.randn(9000, requires_grad=True)
     gpu = passline.DEFAULT_PIPELINE.replace("mix_order_reduction", "mix_order_reduction(sms=132)")
     bwd = assert_matches_eager(_gelu_bias, [h, b], pipeline=gpu, codegen="reference").reports[-1]
-    assert any(isinstance(n, MixOrderNode) and n.tiled for n in bwd.graph.nodes()) == tiled, bwd.graph.format()
-    if not tiled:
-        assert _column_form(bwd) is not None, bwd.graph.format()
+    tiled = any(isinstance(n, MixOrderNode) and n.tiled for n in bwd.graph.nodes())
+    assert tiled == (form == "tiled") and (_column_form(bwd) is not None) == (form == "columns"), bwd.graph.format()
+    if form == "unmixed":
+        refused = [f.detail for f in bwd.metrics.refusals if f.pass_name == "mix_order_reduction"]
+        assert any("45 tiled programs" in d and "132 SMs" in d for d in refused), refused
+    if form != "tiled":
         bwd = assert_matches_eager(_gelu_bias, [h, b], codegen="reference").reports[-1]
         assert any(isinstance(n, MixOrderNode) and n.tiled for n in bwd.graph.nodes()), bwd.graph.format()
 
@@ -224,6 +228,11 @@ def test_few_rows_of_a_bias_gradient_take_the_column_form(columns, form):
     ln = torch.nn.LayerNorm(columns)
     bwd = assert_matches_eager(ln, [h], pipeline=gpu, codegen="reference").reports[-1]
     assert not any(ps.stats.get("column_form") for ps in bwd.passes), bwd.graph.format()
+    # a pointwise side beside the column sum (both read x, neither reads the other) takes the form too
+    x = torch.randn(64, columns)
+    fwd = assert_matches_eager(lambda x: (torch.nn.functional.gelu(x), x.sum(0)), [x], pipeline=gpu,
+                               codegen="triton").reports[0]
+    assert fwd.kernels == (1 if form else 2), fwd.graph.format()
 
 
 @pytest.mark.parametrize("rows, mixed", [(64, False), (2112, True)])

@@ -326,17 +326,23 @@ def test_a_split_pays_only_for_programs_that_load_enough():
 
 
 def test_a_gathered_element_counts_a_sector():
-    """A gather in a reduction costs its program the 32-byte sector memory moves for each element, not the
-    element's bytes: a sum of 16384 elements gathered through int32 indices loads 64 KB directly and 576 KB
-    with the sectors, split on a 132-SM target (a cross-entropy's mean whose target logits were gathered in
-    it ran 8192 dependent gathers on one SM: 12.2 us on an H200, split 2.5 + 0.9); the same sum of a tensor
-    read directly stays whole."""
+    """A gather in a reduction, another element at each reduced point, costs its program the 32-byte sector
+    memory moves for each, not the element's bytes: a sum of 16384 elements gathered through int32 indices
+    loads 64 KB directly and 576 KB with the sectors, split on a 132-SM target (a cross-entropy's mean whose
+    target logits were gathered in it ran 8192 dependent gathers on one SM: 12.2 us on an H200, split 2.5 +
+    0.9); the same sum of a tensor read directly stays whole."""
     x, i = torch.randn(5000), torch.randint(0, 5000, (16384,), dtype=torch.int32)
     be = assert_matches_eager(lambda x, i: x[i].sum(), [x, i], pipeline=pipeline(sms=132), codegen="reference")
     assert split_count(be) == 1, be.reports[0].graph.format()
     be = assert_matches_eager(lambda v: v.sum(), [torch.randn(16384)], pipeline=pipeline(sms=132),
                               codegen="reference")
     assert split_count(be) == 0
+    # a gathered element the reduction reuses (one a row of a row sum: 4 bytes a point, 32 KB a program) is a
+    # program's once, not a sector a point (which would make 288 KB and split it)
+    x, w, idx = torch.randn(64, 8192), torch.randn(100), torch.randint(0, 100, (64,))
+    be = assert_matches_eager(lambda x, w, i: (x * w[i][:, None]).sum(1), [x, w, idx], pipeline=pipeline(sms=132),
+                              codegen="reference")
+    assert split_count(be) == 0, be.reports[0].graph.format()
 
 
 def test_independent_reductions_share_their_partial_and_finishing_kernels():

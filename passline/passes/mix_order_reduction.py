@@ -47,9 +47,10 @@ an H200: 4 programs, 3.6-13.7x Inductor's time mixed).
 Column form (`column_form`, on by default): a pointwise row side refused for too few programs (whole or tiled)
 is fused into its column sums in their loop order instead — columns outer, rows inner — one kernel whose
 programs take blocks of columns down every row, storing dh as they sum it (Inductor's form of a bias
-gradient), where the unmixed pair wrote dh with one kernel and read it back with another. Only where the
-columns give every SM a program of 16 and the rows are at most COLUMN_FORM_ROWS (`_column_form_pays`); a row
-side with row sums (a norm's backward) has no such form. Stat: `column_form`."""
+gradient), where the unmixed pair wrote dh with one kernel and read it back with another; a pointwise side
+beside the sums (both reading x, neither the other's result) takes it too. Only where the columns give every
+SM a program of 16 and the rows are at most COLUMN_FORM_ROWS (`_column_form_pays`, at the traced sizes under
+dynamic shapes); a row side with row sums (a norm's backward) has no such form. Stat: `column_form`."""
 from __future__ import annotations
 
 import math
@@ -243,7 +244,7 @@ def _column_form(graph, row, group, col):
     side = FusedNode(row.name, tuple(permuted), tuple(c_cols) + tuple(c_rows))
     graph.replace_node(row.name, side)
     verdict = can_fuse(graph, side, col)
-    if not verdict.ok or verdict.producer is not side:
+    if not verdict.ok or verdict.producer is col:  # (the gate refuses a row side reading a column result)
         graph.replace_node(row.name, row)
         return None
     fused = fuse_nodes(col.name if isinstance(col, FusedNode) else f"fused_{col.name}", side, col, *verdict.shape)
@@ -466,9 +467,10 @@ def mix_order_reduction(graph, ctx, *,
                     continue
                 if tiled == COLUMNS:
                     if _column_form(graph, row, group, col) is None:
+                        # kept, so the pair is not decided and tried again at every rescan
+                        gates[key] = (side, col, "too few rows to mix, and the column form does not fuse", False)
                         if _known(ctx, row, col):
-                            ctx.refuse("mix-order gate", row, col, "too few rows to mix, and the column form "
-                                       "does not fuse")
+                            ctx.refuse("mix-order gate", row, col, gates[key][2])
                         continue
                     ctx.count("column_form")
                     changed = True

@@ -186,15 +186,26 @@ def _point_bytes(bodies: tuple, layouts: dict, points: int, hints: dict) -> int:
     """Bytes the group's reductions stream a reduced point: the element sizes of the distinct buffers they read
     directly that hold as many elements as the reduction has points (x and dy in a norm's backward; not its
     per-row mean and rstd, nor the weight, which a program reads once or finds in cache), and a SECTOR for
-    each distinct gather (an indirect load: a cross-entropy's target logit); 4 where there is none."""
+    each distinct gather whose element changes along the reduction (an indirect load: a cross-entropy
+    mean's target logits); 4 where there is none."""
     loads = [v for body in bodies[1].values() for v in walk(body) if isinstance(v, Load)]
-    gathers = {(v.buffer, v.index, v.indirect) for v in loads if v.indirect}
+    gathers = {(v.buffer, v.index, v.indirect) for v in loads if v.indirect and _along_reduction(v)}
     sizes = []
     for b in {v.buffer for v in loads if not v.indirect}:
         n = at_hint(layouts[b].layout.numel, hints) if b in layouts else None
         if n is not None and n >= points:
             sizes.append(layouts[b].dtype.itemsize)
     return sum(sizes) + SECTOR * len(gathers) or 4
+
+
+def _along_reduction(v: Load) -> bool:
+    """Whether gather `v` reads another element at each reduced point: its index, or the index of a value
+    its position is bound to, uses a reduction loop (a cross-entropy mean's target logit, one a row of the
+    sum) — not one element a program that the reduction reuses (`w[idx][:, None]` in a row sum)."""
+    syms = set(v.index.free_symbols)
+    for b in v.indirect:
+        syms |= {s for u in walk(b.value) if isinstance(u, Load) for s in u.index.free_symbols}
+    return any(var_kind(s) in (VarKind.CANON_REDUCTION, VarKind.REDUCTION) for s in syms)
 
 
 def _columns(bodies, outer: tuple, red: tuple) -> bool:
