@@ -180,7 +180,7 @@ def can_fuse(graph, a, b, max_nodes: int = 64) -> Verdict:
         if bad is not None:
             return bad
         if other_path(graph, producer.name, consumer.name):
-            # producer named: the path may close into the producer's group later (fuse's waiting consumers)
+            # producer named: the path may later join one side's group (fuse then tries the pair again)
             return refuse("cycle", f"a path leads from {producer.name} to {consumer.name} through other nodes"
                           )._replace(producer=producer)
     elif other_path(graph, a.name, b.name, False) or other_path(graph, b.name, a.name, False):

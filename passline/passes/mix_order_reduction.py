@@ -210,8 +210,6 @@ def _too_few_programs(nrow, ncol, sms: int, hints: dict, tiled: bool) -> str | N
 
 
 COLUMNS = "columns"  # _gate's form for the column form (see `_column_form`)
-
-
 COLUMN_FORM_ROWS = 256  # most rows the column form walks down a column
 
 
