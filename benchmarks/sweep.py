@@ -4,6 +4,7 @@
                                [--target-mb 256] [--max-minutes M] [--out DIR]
     python benchmarks/sweep.py --smoke --device cpu [--out DIR]   # tiny sizes, Triton's interpreter
     python benchmarks/sweep.py --plot DIR/sweep.csv [--plot-dir docs/img]   # needs matplotlib
+    python benchmarks/sweep.py --out DIR --max-minutes 8 --resume   # again: runs the points DIR lacks
 
 benchmarks/gpu_suite.py times two shapes; this times the norms (LayerNorm, RMSNorm), softmax, log-softmax,
 a bias add + GELU epilogue and cross-entropy over row widths from 64 to 65536 (powers of two and not).
@@ -77,6 +78,9 @@ SMOKE = dict(widths="64,2x100", target_mb=2 / 1024)
 SLOWER = 1.05  # the summary lists points where passline takes more than this times Inductor's time
 UNDER_COPY_PCT = 85  # ... and memory-bound points under this % of the copy bandwidth
 
+# read back as text, not numbers (read_rows)
+TEXT_COLUMNS = ("case", "direction", "dtype", "shape", "shape_class", "kind", "check", "passline_codegen", "error",
+                "inductor_ms_rounds", "passline_ms_rounds")
 COLUMNS = ("case", "direction", "dtype", "rows", "width", "shape", "shape_class", "kind", "input_mb",
            "eager_ms", "inductor_ms", "passline_ms", "passline_over_inductor", "inductor_kernel_ms",
            "passline_kernel_ms", "kernels_over_inductor", "inductor_call_ms", "passline_call_ms",
@@ -312,6 +316,26 @@ def rows_of_point(name, m, n, kind, dtype, directions, results, eager_errs, nbyt
 # ---------------------------------------------------------------------------------------------- output
 
 
+def read_rows(csv_path) -> list[dict]:
+    """sweep.csv's rows as `rows_of_point` made them: numbers as numbers, empty cells None."""
+    def value(k, v):
+        if v == "":
+            return None
+        if k in TEXT_COLUMNS:
+            return v
+        try:
+            return int(v) if k in ("rows", "width") else float(v)
+        except ValueError:
+            return v
+
+    with open(csv_path, newline="") as f:
+        return [{k: value(k, v) for k, v in r.items()} for r in csv.DictReader(f)]
+
+
+def point_key(name: str, dtype_name: str, m: int, n: int) -> tuple:
+    return name, dtype_name, int(m), int(n)
+
+
 def fmt(v) -> str:
     if v is None or v == "":
         return ""
@@ -486,6 +510,9 @@ def parse(argv):
     ap.add_argument("--pipeline", help="passline's pipeline (default passline.DEFAULT_PIPELINE): to compare a "
                                        "pass's options, e.g. without split_reductions; --no-inductor then")
     ap.add_argument("--max-minutes", type=float, help="start no new point after this many minutes")
+    ap.add_argument("--resume", action="store_true",
+                    help="keep OUT/sweep.csv's points and run only the others, appending (a sweep longer than "
+                         "one sitting, run over several calls); the summary covers them all")
     ap.add_argument("--plot", metavar="CSV", help="only plot a sweep.csv (matplotlib) and exit")
     ap.add_argument("--plot-dir", default=str(Path(__file__).resolve().parents[1] / "docs" / "img"))
     args = ap.parse_args(argv)
@@ -544,15 +571,23 @@ def main(argv=None) -> int:
     directions = args.directions.split(",")
     csv_path = out / "sweep.csv"
     rows, skipped = [], []
+    resumed = args.resume and csv_path.exists()
+    if resumed:  # the points an earlier call finished are kept, not run again
+        rows = read_rows(csv_path)
+        print(f"resuming: {len(rows)} rows of {csv_path} kept", flush=True)
+    done = {point_key(r["case"], r["dtype"], r["rows"], r["width"]) for r in rows}
     start = time.perf_counter()
-    with open(csv_path, "w", newline="") as f:
+    with open(csv_path, "a" if resumed else "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=COLUMNS)
-        writer.writeheader()
+        if not resumed:
+            writer.writeheader()
         for dt_name in args.dtypes.split(","):
             dtype = getattr(torch, dt_name)
             for m, n, kind in points(args.widths, dtype, args.target_mb * 2**20):
                 for name in args.cases.split(","):
                     label = f"{name} {dt_name} {m}x{n}"
+                    if point_key(name, dt_name, m, n) in done:
+                        continue
                     if args.max_minutes and time.perf_counter() - start > 60 * args.max_minutes:
                         skipped.append(label)
                         continue

@@ -41,6 +41,15 @@ def test_smoke_run_writes_checked_rows(tmp_path):
         assert float(r["passline_gbs"]) == pytest.approx(nbytes / (float(r["passline_ms"]) * 1e-3) / 1e9, rel=1e-3)
     summary = (tmp_path / "sweep.md").read_text()
     assert "12 rows; passline checks: 12 ok, 0 mismatched, 0 failed." in summary
+    # --resume: a second call keeps those 12 rows, runs only the width they lack, and sums up all of them
+    proc = subprocess.run(cmd[:cmd.index("--widths") + 1] + ["64,2x100,2x50"] + cmd[cmd.index("--widths") + 2:]
+                          + ["--resume"], capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    assert "resuming: 12 rows" in proc.stdout
+    with open(tmp_path / "sweep.csv", newline="") as f:
+        again = list(csv.DictReader(f))
+    assert again[:12] == rows and {r["shape"] for r in again[12:]} == {"2x50"} and len(again) == 18
+    assert "18 rows; passline checks: 18 ok, 0 mismatched, 0 failed." in (tmp_path / "sweep.md").read_text()
 
 
 def test_points_and_summary():
