@@ -52,9 +52,9 @@ estimated as X for a row reduction and X / 16 for a column reduction (a coalesce
 least 16 columns wide: backends/triton/configs.py `rule`). With fewer programs than `programs_per_sm`
 per SM, R at least `min_reduced`, and each unsplit program loading at least `min_program_bytes` (R points
 times the bytes a point streams — the buffers read that are as large as the reduction, x and dy, not a row's
-mean or the weight, and a 32-byte sector for each gathered element — times 16 columns for a column
-reduction; 256 KB), S is about
-programs_per_sm * SMs / programs, but no more than makes chunks of `min_chunk`; at S < 2 nothing is split.
+mean or the weight, and a 32-byte sector for each gathered element that changes along the reduction —
+times 16 columns for a column reduction; 256 KB), S is about programs_per_sm * SMs / programs, but no more
+than makes chunks of `min_chunk`; at S < 2 nothing is split.
 The bytes bound is what a split must save to pay for the kernels it adds (a finishing kernel, and the
 epilogue of a row's result, a norm's normalization, as a kernel of its own): on an H200, 64 rows of 8192
 or 30000 (up to 240 KB a row: float32 x and dy) ran faster unsplit in each of LayerNorm, RMSNorm and

@@ -205,9 +205,7 @@ class Kernel:
         if self.interpret or self.mutates or args is None:
             return self._rule(xnumel, rnumel, args)
         if self.autotune:
-            base = self._rule(xnumel, rnumel, args)
-            cands = autotune_candidates(candidates(self.splits, xnumel, rnumel, self.interpret, self.only), base,
-                                        self._band(xnumel, rnumel, args, base))
+            cands = self._autotune_candidates(xnumel, rnumel, args)
             if len(cands) == 1:
                 return cands[0]
             return self._remembered(digest(self.key, xnumel, rnumel, _device_name(), "with rule"),
@@ -246,6 +244,12 @@ class Kernel:
         base = base if base is not None else self._rule(xnumel, rnumel, args)
         return uncertain(self.splits, xnumel, rnumel, self.interpret, self.device, self.rows_contiguous, self.only,
                          base, self._row_bytes(xnumel, rnumel, args), self.row_sums)
+
+    def _autotune_candidates(self, xnumel: int, rnumel: int | None, args) -> list:
+        """What autotune=True times at these sizes: configs.autotune_candidates (the rule's and the band's too)."""
+        base = self._rule(xnumel, rnumel, args)
+        return autotune_candidates(candidates(self.splits, xnumel, rnumel, self.interpret, self.only), base,
+                                   self._band(xnumel, rnumel, args, base))
 
     def _uncertain_key(self, xnumel: int, rnumel: int | None) -> str:
         # the band's candidates too: a choice timed among fewer (an earlier passline's band) is timed again
@@ -636,10 +640,8 @@ class MixKernel(Kernel):
     def _pick_split(self, args, xnumel, rnumel, stream, after) -> Config:
         """autotune=True: every candidate configuration, the rule's and the band's among them, as
         `_fastest_split` times the band's."""
-        base = self._rule(xnumel, rnumel, args)
-        cands = autotune_candidates(candidates(self.splits, xnumel, rnumel, self.interpret, self.only), base,
-                                    self._band(xnumel, rnumel, args, base))
-        return self._fastest_split(cands, args, xnumel, rnumel, stream, after)
+        return self._fastest_split(self._autotune_candidates(xnumel, rnumel, args), args, xnumel, rnumel, stream,
+                                   after)
 
     def _uncertain_key(self, xnumel: int, rnumel: int | None) -> str:
         # "splits": the band's choice is timed over splits too (a choice stored from one wave is timed again)
