@@ -556,6 +556,37 @@ def test_short_column_sums_are_timed():
     assert band(30000, 64, rows_contiguous=True) == []  # a row sum of 64: the rule's persistent rows
 
 
+def test_few_rows_are_timed_whole_and_in_chunks():
+    """configs.uncertain's few-rows band: fewer rows than SMs along contiguous memory, 1 MB moved at least,
+    time the rule's block against a whole row held in one persistent block (8, 16 and 32 warps up to 16384
+    elements; 16 and 32 up to 65536) and, past 16384, chunks of 16384 and 4096 on 32 warps; a row per SM, rows
+    longer than 65536, small work, strided rows and the interpreter keep the rule."""
+    from passline.backends.triton.configs import Device, Variant, rule, uncertain
+
+    gpu = Device(sms=132)
+    red = {Variant.PERSISTENT: None, Variant.LOOPED: None}
+
+    def band(rows, width, interpret=False, rows_contiguous=True, variants=red):
+        base = rule(variants, rows, width, interpret, gpu, rows_contiguous=rows_contiguous, row_bytes=width * 12)
+        return uncertain(variants, rows, width, interpret, gpu, rows_contiguous=rows_contiguous, base=base,
+                         row_bytes=width * 12)
+
+    def shapes(found):
+        return [(c.variant, c.xblock, c.rblock, c.warps) for c in found]
+
+    P, L = Variant.PERSISTENT, Variant.LOOPED
+    assert shapes(band(64, 30000)) == [(L, 1, 8192, 32), (P, 1, 32768, 16), (P, 1, 32768, 32), (L, 1, 16384, 32),
+                                       (L, 1, 4096, 32)]
+    assert shapes(band(64, 8192)) == [(P, 1, 8192, 32), (P, 1, 8192, 8), (P, 1, 8192, 16)]
+    assert band(64, 30000)[0] == rule(red, 64, 30000, False, gpu, row_bytes=30000 * 12)  # the rule's first
+    assert band(64, 100000) == []  # past 65536: looped by rule
+    assert band(16, 4096) == []  # 768 KB: a launch's worth
+    assert band(64, 30000, interpret=True) == [] and band(64, 30000, rows_contiguous=False) == []
+    assert band(64, 30000, variants={L: None}) == []  # no persistent form to time
+    # a row per SM: the wide-row band, no persistent row
+    assert shapes(band(132, 30000)) == [(L, 1, 16384, 32), (L, 1, 8192, 32), (L, 1, 4096, 32), (L, 1, 2048, 8)]
+
+
 def test_tall_mix_order_kernels_no_rule_decides_are_timed():
     """configs.uncertain's mix-order band: tall mix-order kernels (rows >= 64 x SMs) whose rows are reduced
     and at most 128 wide, or pointwise (a bias gradient) and 257-1024 wide, time the rule's block against a

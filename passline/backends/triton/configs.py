@@ -29,6 +29,7 @@ MIX_STAGES = (3, 4)  # pipelined row loops timed on a GPU (1: not pipelined, the
 MIX_BAND_ROWS_PER_SM = 64  # a mix-order kernel with at least this many rows an SM may be timed (uncertain)
 SHORT_COLUMN = 256  # a column sum over at most this many rows (rounded up) is timed (uncertain) ...
 SHORT_COLUMN_BYTES = 1 << 20  # ... where it moves at least this many bytes
+FEW_ROWS_PERSISTENT = 1 << 16  # fewer rows than SMs: a row up to this long is also timed held whole (uncertain)
 MIX_TILE_COLUMNS = TILED_COLUMNS  # columns a block of mix_order_tiled by rule (1024; see rule)
 MIX_TILE_WARPS = 4  # ... its warps
 MIX_TILE_STAGES = 3  # ... its row loop's pipeline depth
@@ -252,7 +253,16 @@ def uncertain(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, 
     | LayerNorm forward | bfloat16 | 2237 × 30000 | **88** | 96* | 102 | 123 |
     | softmax forward | float32 | 1024 × 65536 | **166** | 169 | 192* | 200 |
 
-    Narrower or fewer rows and the interpreter keep the rule.
+    Narrower rows and the interpreter keep the rule.
+
+    Fewer rows than SMs (each program has an SM to itself; `_few_rows_band`), moving at least
+    SHORT_COLUMN_BYTES: the rule's block against a whole row held in one persistent block on 8, 16 and 32
+    warps (rows up to GPU_PERSISTENT_MAX), or on 16 and 32 warps for rows up to FEW_ROWS_PERSISTENT, with
+    chunks of 16384 and 4096 on 32 warps. A persistent row is read once where a loop reads it again for its second
+    phase, but holds the row in registers, which pays only where the kernel keeps few values an element. On an
+    H200 (row kernel µs, twenty-eighth session): RMSNorm's backward at 64 × 30000 float32 took 8.5 by rule
+    (chunks of 8192 on 32 warps) against Inductor's whole row of 32768 on one program a row, 6.9; LayerNorm's
+    backward at 64 × 8192 float32 3.6 by rule (32 warps), 3.3 on 8 (autotune=True).
 
     Column sums (strided rows) over at most SHORT_COLUMN rows, with at least a column per SM and at least
     SHORT_COLUMN_BYTES moved (1 MB; less is a launch's worth of work, a split reduction's finishing sum): a
@@ -288,10 +298,12 @@ def uncertain(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, 
     RMSNorm (timed at 313 µs with the finishing kernel against the rule's block's 354; 310 against 344 µs of
     GPU time a step: 1.05x Inductor's, was 1.17x) and kept the rule's block for LayerNorm and the GELU
     epilogue (docs/benchmarks.md, twenty-second session)."""
-    if interpret or rnumel is None or xnumel < device.sms:
+    if interpret or rnumel is None:
         return []
     kinds = [v for v in variants if only not in variants or v == only]
     rb = pow2(rnumel)
+    if xnumel < device.sms:
+        return _few_rows_band(kinds, xnumel, rb, base, row_bytes) if rows_contiguous else []
     if not rows_contiguous:
         return _short_column_band(kinds, xnumel, rb, base, row_bytes)
     if any(v in MIX_FORMS for v in kinds):
@@ -306,6 +318,24 @@ def uncertain(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, 
         wide.append(Config(Variant.LOOPED, 1, 2048, 8))  # short chunks, several programs an SM
         return ([base] if base is not None and base not in wide else []) + wide
     return []
+
+
+def _few_rows_band(kinds: list, xnumel: int, rb: int, base: Config | None, row_bytes: float | None) -> list:
+    """Rows along contiguous memory, fewer than SMs, moving at least SHORT_COLUMN_BYTES, to time (see
+    `uncertain`), the rule's `base` first: a whole row held in one persistent block on 8, 16 and 32 warps (on
+    16 and 32 for rows longer than GPU_PERSISTENT_MAX, up to FEW_ROWS_PERSISTENT elements) and, for those longer
+    rows, chunks of 16384 and 4096 on 32 warps; [] where the rule decides."""
+    if set(kinds) != {Variant.PERSISTENT, Variant.LOOPED} or base is None or rb > FEW_ROWS_PERSISTENT:
+        return []
+    if xnumel * (row_bytes or 4 * rb) < SHORT_COLUMN_BYTES:
+        return []  # a launch's worth of work: timing gains nothing
+    out = [base]
+    warps = (8, 16, MAX_WARPS) if rb <= GPU_PERSISTENT_MAX else (16, MAX_WARPS)
+    out += [Config(Variant.PERSISTENT, 1, rb, w) for w in warps if rb >= 32 * w]
+    if rb > GPU_PERSISTENT_MAX:
+        out += [Config(Variant.LOOPED, 1, chunk, MAX_WARPS) for chunk in (16384, 4096)]
+    out = list(dict.fromkeys(out))
+    return out if len(out) > 1 else []
 
 
 def _short_column_band(kinds: list, xnumel: int, rb: int, base: Config | None, row_bytes: float | None) -> list:
