@@ -5,6 +5,7 @@
     python benchmarks/sweep.py --smoke --device cpu [--out DIR]   # tiny sizes, Triton's interpreter
     python benchmarks/sweep.py --plot DIR/sweep.csv [--plot-dir docs/img]   # needs matplotlib
     python benchmarks/sweep.py --out DIR --max-minutes 8 --resume   # again: runs the points DIR lacks
+    python benchmarks/sweep.py --shards 4 --out DIR   # 4 processes at once, one GPU and a quarter of the cores each
 
 benchmarks/gpu_suite.py times two shapes; this times the norms (LayerNorm, RMSNorm), softmax, log-softmax,
 a bias add + GELU epilogue and cross-entropy over row widths from 64 to 65536 (powers of two and not).
@@ -513,6 +514,10 @@ def parse(argv):
     ap.add_argument("--resume", action="store_true",
                     help="keep OUT/sweep.csv's points and run only the others, appending (a sweep longer than "
                          "one sitting, run over several calls); the summary covers them all")
+    ap.add_argument("--shards", type=int, default=1,
+                    help="run the points in N processes at once, each on its own GPU (CUDA_VISIBLE_DEVICES) and "
+                         "its own slice of the cores; OUT/shardK holds each one's files, OUT/sweep.csv all of them")
+    ap.add_argument("--shard", help=argparse.SUPPRESS)  # K/N: this process runs every N-th point from the K-th
     ap.add_argument("--plot", metavar="CSV", help="only plot a sweep.csv (matplotlib) and exit")
     ap.add_argument("--plot-dir", default=str(Path(__file__).resolve().parents[1] / "docs" / "img"))
     args = ap.parse_args(argv)
@@ -525,6 +530,14 @@ def parse(argv):
     args.max_minutes = args.max_minutes or preset.get("max_minutes")
     if args.rounds is not None and args.rounds < 1:
         ap.error("--rounds must be at least 1")
+    if args.shards < 1:
+        ap.error("--shards must be at least 1")
+    if args.shards > 1 and args.device == "cuda" and torch.cuda.is_available() \
+            and args.shards > torch.cuda.device_count():
+        ap.error(f"--shards {args.shards}: one GPU a shard, and torch sees {torch.cuda.device_count()}")
+    if args.shard:
+        k, n = map(int, args.shard.split("/"))
+        args.shard = (k, n)
     if args.inductor is None:
         args.inductor = args.device == "cuda"
     if args.device == "cuda" and not torch.cuda.is_available() and not args.plot:
@@ -543,12 +556,92 @@ def parse(argv):
     return args
 
 
+def work(args) -> list[tuple]:
+    """The points to run, (dtype name, rows, width, kind, case), in order; with --shard K/N every N-th from
+    the K-th (so each shard gets every case, dtype and width class, and about equal work)."""
+    items = [(dt_name, m, n, kind, name) for dt_name in args.dtypes.split(",")
+             for m, n, kind in points(args.widths, getattr(torch, dt_name), args.target_mb * 2**20)
+             for name in args.cases.split(",")]
+    if args.shard:
+        k, n = args.shard
+        items = items[k::n]
+    return items
+
+
+def _without(argv: list, *options: str) -> list:
+    """argv without each of `options` and its value (`--out DIR` or `--out=DIR`)."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in options:
+            skip = True
+        elif not any(a.startswith(o + "=") for o in options):
+            out.append(a)
+    return out
+
+
+def run_shards(args, argv: list) -> int:
+    """--shards N: this script once a shard (`--shard K/N`), all at once, shard K on the K-th visible GPU and
+    the K-th slice of this process's cores (a shard's compiles then never take the cores another times on),
+    writing OUT/shardK; then every shard's rows merged into OUT/sweep.csv and summed up in OUT/sweep.md. Each
+    shard is one process, so its ratios are same-process ratios. --resume resumes each shard from its own CSV."""
+    import subprocess
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    n = args.shards
+    visible = [v for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()] \
+        or [str(k) for k in range(n)]
+    pin = hasattr(os, "sched_setaffinity")  # Linux; elsewhere the shards share the cores
+    cores = sorted(os.sched_getaffinity(0)) if pin else []
+    per = max(1, len(cores) // n)
+    base = _without(argv, "--shards", "--out")
+    procs = []
+    for k in range(n):
+        d = out / f"shard{k}"
+        d.mkdir(exist_ok=True)
+        env = dict(os.environ)
+        if args.device == "cuda":
+            env["CUDA_VISIBLE_DEVICES"] = visible[k]
+        mine = set(cores[k * per:(k + 1) * per] or cores)
+        cmd = [sys.executable, str(Path(__file__).resolve()), *base, "--shard", f"{k}/{n}", "--out", str(d)]
+        with open(d / "log.txt", "w") as log:
+            procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                          preexec_fn=(lambda m=mine: os.sched_setaffinity(0, m)) if pin else None))
+    codes = [p.wait() for p in procs]
+    rows = []
+    for k in range(n):
+        path = out / f"shard{k}" / "sweep.csv"
+        rows += read_rows(path) if path.exists() else []
+    with open(out / "sweep.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        writer.writeheader()
+        for r in rows:
+            writer.writerow({c: fmt(r.get(c)) for c in COLUMNS})
+    ran = {point_key(r["case"], r["dtype"], r["rows"], r["width"]) for r in rows}
+    skipped = [f"{name} {dt} {m}x{w}" for dt, m, w, _, name in work(args) if point_key(name, dt, m, w) not in ran]
+    device = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU ({platform.machine()})"
+    header = (f"# passline sweep, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}\n\n"
+              f"{n} shards, one process each ({device}; each shard's own copy bandwidth for % of copy, "
+              f"OUT/shardK/sweep.md)\n\n`python benchmarks/sweep.py {' '.join(argv)}`")
+    text = summary(rows, header, skipped)
+    (out / "sweep.md").write_text(text)
+    print(text)
+    for k, code in enumerate(codes):
+        if code:
+            print(f"shard {k} exited {code}: {out / f'shard{k}' / 'log.txt'}")
+    return 1 if any(codes) or any(r["check"] in ("MISMATCH", "FAILED") or r["error"] for r in rows) else 0
+
+
 def main(argv=None) -> int:
     args = parse(argv)
     if args.plot:
         for p in plot(args.plot, args.plot_dir):
             print(p)
         return 0
+    if args.shards > 1:
+        return run_shards(args, list(argv if argv is not None else sys.argv[1:]))
     if args.device == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"  # passline's Triton kernels on CPU tensors; before triton's import
     import triton
@@ -581,29 +674,26 @@ def main(argv=None) -> int:
         writer = csv.DictWriter(f, fieldnames=COLUMNS)
         if not resumed:
             writer.writeheader()
-        for dt_name in args.dtypes.split(","):
+        for dt_name, m, n, kind, name in work(args):
+            label = f"{name} {dt_name} {m}x{n}"
+            if point_key(name, dt_name, m, n) in done:
+                continue
+            if args.max_minutes and time.perf_counter() - start > 60 * args.max_minutes:
+                skipped.append(label)
+                continue
+            t0 = time.perf_counter()
             dtype = getattr(torch, dt_name)
-            for m, n, kind in points(args.widths, dtype, args.target_mb * 2**20):
-                for name in args.cases.split(","):
-                    label = f"{name} {dt_name} {m}x{n}"
-                    if point_key(name, dt_name, m, n) in done:
-                        continue
-                    if args.max_minutes and time.perf_counter() - start > 60 * args.max_minutes:
-                        skipped.append(label)
-                        continue
-                    t0 = time.perf_counter()
-                    results, eager_errs, nbytes = run_point(name, m, n, dtype, directions, contenders,
-                                                            args.device, args.reps_ms, args.pipeline,
-                                                            args.rounds or (3 if args.device == "cuda" else 1))
-                    new = rows_of_point(name, m, n, kind, dtype, directions, results, eager_errs, nbytes,
-                                        copy_gbs)
-                    for r in new:
-                        writer.writerow({k: fmt(r.get(k)) for k in COLUMNS})
-                    f.flush()
-                    rows += new
-                    print(f"{label}: " + ", ".join(progress(r) for r in new)
-                          + (f" [{new[0]['error']}]" if new[0]["error"] else "")
-                          + f" — {time.perf_counter() - t0:.1f} s", flush=True)
+            results, eager_errs, nbytes = run_point(name, m, n, dtype, directions, contenders, args.device,
+                                                    args.reps_ms, args.pipeline,
+                                                    args.rounds or (3 if args.device == "cuda" else 1))
+            new = rows_of_point(name, m, n, kind, dtype, directions, results, eager_errs, nbytes, copy_gbs)
+            for r in new:
+                writer.writerow({k: fmt(r.get(k)) for k in COLUMNS})
+            f.flush()
+            rows += new
+            print(f"{label}: " + ", ".join(progress(r) for r in new)
+                  + (f" [{new[0]['error']}]" if new[0]["error"] else "")
+                  + f" — {time.perf_counter() - t0:.1f} s", flush=True)
     text = summary(rows, header, skipped)
     (out / "sweep.md").write_text(text)
     print("\n" + text)

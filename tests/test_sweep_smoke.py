@@ -52,6 +52,26 @@ def test_smoke_run_writes_checked_rows(tmp_path):
     assert "18 rows; passline checks: 18 ok, 0 mismatched, 0 failed." in (tmp_path / "sweep.md").read_text()
 
 
+def test_shards_split_the_points_and_merge_them(tmp_path):
+    """--shards 2: two processes, each every other point, each in OUT/shardK; OUT/sweep.csv holds every point
+    once, checked, and OUT/sweep.md sums them all up."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    cmd = [sys.executable, str(SCRIPT), "--smoke", "--device", "cpu", "--cases", "softmax,rms_norm",
+           "--widths", "2x100", "--dtypes", "float32", "--directions", "fwd", "--shards", "2", "--out", str(tmp_path)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    shard_cases = []
+    for k in (0, 1):
+        with open(tmp_path / f"shard{k}" / "sweep.csv", newline="") as f:
+            shard_cases.append([r["case"] for r in csv.DictReader(f)])
+    assert shard_cases == [["softmax"], ["rms_norm"]]  # every other point
+    with open(tmp_path / "sweep.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert sorted(r["case"] for r in rows) == ["rms_norm", "softmax"]
+    assert all(r["check"] == "ok" and r["shape"] == "2x100" for r in rows), rows
+    assert "2 rows; passline checks: 2 ok, 0 mismatched, 0 failed." in (tmp_path / "sweep.md").read_text()
+
+
 def test_points_and_summary():
     import torch
 
@@ -76,7 +96,8 @@ def test_points_and_summary():
 def test_bad_arguments_are_refused_before_running(capsys):
     mod = benchmark_script("sweep")
     for argv, message in ((["--widths", "64,wide"], "--widths '64,wide'"), (["--cases", "lay_norm"], "unknown case"),
-                          (["--directions", "backward"], "unknown direction"), (["--rounds", "0"], "--rounds")):
+                          (["--directions", "backward"], "unknown direction"), (["--rounds", "0"], "--rounds"),
+                          (["--shards", "0"], "--shards")):
         with pytest.raises(SystemExit) as exit_:
             mod.parse(["--device", "cpu", *argv])
         assert exit_.value.code == 2 and message in capsys.readouterr().err
