@@ -261,8 +261,9 @@ def uncertain(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, 
     chunks of 16384 and 4096 on 32 warps. A persistent row is read once where a loop reads it again for its second
     phase, but holds the row in registers, which pays only where the kernel keeps few values an element. On an
     H200 (row kernel µs, twenty-eighth session): RMSNorm's backward at 64 × 30000 float32 took 8.5 by rule
-    (chunks of 8192 on 32 warps) against Inductor's whole row of 32768 on one program a row, 6.9; LayerNorm's
-    backward at 64 × 8192 float32 3.6 by rule (32 warps), 3.3 on 8 (autotune=True).
+    (chunks of 8192 on 32 warps) against Inductor's whole row of 32768 on one program a row, 6.9, and 7.3 timed
+    (the whole row on 16 warps); LayerNorm's backward at 64 × 30000 bfloat16 6.1 timed (the same); at 64 × 8192
+    float32 3.4 by rule (32 warps), the whole row on 8 warps timed.
 
     Column sums (strided rows) over at most SHORT_COLUMN rows, with at least a column per SM and at least
     SHORT_COLUMN_BYTES moved (1 MB; less is a launch's worth of work, a split reduction's finishing sum): a
