@@ -568,6 +568,11 @@ def work(args) -> list[tuple]:
     return items
 
 
+def any_failed(rows: list[dict]) -> bool:
+    """Whether a passline check failed or a point failed to run (the script then exits 1)."""
+    return any(r["check"] in ("MISMATCH", "FAILED") or r["error"] for r in rows)
+
+
 def _without(argv: list, *options: str) -> list:
     """argv without each of `options` and its value (`--out DIR` or `--out=DIR`)."""
     out, skip = [], False
@@ -631,7 +636,7 @@ def run_shards(args, argv: list) -> int:
     for k, code in enumerate(codes):
         if code:
             print(f"shard {k} exited {code}: {out / f'shard{k}' / 'log.txt'}")
-    return 1 if any(codes) or any(r["check"] in ("MISMATCH", "FAILED") or r["error"] for r in rows) else 0
+    return 1 if any(codes) or any_failed(rows) else 0
 
 
 def main(argv=None) -> int:
@@ -698,7 +703,7 @@ def main(argv=None) -> int:
     (out / "sweep.md").write_text(text)
     print("\n" + text)
     print(f"wrote {csv_path} and {out / 'sweep.md'} in {(time.perf_counter() - start) / 60:.1f} minutes")
-    return 1 if any(r["check"] in ("MISMATCH", "FAILED") or r["error"] for r in rows) else 0
+    return 1 if any_failed(rows) else 0
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ COLUMN_THREAD_BYTES = 64  # bytes a thread loads a step of a column sum's row lo
 MIX_STAGES = (3, 4)  # pipelined row loops timed on a GPU (1: not pipelined, the baseline)
 MIX_BAND_ROWS_PER_SM = 64  # a mix-order kernel with at least this many rows an SM may be timed (uncertain)
 SHORT_COLUMN = 256  # a column sum over at most this many rows (rounded up) is timed (uncertain) ...
-SHORT_COLUMN_BYTES = 1 << 20  # ... where it moves at least this many bytes
+BAND_MIN_BYTES = 1 << 20  # a kernel moving fewer bytes is a launch's worth of work: the bands time nothing there
 FEW_ROWS_PERSISTENT = 1 << 16  # fewer rows than SMs: a row up to this long is also timed held whole (uncertain)
 MIX_TILE_COLUMNS = TILED_COLUMNS  # columns a block of mix_order_tiled by rule (1024; see rule)
 MIX_TILE_WARPS = 4  # ... its warps
@@ -256,7 +256,7 @@ def uncertain(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, 
     Narrower rows and the interpreter keep the rule.
 
     Fewer rows than SMs (each program has an SM to itself; `_few_rows_band`), moving at least
-    SHORT_COLUMN_BYTES: the rule's block against a whole row held in one persistent block on 8, 16 and 32
+    BAND_MIN_BYTES: the rule's block against a whole row held in one persistent block on 8, 16 and 32
     warps (rows up to GPU_PERSISTENT_MAX), or on 16 and 32 warps for rows up to FEW_ROWS_PERSISTENT, with
     chunks of 16384 and 4096 on 32 warps. A persistent row is read once where a loop reads it again for its second
     phase, but holds the row in registers, which pays only where the kernel keeps few values an element. On an
@@ -266,7 +266,7 @@ def uncertain(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, 
     float32 3.4 by rule (32 warps), the whole row on 8 warps timed.
 
     Column sums (strided rows) over at most SHORT_COLUMN rows, with at least a column per SM and at least
-    SHORT_COLUMN_BYTES moved (1 MB; less is a launch's worth of work, a split reduction's finishing sum): a
+    BAND_MIN_BYTES moved (1 MB; less is a launch's worth of work, a split reduction's finishing sum): a
     few rows' weight or bias gradient (a backward over 64 rows sums 64 values a column). The rule's chunk of rows
     against whole columns held in one persistent block of 16, 32 and 64 columns (`_short_column_band`). Such
     a kernel is a few microseconds, bound by how many loads an SM has in flight, which the block's shape and
@@ -321,15 +321,21 @@ def uncertain(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, 
     return []
 
 
+def _launch_sized(xnumel: int, rb: int, row_bytes: float | None) -> bool:
+    """Whether a kernel over `xnumel` rows moves less than BAND_MIN_BYTES (`row_bytes` a row, else 4 bytes an
+    element of the padded row): a launch's worth of work, where timing its configurations gains nothing."""
+    return xnumel * (row_bytes or 4 * rb) < BAND_MIN_BYTES
+
+
 def _few_rows_band(kinds: list, xnumel: int, rb: int, base: Config | None, row_bytes: float | None) -> list:
-    """Rows along contiguous memory, fewer than SMs, moving at least SHORT_COLUMN_BYTES, to time (see
+    """Rows along contiguous memory, fewer than SMs, moving at least BAND_MIN_BYTES, to time (see
     `uncertain`), the rule's `base` first: a whole row held in one persistent block on 8, 16 and 32 warps (on
     16 and 32 for rows longer than GPU_PERSISTENT_MAX, up to FEW_ROWS_PERSISTENT elements) and, for those longer
     rows, chunks of 16384 and 4096 on 32 warps; [] where the rule decides."""
     if set(kinds) != {Variant.PERSISTENT, Variant.LOOPED} or base is None or rb > FEW_ROWS_PERSISTENT:
         return []
-    if xnumel * (row_bytes or 4 * rb) < SHORT_COLUMN_BYTES:
-        return []  # a launch's worth of work: timing gains nothing
+    if _launch_sized(xnumel, rb, row_bytes):
+        return []
     out = [base]
     warps = (8, 16, MAX_WARPS) if rb <= GPU_PERSISTENT_MAX else (16, MAX_WARPS)
     out += [Config(Variant.PERSISTENT, 1, rb, w) for w in warps if rb >= 32 * w]
@@ -340,14 +346,14 @@ def _few_rows_band(kinds: list, xnumel: int, rb: int, base: Config | None, row_b
 
 
 def _short_column_band(kinds: list, xnumel: int, rb: int, base: Config | None, row_bytes: float | None) -> list:
-    """A column sum over at most SHORT_COLUMN rows (after rounding up) that moves at least SHORT_COLUMN_BYTES
+    """A column sum over at most SHORT_COLUMN rows (after rounding up) that moves at least BAND_MIN_BYTES
     to time (see `uncertain`), the rule's `base` first: whole columns held in one block, 16, 32 and 64
     columns a program at 32, 16 and 16 elements a thread (at most 8 warps, at most 32 elements a thread); []
     where the rule decides."""
     if set(kinds) != {Variant.PERSISTENT, Variant.LOOPED} or rb > SHORT_COLUMN or base is None:
         return []
-    if xnumel * (row_bytes or 4 * rb) < SHORT_COLUMN_BYTES:
-        return []  # a launch's worth of work (a split reduction's finishing sum): timing gains nothing
+    if _launch_sized(xnumel, rb, row_bytes):
+        return []  # (a split reduction's finishing sum)
     out = [base]
     for xb, per_thread in ((16, 32), (32, 16), (64, 16)):
         warps = _clamp(xb * rb // (32 * per_thread), 1, 8)
