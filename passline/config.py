@@ -13,7 +13,7 @@ compiles every graph under those (`Backend.settings`). passline never writes an 
 | field | variable | default | meaning |
 |---|---|---|---|
 | `cache_dir` | `PASSLINE_CACHE_DIR` | `~/.cache/passline` | kernel sources, tuning choices, scheduled graphs |
-| `graph_cache` | `PASSLINE_GRAPH_CACHE` | off | reuse a graph's lowering and passes from an earlier process |
+| `graph_cache` | `PASSLINE_GRAPH_CACHE` | on | reuse a graph's lowering and passes from an earlier process |
 | | | | (backends/graph_cache.py) |
 | `autotune` | `PASSLINE_AUTOTUNE` | off | time kernel candidates on a GPU (off: by rule, but for the |
 | | | | rows `configs.uncertain` names, whose few candidates are timed) |
@@ -85,7 +85,7 @@ class Settings:
 
     cache_dir: str = attrs.field(factory=lambda: str(Path.home() / ".cache" / "passline"), converter=os.fspath)
     autotune: bool = False  # configurations by rule; timing on request (issue 14)
-    graph_cache: bool = False  # scheduled graphs on disk (backends/graph_cache.py): on request
+    graph_cache: bool = True  # scheduled graphs on disk (backends/graph_cache.py); on since a conformance campaign
     check: bool = False
     # threads: measured fastest on a 16-core H200 host (LLaMA's 35 kernels: 1.8 s, serial 3.8, a pool of 8
     # processes 12.4 with its start-up), as Triton's compiler spends most of its time outside the GIL
@@ -106,7 +106,7 @@ class Settings:
         if "PASSLINE_AUTOTUNE" in env:
             given["autotune"] = _flag(env["PASSLINE_AUTOTUNE"], "PASSLINE_AUTOTUNE", False)
         if "PASSLINE_GRAPH_CACHE" in env:
-            given["graph_cache"] = _flag(env["PASSLINE_GRAPH_CACHE"], "PASSLINE_GRAPH_CACHE", False)
+            given["graph_cache"] = _flag(env["PASSLINE_GRAPH_CACHE"], "PASSLINE_GRAPH_CACHE", True)
         if "PASSLINE_CHECK" in env:
             given["check"] = _flag(env["PASSLINE_CHECK"], "PASSLINE_CHECK", False)
         for field, variable in (("compile_in", "PASSLINE_COMPILE_IN"),

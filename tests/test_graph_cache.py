@@ -17,15 +17,19 @@ from passline.testing import assert_matches_eager
 
 @pytest.fixture(autouse=True)
 def _graph_cache_on():
-    """The cache is off by default (`graph_cache=True` asks for it): every backend made in these tests asks."""
+    """The cache is on by default, but a user's PASSLINE_GRAPH_CACHE=0 may turn it off: these tests ask for it."""
     with passline.settings(graph_cache=True):
         yield
 
 
-def test_the_cache_is_off_unless_asked(tmp_path):
+def test_the_cache_is_on_unless_turned_off(tmp_path):
+    assert passline.config.Settings().graph_cache
+    assert passline.config.Settings.from_environ({}).graph_cache
+    assert not passline.config.Settings.from_environ({"PASSLINE_GRAPH_CACHE": "0"}).graph_cache
     with passline.settings(graph_cache=False):
         assert not graph_cache.enabled(passline.backend(cache_dir=str(tmp_path)))
         assert graph_cache.enabled(passline.backend(cache_dir=str(tmp_path), graph_cache=True))
+    assert not graph_cache.enabled(passline.backend(cache_dir=str(tmp_path), graph_cache=False))
 
 
 def _ln_relu(x, w):

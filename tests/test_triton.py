@@ -96,6 +96,19 @@ def test_float_floor_division_remainder_and_edge_values_match_eager():
     assert "reference" not in (be.reports[0].codegen_reason or "")
 
 
+def test_kernel_modules_hold_only_the_helpers_they_name():
+    # a floor division's kernel needs _floordiv_f, which needs _fmod; a sigmoid's needs _sigmoid alone
+    be = assert_matches_eager(lambda a, b: (a // b, torch.sigmoid(a)), [torch.randn(64), torch.rand(64) + 0.5],
+                              codegen="triton")
+    sources = "\n".join(k.source for r in be.reports for k in r.kernel_info)
+    defined = set(re.findall(r"^def (_\w+)\(", sources, flags=re.M))
+    assert {"_floordiv_f", "_fmod", "_sigmoid"} <= defined, defined
+    assert not defined & {"_tanh", "_argmax_combine", "_round", "_erfc", "_pow"}, defined
+    for k in (k for r in be.reports for k in r.kernel_info):  # each module defines every helper it names
+        named = set(re.findall(r"\b(_[a-z]\w*)\(", k.source)) - {"_check_index", "_check_divisor"}
+        assert named <= set(re.findall(r"^def (_\w+)\(", k.source, flags=re.M)), (named, k.source)
+
+
 @pytest.mark.parametrize("variant", ["persistent", "looped"])
 def test_reductions_keep_the_sign_of_zero(variant):
     # a value is broadcast to its block by adding zeros: +0.0 turned -0.0 into +0.0, so a product

@@ -62,7 +62,7 @@ class Backend:
     pass that changed the graph ("" for none); metric_tables, metric_dir: CSV metric tables to write, and
     where; cache_dir: kernel cache; autotune: time each kernel's candidate configurations at its first call
     (off: configurations by rule, nothing timed); graph_cache: reuse a graph's lowering and passes from an
-    earlier compile of the same graph, in this process or another (backends/graph_cache.py; off by default);
+    earlier compile of the same graph, in this process or another (backends/graph_cache.py; on by default);
     fallback: when passline fails on a graph, "eager" (the default for users) warns and runs that graph's
     aten code as it is, "raise" (what passline.testing uses) raises the error;
     check: the accuracy guard (off by default): the first call of each graph is also run

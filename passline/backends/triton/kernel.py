@@ -1010,8 +1010,9 @@ def _checks_indices(members) -> bool:
     return False
 
 
-def _source(prelude: str, body: list[str]) -> str:
-    return prelude + "\n\n" + "\n".join(body) + "\n"
+def _source(interpret: bool, body: list[str]) -> str:
+    text = "\n".join(body)
+    return printer.prelude(interpret, text) + "\n\n\n" + text + "\n"
 
 
 def _group(node):
@@ -1044,11 +1045,10 @@ def generate(node, graph, interpret: bool, variant: str, blocks: dict, stored: s
         body = writer.persistent()
     else:
         body = writer.looped()
-    prelude = printer.PRELUDE_INTERPRETER if interpret else printer.PRELUDE_GPU
     sizes = tuple(("size", s) for s in sorted(writer.sizes, key=str))
     args = writer.ordered_args() + sizes
     constants = {k: v for k, v in blocks.items() if k in ("XBLOCK", "RBLOCK") and (red or k == "XBLOCK")}
-    return KernelSource(name, _source(prelude, body), name, args, product(outer), product(red) if red else None,
+    return KernelSource(name, _source(interpret, body), name, args, product(outer), product(red) if red else None,
                         variant, constants, blocks.get("num_warps", 4), int64=writer.int64, spans=spans,
                         checks=writer.debug, online=bool(red) and bool(writer.online_pairs()))
 
@@ -1179,10 +1179,9 @@ def generate_mix(mix: MixOrderNode, graph, interpret: bool, blocks: dict,
     # run-time int into a one-element array, and its `tl.range` bound then fails under NumPy >= 2.5
     # ("only 0-dimensional arrays can be converted to Python scalars"; 3.9's squeezes it first)
     body = w.header(["XBLOCK", "RBLOCK", "STAGES"], extra=["SPLIT: tl.constexpr" if interpret else "SPLIT"]) + w.lines
-    prelude = printer.PRELUDE_INTERPRETER if interpret else printer.PRELUDE_GPU
     sizes = tuple(("size", s) for s in sorted(w.sizes, key=str))
     constants = {k: blocks[k] for k in ("XBLOCK", "RBLOCK", "SPLIT")} | {"STAGES": blocks.get("STAGES", 1)}
-    src = KernelSource(name, _source(prelude, body), name, w.ordered_args() + sizes, product(rows),
+    src = KernelSource(name, _source(interpret, body), name, w.ordered_args() + sizes, product(rows),
                        product(cols), form, constants, blocks.get("num_warps", 4), "SPLIT", w.int64, spans,
                        checks=w.debug, row_sums=any(isinstance(m, Reduction) for m in row_members))
     return src, finish
