@@ -25,6 +25,7 @@ MAX_WARPS = 32  # 1024 threads: the most one program may have
 INTERP_PERSISTENT_MAX = 1 << 16
 INTERP_BLOCK = 1 << 17  # interpreter cost grows with programs x ops: few, large programs
 COLUMN_THREAD_BYTES = 64  # bytes a thread loads a step of a column sum's row loop (see rule)
+COLUMN_MOST_PER_THREAD = 32  # elements a thread of a column sum a step, at most (bfloat16: 64 bytes)
 MIX_STAGES = (3, 4)  # pipelined row loops timed on a GPU (1: not pipelined, the baseline)
 MIX_BAND_ROWS_PER_SM = 64  # a mix-order kernel with at least this many rows an SM may be timed (uncertain)
 SHORT_COLUMN = 256  # a column sum over at most this many rows (rounded up) is timed (uncertain) ...
@@ -496,12 +497,14 @@ def rule(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, devic
       (column sums) loops over chunks of up to 256 rows of a column block 16 to 128 columns wide (the
       widest that still gives two programs per SM), so loads are coalesced, on 8 warps whose threads
       each load about 64 bytes a step (`row_bytes` over the rows: bytes an element; 4 where unknown):
-      16 elements where a column sum reads 4 bytes an element or less, 8 where it reads two float32
-      inputs (a norm's dw and db recomputed from x and dy, recompute_columns). On an H200 the float32
+      16 elements where a column sum reads 4 bytes an element, 32 where it reads 2 (one bfloat16 or
+      float16 input: a bias gradient), 8 where it reads two float32 inputs (a norm's dw and db
+      recomputed from x and dy, recompute_columns). On an H200 the float32
       LayerNorm backward's column kernel at 1024 × 65536 took 185 µs in blocks of 128 × 32 on 8 warps
       (16 a thread), 141 in 64 × 32 on 8 (8 a thread; 64 × 16 on 4: 136), at 2237 × 30000 211 µs in
       64 × 64 and 145 in 64 × 32; a float32 sum of one input (a bias gradient) 8192 wide was fastest
-      at 16 a thread (16 × 256 on 8 warps: 79 µs; 64 × 8, 2 a thread: 86);
+      at 16 a thread (16 × 256 on 8 warps: 79 µs; 64 × 8, 2 a thread: 86); a bfloat16 one at 10872 × 12345
+      took 182 µs at 16 a thread (32 bytes: half the loads in flight) and 105 at 32 (float16: 186, 122);
     - a mix-order kernel takes the two-dimensional accumulator, pipelined up to four stages deep (see
       `_stages`); rows wider than 4096 take the one-row form; its rows per program are one whole wave
       (runner.MixKernel). Where the kernel also reduces its rows (`row_sums`: a norm's backward), blocks
@@ -574,6 +577,6 @@ def rule(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, devic
     while xb > 16 and -(-xnumel // xb) < 2 * device.sms:
         xb //= 2
     per_element = row_bytes / rnumel if row_bytes and rnumel else 4.0
-    per_thread = _clamp(1 << max(0, round(math.log2(COLUMN_THREAD_BYTES / per_element))), 4, 16)
+    per_thread = _clamp(1 << max(0, round(math.log2(COLUMN_THREAD_BYTES / per_element))), 4, COLUMN_MOST_PER_THREAD)
     rbl = _clamp(32 * 8 * per_thread // xb, 1, min(256, rb))
     return Config(Variant.LOOPED, xb, rbl, _clamp(xb * rbl // (32 * per_thread), 1, 8))
