@@ -36,8 +36,8 @@ def test_settings_from_the_environment():
         Settings.from_environ({"PASSLINE_CHECK": "maybe"})
     with pytest.raises(ValueError, match="unknown metric table"):
         Settings.from_environ({"PASSLINE_METRIC_TABLES": "graph_stat"})
-    assert not d.graph_cache and Settings.from_environ({"PASSLINE_GRAPH_CACHE": "1"}).graph_cache
-    assert passline.backend(graph_cache=True).graph_cache
+    assert d.graph_cache and not Settings.from_environ({"PASSLINE_GRAPH_CACHE": "0"}).graph_cache
+    assert not passline.backend(graph_cache=False).graph_cache
 
 
 def test_settings_scope_and_backend_overrides(tmp_path):
