@@ -442,7 +442,7 @@ def test_the_leaders_are_timed_again_at_every_whole_wave_split():
 @pytest.mark.parametrize("case", list(MIX_BAND))
 def test_tall_mix_order_kernels_are_timed_over_waves_once_then_remembered(tmp_path, monkeypatch, case):
     """A tall mix-order kernel no rule decides (configs.uncertain: narrow rows reduced, a bias gradient's
-    rows of 257-1024), autotuning off: every candidate is built ahead at the IR's split, its one to four
+    rows of 257-4096), autotuning off: every candidate is built ahead at the IR's split, its one to four
     whole waves found from that binary's registers and built there, with the finishing kernel for each;
     the first launch times each candidate at one wave followed by the finishing kernel, the leader again
     at its other splits, compiling nothing, and keeps the fastest;
@@ -511,11 +511,13 @@ def test_tall_mix_order_kernels_are_timed_over_waves_once_then_remembered(tmp_pa
     assert sum(r.metrics.counters["kernel_choices_timed"] for r in reports) == 0
     assert all(r.metrics.counters["kernels_compiled_at_launch"] == 0 for r in reports)
 
-    # fewer rows than 64 an SM: the rule's block, placed, nothing timed
-    planned, launched, reports = _first_call_plan(monkeypatch, tmp_path, make(), inputs(4000))
+    # fewer rows than 64 an SM (16 for a bias gradient): the rule's block, placed, nothing timed
+    from passline.backends.triton.configs import MIX_BAND_ROWS_PER_SM, MIX_POINTWISE_BAND_ROWS_PER_SM
+    few = (MIX_POINTWISE_BAND_ROWS_PER_SM if bias else MIX_BAND_ROWS_PER_SM) * k.device.sms - 1
+    planned, launched, reports = _first_call_plan(monkeypatch, tmp_path, make(), inputs(few))
     (k,) = [k for r in reports for k in _kernels(r.runner) if isinstance(k, MixKernel)]
-    assert not timed and not k.uncertain(4000, width) and not k.placements
-    assert {cfg_of(p.key).with_split(0) for p in planned if p.kernel is k} == {k._rule(4000, width).with_split(0)}
+    assert not timed and not k.uncertain(few, width) and not k.placements
+    assert {cfg_of(p.key).with_split(0) for p in planned if p.kernel is k} == {k._rule(few, width).with_split(0)}
 
 
 def test_timing_launches_run_on_a_copy_of_storage_written_in_place():

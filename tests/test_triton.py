@@ -606,9 +606,17 @@ def test_few_rows_are_timed_whole_and_in_chunks():
 
 def test_tall_mix_order_kernels_no_rule_decides_are_timed():
     """configs.uncertain's mix-order band: tall mix-order kernels (rows >= 64 x SMs) whose rows are reduced
-    and at most 128 wide, or pointwise (a bias gradient) and 257-1024 wide, time the rule's block against a
-    few others at the first launch; other shapes, the one-row form and the interpreter keep the rule."""
-    from passline.backends.triton.configs import MIX_BAND_ROWS_PER_SM, Device, Variant, rule, uncertain
+    and at most 128 wide, or (rows >= 16 x SMs) pointwise (a bias gradient) and 257-4096 wide, time the rule's
+    block against a few others at the first launch; other shapes, the one-row form and the interpreter keep
+    the rule."""
+    from passline.backends.triton.configs import (
+        MIX_BAND_ROWS_PER_SM,
+        MIX_POINTWISE_BAND_ROWS_PER_SM,
+        Device,
+        Variant,
+        rule,
+        uncertain,
+    )
 
     gpu = Device(sms=132)
     mix = {Variant.MIX_ORDER: 128, Variant.MIX_ORDER_ACC2D: 128}
@@ -626,7 +634,15 @@ def test_tall_mix_order_kernels_no_rule_decides_are_timed():
     # ... float32 (12 bytes): the rule's 2 rows, 4 on 1 and 2 warps (never fewer than 2 rows)
     assert band(1 << 20, 64, 64 * 12, True) == [(acc2d, 2, 1, 4, 128), (acc2d, 4, 1, 4, 128), (acc2d, 4, 2, 4, 128)]
     # a bias gradient (pointwise row side) 384 wide, bfloat16: the rule's 2 rows on 2 warps, 1 on 1, 4 on 4
-    assert band(349525, 384, 384 * 6, False) == [(acc2d, 2, 2, 4, 128), (acc2d, 1, 1, 4, 128), (acc2d, 4, 4, 4, 128)]
+    # (96 bytes a thread), and 4 rows on 2 (32 elements a thread)
+    assert band(349525, 384, 384 * 6, False) == [(acc2d, 2, 2, 4, 128), (acc2d, 1, 1, 4, 128), (acc2d, 4, 4, 4, 128),
+                                                 (acc2d, 4, 2, 4, 128)]
+    # ... 3072 wide at a model's 8192 tokens: the rule's 2 rows on 16 warps, 1 row on 4 and 2 on 8 (32 elements a
+    # thread); float32's stages as shared memory allows; from 16 rows an SM on
+    assert band(8192, 3072, 3072 * 6, False) == [(acc2d, 2, 16, 4, 128), (acc2d, 1, 4, 4, 128), (acc2d, 2, 8, 4, 128)]
+    assert band(8192, 3072, 3072 * 12, False) == [(acc2d, 2, 16, 2, 128), (acc2d, 1, 4, 4, 128), (acc2d, 2, 8, 2, 128)]
+    few = MIX_POINTWISE_BAND_ROWS_PER_SM * gpu.sms
+    assert band(few, 3072, 3072 * 6, False) != [] and band(few - 1, 3072, 3072 * 6, False) == []
     # rows per block within the split: at a split of 4 the reduced band cannot double its 4 rows
     assert band(1 << 21, 64, 64 * 6, True, variants={Variant.MIX_ORDER: 4, acc2d: 4}) == [
         (acc2d, 4, 1, 4, 4), (acc2d, 2, 1, 4, 4)]
@@ -635,10 +651,10 @@ def test_tall_mix_order_kernels_no_rule_decides_are_timed():
     assert len(band(rows, 64, 64 * 6, True)) == 4 and band(rows - 1, 64, 64 * 6, True) == []
     assert band(rows - 1, 64, 64 * 6, True, device=Device(sms=100)) != []
     # the rule decides: the interpreter; rows reduced wider than 128; a bias gradient of 128 or fewer columns
-    # (the one-row form) or wider than 1024; one form only (no two-dimensional accumulator)
+    # (the one-row form) or wider than 4096; one form only (no two-dimensional accumulator)
     assert band(1 << 21, 64, 64 * 6, True, interpret=True) == []
     assert band(576000, 384, 384 * 6, True) == [] and band(1 << 21, 256, 256 * 6, True) == []
-    assert band(1 << 21, 128, 128 * 6, False) == [] and band(1 << 20, 2048, 2048 * 6, False) == []
+    assert band(1 << 21, 128, 128 * 6, False) == [] and band(1 << 18, 8192, 8192 * 6, False) == []
     assert band(1 << 21, 64, 64 * 6, True, variants={Variant.MIX_ORDER: 128}) == []
     # without the rule's configuration, nothing to time around
     assert uncertain(mix, 1 << 21, 64, False, gpu, row_bytes=64 * 6, row_sums=True) == []

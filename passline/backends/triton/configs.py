@@ -28,6 +28,8 @@ COLUMN_THREAD_BYTES = 64  # bytes a thread loads a step of a column sum's row lo
 COLUMN_MOST_PER_THREAD = 32  # elements a thread of a column sum a step, at most (bfloat16: 64 bytes)
 MIX_STAGES = (3, 4)  # pipelined row loops timed on a GPU (1: not pipelined, the baseline)
 MIX_BAND_ROWS_PER_SM = 64  # a mix-order kernel with at least this many rows an SM may be timed (uncertain)
+MIX_POINTWISE_BAND_ROWS_PER_SM = 16  # ... with a pointwise row side (a bias gradient: a model's 8192 tokens)
+MIX_BAND_THREAD_ELEMENTS = 32  # elements a thread of the pointwise band's roomier blocks
 SHORT_COLUMN = 256  # a column sum over at most this many rows (rounded up) is timed (uncertain) ...
 BAND_MIN_BYTES = 1 << 20  # a kernel moving fewer bytes is a launch's worth of work: the bands time nothing there
 FEW_ROWS_PERSISTENT = 1 << 16  # fewer rows than SMs: a row up to this long is also timed held whole (uncertain)
@@ -278,12 +280,20 @@ def uncertain(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, 
     (and split_reductions spreads them over more programs).
 
     Mix-order kernels (`_mix_band`, the rule's two-dimensional form `base`, `row_bytes` and `row_sums` as
-    the rule had them) over at least MIX_BAND_ROWS_PER_SM rows an SM (the tall, memory-bound shapes):
+    the rule had them) over at least MIX_BAND_ROWS_PER_SM rows an SM (the tall, memory-bound shapes), or
+    MIX_POINTWISE_BAND_ROWS_PER_SM where the row side is pointwise, moving at least BAND_MIN_BYTES:
     where the row side reduces its rows and they are at most 128 wide, the rule's block (48 bytes of the
     kernel's traffic a thread, one warp) against twice its rows on one warp and on two (48 bytes a thread
     again), and half its rows (two at least); where the row side is pointwise (a bias gradient) and its
-    rows 257 to 1024 wide, the rule's two rows against one and four, on the warps the rule's 96 bytes a
-    thread give them. Each is timed at one whole wave of programs with the finishing kernel after it, and
+    rows 257 to 4096 wide, the rule's two rows against blocks of 32 elements a thread
+    (MIX_BAND_THREAD_ELEMENTS) of one, two and four rows (four only up to 1024 wide) and, up to 1024 wide,
+    one and four rows on the warps the rule's 96 bytes a thread give them. At a model's 8192 tokens the
+    rule's block was up to 1.35× Inductor's time (GELU epilogue backward, H200 kernel µs, Inductor /
+    the rule / the band's pick: 8192 × 768 bfloat16 19.8 / 26.8 / 20.8 on 4 rows and 4 warps; 8192 × 3072
+    bfloat16 70.6 / 75.5 / 57.2 and float32 97.6 / 115.1 / 89.3, both one row on 4 warps; 4096 × 3072
+    bfloat16 38.5 / 40.9 / 31.3; 16384 × 1024 48.4 / 44.3 / 39.1), where the rule's 96 bytes a thread (16
+    warps for two rows of 4096) had been tuned on tall shapes (349525 × 384, 65536 × 768: the rule's block
+    still wins there). Each is timed at one whole wave of programs with the finishing kernel after it, and
     the leaders again at two to four whole waves and the IR's split (runner.MixKernel._fastest_split: on
     an H200 RMSNorm's backward below took 240 µs at one wave and 217 at four, 8 rows a block; LayerNorm's
     245 and 246). On an H200 two such points stayed slower than Inductor by rule and were at about
@@ -309,7 +319,8 @@ def uncertain(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, 
     if not rows_contiguous:
         return _short_column_band(kinds, xnumel, rb, base, row_bytes)
     if any(v in MIX_FORMS for v in kinds):
-        if base is None or xnumel < MIX_BAND_ROWS_PER_SM * device.sms:
+        per_sm = MIX_BAND_ROWS_PER_SM if row_sums else MIX_POINTWISE_BAND_ROWS_PER_SM
+        if base is None or xnumel < per_sm * device.sms or _launch_sized(xnumel, rb, row_bytes):
             return []
         return _mix_band(base, rb, row_bytes, rnumel, row_sums, device)
     if set(kinds) == {Variant.PERSISTENT, Variant.LOOPED} and rb == GPU_PERSISTENT_MAX:
@@ -375,8 +386,10 @@ def _mix_band(base: Config, rb: int, row_bytes: float | None, rnumel: int | None
         xb = base.xblock
         blocks = [(2 * xb, base.warps), (2 * xb, 2 * base.warps), (xb // 2, base.warps)]
         fewest = 2
-    elif not row_sums and 256 < rb <= 1024:  # a pointwise row side: 96 bytes of traffic a thread
-        blocks = [(xb, _mix_warps(xb * rb, MIX_POINTWISE_SHARE, per_element)) for xb in (1, 4)]
+    elif not row_sums and 256 < rb <= 4096:  # a pointwise row side: 96 bytes of traffic a thread, and 32 elements
+        blocks = [(xb, _mix_warps(xb * rb, MIX_POINTWISE_SHARE, per_element)) for xb in (1, 4)] if rb <= 1024 else []
+        roomy = [(xb, _clamp(xb * rb // (32 * MIX_BAND_THREAD_ELEMENTS), 1, 16)) for xb in (1, 2, 4)]
+        blocks += roomy[2:] if rb <= 1024 else roomy
         fewest = 1
     else:
         return []
