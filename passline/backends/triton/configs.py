@@ -285,9 +285,9 @@ def uncertain(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, 
     where the row side reduces its rows and they are at most 128 wide, the rule's block (48 bytes of the
     kernel's traffic a thread, one warp) against twice its rows on one warp and on two (48 bytes a thread
     again), and half its rows (two at least); where the row side is pointwise (a bias gradient) and its
-    rows 257 to 4096 wide, the rule's two rows against blocks of 32 elements a thread
-    (MIX_BAND_THREAD_ELEMENTS) of one, two and four rows (four only up to 1024 wide) and, up to 1024 wide,
-    one and four rows on the warps the rule's 96 bytes a thread give them. At a model's 8192 tokens the
+    rows 257 to 4096 wide, the rule's two rows against, up to 1024 wide, one and four rows on the warps
+    the rule's 96 bytes a thread give them and four rows at 32 elements a thread (MIX_BAND_THREAD_ELEMENTS);
+    wider, one, two and four rows (at most 8192 elements a block) at 32 elements a thread. At a model's 8192 tokens the
     rule's block was up to 1.35× Inductor's time (GELU epilogue backward, H200 kernel µs, Inductor /
     the rule / the band's pick: 8192 × 768 bfloat16 19.8 / 26.8 / 20.8 on 4 rows and 4 warps; 8192 × 3072
     bfloat16 70.6 / 75.5 / 57.2 and float32 97.6 / 115.1 / 89.3, both one row on 4 warps; 4096 × 3072
