@@ -660,6 +660,21 @@ def test_tall_mix_order_kernels_no_rule_decides_are_timed():
     assert uncertain(mix, 1 << 21, 64, False, gpu, row_bytes=64 * 6, row_sums=True) == []
 
 
+@pytest.mark.parametrize("dtype,rows", [(torch.bfloat16, 1), (torch.float32, 2)])
+def test_a_bias_gradient_in_blocks_of_one_or_two_wide_rows_matches_eager(dtype, rows):
+    # the mix band's blocks of a pointwise row side 257-4096 wide (configs._mix_band): the two-dimensional
+    # accumulator with one or two rows of 4096 a block (3000 columns padded), here forced through the
+    # split (rows per program) and the variant; the GELU epilogue's gradients, bias gradient included
+    text = str(passline.backend().pipeline).replace(
+        "mix_order_reduction", f"mix_order_reduction(split_rows={rows}, fill_sms=false)")
+    x = torch.randn(40, 3000, dtype=dtype, requires_grad=True)
+    b = torch.randn(3000, dtype=dtype, requires_grad=True)
+    be = assert_matches_eager(lambda x, b: torch.nn.functional.gelu(x + b, approximate="tanh"), [x, b],
+                              pipeline=text, codegen="triton", kernel_variant="mix_order_acc2d")
+    mixed = [k.blocks for r in be.reports for k in r.kernel_info if k.chosen == "mix_order_acc2d"]
+    assert mixed and all((m["XBLOCK"], m["RBLOCK"]) == (rows, 4096) for m in mixed), mixed
+
+
 def test_autotuning_times_the_rules_configuration_and_the_band():
     """autotune=True times `candidates`' fixed list and, where missing from it, the rule's configuration and the
     timed band's: a float32 row kernel over 64 rows of 30000 (an RMSNorm backward) loops in chunks of 8192 on 32
