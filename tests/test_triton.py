@@ -665,8 +665,8 @@ def test_a_bias_gradient_in_blocks_of_one_or_two_wide_rows_matches_eager(dtype, 
     # the mix band's blocks of a pointwise row side 257-4096 wide (configs._mix_band): the two-dimensional
     # accumulator with one or two rows of 4096 a block (3000 columns padded), here forced through the
     # split (rows per program) and the variant; the GELU epilogue's gradients, bias gradient included
-    text = str(passline.backend().pipeline).replace(
-        "mix_order_reduction", f"mix_order_reduction(split_rows={rows}, fill_sms=false)")
+    text = passline.DEFAULT_PIPELINE.replace("mix_order_reduction",
+                                             f"mix_order_reduction(split_rows={rows}, fill_sms=false)")
     x = torch.randn(40, 3000, dtype=dtype, requires_grad=True)
     b = torch.randn(3000, dtype=dtype, requires_grad=True)
     be = assert_matches_eager(lambda x, b: torch.nn.functional.gelu(x + b, approximate="tanh"), [x, b],

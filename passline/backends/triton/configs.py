@@ -386,10 +386,13 @@ def _mix_band(base: Config, rb: int, row_bytes: float | None, rnumel: int | None
         xb = base.xblock
         blocks = [(2 * xb, base.warps), (2 * xb, 2 * base.warps), (xb // 2, base.warps)]
         fewest = 2
-    elif not row_sums and 256 < rb <= 4096:  # a pointwise row side: 96 bytes of traffic a thread, and 32 elements
-        blocks = [(xb, _mix_warps(xb * rb, MIX_POINTWISE_SHARE, per_element)) for xb in (1, 4)] if rb <= 1024 else []
-        roomy = [(xb, _clamp(xb * rb // (32 * MIX_BAND_THREAD_ELEMENTS), 1, 16)) for xb in (1, 2, 4)]
-        blocks += roomy[2:] if rb <= 1024 else roomy
+    elif not row_sums and 256 < rb <= 4096:  # a pointwise row side
+        # up to 1024 wide: one and four rows at the rule's 96 bytes a thread, and four at 32 elements a thread;
+        # wider: one, two and four rows at 32 elements a thread (within 8192 elements a block, below)
+        narrow = rb <= 1024
+        blocks = [(xb, _mix_warps(xb * rb, MIX_POINTWISE_SHARE, per_element)) for xb in (1, 4)] if narrow else []
+        blocks += [(xb, _clamp(xb * rb // (32 * MIX_BAND_THREAD_ELEMENTS), 1, 16))
+                   for xb in ((4,) if narrow else (1, 2, 4))]
         fewest = 1
     else:
         return []
