@@ -157,8 +157,9 @@ def run(args, root) -> int:
 
 def first_launches(runner) -> int:
     """Binaries the graph's first call launches: one a kernel step and two a mix-order step (main and
-    finishing kernel), less the steps that launch nothing (a zero count: the reference backend)."""
-    n = 0
+    finishing kernel), less the steps that launch nothing (a zero count: the reference backend), each kernel
+    counted once where steps share it (a model's repeated layers: TritonRunner._kernel)."""
+    launched = set()
     for kind, _, data in getattr(runner, "steps", ()):
         if kind in ("kernel", "mix"):
             src = next(iter(data[0].info.variants.values()))
@@ -166,8 +167,9 @@ def first_launches(runner) -> int:
                 empty = int(src.xnumel) == 0 or (src.rnumel is not None and int(src.rnumel) == 0)
             except TypeError:  # symbolic: launched, never compiled ahead
                 empty = False
-            n += 0 if empty else 1 if kind == "kernel" else 2
-    return n
+            if not empty:
+                launched |= {id(data[0])} if kind == "kernel" else {id(data[0]), id(data[2])}
+    return len(launched)
 
 
 if __name__ == "__main__":

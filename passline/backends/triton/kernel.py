@@ -95,6 +95,11 @@ class KernelSource:
     row_sums: bool = False  # a mix-order kernel that also reduces its rows (a norm's backward; the rule)
 
 
+def _natural(name: str) -> list:
+    """A sort key ordering the numbers within names by value ("buf9" < "buf10")."""
+    return [int(part) if i % 2 else part for i, part in enumerate(re.split(r"(\d+)", name))]
+
+
 def _sanitize(name: str) -> str:
     return re.sub(r"\W", "_", name)
 
@@ -475,12 +480,14 @@ class KernelWriter:
 
     # -- kernels -------------------------------------------------------------------------------------
     def ordered_args(self) -> tuple:
-        """The buffer arguments in one order for every variant of a node (sorted by name), so the wrapper
-        passes the same arguments whichever variant runs."""
-        return tuple(self.args[k] for k in sorted(self.args))
+        """The buffer arguments in one order for every variant of a node (sorted by name, numbers by value:
+        `p_buf9` before `p_buf10`), so the wrapper passes the same arguments whichever variant runs, and
+        the same kernel of two layers (`buf9, buf12` and `buf28, buf31`) takes its arguments in one order:
+        the runner launches one kernel for both (`TritonRunner._kernel`)."""
+        return tuple(self.args[k] for k in sorted(self.args, key=_natural))
 
     def header(self, constexprs, extra=()) -> list[str]:
-        sig = sorted(self.args) + [_sanitize(s.name) for s in sorted(self.sizes, key=str)] + ["xnumel"]
+        sig = sorted(self.args, key=_natural) + [_sanitize(s.name) for s in sorted(self.sizes, key=str)] + ["xnumel"]
         if self.two_d:
             sig.append("rnumel")
         sig += list(extra)

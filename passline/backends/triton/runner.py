@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import math
+import re
 import threading
 
 import attrs
@@ -45,6 +46,7 @@ class KernelInfo:
     blocks: dict = attrs.Factory(dict)
     bytes: int = 0
     timings: dict = attrs.Factory(dict)  # "config" -> seconds, when autotuned
+    shared: list = attrs.Factory(list)  # other nodes whose steps launch this kernel (TritonRunner._kernel)
 
     @property
     def source(self) -> str:
@@ -725,6 +727,17 @@ class _Unplanned(Exception):
     """A launch whose arguments are not all static: left to the launch."""
 
 
+_NAME = re.compile(r"[A-Za-z_]\w*")
+
+
+def _anonymous(src) -> str:
+    """A kernel's module text with its name and its parameters' names replaced by their positions: two
+    nodes' kernels that differ only in the buffers they are handed (a model's repeated layers) read alike."""
+    params = re.search(rf"def {re.escape(src.fn_name)}\((.*?)\):", src.source, re.S).group(1).split(",")
+    names = {src.fn_name: "kernel", **{p.split(":")[0].strip(): f"a{i}" for i, p in enumerate(params)}}
+    return _NAME.sub(lambda m: names.get(m.group(0), m.group(0)), src.source)
+
+
 def _static(xnumel, rnumel) -> tuple | None:
     """(xnumel, rnumel) as ints where both are static and non-zero (a zero count launches nothing)."""
     try:
@@ -755,6 +768,7 @@ class TritonRunner:
         self.buffers = graph.buffers()
         self.kernels: list[KernelInfo] = []
         self.fallbacks: dict = {}  # node name -> why it runs on the reference backend
+        self._by_code: dict = {}  # _same_code -> Kernel: steps of repeated layers launch one kernel
         self.steps = []
         for node in graph.nodes():
             if isinstance(node, Extern):
@@ -831,12 +845,11 @@ class TritonRunner:
                 if compiled is None or not k._unspill(cfg, compiled, *sizes):
                     return
         elif kind == "mix":
-            k_main, main, k_fin, finish, workspaces = data
+            k_main, main, k_fin, fin_src, workspaces = data
             sizes = _static(main.xnumel, main.rnumel)
             if sizes is None:
                 return
             rows, cols = sizes
-            fin_src = next(iter(k_fin.info.variants.values()))
             cands = k_main.uncertain(rows, cols)
             if cands:  # timed at the first launch (MixKernel._choose), or the stored choice alone
                 self._plan_timed_mix(k_main, main, k_fin, fin_src, workspaces, cands, rows, cols, build, each)
@@ -960,11 +973,12 @@ class TritonRunner:
                                                               for a in p.job.args], dict(p.job.kwargs))
                     built[p.job] = compiled, compat.load_binary(compiled)
                     progress("kernels")
+                    if built[p.job][1] is not None:
+                        with lock:  # each binary once, however many steps launch it
+                            self.counters["kernels_precompiled"] += 1
             compiled, launch = built[p.job]
             if launch is not None:
                 p.kernel.install(p.key, launch, p.consts, p.nfull, p.variant)
-                with lock:
-                    self.counters["kernels_precompiled"] += 1
             return compiled
 
         def on_device(fn, *args):  # a launcher is loaded into the graph's device's context, from its thread
@@ -1006,30 +1020,53 @@ class TritonRunner:
                       repr(getattr(node, "ranges", None)), repr(getattr(node, "reduction_ranges", None)),
                       sorted(stored), _SOURCE_HASH)
 
-    def _kernel(self, node, kind: str, variants: dict, stored, cls=Kernel, **extra) -> Kernel:
+    def _kernel(self, node, kind: str, variants: dict, stored, cls=Kernel, workspaces=None, **extra) -> Kernel:
         first = next(iter(variants.values()))
         # every variant takes the same arguments (kernel.ordered_args), so the wrapper passes one list
         variants = {v: src for v, src in variants.items() if src.args == first.args}
-        info = KernelInfo(first.name, node.name, kind, variants)
         r, w = node_bytes(self.graph, node) if not kind.startswith("mix_finish") else (0, 0)
+        hinted = None
+        if isinstance(r + w, sympy.Expr) and (r + w).free_symbols:
+            total, rows = at_hint(r + w, self.graph.hints), at_hint(first.xnumel, self.graph.hints)
+            hinted = total / rows if total and rows else None
+        contiguous = kgen.rows_contiguous(node) if kind == "reduction" else True
+        # writes a graph input, or writes in place (a scatter's atomic adds): launched once a call, never timed
+        mutates = bool(set(node.output_names()) & set(self.graph.input_buffers())) or bool(getattr(node, "mutates", ()))
+        same = self._same_code(kind, cls, variants, extra, contiguous, mutates, r + w, hinted, workspaces or {})
+        k = self._by_code.get(same)
+        if k is not None:  # another layer's kernel: its binaries, choices and timings serve this step too
+            k.info.shared.append(node.name)
+            self.counters["kernels_shared"] += 1
+            return k
+        info = KernelInfo(first.name, node.name, kind, variants)
         info.bytes = r + w
         self.kernels.append(info)
-        hinted = None
-        if isinstance(info.bytes, sympy.Expr) and info.bytes.free_symbols:
-            total, rows = at_hint(info.bytes, self.graph.hints), at_hint(first.xnumel, self.graph.hints)
-            hinted = total / rows if total and rows else None
         # the key names the sources themselves: the IR's repr omits dtypes a kernel's code depends on (a
         # scatter's float32 and float64 forms printed alike, and the float64 graph ran the cached float32
         # kernel: gradients at float32 precision)
         key = digest(self._key(node, stored), {str(v): src.source for v, src in variants.items()})
-        k = cls(info, self.cache, self.interpret, self.autotune, key, self.variant, self.device,
-                kgen.rows_contiguous(node) if kind == "reduction" else True, **extra)
+        k = cls(info, self.cache, self.interpret, self.autotune, key, self.variant, self.device, contiguous, **extra)
         k.hinted_row_bytes = hinted
         k.counters = self.counters  # its launches' figures go in this compile's report
-        # writes a graph input, or writes in place (a scatter's atomic adds): launched once a call, never timed
-        inputs = set(self.graph.input_buffers())
-        k.mutates = bool(set(node.output_names()) & inputs) or bool(getattr(node, "mutates", ()))
+        k.mutates = mutates
+        self._by_code[same] = k
         return k
+
+    def _same_code(self, kind, cls, variants, extra, contiguous, mutates, traffic, hinted, workspaces) -> str:
+        """What makes two nodes' kernels one: the same code up to the names of the kernel and its arguments
+        (`_anonymous`), the same dtype at each pointer argument (Triton compiles a binary per pointer type,
+        which the code does not show) and the same everything else the Kernel is built from. A model's
+        layers repeat their kernels: GPT-2's four layers launched 52 backward kernels, each compiled (and
+        the uncertain ones timed) on its own at the first call and loaded on its own in every process."""
+        def dtype(name):
+            lay = self.buffers[name].layout if name in self.buffers else workspaces.get(name)
+            return str(lay.dtype) if lay is not None else name  # (unknown: the name keeps it apart)
+        code = [(str(v), _anonymous(src), [("buffer", dtype(a)) if kind_ == "buffer" else (kind_, str(a))
+                                           for kind_, a in src.args],
+                 str(src.xnumel), str(src.rnumel), sorted(src.constants.items()), src.num_warps,
+                 src.grid_per_program, src.int64, [str(e) for e in src.spans], src.checks, src.online, src.row_sums)
+                for v, src in variants.items()]
+        return digest(kind, cls.__name__, sorted(extra.items()), contiguous, mutates, str(traffic), hinted, code)
 
     def _compile(self, node):
         if isinstance(node, MixOrderNode):
@@ -1045,13 +1082,15 @@ class TritonRunner:
             for form in forms[1:]:
                 variants[form] = kgen.generate_mix(node, self.graph, self.interpret, blocks, form)[0]
             stored = kgen._stored(node, self.graph)
-            k_main = self._kernel(node, "mix_order", variants, stored, MixKernel, split=int(node.split_rows),
-                                  tune_split=node.tune_split)
+            workspaces = kgen.workspace_layouts(node)
+            k_main = self._kernel(node, "mix_order", variants, stored, MixKernel, workspaces,
+                                  split=int(node.split_rows), tune_split=node.tune_split)
             fin_stored = kgen._stored(finish, self.graph) & set(finish.output_names())
             # the splits it sums follow the main kernel's SPLIT, chosen at the first launch
-            runtime = frozenset({"rnumel"})
-            k_fin = self._kernel(finish, "mix_finish", self._variants(finish, fin_stored, runtime), fin_stored)
-            return ("mix", node, (k_main, main, k_fin, finish, kgen.workspace_layouts(node)))
+            fin_variants = self._variants(finish, fin_stored, frozenset({"rnumel"}))
+            k_fin = self._kernel(finish, "mix_finish", fin_variants, fin_stored, Kernel, workspaces)
+            # each step keeps its own sources: their arguments are its buffers (the kernels may be shared)
+            return ("mix", node, (k_main, main, k_fin, next(iter(fin_variants.values())), workspaces))
         stored = kgen._stored(node, self.graph)
         variants = self._variants(node, stored)
         k = self._kernel(node, "pointwise" if Variant.POINTWISE in variants else "reduction", variants, stored)

@@ -326,15 +326,16 @@ class CallWriter:
         # the call, stayed alive to the next extern call: 49 MB of a ResNet-18 step's forward peak)
         self.emit("del " + ", ".join(["r", *(f"r{i}" for i, _ in outs if not (single and _one_tensor(node.op)))]))
 
-    def step_kernel(self, node, k) -> None:
-        src = next(iter(k.info.variants.values()))
+    def step_kernel(self, node, k, variants) -> None:
+        src = next(iter(variants.values()))  # this step's own (the kernel may be another layer's, shared)
         dying = self.dying
         into = {o: [b for b in bs if b in dying] for o, bs in overwritable(node, self.graph).items()} if dying else {}
         for kind, value in src.args:
             if kind == "buffer":
                 self.alloc(value, donors=into.get(value, ()))
         empty = [c for c in (self.zero(src.xnumel), self.zero(src.rnumel)) if c is not None]
-        args, k.check = self.kernel_args(k, src)
+        args, check = self.kernel_args(k, src)
+        k.check = _union(k.check, check)  # (a kernel two steps share checks what either needs)
         wide = k.wide_when = self.wide(src)  # the condition the precompile plan evaluates too
         launch = f"{self.const(k, 'K')}(stream, {args}, {self.py(src.xnumel)}" + \
                  (f", {self.py(src.rnumel)}" if src.rnumel is not None else "") + \
@@ -358,8 +359,7 @@ class CallWriter:
     def step_mix(self, node, data) -> None:
         from .runner import MixStep
 
-        k_main, main, k_fin, finish, workspaces = data
-        fin_src = next(iter(k_fin.info.variants.values()))
+        k_main, main, k_fin, fin_src, workspaces = data
         for src in (main, fin_src):
             for kind, value in src.args:
                 if kind == "buffer" and value not in workspaces:
@@ -368,10 +368,11 @@ class CallWriter:
             return {v: i for i, (kind, v) in enumerate(src.args) if kind == "buffer" and v in workspaces}
 
         step = MixStep(k_main, k_fin, workspaces, slots(main), slots(fin_src))
-        margs, k_main.check = self.kernel_args(k_main, main, workspaces)
-        fargs, k_fin.check = self.kernel_args(k_fin, fin_src, workspaces)
+        margs, mcheck = self.kernel_args(k_main, main, workspaces)
+        fargs, fcheck = self.kernel_args(k_fin, fin_src, workspaces)
+        k_main.check = _union(k_main.check, mcheck)
         # the finish's count of programs changes with the split chosen at run time: always checked
-        k_fin.check = tuple(sorted(set(k_fin.check) | {len(fin_src.args) + 1}))
+        k_fin.check = _union(k_fin.check, fcheck, (len(fin_src.args) + 1,))
         empty = [c for c in (self.zero(main.xnumel), self.zero(main.rnumel)) if c is not None]
         k_main.wide_when, k_fin.wide_when = (self.wide(src) for src in (main, fin_src))  # for the plan too
         wides = [w or "False" for w in (k_main.wide_when, k_fin.wide_when)]
@@ -458,7 +459,7 @@ class CallWriter:
             elif kind == "reference":
                 self.on_reference(node, self.visible(node), 1)
             elif kind == "kernel":
-                self.step_kernel(node, data[0])
+                self.step_kernel(node, *data)
             else:
                 self.step_mix(node, data)
             # what the step did not take of the storage lent to it goes before the step, not after: a
@@ -518,7 +519,12 @@ def _sources(kind: str, data) -> list:
     """The KernelSources a kernel or mix-order step launches (one variant each: they share arguments)."""
     if kind == "kernel":
         return [next(iter(data[1].values()))]
-    return [data[1], next(iter(data[2].info.variants.values()))]
+    return [data[1], data[3]]
+
+
+def _union(*checks) -> tuple:
+    """Argument positions checked per launch, of every step that launches one kernel, in order."""
+    return tuple(sorted(set().union(*checks)))
 
 
 def _one_tensor(op) -> bool:
