@@ -573,6 +573,33 @@ def test_short_column_sums_are_timed():
     assert band(30000, 64, rows_contiguous=True) == []  # a row sum of 64: the rule's persistent rows
 
 
+def test_tall_rows_read_once_are_timed_in_many_rows_a_program():
+    """configs.uncertain's read-rows band: tall rows 64 to 1024 wide moving under 3 bytes an element (a
+    bfloat16 row read once, nothing row-sized written: a cross-entropy forward) time the rule's block against
+    64 rows a program looped in chunks of 64 on 8 warps; rows that are written too, float32 rows, wider or
+    narrower rows, few rows, small work and the interpreter keep the rule."""
+    from passline.backends.triton.configs import Device, Variant, rule, uncertain
+
+    gpu = Device(sms=132)
+    red = {Variant.PERSISTENT: None, Variant.LOOPED: None}
+
+    def band(rows, width, per_element, interpret=False, rows_contiguous=True):
+        row_bytes = width * per_element + 16  # (a target read, a loss and a flag written a row)
+        base = rule(red, rows, width, interpret, gpu, rows_contiguous=rows_contiguous, row_bytes=row_bytes)
+        out = uncertain(red, rows, width, interpret, gpu, rows_contiguous=rows_contiguous, base=base,
+                        row_bytes=row_bytes)
+        assert not out or out[0] == base  # the rule's own block first
+        return [(c.variant, c.xblock, c.rblock, c.warps) for c in out[1:]]
+
+    timed = [(Variant.LOOPED, 64, 64, 8)]
+    assert band(349525, 384, 2) == timed and band(699051, 192, 2) == timed and band(134218, 1000, 2) == timed
+    assert band(32768, 768, 2) == timed  # a model's tokens: 248 rows an SM
+    assert band(349525, 384, 4) == []  # float32 read once, or bfloat16 read and written (a softmax)
+    assert band(44739, 3000, 2) == [] and band(2097152, 32, 2) == []  # wider than 1024, narrower than 64
+    assert band(2000, 384, 2) == []  # under 16 rows an SM
+    assert band(349525, 384, 2, interpret=True) == [] and band(349525, 384, 2, rows_contiguous=False) == []
+
+
 def test_few_rows_are_timed_whole_and_in_chunks():
     """configs.uncertain's few-rows band: fewer rows than SMs along contiguous memory, 1 MB moved at least,
     time the rule's block against a whole row held in one persistent block (8, 16 and 32 warps up to 16384

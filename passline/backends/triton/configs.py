@@ -33,6 +33,8 @@ MIX_BAND_THREAD_ELEMENTS = 32  # elements a thread of the pointwise band's roomi
 SHORT_COLUMN = 256  # a column sum over at most this many rows (rounded up) is timed (uncertain) ...
 BAND_MIN_BYTES = 1 << 20  # a kernel moving fewer bytes is a launch's worth of work: the bands time nothing there
 FEW_ROWS_PERSISTENT = 1 << 16  # fewer rows than SMs: a row up to this long is also timed held whole (uncertain)
+READ_ROWS_BYTES = 3  # a row kernel moving under this a row element reads a 2-byte row and writes no row (uncertain)
+READ_ROWS_PER_SM = 16  # ... and is timed from this many rows an SM
 MIX_TILE_COLUMNS = TILED_COLUMNS  # columns a block of mix_order_tiled by rule (1024; see rule)
 MIX_TILE_WARPS = 4  # ... its warps
 MIX_TILE_STAGES = 3  # ... its row loop's pipeline depth
@@ -279,6 +281,26 @@ def uncertain(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, 
     whole backward 1.18× Inductor's time by rule, at Inductor's autotuned. Longer column sums keep the rule
     (and split_reductions spreads them over more programs).
 
+    Tall rows 64 to 1024 wide read once, 2 bytes an element, with nothing row-sized written (under
+    READ_ROWS_BYTES of traffic an element; `_read_rows_band`), at least READ_ROWS_PER_SM rows an SM: the rule's
+    block against 64 rows a program looped in chunks of 64 on 8 warps. Such a kernel has little to move a row
+    and a row's own work to do (a cross-entropy forward: the target's load, its bounds check and the log-sum-
+    exp), which many rows a program share; the rule's persistent block also pads a row to a power of two,
+    idle lanes that cost where the kernel is not waiting on memory. On an H200 (the row kernel's µs at its
+    first launch, autotune=True's timings; bfloat16 cross-entropy forward):
+
+    | rows × width | the rule | looped 64 × 64, 8 warps | Inductor (its row kernel) |
+    |---|---|---|---|
+    | 699051 × 192 | ~137 (8 rows of 256, 2 warps) | **87** | 151 |
+    | 349525 × 384 | 117 (2 rows of 512, 1 warp) | **81** | 150 |
+    | 174763 × 768 | 112 (1 row of 1024, 1 warp) | **79** | 109 |
+    | 32768 × 768 | 26 | **21** | 22 |
+    | 134218 × 1000 | **91** | 96 | 110 |
+
+    float32 rows (4 bytes an element read: 174763 × 384, 71 by rule against 74) and wider rows (44739 × 3000
+    bfloat16, 92 against 99) keep the rule, and so do kernels that write a row (a softmax reads and writes 4
+    bytes a bfloat16 element).
+
     Mix-order kernels (`_mix_band`, the rule's two-dimensional form `base`, `row_bytes` and `row_sums` as
     the rule had them) over at least MIX_BAND_ROWS_PER_SM rows an SM (the tall, memory-bound shapes), or
     MIX_POINTWISE_BAND_ROWS_PER_SM where the row side is pointwise, moving at least BAND_MIN_BYTES:
@@ -323,6 +345,8 @@ def uncertain(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, 
         if base is None or xnumel < per_sm * device.sms or _launch_sized(xnumel, rb, row_bytes):
             return []
         return _mix_band(base, rb, row_bytes, rnumel, row_sums, device)
+    if set(kinds) == {Variant.PERSISTENT, Variant.LOOPED} and rb <= 1024:
+        return _read_rows_band(xnumel, rnumel, rb, base, row_bytes, device)
     if set(kinds) == {Variant.PERSISTENT, Variant.LOOPED} and rb == GPU_PERSISTENT_MAX:
         return [Config(Variant.PERSISTENT, 1, rb, 8), Config(Variant.PERSISTENT, 1, rb, 32),
                 Config(Variant.LOOPED, 1, 2048, 16), Config(Variant.LOOPED, 1, 1024, 8)]
@@ -337,6 +361,20 @@ def _launch_sized(xnumel: int, rb: int, row_bytes: float | None) -> bool:
     """Whether a kernel over `xnumel` rows moves less than BAND_MIN_BYTES (`row_bytes` a row, else 4 bytes an
     element of the padded row): a launch's worth of work, where timing its configurations gains nothing."""
     return xnumel * (row_bytes or 4 * rb) < BAND_MIN_BYTES
+
+
+def _read_rows_band(xnumel: int, rnumel: int, rb: int, base: Config | None, row_bytes: float | None,
+                    device: Device) -> list:
+    """Tall rows 64 to 1024 wide that the kernel reads once, 2 bytes an element, and writes nothing row-sized
+    for (under READ_ROWS_BYTES of traffic an element: a bfloat16 cross-entropy forward), at least
+    READ_ROWS_PER_SM rows an SM, to time (see `uncertain`): the rule's `base` against 64 rows a program looped
+    in chunks of 64 on 8 warps; [] where the rule decides."""
+    if base is None or row_bytes is None or not 64 <= rb <= 1024 or xnumel < READ_ROWS_PER_SM * device.sms:
+        return []
+    if row_bytes >= READ_ROWS_BYTES * rnumel or _launch_sized(xnumel, rb, row_bytes):
+        return []
+    block = Config(Variant.LOOPED, 64, 64, 8)
+    return [base, block] if block != base else []
 
 
 def _few_rows_band(kinds: list, xnumel: int, rb: int, base: Config | None, row_bytes: float | None) -> list:
