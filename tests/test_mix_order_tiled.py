@@ -147,6 +147,11 @@ def test_tiled_split_counts_every_program_of_a_wave():
     waves = k.waves(tiled, Compiled(), 2237, 30000)
     per_wave = 132 * _resident(48, 8)  # 48 registers a thread on 8 warps: 5 programs an SM
     assert waves[0] == -(-2237 * 30 // per_wave) and all(s >= 64 for s in waves)
+    # every k-wave split's programs fit k waves: whole blocks of rows, each its 50 column blocks' programs
+    wide = k.waves(tiled, Compiled(), 8192, 50304)
+    for n, s in enumerate(wide, 1):
+        assert -(-8192 // s) * 50 <= n * per_wave
+    assert -(-8192 // (wide[0] - 1)) * 50 > per_wave  # and one row fewer a program would not
     whole_rows = Config(Variant.MIX_ORDER_ACC2D, 2, 1024, 8, 4, 128)  # one program a block of rows
     assert k.waves(whole_rows, Compiled(), 2237, 1000) == []  # a split of 3 rows is under the floor
 

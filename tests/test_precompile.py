@@ -475,7 +475,7 @@ def test_tall_mix_order_kernels_are_timed_over_waves_once_then_remembered(tmp_pa
     planned, launched, reports = _first_call_plan(monkeypatch, tmp_path, make(), inputs(rows), calls=3)
     (k,) = [k for r in reports for k in _kernels(r.runner) if isinstance(k, MixKernel)]
     cands = k.uncertain(rows, width)
-    assert 3 <= len(cands) <= 4 and cands[0] == k._rule(rows, width) and all(c.split == k.split for c in cands)
+    assert 3 <= len(cands) <= 6 and cands[0] == k._rule(rows, width) and all(c.split == k.split for c in cands)
     (fast_cfg,) = [c for c in cands if (c.xblock, c.warps) == fast]
     # built ahead: each candidate at the IR's split and at one to four whole waves (the stand-in's 255
     # registers a thread leave a few programs an SM), the finishing kernel for each count of programs

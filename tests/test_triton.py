@@ -550,9 +550,11 @@ def test_configuration_rules_follow_from_sizes_and_device():
 
 
 def test_short_column_sums_are_timed():
-    """configs.uncertain's short-column band: a column sum over at most 256 rows with a column per SM (a few
+    """configs.uncertain's column band: a column sum over at most 256 rows with a column per SM (a few
     rows' weight gradient) times the rule's chunk against whole columns in persistent blocks of 16, 32 and 64
-    columns; longer columns, fewer columns than SMs, contiguous rows and the interpreter keep the rule."""
+    columns; over 257 to 2048 rows (a bias gradient over 2048 tokens), against 8 to 32 whole columns in blocks
+    of 4096 to 16384 elements, 32 a thread; longer columns, fewer columns than SMs, contiguous rows and the
+    interpreter keep the rule."""
     from passline.backends.triton.configs import Device, Variant, rule, uncertain
 
     gpu = Device(sms=132)
@@ -568,7 +570,11 @@ def test_short_column_sums_are_timed():
     assert [(c.variant, c.xblock, c.rblock, c.warps) for c in found[1:]] == [
         (Variant.PERSISTENT, 16, 64, 1), (Variant.PERSISTENT, 32, 64, 4), (Variant.PERSISTENT, 64, 64, 8)]
     assert all(c.xblock * c.rblock <= 32 * 32 * c.warps for c in band(768, 256))  # at most 32 a thread
-    assert band(30000, 300) == [] and band(100, 64) == [] and band(30000, 64, interpret=True) == []
+    medium = band(12345, 2048)
+    assert medium[0] == rule(red, 12345, 2048, False, gpu, rows_contiguous=False, row_bytes=2048 * 8)
+    assert [(c.variant, c.xblock, c.rblock, c.warps) for c in medium[1:]] == [(Variant.PERSISTENT, 8, 2048, 16)]
+    assert [(c.xblock, c.warps) for c in band(30000, 300)[1:]] == [(8, 4), (16, 8), (32, 16)]  # 300 rows: 512
+    assert band(30000, 2049) == [] and band(100, 64) == [] and band(30000, 64, interpret=True) == []
     assert band(512, 64) == []  # 256 KB: a launch's worth (a split reduction's finishing sum)
     assert band(30000, 64, rows_contiguous=True) == []  # a row sum of 64: the rule's persistent rows
 
@@ -597,7 +603,8 @@ def test_tall_rows_read_once_are_timed_in_many_rows_a_program():
     assert band(349525, 384, 4) == []  # float32 read once, or bfloat16 read and written (a softmax)
     assert band(44739, 3000, 2) == [] and band(2097152, 32, 2) == []  # wider than 1024, narrower than 64
     assert band(2000, 384, 2) == []  # under 16 rows an SM
-    assert band(349525, 384, 2, interpret=True) == [] and band(349525, 384, 2, rows_contiguous=False) == []
+    assert band(349525, 384, 2, interpret=True) == []
+    assert timed[0] not in band(349525, 384, 2, rows_contiguous=False)  # column sums: the column band's
 
 
 def test_few_rows_are_timed_whole_and_in_chunks():
@@ -633,9 +640,9 @@ def test_few_rows_are_timed_whole_and_in_chunks():
 
 def test_tall_mix_order_kernels_no_rule_decides_are_timed():
     """configs.uncertain's mix-order band: tall mix-order kernels (rows >= 64 x SMs) whose rows are reduced
-    and at most 128 wide, or (rows >= 16 x SMs) pointwise (a bias gradient) and 257-4096 wide, time the rule's
-    block against a few others at the first launch; other shapes, the one-row form and the interpreter keep
-    the rule."""
+    and at most 128 wide, or (rows >= 16 x SMs) 257-4096 wide, reduced (a norm's backward) or pointwise (a bias
+    gradient), time the rule's block against a few others at the first launch, the one-row form among them
+    where the kernel has it; other shapes, the one-row form as the rule's and the interpreter keep the rule."""
     from passline.backends.triton.configs import (
         MIX_BAND_ROWS_PER_SM,
         MIX_POINTWISE_BAND_ROWS_PER_SM,
@@ -654,22 +661,35 @@ def test_tall_mix_order_kernels_no_rule_decides_are_timed():
         assert not out or out[0] == base  # the rule's own block first
         return [(c.variant, c.xblock, c.warps, c.stages, c.split) for c in out]
 
-    acc2d = Variant.MIX_ORDER_ACC2D
+    acc2d, one_row = Variant.MIX_ORDER_ACC2D, Variant.MIX_ORDER
     # RMSNorm backward, bfloat16 (6 bytes an element): the rule's 4 rows on 1 warp, 8 on 1 and 2, and 2
     assert band(1 << 21, 64, 64 * 6, True) == [(acc2d, 4, 1, 4, 128), (acc2d, 8, 1, 4, 128), (acc2d, 8, 2, 4, 128),
                                                (acc2d, 2, 1, 4, 128)]
     # ... float32 (12 bytes): the rule's 2 rows, 4 on 1 and 2 warps (never fewer than 2 rows)
     assert band(1 << 20, 64, 64 * 12, True) == [(acc2d, 2, 1, 4, 128), (acc2d, 4, 1, 4, 128), (acc2d, 4, 2, 4, 128)]
     # a bias gradient (pointwise row side) 384 wide, bfloat16: the rule's 2 rows on 2 warps, 1 on 1, 4 on 4
-    # (96 bytes a thread), and 4 rows on 2 (32 elements a thread)
-    assert band(349525, 384, 384 * 6, False) == [(acc2d, 2, 2, 4, 128), (acc2d, 1, 1, 4, 128), (acc2d, 4, 4, 4, 128),
-                                                 (acc2d, 4, 2, 4, 128)]
+    # (96 bytes a thread), and 4 rows on 2 (32 elements a thread); the one-row form, a row on 4 warps and two
+    # rows on the fewest warps whose threads each hold their columns of both (one: 64 threads of 8 columns)
+    assert band(349525, 384, 384 * 6, False) == [
+        (acc2d, 2, 2, 4, 128), (acc2d, 1, 1, 4, 128), (acc2d, 4, 4, 4, 128), (acc2d, 4, 2, 4, 128),
+        (one_row, 1, 4, 3, 128), (one_row, 2, 1, 3, 128)]
     # ... 3072 wide at a model's 8192 tokens: the rule's 2 rows on 16 warps, 1 row on 4 and 2 on 8 (32 elements a
-    # thread); float32's stages as shared memory allows; from 16 rows an SM on
-    assert band(8192, 3072, 3072 * 6, False) == [(acc2d, 2, 16, 4, 128), (acc2d, 1, 4, 4, 128), (acc2d, 2, 8, 4, 128)]
-    assert band(8192, 3072, 3072 * 12, False) == [(acc2d, 2, 16, 2, 128), (acc2d, 1, 4, 4, 128), (acc2d, 2, 8, 2, 128)]
+    # thread), the one-row form's 1 row on 4 warps and 2 on 8; float32's stages as shared memory allows; from 16
+    # rows an SM on
+    assert band(8192, 3072, 3072 * 6, False) == [(acc2d, 2, 16, 4, 128), (acc2d, 1, 4, 4, 128), (acc2d, 2, 8, 4, 128),
+                                                 (one_row, 1, 4, 3, 128), (one_row, 2, 8, 3, 128)]
+    assert band(8192, 3072, 3072 * 12, False) == [(acc2d, 2, 16, 2, 128), (acc2d, 1, 4, 4, 128), (acc2d, 2, 8, 2, 128),
+                                                  (one_row, 1, 4, 3, 128), (one_row, 2, 8, 3, 128)]
     few = MIX_POINTWISE_BAND_ROWS_PER_SM * gpu.sms
     assert band(few, 3072, 3072 * 6, False) != [] and band(few - 1, 3072, 3072 * 6, False) == []
+    # a norm's backward 257-4096 wide (rows reduced) from 16 rows an SM: the rule's block against one row on 4, 8
+    # and 16 warps (at least 4 elements a thread: 4 warps only at 512); float32 RMSNorm at 8192 x 2304 took 77.6
+    # us by rule on an H200, 57.5 on one row and 8 warps (Inductor 65.6)
+    assert band(8192, 2304, 2304 * 12, True) == [(acc2d, 2, 16, 2, 128), (one_row, 1, 4, 3, 128),
+                                                 (one_row, 1, 8, 3, 128), (one_row, 1, 16, 3, 128)]
+    assert band(576000, 384, 384 * 6, True) == [(acc2d, 4, 2, 4, 128), (one_row, 1, 4, 3, 128)]
+    assert band(few - 1, 2304, 2304 * 12, True) == []
+    assert band(8192, 2304, 2304 * 12, True, variants={acc2d: 128}) == []  # no one-row form: the rule
     # rows per block within the split: at a split of 4 the reduced band cannot double its 4 rows
     assert band(1 << 21, 64, 64 * 6, True, variants={Variant.MIX_ORDER: 4, acc2d: 4}) == [
         (acc2d, 4, 1, 4, 4), (acc2d, 2, 1, 4, 4)]
@@ -677,10 +697,10 @@ def test_tall_mix_order_kernels_no_rule_decides_are_timed():
     rows = MIX_BAND_ROWS_PER_SM * gpu.sms
     assert len(band(rows, 64, 64 * 6, True)) == 4 and band(rows - 1, 64, 64 * 6, True) == []
     assert band(rows - 1, 64, 64 * 6, True, device=Device(sms=100)) != []
-    # the rule decides: the interpreter; rows reduced wider than 128; a bias gradient of 128 or fewer columns
+    # the rule decides: the interpreter; rows reduced 129 to 256 wide; a bias gradient of 128 or fewer columns
     # (the one-row form) or wider than 4096; one form only (no two-dimensional accumulator)
     assert band(1 << 21, 64, 64 * 6, True, interpret=True) == []
-    assert band(576000, 384, 384 * 6, True) == [] and band(1 << 21, 256, 256 * 6, True) == []
+    assert band(1 << 21, 256, 256 * 6, True) == []
     assert band(1 << 21, 128, 128 * 6, False) == [] and band(1 << 18, 8192, 8192 * 6, False) == []
     assert band(1 << 21, 64, 64 * 6, True, variants={Variant.MIX_ORDER: 128}) == []
     # without the rule's configuration, nothing to time around
@@ -700,6 +720,41 @@ def test_a_bias_gradient_in_blocks_of_one_or_two_wide_rows_matches_eager(dtype, 
                               pipeline=text, codegen="triton", kernel_variant="mix_order_acc2d")
     mixed = [k.blocks for r in be.reports for k in r.kernel_info if k.chosen == "mix_order_acc2d"]
     assert mixed and all((m["XBLOCK"], m["RBLOCK"]) == (rows, 4096) for m in mixed), mixed
+
+
+def test_finishing_kernels_take_few_columns_in_blocks_of_four():
+    """configs.finish_rule, hand facts on a 132-SM GPU: a mix-order step's finish sums a float32 workspace
+    [splits, columns]; 264 to 2047 columns take 4 columns a program in steps of up to 1024 rows on 4 warps,
+    fewer columns a program a column (the rule's persistent rows), 2048 and more the column sums' rule."""
+    from passline.backends.triton.configs import Config, Device, Variant, finish_rule, rule
+
+    gpu, red = Device(sms=132), {Variant.PERSISTENT: None, Variant.LOOPED: None}
+    assert finish_rule(red, 384, 3680, False, gpu) == Config(Variant.LOOPED, 4, 1024, 4)
+    assert finish_rule(red, 768, 256, False, gpu) == Config(Variant.LOOPED, 4, 256, 4)  # rows: the workspace's
+    assert finish_rule(red, 64, 16000, False, gpu) == rule(red, 64, 16000, False, gpu, rows_contiguous=True)
+    assert finish_rule(red, 4096, 256, False, gpu) == rule(red, 4096, 256, False, gpu, rows_contiguous=False)
+    assert finish_rule(red, 384, 3680, True, gpu) == rule(red, 384, 3680, True, gpu)  # the interpreter's one
+
+
+def test_a_finishing_kernel_in_blocks_of_four_columns_matches_eager(monkeypatch):
+    # the GPU's finishing kernel (configs.finish_rule: 4 columns a program, a step of rows) run under the
+    # interpreter on an 8-SM device, so that 30 columns (not a multiple of 4) take it; 132 workspace rows in
+    # a step of 256, both masked; the bias gradient and the input's gradient as eager's
+    from passline.backends.triton import runner as prunner
+    from passline.backends.triton.configs import Device, finish_rule
+
+    taken = []
+
+    def gpu_rule(self, xnumel, rnumel, args=None):
+        taken.append(cfg := finish_rule(self.splits, xnumel, rnumel, False, Device(sms=8)))
+        return cfg
+    monkeypatch.setattr(prunner.FinishKernel, "_rule", gpu_rule)
+    text = passline.DEFAULT_PIPELINE.replace("mix_order_reduction",
+                                             "mix_order_reduction(split_rows=4, fill_sms=false)")
+    x = torch.randn(528, 30, requires_grad=True)
+    b = torch.randn(30, requires_grad=True)
+    assert_matches_eager(lambda x, b: torch.nn.functional.gelu(x + b), [x, b], pipeline=text, codegen="triton")
+    assert any((c.xblock, c.rblock, c.warps) == (4, 256, 4) for c in taken), taken
 
 
 def test_autotuning_times_the_rules_configuration_and_the_band():

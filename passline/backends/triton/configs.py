@@ -31,10 +31,13 @@ MIX_BAND_ROWS_PER_SM = 64  # a mix-order kernel with at least this many rows an 
 MIX_POINTWISE_BAND_ROWS_PER_SM = 16  # ... with a pointwise row side (a bias gradient: a model's 8192 tokens)
 MIX_BAND_THREAD_ELEMENTS = 32  # elements a thread of the pointwise band's roomier blocks
 SHORT_COLUMN = 256  # a column sum over at most this many rows (rounded up) is timed (uncertain) ...
+FINISH_WIDE_COLUMNS = 2048  # a mix-order finishing kernel with this many columns takes the column sums' rule
+MEDIUM_COLUMN = 2048  # ... and up to this many, held whole in blocks of 8 to 32 columns
 BAND_MIN_BYTES = 1 << 20  # a kernel moving fewer bytes is a launch's worth of work: the bands time nothing there
 FEW_ROWS_PERSISTENT = 1 << 16  # fewer rows than SMs: a row up to this long is also timed held whole (uncertain)
 READ_ROWS_BYTES = 3  # a row kernel moving under this a row element reads a 2-byte row and writes no row (uncertain)
 READ_ROWS_PER_SM = 16  # ... and is timed from this many rows an SM
+MIX_ONE_ROW_STAGES = 3  # the row loop's pipeline depth of the mix band's one-row form (see uncertain)
 MIX_TILE_COLUMNS = TILED_COLUMNS  # columns a block of mix_order_tiled by rule (1024; see rule)
 MIX_TILE_WARPS = 4  # ... its warps
 MIX_TILE_STAGES = 3  # ... its row loop's pipeline depth
@@ -273,13 +276,15 @@ def uncertain(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, 
     Column sums (strided rows) over at most SHORT_COLUMN rows, with at least a column per SM and at least
     BAND_MIN_BYTES moved (1 MB; less is a launch's worth of work, a split reduction's finishing sum): a
     few rows' weight or bias gradient (a backward over 64 rows sums 64 values a column). The rule's chunk of rows
-    against whole columns held in one persistent block of 16, 32 and 64 columns (`_short_column_band`). Such
+    against whole columns held in one persistent block of 16, 32 and 64 columns (`_column_band`). Such
     a kernel is a few microseconds, bound by how many loads an SM has in flight, which the block's shape and
     warps set in ways the rule does not see: on an H200 the float32 LayerNorm backward at 64 × 30000 took 7.9
     µs in its column kernel by rule (two loop steps of 64 × 32 on 8 warps) and 8.1 in one step of 64 × 64 on
     8, where autotuning's best was 4.8 (persistent, 16 × 64 on one warp; 32 × 64 on 4 warps within 2%); the
-    whole backward 1.18× Inductor's time by rule, at Inductor's autotuned. Longer column sums keep the rule
-    (and split_reductions spreads them over more programs).
+    whole backward 1.18× Inductor's time by rule, at Inductor's autotuned. Columns of 257 to MEDIUM_COLUMN rows:
+    the rule's chunks against 8 to 32 whole columns in blocks of 4096 to 16384 elements, 32 a thread (a bias
+    gradient over 2048 tokens of 12345 bfloat16 columns: 46 µs by rule, 30.6 as 8 whole columns on 16 warps,
+    H200). Longer column sums keep the rule (and split_reductions spreads them over more programs).
 
     Tall rows 64 to 1024 wide read once, 2 bytes an element, with nothing row-sized written (under
     READ_ROWS_BYTES of traffic an element; `_read_rows_band`), at least READ_ROWS_PER_SM rows an SM: the rule's
@@ -309,7 +314,10 @@ def uncertain(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, 
     again), and half its rows (two at least); where the row side is pointwise (a bias gradient) and its
     rows 257 to 4096 wide, the rule's two rows against, up to 1024 wide, one and four rows on the warps
     the rule's 96 bytes a thread give them and four rows at 32 elements a thread (MIX_BAND_THREAD_ELEMENTS);
-    wider, one, two and four rows (at most 8192 elements a block) at 32 elements a thread. At a model's 8192 tokens the
+    wider, one, two and four rows (at most 8192 elements a block) at 32 elements a thread; and where the kernel has
+    the one-row form, that form for rows 257 to 4096 wide from 16 rows an SM, reduced or not (`one_row` in
+    `_mix_band`: a float32 RMSNorm backward at 8192 × 2304 took 77.6 µs by rule, 57.3 one row a block on 4
+    warps, Inductor 65.6 on an H200; docs/backends.md has the rest). At a model's 8192 tokens the
     rule's block was up to 1.35× Inductor's time (GELU epilogue backward, H200 kernel µs, Inductor /
     the rule / the band's pick: 8192 × 768 bfloat16 19.8 / 26.8 / 20.8 on 4 rows and 4 warps; 8192 × 3072
     bfloat16 70.6 / 75.5 / 57.2 and float32 97.6 / 115.1 / 89.3, both one row on 4 warps; 4096 × 3072
@@ -339,12 +347,12 @@ def uncertain(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, 
     if xnumel < device.sms:
         return _few_rows_band(kinds, xnumel, rb, base, row_bytes) if rows_contiguous else []
     if not rows_contiguous:
-        return _short_column_band(kinds, xnumel, rb, base, row_bytes)
+        return _column_band(kinds, xnumel, rb, base, row_bytes)
     if any(v in MIX_FORMS for v in kinds):
-        per_sm = MIX_BAND_ROWS_PER_SM if row_sums else MIX_POINTWISE_BAND_ROWS_PER_SM
+        per_sm = MIX_BAND_ROWS_PER_SM if row_sums and rb <= 128 else MIX_POINTWISE_BAND_ROWS_PER_SM
         if base is None or xnumel < per_sm * device.sms or _launch_sized(xnumel, rb, row_bytes):
             return []
-        return _mix_band(base, rb, row_bytes, rnumel, row_sums, device)
+        return _mix_band(base, rb, row_bytes, rnumel, row_sums, device, Variant.MIX_ORDER in kinds)
     if set(kinds) == {Variant.PERSISTENT, Variant.LOOPED} and rb <= 1024:
         return _read_rows_band(xnumel, rnumel, rb, base, row_bytes, device)
     if set(kinds) == {Variant.PERSISTENT, Variant.LOOPED} and rb == GPU_PERSISTENT_MAX:
@@ -395,18 +403,23 @@ def _few_rows_band(kinds: list, xnumel: int, rb: int, base: Config | None, row_b
     return out if len(out) > 1 else []
 
 
-def _short_column_band(kinds: list, xnumel: int, rb: int, base: Config | None, row_bytes: float | None) -> list:
-    """A column sum over at most SHORT_COLUMN rows (after rounding up) that moves at least BAND_MIN_BYTES
-    to time (see `uncertain`), the rule's `base` first: whole columns held in one block, 16, 32 and 64
-    columns a program at 32, 16 and 16 elements a thread (at most 8 warps, at most 32 elements a thread); []
-    where the rule decides."""
-    if set(kinds) != {Variant.PERSISTENT, Variant.LOOPED} or rb > SHORT_COLUMN or base is None:
+def _column_band(kinds: list, xnumel: int, rb: int, base: Config | None, row_bytes: float | None) -> list:
+    """A column sum over at most MEDIUM_COLUMN rows (after rounding up) that moves at least BAND_MIN_BYTES
+    to time (see `uncertain`), the rule's `base` first: whole columns held in one block; up to SHORT_COLUMN
+    rows, 16, 32 and 64 columns a program at 32, 16 and 16 elements a thread (at most 8 warps); longer, 8 to
+    32 columns in blocks of 4096 to 16384 elements at 32 a thread (at most 16 warps); [] where the rule
+    decides."""
+    if set(kinds) != {Variant.PERSISTENT, Variant.LOOPED} or rb > MEDIUM_COLUMN or base is None:
         return []
     if _launch_sized(xnumel, rb, row_bytes):
         return []  # (a split reduction's finishing sum)
     out = [base]
-    for xb, per_thread in ((16, 32), (32, 16), (64, 16)):
-        warps = _clamp(xb * rb // (32 * per_thread), 1, 8)
+    if rb <= SHORT_COLUMN:
+        blocks = [(xb, per_thread, 8) for xb, per_thread in ((16, 32), (32, 16), (64, 16))]
+    else:  # longer columns: 8 to 32 of them whole in a block of 4096 to 16384 elements, 32 a thread
+        blocks = [(xb, 32, 16) for xb in (8, 16, 32) if 4096 <= xb * rb <= GPU_PERSISTENT_MAX]
+    for xb, per_thread, most_warps in blocks:
+        warps = _clamp(xb * rb // (32 * per_thread), 1, most_warps)
         c = Config(Variant.PERSISTENT, xb, rb, warps)
         if xb <= pow2(xnumel) and xb * rb <= 32 * 32 * warps and c not in out:
             out.append(c)
@@ -414,16 +427,24 @@ def _short_column_band(kinds: list, xnumel: int, rb: int, base: Config | None, r
 
 
 def _mix_band(base: Config, rb: int, row_bytes: float | None, rnumel: int | None, row_sums: bool,
-              device: Device) -> list:
+              device: Device, one_row: bool = False) -> list:
     """A tall mix-order kernel's configurations to time (see `uncertain`), the rule's `base` first; []
-    where the rule decides: the one-row form, rows wider than the band's, or nothing else fits the split."""
+    where the rule decides: the one-row form, rows wider than the band's, or nothing else fits the split.
+    `one_row`: the kernel has the one-row form too (Variant.MIX_ORDER), timed for rows 257 to 4096 wide."""
     if base.variant != Variant.MIX_ORDER_ACC2D:
         return []
     per_element = _per_element(row_bytes, rnumel)
+    rows = []  # the one-row form: (rows, warps), at least 4 elements a thread, three stages
+    if one_row and 256 < rb <= 4096:
+        rows = [(1, w) for w in ((4, 8, 16) if row_sums else (4,)) if rb >= 128 * w]
+        if not row_sums:  # two rows, each thread holding its columns of both (as mix_candidates)
+            rows += [(2, w) for w in (1, 2, 4, 8, 16) if 2 * rb <= 32 * 32 * w and rb // 8 >= 32 * w][:1]
     if row_sums and rb <= 128:  # narrow rows, reduced: one warp (the rule's), and two for twice the rows
         xb = base.xblock
         blocks = [(2 * xb, base.warps), (2 * xb, 2 * base.warps), (xb // 2, base.warps)]
         fewest = 2
+    elif row_sums and 256 < rb <= 4096:  # wider rows, reduced: the rule's block against the one-row form
+        blocks, fewest = [], 2
     elif not row_sums and 256 < rb <= 4096:  # a pointwise row side
         # up to 1024 wide: one and four rows at the rule's 96 bytes a thread, and four at 32 elements a thread;
         # wider: one, two and four rows at 32 elements a thread (within 8192 elements a block, below)
@@ -440,6 +461,8 @@ def _mix_band(base: Config, rb: int, row_bytes: float | None, rnumel: int | None
             c = Config(Variant.MIX_ORDER_ACC2D, xb, rb, warps, _stages(xb, rb, row_bytes, rnumel, device), base.split)
             if c not in out:
                 out.append(c)
+    stages = min(MIX_ONE_ROW_STAGES, _stages(1, rb, row_bytes, rnumel, device))
+    out += [Config(Variant.MIX_ORDER, xb, rb, w, stages, base.split) for xb, w in rows if xb <= pow2(base.split)]
     return out if len(out) > 1 else []
 
 
@@ -634,3 +657,38 @@ def rule(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, devic
     per_thread = _clamp(1 << max(0, round(math.log2(COLUMN_THREAD_BYTES / per_element))), 4, COLUMN_MOST_PER_THREAD)
     rbl = _clamp(32 * 8 * per_thread // xb, 1, min(256, rb))
     return Config(Variant.LOOPED, xb, rbl, _clamp(xb * rbl // (32 * per_thread), 1, 8))
+
+
+def finish_rule(variants: dict, xnumel: int, rnumel: int, interpret: bool, device: Device) -> Config:
+    """The configuration of a mix-order step's finishing kernel: `xnumel` columns, each summed over `rnumel`
+    rows of a float32 workspace [splits, columns] (one row a program of the main kernel: hundreds to
+    thousands). It is a column sum with few columns and long ones, which `rule`'s blocks of 16 or more columns
+    spread over too few programs. By the columns:
+
+    - at least FINISH_WIDE_COLUMNS: `rule`'s column sum (its blocks leave two programs an SM);
+    - from 2 x SMs: 4 columns a program (16 bytes a row) in steps of up to 1024 rows on 4 warps (8 rows of
+      4 columns a thread a step): a program per 4 columns, each with 16 KB in flight;
+    - fewer: a program a column, the whole column held at once (`rule`'s persistent rows: its loads strided,
+      but each program has its column's bytes in flight).
+
+    On an H200 (finishing kernel µs at the main kernel's chosen split; blocks are columns × rows a step, warps;
+    rows capped at the workspace's; by rows: a program a column, what every finish took before):
+
+    | step (backward) | dtype | rows × width | by rows | 4 × 1024, 4 | 8 × 1024, 8 | 16 × 512, 8 | 8 × 256, 4 |
+    |---|---|---|---|---|---|---|---|
+    | GELU epilogue (bias gradient) | bfloat16 | 349525 × 384 | 10.1 | **7.4** | 9.4 | 15.5 | 29.9 |
+    | GELU epilogue | bfloat16 | 32768 × 768 | 6.2 | **3.5** | **3.5** | 4.8 | 8.2 |
+    | LayerNorm | bfloat16 | 576000 × 384 | 4.3 | **3.7** | 4.0 | 5.1 | 4.7 |
+    | GELU epilogue | bfloat16 | 8192 × 768 | 2.1 | 2.0 | 1.9 | 1.9 | 2.3 |
+    | RMSNorm | bfloat16 | 2097152 × 64 | **10.8** | 22.4 | 21.0 | 35.8 | 28.9 |
+    | LayerNorm | float32 | 8192 × 4096 | 4.3 | 4.8 | 4.2 | 3.9 (`rule`'s: 16 × 256, 8) | **3.6** |
+
+    Where between 768 and 4096 columns the column rule starts to pay was not measured (FINISH_WIDE_COLUMNS).
+    Under the interpreter, `rule`'s one candidate."""
+    if interpret:
+        return rule(variants, xnumel, rnumel, interpret, device)
+    if xnumel >= FINISH_WIDE_COLUMNS:
+        return rule(variants, xnumel, rnumel, False, device, rows_contiguous=False)
+    if xnumel >= 2 * device.sms and Variant.LOOPED in variants:
+        return Config(Variant.LOOPED, 4, min(1024, pow2(rnumel)), 4)
+    return rule(variants, xnumel, rnumel, False, device, rows_contiguous=True)
