@@ -543,7 +543,7 @@ class MixKernel(Kernel):
         blocks of rows, whole. (Dividing the rows' programs by the wave instead rounds the split down past a
         whole block's worth: a bfloat16 GELU epilogue backward at 8192 × 50304, 50 column blocks and 924
         programs a wave, took a split of 444 rows, 19 blocks of rows, 950 programs: a second wave of 26, 912 µs
-        on an H200 against 796 at a split of 128.)"""
+        on an H200; at the whole-wave split of 456, 826 µs.)"""
         regs = getattr(compiled, "n_regs", 0) or 64
         smem = getattr(getattr(compiled, "metadata", None), "shared", 0) or 0
         wave = self.device.sms * _resident(regs, cfg.warps, smem)
