@@ -513,6 +513,24 @@ def test_recompute_columns_sums_norm_gradients_from_the_inputs(codegen):
         assert backward.kernels == kernels and (read_back == []) == bool(recomputed), graph.format()
 
 
+def test_mix_order_leaves_a_sum_over_one_row_alone():
+    # found by `make fuzz`: a pointwise node over (2, 1) and a row sum over its width of 1, which the pass saw as
+    # a column sum over one row of 2 columns and mixed into a nest (1 | 2) its pointwise member did not fit (the
+    # verifier caught it after the pass). A sum over a size-1 dim has nothing to mix: the graph runs as lowered
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from passline.lowering import decomposition_table, lower_graph
+
+    def f(x):
+        return x.mean(1), x.abs()
+
+    x = torch.randn(2, 1)
+    graph = SchedulerGraph.from_program(lower_graph(make_fx(f, decomposition_table=decomposition_table())(x)))
+    out, _ = passline.PassManager(passline.Pipeline.parse("mix_order_reduction(min_rows=1)")).run(graph)
+    assert out.verify() is None and not any(type(n).__name__ == "MixOrderNode" for n in out.nodes())
+    assert_matches_eager(f, [x], pipeline="mix_order_reduction(min_rows=1)", codegen="reference")
+
+
 def test_recompute_columns_leaves_rows_mix_order_takes():
     """Below min_row_bytes the column sums are mix_order_reduction's (computed from the row side's values in
     the row kernel, the inputs read once): nothing is recomputed and the backward is one mixed kernel."""

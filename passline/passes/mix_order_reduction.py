@@ -366,7 +366,9 @@ def _row_group(base, rows, cols, col, fixed: set, splits: dict):
     c_cols, c_rows = shape(col)
     if cols:
         return base if (c_cols, c_rows) == (cols, rows) else None
-    if not c_rows:
+    if not c_rows or all(r == 1 for r in c_rows):
+        # a pointwise side and a "column sum" over one row (a sum over a size-1 dim): nothing to mix, and its
+        # nest (1 | columns) is not one a pointwise member fits (its size-1 loop dropped, fuzzing found)
         return None
     target = tuple(c_rows) + tuple(c_cols)
     if tuple(rows) != target:  # flat pointwise work (merge_loops): split to the nest
