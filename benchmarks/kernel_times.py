@@ -11,13 +11,14 @@ loss: ones), for each contender compiled alone after `torch._dynamo.reset()`: In
 default), passline (`passline.backend(fallback="raise")`, a fresh cache directory so every choice is made in
 this run) and, with --autotune, passline with `autotune=True`.
 
-CUDA: the step runs twice, then --calls steps under torch.profiler; each kernel's device time is summed over
-them and divided by --calls (µs a step; memsets and copies included under their own names). For passline's
-kernels the table adds the configuration the kernel launched with (variant and blocks, the report's
-`KernelInfo`) and, where the first launch timed candidates (the timed bands of docs/backends.md, or all of
-them with --autotune), the fastest --timings of them in ms as timed (a mix-order kernel's with its finishing
-kernel, `+finish`). What the sweep (`sweep.py`) reports as one number per direction, this splits by kernel:
-which kernel is slower than its Inductor counterpart, and whether the rule or the timing chose it.
+CUDA: the step runs (compiling; checked against eager), once more, then --calls steps under torch.profiler;
+each kernel's device time is summed over them and divided by --calls (µs a step; memsets and copies included
+under their own names). For passline's kernels the table adds the configuration the kernel launched with
+(variant and blocks, the report's `KernelInfo`) and, where the first launch timed candidates (the timed bands
+of docs/backends.md, or all of them with --autotune), the fastest --timings of them in µs as timed (a mix-order
+kernel's with its finishing kernel, `+finish`). What the sweep (`sweep.py`) reports as one number per
+direction, this splits by kernel: which kernel is slower than its Inductor counterpart, and whether the rule or
+the timing chose it.
 
 Each contender's gradients are compared with eager's in the case's dtype (relative error: norm of the difference
 over eager's norm, printed and in --json; the sweep's float64 check is the strict one).
@@ -39,7 +40,7 @@ import torch  # (does not import triton: TRITON_INTERPRET is set in main(), befo
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import differentiated, fresh, make_case, rel_err  # noqa: E402
+from bench_common import differentiated, fresh, gpu_profile, make_case, rel_err  # noqa: E402
 
 
 def parse_case(text: str) -> tuple:
@@ -69,19 +70,11 @@ def training_step(fn, case):
 
 
 def kernel_us(step, calls: int) -> dict:
-    """{kernel name: device µs a step} over `calls` steps under torch.profiler, after two steps outside it."""
+    """{kernel name: device µs a step} over `calls` steps under torch.profiler (bench_common.gpu_profile)."""
     from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
 
-    step()
-    step()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            step()
-        torch.cuda.synchronize()
     out: dict = collections.defaultdict(float)
-    for e in prof.events():
+    for e in gpu_profile(step, calls).events():
         if e.device_type == DeviceType.CUDA:
             out[e.name] += e.device_time / calls
     return dict(out)
