@@ -117,12 +117,9 @@ def run_case(spec: tuple, args) -> dict:
             fn = torch.compile(case.fn, backend=be, dynamic=False)
         step = training_step(fn, case)
         err = max(rel_err(a, b) for a, b in zip(step(), expected))
-        if args.device == "cuda":
-            times = kernel_us(step, args.calls)
-        else:
-            # the interpreter: compiled and run (above), nothing timed
-            times = {n: None for n in passline_kernels(be)}
-        infos = passline_kernels(be) if be is not None else {}
+        infos = passline_kernels(be) if be is not None else {}  # (compiled by the step above)
+        # the interpreter: compiled and run (above), nothing timed
+        times = kernel_us(step, args.calls) if args.device == "cuda" else dict.fromkeys(infos)
         total = sum(t for t in times.values() if t) if args.device == "cuda" else None
         print(f"  {who}: " + (f"{total:.1f} us a step" if total is not None else "kernels (not timed)")
               + f"; gradients against eager's: relative error {err:.1e}")

@@ -189,14 +189,21 @@ def mix_candidates(form: Variant, rb: int, split: int, interpret: bool) -> list:
     if form == Variant.MIX_ORDER:
         usual = _warps(rb)
         configs += [(1, w) for w in dict.fromkeys(usual + (min(16, 2 * usual[0]),))]
-        if 2 in xbs:  # 8 bf16 columns per thread per load (16 bytes): rb / 8 threads along a row
-            configs += [(2, w) for w in (1, 2, 4, 8, 16) if 2 * rb <= 32 * 32 * w and rb // 8 >= 32 * w]
+        if 2 in xbs:
+            configs += [(2, w) for w in _two_row_warps(rb)]
     else:
         configs += [(xb, w) for xb in xbs if 2 <= xb <= 8 and xb * rb <= 8192 for w in _warps(xb * rb)]
     out = [cand(xb, w, st) for xb, w in configs for st in MIX_STAGES]
     if form == Variant.MIX_ORDER:
         out.append(cand(1, _warps(rb)[0], 1))
     return out
+
+
+def _two_row_warps(rb: int) -> list:
+    """Warps on which the one-row form (`mix_order`) holds two rows of `rb` a block with each thread holding
+    its columns of both: 8 bfloat16 columns a thread a load (16 bytes), so rb / 8 threads along a row, and at most
+    32 elements of the block a thread."""
+    return [w for w in (1, 2, 4, 8, 16) if 2 * rb <= 32 * 32 * w and rb // 8 >= 32 * w]
 
 
 def tiled_candidates(rb: int, split: int, interpret: bool) -> list:
@@ -438,7 +445,7 @@ def _mix_band(base: Config, rb: int, row_bytes: float | None, rnumel: int | None
     if one_row and 256 < rb <= 4096:
         rows = [(1, w) for w in ((4, 8, 16) if row_sums else (4,)) if rb >= 128 * w]
         if not row_sums:  # two rows, each thread holding its columns of both (as mix_candidates)
-            rows += [(2, w) for w in (1, 2, 4, 8, 16) if 2 * rb <= 32 * 32 * w and rb // 8 >= 32 * w][:1]
+            rows += [(2, w) for w in _two_row_warps(rb)[:1]]
     if row_sums and rb <= 128:  # narrow rows, reduced: one warp (the rule's), and two for twice the rows
         xb = base.xblock
         blocks = [(2 * xb, base.warps), (2 * xb, 2 * base.warps), (xb // 2, base.warps)]
