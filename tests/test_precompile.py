@@ -403,9 +403,11 @@ def _rms_norm_bf16():
 
 # tall mix-order kernels no rule decides (configs.uncertain's mix band), bfloat16: the module, its inputs'
 # (rows, width) and bias, the (rows a block, warps) the stand-in timing makes fastest
-MIX_BAND = {
-    "rms_norm_backward": (_rms_norm_bf16, (20000, 64), False, (8, 1)),
-    "bias_gradient": (lambda: _gelu_bias, (20000, 384), True, (1, 1)),
+MIX_BAND = {  # (function, shape, a bias input, the candidate the stand-in times fastest: (rows, warps), its form)
+    "rms_norm_backward": (_rms_norm_bf16, (20000, 64), False, (8, 1), "mix_order_acc2d"),
+    # a pointwise row side: a narrow block of the tiled form (32 rows of 64 columns on 4 warps), planned and
+    # timed as the whole-row forms are
+    "bias_gradient": (lambda: _gelu_bias, (20000, 384), True, (32, 4), "mix_order_tiled"),
 }
 
 
@@ -451,7 +453,7 @@ def test_tall_mix_order_kernels_are_timed_over_waves_once_then_remembered(tmp_pa
     from passline.backends.triton import runner as prunner
     from passline.backends.triton.runner import MixKernel
 
-    make, (rows, width), bias, fast = MIX_BAND[case]
+    make, (rows, width), bias, fast, form = MIX_BAND[case]
 
     def cfg_of(key):
         return key[0] if isinstance(key, tuple) else key
@@ -491,7 +493,7 @@ def test_tall_mix_order_kernels_are_timed_over_waves_once_then_remembered(tmp_pa
     again = {fast_cfg} | {fast_cfg.with_split(s) for s in waves[fast_cfg] if fast_cfg.xblock <= s}
     assert set(timed) == first | again and len(set(timed)) > len(first)
     chosen = k.choices[k.bucket(rows, width)]
-    assert chosen in again and k.info.chosen == "mix_order_acc2d" and chosen in k.timed
+    assert chosen in again and k.info.chosen == form and chosen in k.timed
     # the first call ran the choice, and the two after it replayed it (timed once)
     assert [cfg_of(key) for kk, key, *_ in launched if kk is k][-3:] == [chosen] * 3
     assert sum(r.metrics.counters["kernel_choices_timed"] for r in reports) == 1
@@ -570,7 +572,7 @@ def test_a_mix_order_timing_that_fails_leaves_the_rule_placed(tmp_path, monkeypa
     def bench(self, c, *args, **kwargs):
         raise torch.cuda.OutOfMemoryError("no memory to time")
     monkeypatch.setattr(prunner.Kernel, "_bench", bench)
-    make, (rows, width), _, _ = MIX_BAND["rms_norm_backward"]
+    make, (rows, width), *_ = MIX_BAND["rms_norm_backward"]
     x = torch.randn(rows, width, dtype=torch.bfloat16, requires_grad=True)
     _, launched, reports = _first_call_plan(monkeypatch, tmp_path, make(), [x])
     (k,) = [k for r in reports for k in _kernels(r.runner) if isinstance(k, MixKernel)]

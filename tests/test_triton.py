@@ -707,6 +707,42 @@ def test_tall_mix_order_kernels_no_rule_decides_are_timed():
     assert uncertain(mix, 1 << 21, 64, False, gpu, row_bytes=64 * 6, row_sums=True) == []
 
 
+def test_a_pointwise_row_side_times_narrow_blocks():
+    """configs._narrow_blocks: a mix-order kernel whose row side is pointwise and which has the tiled form
+    beside the whole-row ones (runner: on a GPU) also times many rows of 64 or 128 columns, 16 elements a
+    thread: whole rows where they are 64 or 128 wide, blocks of columns (the tiled form) where wider."""
+    from passline.backends.triton.configs import Device, Variant, rule, uncertain
+
+    gpu = Device(sms=132)
+    acc2d, one_row, tiled = Variant.MIX_ORDER_ACC2D, Variant.MIX_ORDER, Variant.MIX_ORDER_TILED
+    forms = {one_row: 128, acc2d: 128, tiled: 128}
+
+    def band(rows, width, row_bytes, row_sums=False, variants=forms):
+        base = rule(variants, rows, width, False, gpu, row_bytes=row_bytes, row_sums=row_sums)
+        out = uncertain(variants, rows, width, False, gpu, base=base, row_bytes=row_bytes, row_sums=row_sums)
+        assert not out or out[0] == base
+        return [(c.variant, c.xblock, c.rblock, c.warps, c.stages) for c in out]
+
+    # 64 wide: the rule's one row on one warp (the one-row form), then 32 and 64 whole rows on 4 and 8 warps
+    assert band(1 << 21, 64, 64 * 6) == [(one_row, 1, 64, 1, 4), (acc2d, 32, 64, 4, 3), (acc2d, 64, 64, 8, 3)]
+    assert band(1 << 21, 128, 128 * 6) == [(one_row, 1, 128, 1, 4), (acc2d, 32, 128, 8, 3)]
+    # 2304 wide (4096 lanes): the rule's two rows, the one-row form's one and two rows, then blocks of 64 and 128
+    # columns (the whole-row band's other blocks of one to four rows give way to them)
+    assert band(8192, 2304, 2304 * 6) == [(acc2d, 2, 4096, 16, 4), (one_row, 1, 4096, 4, 3), (one_row, 2, 4096, 8, 3),
+                                          (tiled, 32, 64, 4, 3), (tiled, 64, 64, 8, 3), (tiled, 32, 128, 8, 3)]
+    without = band(8192, 2304, 2304 * 6, variants={one_row: 128, acc2d: 128})
+    assert len(without) == 5 and all(v != tiled for v, *_ in without)
+    # rows within the split: at a split of 16, 16 rows a block (and its warps)
+    assert band(1 << 21, 64, 64 * 6, variants={one_row: 16, acc2d: 16, tiled: 16})[1:] == [(acc2d, 16, 64, 2, 3)]
+    # not for a row side that reduces its rows, rows under 64 wide, or without the tiled form
+    assert all(v != tiled and xb <= 8 for v, xb, *_ in band(8192, 2304, 2304 * 12, row_sums=True))
+    assert band(1 << 21, 32, 32 * 6) == []
+    assert band(1 << 21, 64, 64 * 6, variants={one_row: 128, acc2d: 128}) == []
+    # the tiled form beside the whole-row ones is not the wide row side's rule (that is its only form)
+    assert rule(forms, 8192, 2304, False, gpu, row_bytes=2304 * 6).variant == acc2d
+    assert rule({tiled: 128}, 8192, 8192, False, gpu, row_bytes=8192 * 6).variant == tiled
+
+
 @pytest.mark.parametrize("dtype,rows", [(torch.bfloat16, 1), (torch.float32, 2)])
 def test_a_bias_gradient_in_blocks_of_one_or_two_wide_rows_matches_eager(dtype, rows):
     # the mix band's blocks of a pointwise row side 257-4096 wide (configs._mix_band): the two-dimensional
@@ -720,6 +756,21 @@ def test_a_bias_gradient_in_blocks_of_one_or_two_wide_rows_matches_eager(dtype, 
                               pipeline=text, codegen="triton", kernel_variant="mix_order_acc2d")
     mixed = [k.blocks for r in be.reports for k in r.kernel_info if k.chosen == "mix_order_acc2d"]
     assert mixed and all((m["XBLOCK"], m["RBLOCK"]) == (rows, 4096) for m in mixed), mixed
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_a_bias_gradient_in_blocks_of_columns_of_whole_rows_matches_eager(dtype):
+    # the tiled form on a node of whole rows (the mix band's narrow blocks, configs._narrow_blocks; here forced):
+    # 3000 columns in blocks of 1024 (the last one partial), 4 rows a program; the GELU epilogue's gradients
+    text = passline.DEFAULT_PIPELINE.replace("mix_order_reduction",
+                                             "mix_order_reduction(split_rows=4, fill_sms=false)")
+    x = torch.randn(42, 3000, dtype=dtype, requires_grad=True)
+    b = torch.randn(3000, dtype=dtype, requires_grad=True)
+    be = assert_matches_eager(lambda x, b: torch.nn.functional.gelu(x + b), [x, b], pipeline=text, codegen="triton",
+                              kernel_variant="mix_order_tiled")
+    tiled = [k for r in be.reports for k in r.kernel_info if k.chosen == "mix_order_tiled"]
+    assert tiled and all(k.blocks["RBLOCK"] == 1024 for k in tiled), [k.blocks for k in tiled]
+    assert all("mix_order" in k.variants for k in tiled)  # a node of whole rows, not one the pass tiled
 
 
 def test_finishing_kernels_take_few_columns_in_blocks_of_four():

@@ -330,11 +330,14 @@ def uncertain(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, 
     bfloat16 70.6 / 75.5 / 57.2 and float32 97.6 / 115.1 / 89.3, both one row on 4 warps; 4096 × 3072
     bfloat16 38.5 / 40.9 / 31.3; 16384 × 1024 48.4 / 44.3 / 39.1), where the rule's 96 bytes a thread (16
     warps for two rows of 4096) had been tuned on tall shapes (349525 × 384, 65536 × 768: the rule's block
-    still wins there). Each is timed at one whole wave of programs with the finishing kernel after it, and
-    the leaders again at two to four whole waves and the IR's split (runner.MixKernel._fastest_split: on
-    an H200 RMSNorm's backward below took 240 µs at one wave and 217 at four, 8 rows a block; LayerNorm's
-    245 and 246). On an H200 two such points stayed slower than Inductor by rule and were at about
-    Inductor's time autotuned (docs/benchmarks.md):
+    still wins there). Where the row side is pointwise and the kernel has the tiled form (on a GPU, always), its
+    blocks of one to four whole rows give way to narrow blocks — many rows of 64 or 128 columns, whole rows or
+    blocks of columns — timed from 64 columns on (`_narrow_blocks`: at 2097152 × 64 and 349525 × 384 bfloat16
+    264 µs against the rule's 366 and 389). Each is timed at one whole wave of programs with the finishing
+    kernel after it, and the leaders again at two to four whole waves and the IR's split
+    (runner.MixKernel._fastest_split: on an H200 RMSNorm's backward below took 240 µs at one wave and 217 at
+    four, 8 rows a block; LayerNorm's 245 and 246). On an H200 two such points stayed slower than Inductor by
+    rule and were at about Inductor's time autotuned (docs/benchmarks.md):
 
     | kernel (backward) | dtype | rows × width | the rule | by rule | autotuned |
     |---|---|---|---|---|---|
@@ -359,7 +362,8 @@ def uncertain(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, 
         per_sm = MIX_BAND_ROWS_PER_SM if row_sums and rb <= 128 else MIX_POINTWISE_BAND_ROWS_PER_SM
         if base is None or xnumel < per_sm * device.sms or _launch_sized(xnumel, rb, row_bytes):
             return []
-        return _mix_band(base, rb, row_bytes, rnumel, row_sums, device, Variant.MIX_ORDER in kinds)
+        return _mix_band(base, rb, row_bytes, rnumel, row_sums, device, Variant.MIX_ORDER in kinds,
+                         Variant.MIX_ORDER_TILED in kinds and Variant.MIX_ORDER_ACC2D in kinds)
     if set(kinds) == {Variant.PERSISTENT, Variant.LOOPED} and rb <= 1024:
         return _read_rows_band(xnumel, rnumel, rb, base, row_bytes, device)
     if set(kinds) == {Variant.PERSISTENT, Variant.LOOPED} and rb == GPU_PERSISTENT_MAX:
@@ -434,10 +438,14 @@ def _column_band(kinds: list, xnumel: int, rb: int, base: Config | None, row_byt
 
 
 def _mix_band(base: Config, rb: int, row_bytes: float | None, rnumel: int | None, row_sums: bool,
-              device: Device, one_row: bool = False) -> list:
+              device: Device, one_row: bool = False, column_blocks: bool = False) -> list:
     """A tall mix-order kernel's configurations to time (see `uncertain`), the rule's `base` first; []
-    where the rule decides: the one-row form, rows wider than the band's, or nothing else fits the split.
-    `one_row`: the kernel has the one-row form too (Variant.MIX_ORDER), timed for rows 257 to 4096 wide."""
+    where the rule decides: rows wider than the band's, or nothing else fits the split.
+    `one_row`: the kernel has the one-row form too (Variant.MIX_ORDER), timed for rows 257 to 4096 wide.
+    `column_blocks`: its row side is pointwise and it has the tiled form beside the whole-row ones, whose
+    narrow blocks of columns are timed (`_narrow_blocks`)."""
+    if column_blocks and not row_sums and base.variant == Variant.MIX_ORDER and rb <= 128:
+        return _narrow_blocks(base, rb, row_bytes, rnumel, device)
     if base.variant != Variant.MIX_ORDER_ACC2D:
         return []
     per_element = _per_element(row_bytes, rnumel)
@@ -452,7 +460,9 @@ def _mix_band(base: Config, rb: int, row_bytes: float | None, rnumel: int | None
         fewest = 2
     elif row_sums and 256 < rb <= 4096:  # wider rows, reduced: the rule's block against the one-row form
         blocks, fewest = [], 2
-    elif not row_sums and 256 < rb <= 4096:  # a pointwise row side
+    elif not row_sums and 256 < rb <= 4096 and column_blocks:  # a pointwise row side: narrow blocks (below)
+        blocks, fewest = [], 1
+    elif not row_sums and 256 < rb <= 4096:  # ... without the tiled form
         # up to 1024 wide: one and four rows at the rule's 96 bytes a thread, and four at 32 elements a thread;
         # wider: one, two and four rows at 32 elements a thread (within 8192 elements a block, below)
         narrow = rb <= 1024
@@ -470,6 +480,56 @@ def _mix_band(base: Config, rb: int, row_bytes: float | None, rnumel: int | None
                 out.append(c)
     stages = min(MIX_ONE_ROW_STAGES, _stages(1, rb, row_bytes, rnumel, device))
     out += [Config(Variant.MIX_ORDER, xb, rb, w, stages, base.split) for xb, w in rows if xb <= pow2(base.split)]
+    if column_blocks and not row_sums and 256 < rb <= 4096:
+        out += [c for c in _narrow_blocks(base, rb, row_bytes, rnumel, device) if c not in out]
+    return out if len(out) > 1 else []
+
+
+MIX_NARROW_BLOCKS = ((64, 32), (64, 64), (128, 32))  # (columns, rows) of the band's narrow blocks (see below)
+MIX_NARROW_PER_THREAD = 16  # ... elements a thread (2048 on 4 warps, 4096 on 8)
+
+
+def _narrow_blocks(base: Config, rb: int, row_bytes: float | None, rnumel: int | None, device: Device) -> list:
+    """The rule's `base` and a pointwise row side's narrow blocks: many rows of 64 or 128 columns, 16 elements a
+    thread, three stages — whole rows where they are 64 or 128 wide (the two-dimensional form: a block of the
+    row's width), else blocks of columns (the tiled form). A row side such as the GELU epilogue's backward (an
+    erf and an exp an element) is bound by its instructions as much as by memory: a block padded past the row
+    (2304 columns in 4096 lanes) computes on idle lanes, a one-row block of a narrow row spends its loop's
+    bookkeeping on few elements, and a program of one warp leaves an SM few warps. On an H200 (the kernel's µs
+    with its finishing kernel as the first launch timed them; bfloat16 but the last two):
+
+    | rows × width | the rule's block | the best before | the narrow block picked |
+    |---|---|---|---|
+    | 2097152 × 64 | 366 (1 row, 1 warp) | 366 | 267 (32 × 64, 4 warps) |
+    | 349525 × 384 | 389 (2 × 512, 2 warps) | 389 | 264 (32 × 64, 4 warps) |
+    | 8192 × 2304 | 78 (2 × 4096, 16 warps) | 61 (1 row, 4 warps) | 51 (32 × 128, 8 warps) |
+    | 32768 × 768 | 81 (2 × 1024, 4 warps) | 77 | 61 (32 × 64, 4 warps) |
+    | 8192 × 768 | 32 | 28 | 25 (32 × 64, 4 warps) |
+    | 134218 × 1000 | 293 | **272** (kept; 32 × 64: 288) | |
+    | 1048576 × 64 float32 | 218 | 218 | 205 (64 × 64, 8 warps) |
+    | 174763 × 384 float32 | 223 | 222 | 202 (64 × 64, 4 warps) |
+
+    Profiled against Inductor's pointwise kernel and column sum (µs a step, bfloat16): 2097152 × 64 264 against
+    351, 349525 × 384 263 against 360, 8192 × 2304 46 against 54, 32768 × 768 57 against 71. Blocks of fewer
+    rows (2 to 16 rows of 64 to 512 columns, 1 to 4 warps: 8 to 32 elements a thread) were 1.1-4x slower at
+    every point. Which block wins moves with the row side's work, which the rule does not see (a 1000-wide
+    row, not a multiple of 64 columns, kept the one-row form; so did 8192 × 3072 and 4096 × 2816 bfloat16:
+    60.6 against 61.4, and 36.2 against 58, where the IR's split of 16 rows capped the blocks at 16 rows), so
+    they are timed. Beside them the whole-row band of a pointwise row side keeps the rule's block and the
+    one-row form: its other two-dimensional blocks (one to four rows, `_mix_band`) won at none of these ten
+    points (within 3% of the best at three), so a kernel with the tiled form no longer times them (fewer
+    binaries at the first call)."""
+    out = [base]
+    for cols, rows in MIX_NARROW_BLOCKS:
+        if cols > rb or (cols < rb and rb <= 128):
+            continue
+        xb = min(rows, pow2(base.split))
+        warps = _clamp(xb * cols // (32 * MIX_NARROW_PER_THREAD), 1, 16)
+        stages = min(MIX_ONE_ROW_STAGES, _stages(xb, cols, row_bytes, rnumel, device))
+        c = Config(Variant.MIX_ORDER_TILED if cols < rb else Variant.MIX_ORDER_ACC2D, xb, cols, warps, stages,
+                   base.split)
+        if xb >= 2 and c not in out:
+            out.append(c)
     return out if len(out) > 1 else []
 
 
@@ -620,7 +680,7 @@ def rule(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, devic
     rb = pow2(rnumel)
     if any(v in MIX_FORMS for v in kinds):
         split = variants[kinds[0]]
-        if Variant.MIX_ORDER_TILED in kinds:  # a wide pointwise row side: blocks of columns (see rule)
+        if kinds == [Variant.MIX_ORDER_TILED]:  # a wide pointwise row side: blocks of columns (see rule)
             rbl = min(rb, MIX_TILE_COLUMNS)
             step = MIX_TILE_WARPS * 32 * MIX_POINTWISE_SHARE  # bytes of traffic a program's step
             rows = step / (rbl * _per_element(row_bytes, rnumel))  # (the workspace adds a little: round)

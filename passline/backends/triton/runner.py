@@ -522,17 +522,15 @@ class MixKernel(Kernel):
         # plan (TritonRunner._first_launches) compiled it there: its launch then compiles nothing to place from
         self.placements: dict = {}
 
-    @property
-    def tiled(self) -> bool:
-        """Whether the kernel takes its columns in blocks (mix_order_tiled: its only form)."""
-        return Variant.MIX_ORDER_TILED in self.info.variants
-
-    def _floor(self, xnumel: int) -> int:
-        """The smallest split tried: at most MAX_PROGRAMS_PER_SM programs per SM, never under 16 rows
-        (tiny blocks make huge workspaces); 64 where the columns are in blocks (mix_order_tiled), whose
-        programs a block of rows are many: its float32 workspace [splits, columns] is then at most a 64th of
-        a float32 input's bytes, a 32nd of a bfloat16's, written once and read once more."""
-        fewest = TILED_MIN_SPLIT if self.tiled else MIN_SPLIT
+    def _floor(self, xnumel: int, variant: Variant | None = None) -> int:
+        """The smallest split tried for `variant` (None: the smallest of the kernel's forms): at most
+        MAX_PROGRAMS_PER_SM programs per SM, never under 16 rows (tiny blocks make huge workspaces); 64 where
+        the columns are in blocks (mix_order_tiled), whose programs a block of rows are many: its float32
+        workspace [splits, columns] is then at most a 64th of a float32 input's bytes, a 32nd of a bfloat16's,
+        written once and read once more."""
+        tiled = variant == Variant.MIX_ORDER_TILED or (variant is None and set(self.info.variants) ==
+                                                       {Variant.MIX_ORDER_TILED})
+        fewest = TILED_MIN_SPLIT if tiled else MIN_SPLIT
         return max(fewest, math.ceil(xnumel / (self.device.sms * MAX_PROGRAMS_PER_SM)))
 
     def waves(self, cfg: Config, compiled, xnumel: int, rnumel: int) -> list[int]:
@@ -548,7 +546,7 @@ class MixKernel(Kernel):
         smem = getattr(getattr(compiled, "metadata", None), "shared", 0) or 0
         wave = self.device.sms * _resident(regs, cfg.warps, smem)
         blocks = cfg.column_blocks(rnumel)  # programs a block of rows
-        floor = self._floor(xnumel)
+        floor = self._floor(xnumel, cfg.variant)
         splits = (math.ceil(xnumel / max(1, wave * k // blocks)) for k in (1, 2, 3, 4))
         return [s for s in dict.fromkeys(splits) if s >= floor]
 
@@ -1103,9 +1101,13 @@ class TritonRunner:
                 raise Unsupported(f"mix-order column reduction {bad[0]}")
             blocks = {"XBLOCK": 1, "RBLOCK": 1, "SPLIT": int(node.split_rows)}
             # a node whose columns are tiled has that form only (its rows are too wide for a block); others
-            # the whole-row forms, the two-dimensional one a multi-kernel candidate (on the CPU: when forced)
+            # the whole-row forms, the two-dimensional one a multi-kernel candidate (on the CPU: when forced),
+            # and where the row side is pointwise the tiled form too, on a GPU (the mix band's narrow blocks
+            # of columns, configs._narrow_blocks) or when forced
             forms = (Variant.MIX_ORDER_TILED,) if node.tiled else (Variant.MIX_ORDER, Variant.MIX_ORDER_ACC2D)
             main, finish = kgen.generate_mix(node, self.graph, self.interpret, blocks, forms[0])
+            if not node.tiled and not main.row_sums and (not self.interpret or self.variant == Variant.MIX_ORDER_TILED):
+                forms += (Variant.MIX_ORDER_TILED,)
             variants = {forms[0]: main}
             for form in forms[1:]:
                 variants[form] = kgen.generate_mix(node, self.graph, self.interpret, blocks, form)[0]
