@@ -773,6 +773,29 @@ def test_a_bias_gradient_in_blocks_of_columns_of_whole_rows_matches_eager(dtype)
     assert all("mix_order" in k.variants for k in tiled)  # a node of whole rows, not one the pass tiled
 
 
+@pytest.mark.parametrize("width,dtype,layout", [(100, torch.float32, "rows"), (130, torch.bfloat16, "rows"),
+                                                (384, torch.float32, "padded"), (1000, torch.bfloat16, "rows")])
+def test_narrow_blocks_of_columns_match_eager_at_odd_widths_and_layouts(monkeypatch, width, dtype, layout):
+    # the GPU band's narrow blocks (configs._narrow_blocks: 64 columns a block, many rows) on nodes of whole rows
+    # under the interpreter: the tiled form forced and its candidate narrowed to 64 columns of 8 rows. Widths
+    # that are not a multiple of 64 (a partial last block of columns), a 130-wide row (three blocks, the last of
+    # two columns), and rows further apart than their width (x a slice of wider rows)
+    from passline.backends.triton import configs
+
+    def narrow(rb, split, interpret):
+        return [configs.Config(configs.Variant.MIX_ORDER_TILED, min(8, configs.pow2(split)), 64, 4, 1, split)]
+    monkeypatch.setattr(configs, "tiled_candidates", narrow)
+    text = passline.DEFAULT_PIPELINE.replace("mix_order_reduction",
+                                             "mix_order_reduction(split_rows=16, fill_sms=false)")
+    x = torch.randn(70, width + 24, dtype=dtype)[:, :width] if layout == "padded" else torch.randn(70, width, dtype=dtype)
+    x.requires_grad_()
+    b = torch.randn(width, dtype=dtype, requires_grad=True)
+    be = assert_matches_eager(lambda x, b: torch.nn.functional.gelu(x + b, approximate="tanh") * 2, [x, b],
+                              pipeline=text, codegen="triton", kernel_variant="mix_order_tiled")
+    tiled = [k for r in be.reports for k in r.kernel_info if k.chosen == "mix_order_tiled"]
+    assert tiled and all(k.blocks["RBLOCK"] == 64 and "mix_order" in k.variants for k in tiled), tiled
+
+
 def test_finishing_kernels_take_few_columns_in_blocks_of_four():
     """configs.finish_rule, hand facts on a 132-SM GPU: a mix-order step's finish sums a float32 workspace
     [splits, columns]; 264 to 2047 columns take 4 columns a program in steps of up to 1024 rows on 4 warps,
