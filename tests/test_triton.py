@@ -787,8 +787,7 @@ def test_narrow_blocks_of_columns_match_eager_at_odd_widths_and_layouts(monkeypa
     monkeypatch.setattr(configs, "tiled_candidates", narrow)
     text = passline.DEFAULT_PIPELINE.replace("mix_order_reduction",
                                              "mix_order_reduction(split_rows=16, fill_sms=false)")
-    x = torch.randn(70, width + 24, dtype=dtype)[:, :width] if layout == "padded" else torch.randn(70, width, dtype=dtype)
-    x.requires_grad_()
+    x = torch.randn(70, width + 24 if layout == "padded" else width, dtype=dtype)[:, :width].requires_grad_()
     b = torch.randn(width, dtype=dtype, requires_grad=True)
     be = assert_matches_eager(lambda x, b: torch.nn.functional.gelu(x + b, approximate="tanh") * 2, [x, b],
                               pipeline=text, codegen="triton", kernel_variant="mix_order_tiled")
