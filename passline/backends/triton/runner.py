@@ -522,15 +522,12 @@ class MixKernel(Kernel):
         # plan (TritonRunner._first_launches) compiled it there: its launch then compiles nothing to place from
         self.placements: dict = {}
 
-    def _floor(self, xnumel: int, variant: Variant | None = None) -> int:
-        """The smallest split tried for `variant` (None: the smallest of the kernel's forms): at most
-        MAX_PROGRAMS_PER_SM programs per SM, never under 16 rows (tiny blocks make huge workspaces); 64 where
-        the columns are in blocks (mix_order_tiled), whose programs a block of rows are many: its float32
-        workspace [splits, columns] is then at most a 64th of a float32 input's bytes, a 32nd of a bfloat16's,
-        written once and read once more."""
-        tiled = variant == Variant.MIX_ORDER_TILED or (variant is None and set(self.info.variants) ==
-                                                       {Variant.MIX_ORDER_TILED})
-        fewest = TILED_MIN_SPLIT if tiled else MIN_SPLIT
+    def _floor(self, xnumel: int, variant: Variant) -> int:
+        """The smallest split tried for `variant`: at most MAX_PROGRAMS_PER_SM programs per SM, never under 16
+        rows (tiny blocks make huge workspaces); 64 where the columns are in blocks (mix_order_tiled), whose
+        programs a block of rows are many: its float32 workspace [splits, columns] is then at most a 64th of a
+        float32 input's bytes, a 32nd of a bfloat16's, written once and read once more."""
+        fewest = TILED_MIN_SPLIT if variant == Variant.MIX_ORDER_TILED else MIN_SPLIT
         return max(fewest, math.ceil(xnumel / (self.device.sms * MAX_PROGRAMS_PER_SM)))
 
     def waves(self, cfg: Config, compiled, xnumel: int, rnumel: int) -> list[int]:
@@ -552,7 +549,8 @@ class MixKernel(Kernel):
 
     def workspace_rows(self, xnumel: int) -> int:
         """Rows of each workspace while timing: one per program at the smallest split that may be tried."""
-        return max(1, math.ceil(xnumel / min(self.split, self._floor(xnumel))))
+        floor = min(self._floor(xnumel, v) for v in self.info.variants)  # the smallest of the kernel's forms
+        return max(1, math.ceil(xnumel / min(self.split, floor)))
 
     def _tuned(self) -> bool:
         return not self.interpret and self.tune_split
