@@ -323,6 +323,16 @@ def test_gpu_max_and_min_reductions_compile_in_every_dtype(gpu_compile, dtype):
         assert _count(ptx, r"\bmax\.NaN\.") and _count(ptx, r"\bmin\.NaN\."), ptx[-2000:]
 
 
+def test_a_persistent_log_sum_exps_terms_are_one_exponential_each_on_the_gpu(gpu_compile):
+    # a row held whole (persistent): the sum's terms are ex2.approx.ftz (`_exp_term`) as in the online loop;
+    # softmax's exponentials, stored, keep tl.exp's ex2.approx with its subnormal fix-up (no .ftz)
+    x = torch.randn(3, 1000, dtype=torch.bfloat16)
+    ptx = "".join(gpu_compile(lambda x: torch.log_softmax(x.float(), -1), x, False, "lse").values())
+    assert _count(ptx, r"ex2\.approx\.ftz\.f32") >= 1, ptx[-3000:]
+    ptx = "".join(gpu_compile(lambda x: torch.softmax(x.float(), -1), x, False, "softmax").values())
+    assert _count(ptx, r"ex2\.approx\.ftz\.f32") == 0 and _count(ptx, r"ex2\.approx\.f32") >= 1, ptx[-3000:]
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_online_softmax_terms_are_one_exponential_each_on_the_gpu(gpu_compile, dtype):
     # a row too wide to hold (looped, max and sum online): each term of the sum is one ex2.approx.ftz

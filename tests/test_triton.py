@@ -582,8 +582,9 @@ def test_short_column_sums_are_timed():
 def test_tall_rows_read_once_are_timed_in_many_rows_a_program():
     """configs.uncertain's read-rows band: tall rows 64 to 1024 wide moving under 3 bytes an element (a
     bfloat16 row read once, nothing row-sized written: a cross-entropy forward) time the rule's block against
-    64 rows a program looped in chunks of 64 on 8 warps; rows that are written too, float32 rows, wider or
-    narrower rows, few rows, small work and the interpreter keep the rule."""
+    64 rows a program looped in chunks of 64 on 8 warps and twice the rule's rows on its warps (64 elements a
+    thread); rows that are written too, float32 rows, wider or narrower rows, few rows, small work and the
+    interpreter keep the rule."""
     from passline.backends.triton.configs import Device, Variant, rule, uncertain
 
     gpu = Device(sms=132)
@@ -597,9 +598,13 @@ def test_tall_rows_read_once_are_timed_in_many_rows_a_program():
         assert not out or out[0] == base  # the rule's own block first
         return [(c.variant, c.xblock, c.rblock, c.warps) for c in out[1:]]
 
-    timed = [(Variant.LOOPED, 64, 64, 8)]
-    assert band(349525, 384, 2) == timed and band(699051, 192, 2) == timed and band(134218, 1000, 2) == timed
-    assert band(32768, 768, 2) == timed  # a model's tokens: 248 rows an SM
+    looped = (Variant.LOOPED, 64, 64, 8)
+    # the rule: 2 rows of 512 on 1 warp, 8 of 256 on 2, 1 of 1024 on 1 (32 a thread); twice the rows on those
+    assert band(349525, 384, 2) == [looped, (Variant.PERSISTENT, 4, 512, 1)]
+    assert band(699051, 192, 2) == [looped, (Variant.PERSISTENT, 16, 256, 2)]
+    assert band(134218, 1000, 2) == [looped, (Variant.PERSISTENT, 2, 1024, 1)]
+    assert band(32768, 768, 2) == [looped, (Variant.PERSISTENT, 2, 1024, 1)]  # a model's tokens: 248 rows an SM
+    timed = [looped]
     assert band(349525, 384, 4) == []  # float32 read once, or bfloat16 read and written (a softmax)
     assert band(44739, 3000, 2) == [] and band(2097152, 32, 2) == []  # wider than 1024, narrower than 64
     assert band(2000, 384, 2) == []  # under 16 rows an SM
@@ -1313,6 +1318,35 @@ def test_a_looped_kernels_per_row_loads_come_before_its_loop():
     (k,) = [k for r in be.reports for k in r.kernel_info if k.chosen == "looped"]
     before, loop = k.source.split("for roffset")
     assert before.count("tl.load(") == 2 and loop.count("tl.load(") == 1, k.source
+
+
+def test_a_persistent_kernels_gather_comes_before_its_reductions():
+    # cross-entropy's target logit x[i, t[i]]: its index reads no reduction, so the target's arithmetic, its
+    # bounds check and the gathered load are written before the row's max and sum (after them, the load was
+    # a second round trip to memory at each program's end); the sum's terms are `_exp_term`s (the GPU's
+    # ex2.approx.ftz; the interpreter's tl.exp), while softmax, whose exponentials are stored, keeps tl.exp.
+    # A gather at a reduction's result (an argmax) stays after it. All against eager.
+    import torch.nn.functional as F
+
+    x, t = torch.randn(6, 1000, requires_grad=True), torch.tensor([0, 999, 5, -100, 17, 3])
+    be = assert_matches_eager(lambda x, t: F.cross_entropy(x, t), [x, t], codegen="triton")
+    (k,) = [k for r in be.reports[:1] for k in r.kernel_info if "gather" in k.source]
+    assert k.chosen == "persistent"
+    before, after = k.source.split("tl.reduce(", 1)
+    check = "_check_index(" if "_check_index(" in k.source else "tl.device_assert("  # the interpreter's, a GPU's
+    assert check in before and before.count("tl.load(") == 3, k.source  # logits, target, target logit
+    assert "= _exp_term(" in after and "= tl.exp(" not in after, k.source
+    be = assert_matches_eager(lambda x: torch.softmax(x, -1), [torch.randn(6, 1000)], codegen="triton")
+    (k,) = [k for r in be.reports for k in r.kernel_info]
+    assert "= tl.exp(" in k.source and "= _exp_term(" not in k.source, k.source
+
+    def picked(x):
+        return x.gather(1, x.argmax(1, keepdim=True)) * x.sum(1, keepdim=True)
+
+    be = assert_matches_eager(picked, [torch.randn(6, 1000)], codegen="triton")
+    (k,) = [k for r in be.reports for k in r.kernel_info if k.chosen == "persistent"]
+    before, after = k.source.split("tl.reduce(", 1)
+    assert before.count("tl.load(") == 1 and after.count("tl.load(") == 1, k.source
 
 
 def test_a_looped_kernels_row_index_is_checked_once_before_its_loop():

@@ -295,7 +295,8 @@ def uncertain(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, 
 
     Tall rows 64 to 1024 wide read once, 2 bytes an element, with nothing row-sized written (under
     READ_ROWS_BYTES of traffic an element; `_read_rows_band`), at least READ_ROWS_PER_SM rows an SM: the rule's
-    block against 64 rows a program looped in chunks of 64 on 8 warps. Such a kernel has little to move a row
+    block against 64 rows a program looped in chunks of 64 on 8 warps, and twice the rule's rows on its warps
+    (a one-warp program is one of at most 32 an SM: `_read_rows_band`). Such a kernel has little to move a row
     and a row's own work to do (a cross-entropy forward: the target's load, its bounds check and the log-sum-
     exp), which many rows a program share; the rule's persistent block also pads a row to a power of two,
     idle lanes that cost where the kernel is not waiting on memory. On an H200 (the row kernel's µs at its
@@ -387,13 +388,19 @@ def _read_rows_band(xnumel: int, rnumel: int, rb: int, base: Config | None, row_
     """Tall rows 64 to 1024 wide that the kernel reads once, 2 bytes an element, and writes nothing row-sized
     for (under READ_ROWS_BYTES of traffic an element: a bfloat16 cross-entropy forward), at least
     READ_ROWS_PER_SM rows an SM, to time (see `uncertain`): the rule's `base` against 64 rows a program looped
-    in chunks of 64 on 8 warps; [] where the rule decides."""
+    in chunks of 64 on 8 warps, and twice the rule's rows on its warps (64 elements a thread: a program of one
+    warp is one of at most 32 an SM, the SM's limit on programs, so half its warp slots stay empty and each
+    warp must keep twice the bytes in flight; the bfloat16 cross-entropy forward at 134218 x 1000 took 84.3
+    us with two rows on one warp against the rule's 91.7, H200); [] where the rule decides."""
     if base is None or row_bytes is None or not 64 <= rb <= 1024 or xnumel < READ_ROWS_PER_SM * device.sms:
         return []
     if row_bytes >= READ_ROWS_BYTES * rnumel or _launch_sized(xnumel, rb, row_bytes):
         return []
-    block = Config(Variant.LOOPED, 64, 64, 8)
-    return [base, block] if block != base else []
+    blocks = [Config(Variant.LOOPED, 64, 64, 8)]
+    if base.variant == Variant.PERSISTENT:
+        blocks.append(attrs.evolve(base, xblock=2 * base.xblock))
+    blocks = [b for b in blocks if b != base]
+    return [base, *blocks] if blocks else []
 
 
 def _few_rows_band(kinds: list, xnumel: int, rb: int, base: Config | None, row_bytes: float | None) -> list:
