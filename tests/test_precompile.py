@@ -122,6 +122,79 @@ def test_a_failing_job_or_a_dying_worker_is_reported_not_raised(tmp_path, target
         pytest.skip("Triton cannot compile for CUDA here (no ptxas?)")
 
 
+def test_a_worker_starts_without_torch_and_the_pool_can_start_early(tmp_path, target, triton_cache):
+    # importing the passline package imports torch (2-5 s a worker; 8 at once took a GPT-2's first 7 kernels
+    # 15 s on an H200 host): a worker runs precompile.py as a module of its own, which a compile leaves
+    # torch-free too, and takes its jobs as plain tuples. Pool.start() boots every worker at once (dynamo's
+    # first graph does it with compile_in="processes"); the jobs then run on them.
+    import subprocess
+    import sys
+
+    kernel = tmp_path / "k.py"
+    kernel.write_text(textwrap.dedent("""
+        import triton
+        import triton.language as tl
+
+        @triton.jit
+        def k(p, n, XBLOCK: tl.constexpr):
+            i = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)
+            tl.store(p + i, tl.load(p + i, mask=i < n) * 2, mask=i < n)
+        """))
+    jobs = [Job(str(kernel), "k", (("ptr", "float32"), 100), (("XBLOCK", xb), ("num_warps", 4))) for xb in (64, 128)]
+    probe = precompile._BOOT.replace("m._serve()", (
+        "from triton.backends.compiler import GPUTarget; t = GPUTarget('cuda', 90, 32); ok = True\n"
+        "try:\n    with m.offline(t): m.compile_job(m.Job(*sys.argv[2:4], (('ptr', 'float32'), 100), "
+        "(('XBLOCK', 64), ('num_warps', 4))), t)\nexcept Exception: ok = False\nprint(ok, 'torch' in sys.modules)"))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", probe, precompile.__file__, str(kernel), "k"], capture_output=True,
+                         text=True, env=env, timeout=300)
+    assert out.returncode == 0 and out.stdout.split()[-1] == "False", out.stdout + out.stderr[-2000:]
+    pool = Pool(2)
+    try:
+        pool.start()
+        assert pool.started == 2 and pool.idle.qsize() == 2
+        booted = {w.proc.pid for w in list(pool.idle.queue)}
+        ok = pool.run(jobs, target)
+        assert {w.proc.pid for w in list(pool.idle.queue)} == booted  # the jobs ran on those workers
+    finally:
+        pool.close()
+    if out.stdout.split()[0] == "False":
+        pytest.skip("Triton cannot compile for CUDA here (no ptxas?)")
+    assert ok == [True, True]
+
+
+def test_dynamo_starts_the_workers_for_a_gpu_graph_with_compile_in_processes(monkeypatch):
+    # the dynamo backend boots the pool as a graph of CUDA tensors arrives (FakeTensors here: no GPU), with
+    # compile_in="processes" only, not for the reference codegen nor autotune=True (nothing compiled ahead),
+    # and a pool that cannot start is not the user's error
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from passline.backends.dynamo import _start_compile_workers
+
+    started = []
+
+    class Stub:
+        def start(self):
+            started.append(1)
+            if len(started) > 2:
+                raise OSError("no processes left")
+    monkeypatch.setattr(precompile, "pool", lambda workers=None: Stub())
+    with FakeTensorMode():
+        gpu = [torch.empty(4, device="cuda")]
+    cpu = [torch.empty(4)]
+    with passline.settings(compile_in="processes"):
+        on, ref, tuned = passline.backend(), passline.backend(codegen="reference"), passline.backend(autotune=True)
+    with passline.settings(compile_in="threads"):
+        threads = passline.backend()
+    for be, inputs in ((on, cpu), (ref, gpu), (tuned, gpu), (threads, gpu)):
+        _start_compile_workers(be, inputs)
+    assert started == []
+    _start_compile_workers(on, gpu)
+    _start_compile_workers(on, gpu)
+    _start_compile_workers(on, gpu)  # raises inside: kept from the caller
+    assert started == [1, 1, 1]
+
+
 @pytest.mark.parametrize("compile_in", ["processes", "threads"])
 def test_precompile_never_fails_the_call(tmp_path, monkeypatch, compile_in):
     # whatever goes wrong (the pool cannot start; a thread's warmup finds no usable driver), the runner's

@@ -580,9 +580,9 @@ def test_short_column_sums_are_timed():
 
 
 def test_tall_rows_read_once_are_timed_in_many_rows_a_program():
-    """configs.uncertain's read-rows band: tall rows 64 to 1024 wide moving under 3 bytes an element (a
-    bfloat16 row read once, nothing row-sized written: a cross-entropy forward) time the rule's block against
-    64 rows a program looped in chunks of 64 on 8 warps and twice the rule's rows on its warps (64 elements a
+    """configs.uncertain's read-rows band: tall rows 64 to 1024 wide moving under 3 bytes an element (a bfloat16 row
+    read once, nothing row-sized written: a cross-entropy forward) time the rule's block against 64 rows a program
+    looped in chunks of 64 on 8 warps and, where the rule's program is one warp, twice its rows on it (64 elements a
     thread); rows that are written too, float32 rows, wider or narrower rows, few rows, small work and the
     interpreter keep the rule."""
     from passline.backends.triton.configs import Device, Variant, rule, uncertain
@@ -599,9 +599,9 @@ def test_tall_rows_read_once_are_timed_in_many_rows_a_program():
         return [(c.variant, c.xblock, c.rblock, c.warps) for c in out[1:]]
 
     looped = (Variant.LOOPED, 64, 64, 8)
-    # the rule: 2 rows of 512 on 1 warp, 8 of 256 on 2, 1 of 1024 on 1 (32 a thread); twice the rows on those
+    # the rule: 2 rows of 512 on 1 warp, 8 of 256 on 2, 1 of 1024 on 1 (32 a thread); twice the rows on one warp
     assert band(349525, 384, 2) == [looped, (Variant.PERSISTENT, 4, 512, 1)]
-    assert band(699051, 192, 2) == [looped, (Variant.PERSISTENT, 16, 256, 2)]
+    assert band(699051, 192, 2) == [looped]  # two warps a program: 64 of them an SM, no slots left empty
     assert band(134218, 1000, 2) == [looped, (Variant.PERSISTENT, 2, 1024, 1)]
     assert band(32768, 768, 2) == [looped, (Variant.PERSISTENT, 2, 1024, 1)]  # a model's tokens: 248 rows an SM
     timed = [looped]
@@ -863,6 +863,27 @@ def test_autotuning_times_the_rules_configuration_and_the_band():
         else:
             assert band and any(c not in fixed for c in band)
     assert autotune_candidates(fixed, None) == fixed
+
+
+def test_rows_of_8193_to_16384_read_once_are_timed_on_4_warps_too():
+    # configs.uncertain's band for the widest persistent rows: held on 8 and 32 warps, looped in chunks of
+    # 2048 on 16 and 1024 on 8; a row read once at 2 bytes an element (a bfloat16 cross-entropy forward:
+    # the row, a target and a loss a row) also on 4 warps; a row read and written (a softmax) not
+    from passline.backends.triton.configs import Device, Variant, rule, uncertain
+
+    gpu = Device(sms=132)
+    red = {Variant.PERSISTENT: None, Variant.LOOPED: None}
+
+    def band(per_element):
+        row_bytes = 12345 * per_element + 16
+        base = rule(red, 10872, 12345, False, gpu, row_bytes=row_bytes)
+        return [(c.variant, c.rblock, c.warps) for c in uncertain(red, 10872, 12345, False, gpu, base=base,
+                                                                  row_bytes=row_bytes)]
+
+    four = [(Variant.PERSISTENT, 16384, 8), (Variant.PERSISTENT, 16384, 32), (Variant.LOOPED, 2048, 16),
+            (Variant.LOOPED, 1024, 8)]
+    assert band(2) == four + [(Variant.PERSISTENT, 16384, 4)]
+    assert band(4) == four and band(8) == four
 
 
 def test_persistent_rows_take_32_elements_a_thread_and_few_rows_more_warps():

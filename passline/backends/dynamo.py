@@ -5,6 +5,7 @@ forward and backward graphs; each is lowered, scheduled by the pipeline and run 
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import itertools
 import os
@@ -110,6 +111,7 @@ class Backend:
         self._ids = itertools.count()
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs):
+        _start_compile_workers(self, example_inputs)
         replace_wrong_decompositions(gm)
         # the FX stage rewrites gm in place: keep a copy to run as captured, should a pass fail half-way
         as_captured = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph)) if self.pipeline.fx_calls() else gm
@@ -329,6 +331,21 @@ def _dynamo_handles(e: Exception) -> bool:
 def backend(pipeline=None, codegen: str = "auto", **options) -> Backend:
     """A torch.compile backend running `pipeline` and generating code with `codegen`."""
     return Backend(pipeline=pipeline, codegen=codegen, **options)
+
+
+def _start_compile_workers(backend: Backend, example_inputs) -> None:
+    """With compile_in="processes", start the compile workers as dynamo hands over a graph of GPU tensors:
+    they boot while it is traced, partitioned and scheduled, and its first compile finds them waiting. Not
+    where nothing is compiled ahead (the reference codegen; autotune=True, which compiles each candidate
+    where it times it). A pool that cannot start is the first compile's to find (it then compiles in the
+    parent), never the user's call's."""
+    if backend.codegen == "reference" or backend.autotune or backend.settings.compile_in != "processes":
+        return
+    if any(isinstance(t, torch.Tensor) and t.device.type == "cuda" for t in example_inputs):
+        from .triton.precompile import pool
+
+        with contextlib.suppress(Exception):
+            pool().start()
 
 
 def _on_cpu(graph) -> bool:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib.util
 import json
 import os
 import sys
@@ -95,12 +94,9 @@ def interpreting(on: bool):
 def load_kernel(path: Path, fn_name: str, interpret: bool):
     """Import the kernel module at `path` (Triton reads the source from the file) and return the
     jitted function; under `interpret` it is built for Triton's CPU interpreter."""
-    name = f"passline_kernels.{path.stem}"
-    if name in sys.modules:
-        return getattr(sys.modules[name], fn_name)
+    from .precompile import import_kernel
+
+    if f"passline_kernels.{path.stem}" in sys.modules:  # imported already: no environment to set
+        return import_kernel(path, fn_name)
     with interpreting(interpret):
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    sys.modules[name] = module
-    return getattr(module, fn_name)
+        return import_kernel(path, fn_name)

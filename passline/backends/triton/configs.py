@@ -246,6 +246,11 @@ def uncertain(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, 
     | softmax forward | float32 | 5436 × 12345 | 258 | 239 | **189** | 210 | 239 | 233 |
     | log-softmax forward | float32 | 5436 × 12345 | 255 | 234 | 192 | **188** | 237 | 202 |
 
+    A kernel that reads its row once, 2 bytes an element, and writes nothing row-sized (under READ_ROWS_BYTES
+    of traffic an element: a bfloat16 cross-entropy forward) holds few values an element, and is timed on 4
+    warps too (P4, 128 elements a thread): at 10872 × 12345 bfloat16 its row kernel took 89.4 µs on 4 warps
+    against 95.0 on 8 (do_bench, H200).
+
     No quantity the rule sees (bytes an element, dtype, width, registers of the persistent binary)
     orders these alike across kernels, so the four are timed (`Kernel._choose`), compiled ahead with the
     graph's other kernels, and the choice is kept on disk like an autotuned one. Narrower rows keep the
@@ -293,13 +298,13 @@ def uncertain(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, 
     gradient over 2048 tokens of 12345 bfloat16 columns: 46 µs by rule, 30.6 as 8 whole columns on 16 warps,
     H200). Longer column sums keep the rule (and split_reductions spreads them over more programs).
 
-    Tall rows 64 to 1024 wide read once, 2 bytes an element, with nothing row-sized written (under
-    READ_ROWS_BYTES of traffic an element; `_read_rows_band`), at least READ_ROWS_PER_SM rows an SM: the rule's
-    block against 64 rows a program looped in chunks of 64 on 8 warps, and twice the rule's rows on its warps
-    (a one-warp program is one of at most 32 an SM: `_read_rows_band`). Such a kernel has little to move a row
-    and a row's own work to do (a cross-entropy forward: the target's load, its bounds check and the log-sum-
-    exp), which many rows a program share; the rule's persistent block also pads a row to a power of two,
-    idle lanes that cost where the kernel is not waiting on memory. On an H200 (the row kernel's µs at its
+    Tall rows 64 to 1024 wide read once, 2 bytes an element, with nothing row-sized written (under READ_ROWS_BYTES
+    of traffic an element; `_read_rows_band`), at least READ_ROWS_PER_SM rows an SM: the rule's block against 64
+    rows a program looped in chunks of 64 on 8 warps, and, where the rule's program is one warp, twice its rows on
+    it (a one-warp program is one of at most 32 an SM: `_read_rows_band`). Such a kernel has little to move a row
+    and a row's own work to do (a cross-entropy forward: the target's load, its bounds check and the log-sum-exp),
+    which many rows a program share; the rule's persistent block also pads a row to a power of two, idle lanes that
+    cost where the kernel is not waiting on memory. On an H200 (the row kernel's µs at its
     first launch, autotune=True's timings; bfloat16 cross-entropy forward):
 
     | rows × width | the rule | looped 64 × 64, 8 warps | Inductor (its row kernel) |
@@ -368,8 +373,11 @@ def uncertain(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, 
     if set(kinds) == {Variant.PERSISTENT, Variant.LOOPED} and rb <= 1024:
         return _read_rows_band(xnumel, rnumel, rb, base, row_bytes, device)
     if set(kinds) == {Variant.PERSISTENT, Variant.LOOPED} and rb == GPU_PERSISTENT_MAX:
-        return [Config(Variant.PERSISTENT, 1, rb, 8), Config(Variant.PERSISTENT, 1, rb, 32),
+        band = [Config(Variant.PERSISTENT, 1, rb, 8), Config(Variant.PERSISTENT, 1, rb, 32),
                 Config(Variant.LOOPED, 1, 2048, 16), Config(Variant.LOOPED, 1, 1024, 8)]
+        if row_bytes is not None and rnumel and row_bytes < READ_ROWS_BYTES * rnumel:
+            band.append(Config(Variant.PERSISTENT, 1, rb, 4))  # a row read once: 128 elements a thread
+        return band
     if Variant.LOOPED in kinds and not set(kinds) - {Variant.PERSISTENT, Variant.LOOPED} and rb > GPU_PERSISTENT_MAX:
         wide = [Config(Variant.LOOPED, 1, chunk, MAX_WARPS) for chunk in (16384, 8192, 4096)]
         wide.append(Config(Variant.LOOPED, 1, 2048, 8))  # short chunks, several programs an SM
@@ -385,19 +393,19 @@ def _launch_sized(xnumel: int, rb: int, row_bytes: float | None) -> bool:
 
 def _read_rows_band(xnumel: int, rnumel: int, rb: int, base: Config | None, row_bytes: float | None,
                     device: Device) -> list:
-    """Tall rows 64 to 1024 wide that the kernel reads once, 2 bytes an element, and writes nothing row-sized
-    for (under READ_ROWS_BYTES of traffic an element: a bfloat16 cross-entropy forward), at least
-    READ_ROWS_PER_SM rows an SM, to time (see `uncertain`): the rule's `base` against 64 rows a program looped
-    in chunks of 64 on 8 warps, and twice the rule's rows on its warps (64 elements a thread: a program of one
-    warp is one of at most 32 an SM, the SM's limit on programs, so half its warp slots stay empty and each
-    warp must keep twice the bytes in flight; the bfloat16 cross-entropy forward at 134218 x 1000 took 84.3
+    """Tall rows 64 to 1024 wide that the kernel reads once, 2 bytes an element, and writes nothing row-sized for
+    (under READ_ROWS_BYTES of traffic an element: a bfloat16 cross-entropy forward), at least READ_ROWS_PER_SM rows
+    an SM, to time (see `uncertain`): the rule's `base` against 64 rows a program looped in chunks of 64 on 8 warps,
+    and where the rule's program is one warp (rows of 257 to 1024), twice its rows on it (64 elements a thread: a
+    program of one warp is one of at most 32 an SM, the SM's limit on programs, so half its warp slots stay empty
+    and each warp must keep twice the bytes in flight; the bfloat16 cross-entropy forward at 134218 x 1000 took 84.3
     us with two rows on one warp against the rule's 91.7, H200); [] where the rule decides."""
     if base is None or row_bytes is None or not 64 <= rb <= 1024 or xnumel < READ_ROWS_PER_SM * device.sms:
         return []
     if row_bytes >= READ_ROWS_BYTES * rnumel or _launch_sized(xnumel, rb, row_bytes):
         return []
     blocks = [Config(Variant.LOOPED, 64, 64, 8)]
-    if base.variant == Variant.PERSISTENT:
+    if base.variant == Variant.PERSISTENT and base.warps == 1:
         blocks.append(attrs.evolve(base, xblock=2 * base.xblock))
     blocks = [b for b in blocks if b != base]
     return [base, *blocks] if blocks else []

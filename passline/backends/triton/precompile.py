@@ -16,7 +16,8 @@ Python, and LLVM's and ptxas's parts are short for small kernels), so threads ha
 child, so a user's script without an `if __name__ == "__main__"` guard is never re-run in it and nothing
 forks a process that holds CUDA or locks; it imports Triton, not torch (pointer arguments travel as dtype
 names), and starts in a fraction of a second. The pool is started once per process, by the first graph
-that has kernels to compile, and reused.
+that has kernels to compile — or, with `compile_in="processes"`, as dynamo hands over a graph of GPU tensors
+(`Pool.start`, so that the workers boot while it is traced) — and reused.
 
 Failures never reach the user's call: a job that fails, a worker that dies, a pool that cannot start —
 each leaves that kernel to be compiled at its first launch, in the parent, as without the pool.
@@ -115,11 +116,25 @@ def _args(job: Job) -> list:
     return [MockTensor(_DType(a[1])) if isinstance(a, tuple) else a for a in job.args]
 
 
+def import_kernel(path: Path, fn_name: str):
+    """The jitted function `fn_name` of the kernel module at `path`, imported once a process under the name
+    every process gives it (`passline_kernels.<file stem>`: Triton's cache key does not depend on it, but one
+    name keeps the parent's and the workers' imports alike). cache.load_kernel is this, for the interpreter
+    too."""
+    import importlib.util
+
+    name = f"passline_kernels.{path.stem}"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules[name] = module
+    return getattr(sys.modules[name], fn_name)
+
+
 def compile_job(job: Job, target) -> None:
     """Compile `job` for `target` into Triton's cache, in this process, within `offline(target)`."""
-    from .cache import load_kernel
-
-    fn = load_kernel(Path(job.path), job.fn_name, False)
+    fn = import_kernel(Path(job.path), job.fn_name)
     cached = fn.device_caches.get(0)  # the stand-in device is always 0: a binder for another target goes
     if cached is not None and target not in cached:
         fn.device_caches.pop(0, None)
@@ -128,15 +143,17 @@ def compile_job(job: Job, target) -> None:
 
 # -- the worker ------------------------------------------------------------------------------------------
 def _serve() -> None:
-    """A worker's loop: (job, target) in on stdin, (ok, seconds, error) out on the protocol pipe."""
+    """A worker's loop: (a job's fields, target) in on stdin, (ok, seconds, error) out on the protocol pipe."""
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # anything printed while compiling goes to stderr, never into the protocol
     inp = sys.stdin.buffer
+    import triton.compiler  # noqa: F401 - the compiler's modules, loaded while the parent is still tracing
     while True:
         try:
-            job, target = pickle.load(inp)
+            fields, target = pickle.load(inp)
         except EOFError:
             return
+        job = Job(*fields)
         t0 = time.perf_counter()
         try:
             with offline(target):
@@ -148,18 +165,25 @@ def _serve() -> None:
         out.flush()
 
 
+# A worker runs this file as a module of its own, not `passline.backends.triton.precompile`: importing the
+# package imports torch (passline/__init__), which took a worker 2-5 s to start where Triton alone takes 0.2,
+# and 8 workers started at once by a graph's first compile made it 15 s (GPT-2-style on an H200 host: the
+# forward's 7 kernels, 2.4 s in threads). So nothing here imports passline or torch at module level, and jobs
+# travel as plain tuples (a pickled Job would import its module by name).
+_BOOT = ("import importlib.util, sys; s = importlib.util.spec_from_file_location('passline_compile_worker', "
+         "sys.argv[1]); m = importlib.util.module_from_spec(s); sys.modules[s.name] = m; "
+         "s.loader.exec_module(m); m._serve()")
+
+
 class _Worker:
     def __init__(self):
-        root = str(Path(__file__).resolve().parents[3])  # the directory holding the passline package
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
         env.pop("TRITON_INTERPRET", None)  # workers compile for the GPU
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", "from passline.backends.triton.precompile import _serve; _serve()"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+        self.proc = subprocess.Popen([sys.executable, "-c", _BOOT, str(Path(__file__).resolve())],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
 
     def compile(self, job: Job, target) -> tuple:
-        pickle.dump((job, target), self.proc.stdin)
+        pickle.dump((attrs.astuple(job, recurse=False), target), self.proc.stdin)
         self.proc.stdin.flush()
         return pickle.load(self.proc.stdout)
 
@@ -180,15 +204,35 @@ class Pool:
         self.started = 0
         self.lock = threading.Lock()
 
+    def start(self) -> None:
+        """Start every worker now (each imports Triton's compiler and waits), so that a graph's first compile
+        finds them running: called as dynamo hands over a graph, before its tracing and passes."""
+        while True:
+            with self.lock:
+                if self.started >= self.size:
+                    return
+                self.started += 1
+            self.idle.put(self._new())
+
+    def _new(self) -> _Worker:
+        """A new worker, counted in `started` by the caller; a process that cannot start is not counted (a
+        count without a worker would leave `_take` waiting for it forever) and the error is the caller's."""
+        try:
+            return _Worker()
+        except Exception:
+            with self.lock:
+                self.started -= 1
+            raise
+
     def _take(self) -> _Worker:
         try:
             return self.idle.get_nowait()
         except queue.Empty:
             with self.lock:
-                if self.started < self.size:
+                grow = self.started < self.size
+                if grow:
                     self.started += 1
-                    return _Worker()
-            return self.idle.get()
+            return self._new() if grow else self.idle.get()
 
     def _one(self, job: Job, target) -> bool:
         w = self._take()
