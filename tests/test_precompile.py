@@ -94,17 +94,21 @@ def attrs_tuple(job):
     return job.path, job.fn_name, job.args, job.kwargs
 
 
+# a kernel module of one function, `name`, that doubles n floats
+_DOUBLE = textwrap.dedent("""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def {name}(p, n, XBLOCK: tl.constexpr):
+        i = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)
+        tl.store(p + i, tl.load(p + i, mask=i < n) * 2, mask=i < n)
+    """)
+
+
 def test_a_failing_job_or_a_dying_worker_is_reported_not_raised(tmp_path, target, triton_cache):
     good = tmp_path / "good.py"
-    good.write_text(textwrap.dedent("""
-        import triton
-        import triton.language as tl
-
-        @triton.jit
-        def good(p, n, XBLOCK: tl.constexpr):
-            i = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)
-            tl.store(p + i, tl.load(p + i, mask=i < n) * 2, mask=i < n)
-        """))
+    good.write_text(_DOUBLE.format(name="good"))
     dying = tmp_path / "dying.py"
     dying.write_text("import os\nos._exit(3)\n")  # the worker process dies while loading the kernel
     jobs = [Job(str(tmp_path / "missing.py"), "f", (), ()),
@@ -131,15 +135,7 @@ def test_a_worker_starts_without_torch_and_the_pool_can_start_early(tmp_path, ta
     import sys
 
     kernel = tmp_path / "k.py"
-    kernel.write_text(textwrap.dedent("""
-        import triton
-        import triton.language as tl
-
-        @triton.jit
-        def k(p, n, XBLOCK: tl.constexpr):
-            i = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)
-            tl.store(p + i, tl.load(p + i, mask=i < n) * 2, mask=i < n)
-        """))
+    kernel.write_text(_DOUBLE.format(name="k"))
     jobs = [Job(str(kernel), "k", (("ptr", "float32"), 100), (("XBLOCK", xb), ("num_warps", 4))) for xb in (64, 128)]
     probe = precompile._BOOT.replace("m._serve()", (
         "from triton.backends.compiler import GPUTarget; t = GPUTarget('cuda', 90, 32); ok = True\n"
