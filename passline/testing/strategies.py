@@ -8,7 +8,9 @@
         assert_matches_eager(program, program.inputs, pipeline=pipeline)
 
 A program is a small DAG of pointwise math, broadcasts, views (permute, slice, reshape, unsqueeze),
-concatenations (cat) and reductions over random dims, on inputs of random shapes (size-1 dims included),
+concatenations (cat), reductions over random dims, softmaxes along one (softmax, log_softmax: a row's max and
+sum of exponentials) and gathers along one at indices computed from another value (take: `torch.gather`),
+on inputs of random shapes (size-1 dims included),
 random dtypes and random memory layouts (LAYOUTS: contiguous, transposed, permuted, sliced, expanded, channels_last,
 channels_last_3d). It is written as Input specs and a list of steps, so a failing example prints as
 code that rebuilds it: `eval(repr(program))` with `from passline.testing import TensorProgram, Input`.
@@ -32,6 +34,7 @@ BINARY = {
     "where_gt": lambda a, b: torch.where(a > b, a, b - 1),
 }
 REDUCE = {"sum": torch.sum, "amax": torch.amax, "mean": torch.mean}
+SOFTMAX = {"softmax": torch.softmax, "log_softmax": torch.log_softmax}  # floating point, along one dim
 INT_SAFE = {"neg", "abs", "square"}
 
 
@@ -206,6 +209,10 @@ def _apply(step: Step, xs):
         if op == "mean" and not xs[0].is_floating_point():
             return torch.sum(xs[0], dims, keepdim=keep)
         return REDUCE[op](xs[0], dims, keepdim=keep)
+    if op in SOFTMAX:
+        return SOFTMAX[op](xs[0], p[0])
+    if op == "take":
+        return torch.gather(xs[0], p[0], take_index(xs[1], xs[0].shape[p[0]]))
     if op == "permute":
         return xs[0].permute(*p)
     if op == "slice":
@@ -218,6 +225,14 @@ def _apply(step: Step, xs):
     if op == "cat":
         return torch.cat((xs[0], xs[1]), p[0])
     raise ValueError(op)
+
+
+def take_index(v: torch.Tensor, n: int) -> torch.Tensor:
+    """`take`'s indices: int64 positions 0..n-1 computed from the values of `v` (any dtype), so that a gather's
+    index is computed in the program (from an input, or from any integer value: a sum, an amax)."""
+    if v.is_floating_point():
+        v = (v.detach().float() * 7).abs().clamp(max=1e6)
+    return v.abs().long() % n
 
 
 def _genuine(layout: str, shape: tuple) -> bool:
@@ -284,7 +299,7 @@ def programs(draw, max_steps: int = 6, max_rank: int = 5, max_size: int = 6,
     for _ in range(draw(st.integers(1, max_steps))):
         i = draw(st.integers(0, len(shapes) - 1))
         s = shapes[i]
-        kinds = ["unary", "binary", "reduce", "view", "cat"]
+        kinds = ["unary", "binary", "reduce", "view", "cat", "softmax", "take"]
         kind = draw(st.sampled_from(kinds))
         if kind == "unary":
             names = sorted(UNARY if dtype.is_floating_point else INT_SAFE)
@@ -301,6 +316,23 @@ def programs(draw, max_steps: int = 6, max_rank: int = 5, max_size: int = 6,
             step = Step(name, (i,), (dims, keep))
             out = tuple(1 if d in dims else n for d, n in enumerate(s)) if keep else \
                 tuple(n for d, n in enumerate(s) if d not in dims)
+        elif kind == "softmax" and s and dtype.is_floating_point:
+            d = draw(st.integers(-len(s), len(s) - 1))
+            step, out = Step(draw(st.sampled_from(sorted(SOFTMAX))), (i,), (d,)), s
+        elif kind == "take" and s:
+            # torch.gather(v_i, d, index from v_j): v_j of v_i's rank, no longer than v_i along the other dims.
+            # A floating-point index source is an input: indices floored from computed values would move with
+            # rounding within the tolerance (a bfloat16 softmax's 0.2857 x 7 on either side of 2), and pick
+            # other elements; integer values are exact wherever they come from (a sum, an amax)
+            d = draw(st.integers(0, len(s) - 1))
+            sources = range(len(inputs)) if dtype.is_floating_point else range(len(shapes))
+            partners = [j for j in sources if len(shapes[j]) == len(s)
+                        and all(b <= a for k, (a, b) in enumerate(zip(s, shapes[j])) if k != d)]
+            if partners:
+                j = draw(st.sampled_from(partners))
+                step, out = Step("take", (i, j), (d,)), shapes[j]
+            else:  # no input of v_i's rank fits
+                step, out = Step("neg", (i,)), s
         elif kind == "view" and s:
             view = draw(st.sampled_from(["permute", "slice", "reshape", "unsqueeze"]))
             if view == "permute":
