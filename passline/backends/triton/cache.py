@@ -10,7 +10,6 @@ import contextlib
 import hashlib
 import json
 import os
-import sys
 import tempfile
 from pathlib import Path
 
@@ -96,7 +95,4 @@ def load_kernel(path: Path, fn_name: str, interpret: bool):
     jitted function; under `interpret` it is built for Triton's CPU interpreter."""
     from .precompile import import_kernel
 
-    if f"passline_kernels.{path.stem}" in sys.modules:  # imported already: no environment to set
-        return import_kernel(path, fn_name)
-    with interpreting(interpret):
-        return import_kernel(path, fn_name)
+    return import_kernel(path, fn_name, lambda: interpreting(interpret))

@@ -489,7 +489,7 @@ class KernelWriter:
                 inside = self.by_output.get(node.buffer) if isinstance(node, Load) else None
                 if inside is None or inside.name in needs:
                     continue
-                if self.role(inside) != Role.INNER and self.role(inside) != Role.OUTER:
+                if self.role(inside) not in (Role.INNER, Role.OUTER):
                     return None
                 needs.add(inside.name)
                 todo.append(inside.body)

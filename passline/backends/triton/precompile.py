@@ -116,18 +116,20 @@ def _args(job: Job) -> list:
     return [MockTensor(_DType(a[1])) if isinstance(a, tuple) else a for a in job.args]
 
 
-def import_kernel(path: Path, fn_name: str):
+def import_kernel(path: Path, fn_name: str, around=None):
     """The jitted function `fn_name` of the kernel module at `path`, imported once a process under the name
     every process gives it (`passline_kernels.<file stem>`: Triton's cache key does not depend on it, but one
-    name keeps the parent's and the workers' imports alike). cache.load_kernel is this, for the interpreter
-    too."""
+    name keeps the parent's and the workers' imports alike); `around()`, where given, is the context the
+    import runs in (cache.load_kernel: the interpreter's environment), entered only when it imports."""
+    import contextlib
     import importlib.util
 
     name = f"passline_kernels.{path.stem}"
     if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+        with around() if around is not None else contextlib.nullcontext():
+            spec = importlib.util.spec_from_file_location(name, path)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
         sys.modules[name] = module
     return getattr(sys.modules[name], fn_name)
 
