@@ -154,9 +154,38 @@ def test_a_worker_starts_without_torch_and_the_pool_can_start_early(tmp_path, ta
         assert {w.proc.pid for w in list(pool.idle.queue)} == booted  # the jobs ran on those workers
     finally:
         pool.close()
+    later = Pool(1)  # as dynamo starts it: in a thread of its own, which returns at once
+    try:
+        later.start_soon().join(timeout=120)
+        assert later.started == 1 and later.idle.qsize() == 1 and later.key == precompile.triton_key()
+    finally:
+        later.close()
     if out.stdout.split()[0] == "False":
         pytest.skip("Triton cannot compile for CUDA here (no ptxas?)")
     assert ok == [True, True]
+
+
+def test_workers_take_the_parents_triton_key(tmp_path, target, triton_cache):
+    # a worker that computes Triton's key itself hashes libtriton first (5.5-6.1 s before its first job, 8
+    # workers at once on an H200 host; 0.05 s a later job): it is handed the parent's. A binary compiled under
+    # another key is filed where the parent's launch never looks, so a worker handed a wrong key is missed
+    # (it used the key it was given) and one handed the parent's is found
+    kernel = tmp_path / "k.py"
+    kernel.write_text(_DOUBLE.format(name="k"))
+    jobs = [Job(str(kernel), "k", (("ptr", "float32"), 100), (("XBLOCK", xb), ("num_warps", 4))) for xb in (64, 128)]
+    pool = Pool(1)
+    assert pool.triton_key() == precompile.triton_key() is not None
+    ok = []
+    for job, key in zip(jobs, ("not Triton's key", pool.triton_key())):
+        worker = precompile._Worker(key)
+        try:
+            ok.append(worker.compile(job, target)[0])
+        finally:
+            worker.close()
+    if not any(ok):
+        pytest.skip("Triton cannot compile for CUDA here (no ptxas?)")
+    assert ok == [True, True]
+    assert _launch_hits(jobs, triton_cache) == [False, True]
 
 
 def test_dynamo_starts_the_workers_for_a_gpu_graph_with_compile_in_processes(monkeypatch):
@@ -170,7 +199,7 @@ def test_dynamo_starts_the_workers_for_a_gpu_graph_with_compile_in_processes(mon
     started = []
 
     class Stub:
-        def start(self):
+        def start_soon(self):  # Pool.start in a thread of its own
             started.append(1)
             if len(started) > 2:
                 raise OSError("no processes left")

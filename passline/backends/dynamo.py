@@ -345,7 +345,7 @@ def _start_compile_workers(backend: Backend, example_inputs) -> None:
         from .triton.precompile import pool
 
         with contextlib.suppress(Exception):
-            pool().start()
+            pool().start_soon()
 
 
 def _on_cpu(graph) -> bool:

@@ -25,6 +25,8 @@ each leaves that kernel to be compiled at its first launch, in the parent, as wi
 from __future__ import annotations
 
 import atexit
+import contextlib
+import importlib.util
 import os
 import pickle
 import queue
@@ -121,9 +123,6 @@ def import_kernel(path: Path, fn_name: str, around=None):
     every process gives it (`passline_kernels.<file stem>`: Triton's cache key does not depend on it, but one
     name keeps the parent's and the workers' imports alike); `around()`, where given, is the context the
     import runs in (cache.load_kernel: the interpreter's environment), entered only when it imports."""
-    import contextlib
-    import importlib.util
-
     name = f"passline_kernels.{path.stem}"
     if name not in sys.modules:
         with around() if around is not None else contextlib.nullcontext():
@@ -143,6 +142,26 @@ def compile_job(job: Job, target) -> None:
     fn.warmup(*_args(job), grid=(1,), **dict(job.kwargs))
 
 
+def triton_key() -> str | None:
+    """This process's Triton key (`triton_key()`, part of every cache key: a hash of Triton's compiler sources
+    and of libtriton, some 500 MB read whole), computed once a process; None where this Triton has none."""
+    for name in ("triton.runtime.cache", "triton.compiler.compiler"):
+        try:
+            return importlib.import_module(name).triton_key()
+        except (ImportError, AttributeError):
+            continue
+    return None
+
+
+def _adopt_triton_key(key: str) -> None:
+    """Take the parent's Triton key instead of computing it (as Triton's own warm-up pool does its workers':
+    triton/_compile_warmup_pool.py). A worker computing it hashes libtriton before its first job: on an H200
+    host that first job took 5.5-6.1 s in each of 8 workers started together, a later one 0.05 s."""
+    for name, module in list(sys.modules.items()):
+        if name.startswith("triton") and callable(getattr(module, "triton_key", None)):
+            module.triton_key = lambda: key
+
+
 # -- the worker ------------------------------------------------------------------------------------------
 def _serve() -> None:
     """A worker's loop: (a job's fields, target) in on stdin, (ok, seconds, error) out on the protocol pipe."""
@@ -150,6 +169,10 @@ def _serve() -> None:
     os.dup2(2, 1)  # anything printed while compiling goes to stderr, never into the protocol
     inp = sys.stdin.buffer
     import triton.compiler  # noqa: F401 - the compiler's modules, loaded while the parent is still tracing
+
+    key = os.environ.get(_KEY_ENV)
+    if key:
+        _adopt_triton_key(key)
     while True:
         try:
             fields, target = pickle.load(inp)
@@ -177,10 +200,15 @@ _BOOT = ("import importlib.util, sys; s = importlib.util.spec_from_file_location
          "s.loader.exec_module(m); m._serve()")
 
 
+_KEY_ENV = "PASSLINE_TRITON_KEY"
+
+
 class _Worker:
-    def __init__(self):
+    def __init__(self, key: str | None = None):
         env = dict(os.environ)
         env.pop("TRITON_INTERPRET", None)  # workers compile for the GPU
+        if key:
+            env[_KEY_ENV] = key
         self.proc = subprocess.Popen([sys.executable, "-c", _BOOT, str(Path(__file__).resolve())],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
 
@@ -205,6 +233,25 @@ class Pool:
         self.idle: queue.Queue = queue.Queue()
         self.started = 0
         self.lock = threading.Lock()
+        self.key_lock = threading.Lock()
+        self.key: str | None = None
+
+    def triton_key(self) -> str | None:
+        """The parent's Triton key, handed to every worker (`_adopt_triton_key`); computed once, here."""
+        with self.key_lock:
+            if self.key is None:
+                self.key = triton_key()
+            return self.key
+
+    def start_soon(self) -> threading.Thread:
+        """`start()` in a thread of its own: the Triton key's hashing (hashlib lets go of the GIL) and the
+        workers' starts overlap what the caller does next (dynamo's graph traced by aot_autograd)."""
+        def start():
+            with contextlib.suppress(Exception):  # a pool that cannot start: the first compile finds out
+                self.start()
+        thread = threading.Thread(target=start, name="passline-compile-pool", daemon=True)
+        thread.start()
+        return thread
 
     def start(self) -> None:
         """Start every worker now (each imports Triton's compiler and waits), so that a graph's first compile
@@ -220,7 +267,7 @@ class Pool:
         """A new worker, counted in `started` by the caller; a process that cannot start is not counted (a
         count without a worker would leave `_take` waiting for it forever) and the error is the caller's."""
         try:
-            return _Worker()
+            return _Worker(self.triton_key())
         except Exception:
             with self.lock:
                 self.started -= 1
