@@ -260,6 +260,29 @@ def test_backward_of_a_fixed_table_sliced_to_a_symbolic_length(codegen):
     assert len(be.reports) == 2
 
 
+@pytest.mark.parametrize("codegen", CODEGENS)
+def test_a_slice_whose_int_arguments_dynamo_made_symbols_trains(codegen):
+    """A slice's ints held in an object's attribute (as a fuzz program's steps hold them): dynamo makes them
+    size symbols under dynamic=True, and the backward's slice_scatter then has a symbolic step, which
+    lowering refused with a TypeError (found by a dynamic-shape fuzz campaign); it runs as the extern."""
+    from passline.testing import Input, TensorProgram
+
+    program = TensorProgram.build(
+        inputs=[Input((6,), "float32", "contiguous", seed=272, requires_grad=True)],
+        steps=["v1 = slice(v0, 0, 5, 1)", "v2 = reshape(v1, 1)", "v3 = log_softmax(v2, -1)", "v4 = add(v0, v2)"],
+        outputs=(4, 1))
+    torch._dynamo.reset()
+    be = passline.backend(codegen=codegen, fallback="raise")
+    compiled = torch.compile(program, backend=be, dynamic=True)
+    ours, ref = (program.inputs[0].detach().clone().to(DEVICE).requires_grad_() for _ in range(2))
+    out, expected = compiled(ours), program(ref)
+    sum(o.sum() for o in out).backward()
+    sum(o.sum() for o in expected).backward()
+    for a, b in zip(out, expected):
+        torch.testing.assert_close(a, b)
+    torch.testing.assert_close(ours.grad, ref.grad)
+
+
 FLOAT_SIZED = {
     # int(n * 0.29) is 28 at n = 100 in Python floats (the rational 29/100 * 100 is 29): eager's rounding
     "slice_times_float": lambda x: x[:, : int(x.shape[1] * 0.29)].exp(),

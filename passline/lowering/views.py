@@ -180,6 +180,9 @@ def lower_slice_scatter(ctx, node, x, src, dim=0, start=None, end=None, step=1):
         return NotImplemented
     start = min(max(int(start) + int(size) if int(start) < 0 else int(start), 0), int(size))
     length = src.size[dim]
+    step = sympify(step)
+    if not step.is_Integer:
+        return NotImplemented  # a step dynamo made a size symbol (an int it saw vary): the extern's
     step = int(step)
     end = start + step * (length - 1) + 1 if length != 0 else start
 
