@@ -341,11 +341,12 @@ def _start_compile_workers(backend: Backend, example_inputs) -> None:
     parent), never the user's call's."""
     if backend.codegen == "reference" or backend.autotune or backend.settings.compile_in != "processes":
         return
-    if any(isinstance(t, torch.Tensor) and t.device.type == "cuda" for t in example_inputs):
-        from .triton.precompile import pool
+    gpu = next((t.device for t in example_inputs if isinstance(t, torch.Tensor) and t.device.type == "cuda"), None)
+    if gpu is not None:
+        from .triton.precompile import pool, target_of
 
         with contextlib.suppress(Exception):
-            pool().start_soon()
+            pool().start_soon(target_of(gpu))
 
 
 def _on_cpu(graph) -> bool:

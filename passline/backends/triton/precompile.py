@@ -155,11 +155,49 @@ def triton_key() -> str | None:
 
 def _adopt_triton_key(key: str) -> None:
     """Take the parent's Triton key instead of computing it (as Triton's own warm-up pool does its workers':
-    triton/_compile_warmup_pool.py). A worker computing it hashes libtriton before its first job: on an H200
-    host that first job took 5.5-6.1 s in each of 8 workers started together, a later one 0.05 s."""
+    triton/_compile_warmup_pool.py): a worker computing it hashes libtriton before its first job, 0.5 s of
+    a fresh worker's first job on the H200 host (cProfile), 1.3 s on this 2-core CPU."""
     for name, module in list(sys.modules.items()):
         if name.startswith("triton") and callable(getattr(module, "triton_key", None)):
             module.triton_key = lambda: key
+
+
+# the kernel a worker compiles as it boots (`_warm_up`)
+_WARM = """import triton
+import triton.language as tl
+
+
+@triton.jit
+def passline_warm_up(x):
+    tl.store(x, tl.load(x) + 1)
+"""
+
+
+def _warm_up(target) -> None:
+    """Compile a one-line kernel for `target` as the worker boots, so that what a fresh process's first
+    compile pays once — Triton 3.6's argument specializer imports torch (5-6 s on the H200 host, whose
+    torch has no compiled bytecode: 8 workers' first jobs took 5.5-6.1 s, the next 0.05), the backend's
+    ptxas query, LLVM's start — is paid while the parent still traces its graph, not by a graph's first
+    job. Anything that fails here is left to that job."""
+    import tempfile
+
+    with contextlib.suppress(Exception), tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "passline_warm_up.py"
+        path.write_text(_WARM)
+        with offline(target):
+            compile_job(Job(str(path), "passline_warm_up", (("ptr", "float32"),), (("num_warps", 1),)), target)
+
+
+def target_of(device) -> tuple | None:
+    """The compile target of a CUDA `device` as (backend, arch, warp size), what GPUTarget takes; None
+    without a CUDA device there."""
+    try:
+        import torch
+
+        major, minor = torch.cuda.get_device_capability(device)
+        return ("cuda", 10 * major + minor, 32)
+    except Exception:  # noqa: BLE001 - no CUDA here: the workers warm up for sm_90
+        return None
 
 
 # -- the worker ------------------------------------------------------------------------------------------
@@ -173,6 +211,10 @@ def _serve() -> None:
     key = os.environ.get(_KEY_ENV)
     if key:
         _adopt_triton_key(key)
+    from triton.backends.compiler import GPUTarget
+
+    backend, arch, warp = os.environ.get(_TARGET_ENV, "cuda,90,32").split(",")
+    _warm_up(GPUTarget(backend, int(arch), int(warp)))
     while True:
         try:
             fields, target = pickle.load(inp)
@@ -201,14 +243,17 @@ _BOOT = ("import importlib.util, sys; s = importlib.util.spec_from_file_location
 
 
 _KEY_ENV = "PASSLINE_TRITON_KEY"
+_TARGET_ENV = "PASSLINE_COMPILE_TARGET"
 
 
 class _Worker:
-    def __init__(self, key: str | None = None):
+    def __init__(self, key: str | None = None, target: tuple | None = None):
         env = dict(os.environ)
         env.pop("TRITON_INTERPRET", None)  # workers compile for the GPU
         if key:
             env[_KEY_ENV] = key
+        if target:  # what the worker warms up for (`_warm_up`)
+            env[_TARGET_ENV] = ",".join(map(str, target))
         self.proc = subprocess.Popen([sys.executable, "-c", _BOOT, str(Path(__file__).resolve())],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
 
@@ -235,6 +280,7 @@ class Pool:
         self.lock = threading.Lock()
         self.key_lock = threading.Lock()
         self.key: str | None = None
+        self.target: tuple | None = None  # (backend, arch, warp size) the workers warm up for (`_warm_up`)
 
     def triton_key(self) -> str | None:
         """The parent's Triton key, handed to every worker (`_adopt_triton_key`); computed once, here."""
@@ -243,9 +289,11 @@ class Pool:
                 self.key = triton_key()
             return self.key
 
-    def start_soon(self) -> threading.Thread:
+    def start_soon(self, target: tuple | None = None) -> threading.Thread:
         """`start()` in a thread of its own: the Triton key's hashing (hashlib lets go of the GIL) and the
-        workers' starts overlap what the caller does next (dynamo's graph traced by aot_autograd)."""
+        workers' starts overlap what the caller does next (dynamo's graph traced by aot_autograd). `target`:
+        what the workers warm up for (`target_of`)."""
+        self.target = self.target or target
         def start():
             with contextlib.suppress(Exception):  # a pool that cannot start: the first compile finds out
                 self.start()
@@ -267,7 +315,7 @@ class Pool:
         """A new worker, counted in `started` by the caller; a process that cannot start is not counted (a
         count without a worker would leave `_take` waiting for it forever) and the error is the caller's."""
         try:
-            return _Worker(self.triton_key())
+            return _Worker(self.triton_key(), self.target)
         except Exception:
             with self.lock:
                 self.started -= 1
