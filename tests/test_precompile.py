@@ -191,6 +191,38 @@ def test_workers_take_the_parents_triton_key(tmp_path, target, triton_cache):
     assert _launch_hits(jobs, triton_cache) == [False, True]
 
 
+_KEY_PROBE = """
+import json, sys
+import triton.runtime.cache as tc
+from passline.backends.triton import precompile as P
+real = tc.triton_key
+if sys.argv[2] == "other":
+    P._triton_stamp = lambda: "another Triton"
+key = P.remembered_triton_key(sys.argv[1])
+print(json.dumps([key == real(), tc.triton_key is not real]))
+"""
+
+
+def test_the_triton_key_is_remembered_for_the_same_triton(tmp_path):
+    # hashing libtriton took 0.5 s of a GPU host's first call: a second process with the same Triton files
+    # takes the key stored by the first (and Triton then answers it), equal to the one Triton computes; a
+    # Triton whose files differ (another stamp) computes its own
+    import json
+    import subprocess
+    import sys
+
+    def probe(stamp: str) -> list:
+        out = subprocess.run([sys.executable, "-c", _KEY_PROBE, str(tmp_path), stamp], capture_output=True,
+                             text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+        return json.loads(out.stdout.splitlines()[-1])
+
+    assert probe("same") == [True, False]  # the first process computes it and stores it
+    assert (tmp_path / "triton_key.json").exists()
+    assert probe("same") == [True, True]  # the second takes it: Triton's triton_key now answers it
+    assert probe("other") == [True, False]  # another Triton's files: computed, not taken
+
+
 def test_dynamo_starts_the_workers_for_a_gpu_graph_with_compile_in_processes(monkeypatch):
     # the dynamo backend boots the pool as a graph of CUDA tensors arrives (FakeTensors here: no GPU), with
     # compile_in="processes" only, not for the reference codegen nor autotune=True (nothing compiled ahead),

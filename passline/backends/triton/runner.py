@@ -971,13 +971,14 @@ class TritonRunner:
 
         from triton.runtime.driver import driver
 
-        from .precompile import compile_jobs, default_workers
+        from .precompile import compile_jobs, default_workers, remembered_triton_key
 
         how = current_settings().compile_in
         steps = [s for s in self.steps if s[0] in ("kernel", "mix")] if how != "off" else []
         if not steps:
             return
         t0 = time.perf_counter()
+        remembered_triton_key(self.cache.dir)  # Triton's key from an earlier process, not hashed again
         done, shown = [0], [0.0]
         lock = threading.Lock()
         built: dict = {}  # Job -> (compiled, launch): each compiled and loaded once, whoever asks
