@@ -90,6 +90,12 @@ def _launch_hits(jobs, cache) -> list:
     return json.loads(out.stdout.splitlines()[-1])
 
 
+def attrs_tuple_target(arch: int):
+    from triton.backends.compiler import GPUTarget
+
+    return GPUTarget("cuda", arch, 32)
+
+
 def attrs_tuple(job):
     return job.path, job.fn_name, job.args, job.kwargs
 
@@ -128,9 +134,9 @@ def test_a_failing_job_or_a_dying_worker_is_reported_not_raised(tmp_path, target
 
 def test_a_worker_starts_without_torch_and_the_pool_can_start_early(tmp_path, target, triton_cache):
     # importing the passline package imports torch (2-5 s a worker; 8 at once took a GPT-2's first 7 kernels
-    # 15 s on an H200 host): a worker runs precompile.py as a module of its own, which a compile leaves
-    # torch-free too, and takes its jobs as plain tuples. Pool.start() boots every worker at once (dynamo's
-    # first graph does it with compile_in="processes"); the jobs then run on them.
+    # 15 s on an H200 host): a worker runs precompile.py as a module of its own, which imports no torch (a
+    # compile may: Triton 3.6's specializer does), and takes its jobs as plain tuples. Pool.start() boots every
+    # worker at once (dynamo's first graph does it with compile_in="processes"); the jobs then run on them.
     import subprocess
     import sys
 
@@ -138,16 +144,14 @@ def test_a_worker_starts_without_torch_and_the_pool_can_start_early(tmp_path, ta
     kernel.write_text(_DOUBLE.format(name="k"))
     jobs = [Job(str(kernel), "k", (("ptr", "float32"), 100), (("XBLOCK", xb), ("num_warps", 4))) for xb in (64, 128)]
     probe = precompile._BOOT.replace("m._serve()", (
+        "import triton.compiler; booted = 'torch' in sys.modules\n"
         "from triton.backends.compiler import GPUTarget; t = GPUTarget('cuda', 90, 32); ok = True\n"
-        "m._warm_up(t)\n"
         "try:\n    with m.offline(t): m.compile_job(m.Job(*sys.argv[2:4], (('ptr', 'float32'), 100), "
-        "(('XBLOCK', 64), ('num_warps', 4))), t)\nexcept Exception: ok = False\nprint(ok, 'torch' in sys.modules)"))
+        "(('XBLOCK', 64), ('num_warps', 4))), t)\nexcept Exception: ok = False\nprint(ok, booted)"))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = subprocess.run([sys.executable, "-c", probe, precompile.__file__, str(kernel), "k"], capture_output=True,
                          text=True, env=env, timeout=300)
     assert out.returncode == 0 and out.stdout.split()[-1] == "False", out.stdout + out.stderr[-2000:]
-    if out.stdout.split()[0] == "True":  # it compiles here: so did the warm-up kernel, at boot (`_warm_up`)
-        assert list(triton_cache.rglob("passline_warm_up.json"))
     pool = Pool(2)
     try:
         pool.start()
@@ -160,7 +164,7 @@ def test_a_worker_starts_without_torch_and_the_pool_can_start_early(tmp_path, ta
     later = Pool(1)  # as dynamo starts it: in a thread of its own, which returns at once
     try:
         later.start_soon().join(timeout=120)
-        assert later.started == 1 and later.idle.qsize() == 1 and later.key == precompile.triton_key()
+        assert later.started == 1 and later.idle.qsize() == 1
     finally:
         later.close()
     if out.stdout.split()[0] == "False":
@@ -168,52 +172,65 @@ def test_a_worker_starts_without_torch_and_the_pool_can_start_early(tmp_path, ta
     assert ok == [True, True]
 
 
-def test_workers_take_the_parents_triton_key(tmp_path, target, triton_cache):
-    # a worker that computes Triton's key itself hashes libtriton first (5.5-6.1 s before its first job, 8
-    # workers at once on an H200 host; 0.05 s a later job): it is handed the parent's. A binary compiled under
-    # another key is filed where the parent's launch never looks, so a worker handed a wrong key is missed
-    # (it used the key it was given) and one handed the parent's is found
+def test_workers_take_the_parents_triton_key_and_warm_up_for_its_target(tmp_path, monkeypatch, target,
+                                                                         triton_cache):
+    # a worker computing Triton's key itself hashes libtriton before its first job (0.5 s on the H200 host):
+    # the pool hands it the parent's, which it takes where it imports the same Triton (package and version).
+    # A binary compiled under another key is filed where the parent's launch never looks: a worker handed a
+    # wrong key is missed (it used the key it was given), one handed the parent's is found, and one handed a
+    # key for another Triton ignores it (found). The workers warm up for the target `run` gives them.
+    import json
+
+    import triton
+
     kernel = tmp_path / "k.py"
     kernel.write_text(_DOUBLE.format(name="k"))
-    jobs = [Job(str(kernel), "k", (("ptr", "float32"), 100), (("XBLOCK", xb), ("num_warps", 4))) for xb in (64, 128)]
-    pool = Pool(1)
-    assert pool.triton_key() == precompile.triton_key() is not None
+    jobs = [Job(str(kernel), "k", (("ptr", "float32"), 100), (("XBLOCK", xb), ("num_warps", 4)))
+            for xb in (64, 128, 256)]
     ok = []
-    for job, key in zip(jobs, ("not Triton's key", pool.triton_key())):
-        worker = precompile._Worker(key)
+    for job, key, version in zip(jobs, ("not Triton's key", precompile.triton_key(), "not Triton's key"),
+                                 (triton.__version__, triton.__version__, "0.0-another")):
+        pool = Pool(1)
+        pool.key = key
         try:
-            ok.append(worker.compile(job, target)[0])
+            with monkeypatch.context() as m:
+                m.setattr(triton, "__version__", version)  # what the worker is told the parent's is
+                ok += pool.run([job], attrs_tuple_target(80) if job is jobs[0] else target)
         finally:
-            worker.close()
+            pool.close()
     if not any(ok):
         pytest.skip("Triton cannot compile for CUDA here (no ptxas?)")
-    assert ok == [True, True]
-    assert _launch_hits(jobs, triton_cache) == [False, True]
+    assert ok == [True, True, True]
+    assert _launch_hits(jobs, triton_cache) == [False, True, True]
+    warmed = {json.loads(p.read_text())["target"]["arch"] for p in triton_cache.rglob("passline_warm_up.json")}
+    assert warmed == {80, 90}
 
 
 _KEY_PROBE = """
-import json, sys
+import importlib.util, json, sys
 import triton.runtime.cache as tc
-from passline.backends.triton import precompile as P
+s = importlib.util.spec_from_file_location("probe_precompile", sys.argv[3])
+P = importlib.util.module_from_spec(s); s.loader.exec_module(P)
 real = tc.triton_key
 if sys.argv[2] == "other":
-    P._triton_stamp = lambda: "another Triton"
+    P._triton_stamp = lambda root=None: "another Triton"
 key = P.remembered_triton_key(sys.argv[1])
 print(json.dumps([key == real(), tc.triton_key is not real]))
 """
 
 
 def test_the_triton_key_is_remembered_for_the_same_triton(tmp_path):
-    # hashing libtriton took 0.5 s of a GPU host's first call: a second process with the same Triton files
-    # takes the key stored by the first (and Triton then answers it), equal to the one Triton computes; a
-    # Triton whose files differ (another stamp) computes its own
+    # hashing libtriton took 0.5 s of a fresh process's first compile on the H200 host: a second process with
+    # the same Triton files takes the key stored by the first (and Triton then answers it), equal to the one
+    # Triton computes; a Triton whose files differ (another stamp) computes its own. (precompile.py alone:
+    # the passline package would import torch, seconds a process)
     import json
     import subprocess
     import sys
 
     def probe(stamp: str) -> list:
-        out = subprocess.run([sys.executable, "-c", _KEY_PROBE, str(tmp_path), stamp], capture_output=True,
-                             text=True, timeout=300)
+        out = subprocess.run([sys.executable, "-c", _KEY_PROBE, str(tmp_path), stamp, precompile.__file__],
+                             capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, out.stderr[-2000:]
         return json.loads(out.stdout.splitlines()[-1])
 
@@ -221,6 +238,56 @@ def test_the_triton_key_is_remembered_for_the_same_triton(tmp_path):
     assert (tmp_path / "triton_key.json").exists()
     assert probe("same") == [True, True]  # the second takes it: Triton's triton_key now answers it
     assert probe("other") == [True, False]  # another Triton's files: computed, not taken
+
+
+def test_the_triton_stamp_follows_its_files_and_their_links(tmp_path):
+    # what the remembered key is filed under: every file's path, size and modification time, through the
+    # directory links a development install makes for its backends
+    pkg, elsewhere = tmp_path / "triton", tmp_path / "third_party"
+    (pkg / "compiler").mkdir(parents=True)
+    (elsewhere / "nvidia").mkdir(parents=True)
+    (pkg / "compiler" / "compiler.py").write_text("a = 1\n")
+    (elsewhere / "nvidia" / "compiler.py").write_text("b = 1\n")
+    (pkg / "backends").mkdir()
+    (pkg / "backends" / "nvidia").symlink_to(elsewhere / "nvidia", target_is_directory=True)
+    first = precompile._triton_stamp(pkg)
+    assert precompile._triton_stamp(pkg) == first
+    (elsewhere / "nvidia" / "compiler.py").write_text("b = 22\n")  # behind the link: another size
+    second = precompile._triton_stamp(pkg)
+    assert second != first
+    os.utime(pkg / "compiler" / "compiler.py", ns=(0, 0))  # the same bytes, touched: another stamp
+    assert precompile._triton_stamp(pkg) != second
+
+
+def test_a_failed_background_start_leaves_no_job_waiting(monkeypatch, target):
+    # start_soon counts its workers before starting them; one that fails to start is uncounted, and a job
+    # waiting for a worker then starts one itself rather than waiting forever
+    import threading
+
+    starts = []
+
+    class Failing:
+        def __init__(self, *args):
+            starts.append(threading.current_thread().name)
+            if len(starts) == 1:
+                import time
+
+                time.sleep(0.5)  # the job below is waiting by now
+                raise OSError("cannot start a process")
+            self.proc = None
+
+        def compile(self, job, target):
+            return True, 0.0, None
+
+    monkeypatch.setattr(precompile, "_Worker", Failing)
+    pool = Pool(1)
+    pool.key = "k"
+    pool.start_soon()
+    done = []
+    runner = threading.Thread(target=lambda: done.append(pool.run([Job("p", "f", (), ())], target)), daemon=True)
+    runner.start()
+    runner.join(timeout=20)
+    assert done == [[True]] and len(starts) == 2 and pool.started == 1
 
 
 def test_dynamo_starts_the_workers_for_a_gpu_graph_with_compile_in_processes(monkeypatch):
@@ -239,6 +306,7 @@ def test_dynamo_starts_the_workers_for_a_gpu_graph_with_compile_in_processes(mon
             if len(started) > 2:
                 raise OSError("no processes left")
     monkeypatch.setattr(precompile, "pool", lambda workers=None: Stub())
+    monkeypatch.setattr(precompile, "target_of", lambda device: ("target of", str(device)))
     with FakeTensorMode():
         gpu = [torch.empty(4, device="cuda")]
     cpu = [torch.empty(4)]
@@ -252,7 +320,7 @@ def test_dynamo_starts_the_workers_for_a_gpu_graph_with_compile_in_processes(mon
     _start_compile_workers(on, gpu)
     _start_compile_workers(on, gpu)
     _start_compile_workers(on, gpu)  # raises inside: kept from the caller
-    assert started == [None] * 3  # the target the workers warm up for: None without a CUDA device (sm_90)
+    assert started == [("target of", "cuda:0")] * 3  # what the workers warm up for: the graph device's
 
 
 @pytest.mark.parametrize("compile_in", ["processes", "threads"])
@@ -270,9 +338,12 @@ def test_precompile_never_fails_the_call(tmp_path, monkeypatch, compile_in):
     from triton.runtime.driver import driver
 
     monkeypatch.setattr(driver, "_active", _FakeDriver())
+    asked = []  # (and Triton's key is not adopted in this test process)
+    monkeypatch.setattr(precompile, "remembered_triton_key", asked.append)
     with passline.settings(compile_in=compile_in):
         runner._precompile()
     assert runner.compile_seconds >= 0
+    assert asked == [runner.cache.dir]  # the key from passline's cache, before anything is compiled
 
 
 class _FakeDriver:
@@ -593,7 +664,7 @@ def test_tall_mix_order_kernels_are_timed_over_waves_once_then_remembered(tmp_pa
 
     timed = []
 
-    def bench(self, c, args, xnumel, rnumel, stream, after=None, rep=20):  # launches as do_bench's would
+    def bench(self, c, args, xnumel, rnumel, stream, after=None, rep=prunner.SCREEN_MS):  # as do_bench's
         src = next(iter(self.info.variants.values()))
         ws = [a for (kind, name), a in zip(src.args, args) if kind == "buffer" and name.endswith("_ws")]
         assert ws and all(a.shape[0] >= -(-xnumel // c.split) for a in ws)  # a workspace row a program

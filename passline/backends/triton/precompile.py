@@ -15,9 +15,11 @@ Python, and LLVM's and ptxas's parts are short for small kernels), so threads ha
 (docs/backends.md has the figures). A worker is a plain `python -c` subprocess, not a multiprocessing
 child, so a user's script without an `if __name__ == "__main__"` guard is never re-run in it and nothing
 forks a process that holds CUDA or locks; it imports Triton, not torch (pointer arguments travel as dtype
-names), and starts in a fraction of a second. The pool is started once per process, by the first graph
-that has kernels to compile — or, with `compile_in="processes"`, as dynamo hands over a graph of GPU tensors
-(`Pool.start`, so that the workers boot while it is traced) — and reused.
+names; Triton 3.6 itself imports torch at a process's first compile). As it boots a worker takes the parent's
+Triton key (where it imports the same Triton) and compiles a one-line kernel (`_warm_up`), so that what a
+fresh process pays before its first compile is paid then. The pool is started once per process, by the first
+graph that has kernels to compile — or, with `compile_in="processes"`, as dynamo hands over a graph of GPU
+tensors (`Pool.start_soon`, so that the workers boot while it is traced) — and reused.
 
 Failures never reach the user's call: a job that fails, a worker that dies, a pool that cannot start —
 each leaves that kernel to be compiled at its first launch, in the parent, as without the pool.
@@ -150,18 +152,37 @@ def triton_key() -> str | None:
             return importlib.import_module(name).triton_key()
         except (ImportError, AttributeError):
             continue
+        except Exception:  # noqa: BLE001 - a Triton whose key cannot be computed: each process its own
+            return None
+    return None
+
+
+def _hash_triton_key() -> str | None:
+    """Triton's key hashed now from its files, not a value memoized (or adopted) in this process."""
+    for name in ("triton.runtime.cache", "triton.compiler.compiler"):
+        try:
+            fn = getattr(importlib.import_module(name), "triton_key", None)
+        except ImportError:
+            continue
+        if fn is not None:
+            fn = getattr(_ORIGINAL.get(name, fn), "__wrapped__", _ORIGINAL.get(name, fn))  # lru_cache's own
+            return fn()
     return None
 
 
 _REMEMBERED: dict = {}  # cache directory -> the key this process took from it (once a process)
+_ORIGINAL: dict = {}  # module name -> Triton's own triton_key, before `_adopt_triton_key` replaced it
 
 
 def remembered_triton_key(directory: Path) -> str | None:
     """This process's Triton key, kept in `directory` (passline's cache) under a stamp of Triton's installed
-    files (each file's path, size and modification time): where the stamp matches, the stored key is taken
-    (`_adopt_triton_key`) instead of hashing libtriton again (0.5 s of a GPU host's first call, 0.33 s on
-    this CPU, against 13 ms for the stamp); else it is computed and stored. A changed Triton has another
-    stamp, so its key is computed afresh. None where this Triton has no key or nothing can be read."""
+    files (each file's path, size and modification time, links followed): where the stamp matches, the stored
+    key is taken (`_adopt_triton_key`) instead of hashing libtriton again (0.52 s of a fresh process's first
+    compile on the H200 host under cProfile, 0.33 s on this CPU; the stamp 13 ms); else it is hashed afresh
+    (never a value this process memoized earlier, which an upgrade since would have made stale) and stored
+    where the stamp did not change while it was hashed. A changed Triton has another stamp, so its key is
+    hashed afresh. As Triton's own key, it describes the files on disk: a process that loaded a Triton before
+    it was upgraded in place gets the new one's key either way. None where this Triton has no key."""
     directory = Path(directory)
     if directory in _REMEMBERED:
         return _REMEMBERED[directory]
@@ -171,13 +192,16 @@ def remembered_triton_key(directory: Path) -> str | None:
 
         stamp = _triton_stamp()
         path = directory / "triton_key.json"
-        stored = json.loads(path.read_text()) if path.exists() else {}
-        key = stored.get(stamp)
+        try:
+            stored = json.loads(path.read_text())
+        except (OSError, ValueError):  # none yet, or unreadable: written again below
+            stored = {}
+        key = stored.get(stamp) if isinstance(stored, dict) else None
         if key is not None:
             _adopt_triton_key(key)
         else:
-            key = triton_key()
-            if key is not None:
+            key = _hash_triton_key()
+            if key is not None and _triton_stamp() == stamp:
                 directory.mkdir(parents=True, exist_ok=True)
                 tmp = path.with_suffix(f".{os.getpid()}.tmp")
                 tmp.write_text(json.dumps({stamp: key}))  # one Triton at a time: the last one's
@@ -186,16 +210,17 @@ def remembered_triton_key(directory: Path) -> str | None:
     return key
 
 
-def _triton_stamp() -> str:
-    """A digest of every file of the installed Triton package (relative path, size, modification time): what
-    `triton_key()` hashes is among them."""
+def _triton_stamp(root: Path | None = None) -> str:
+    """A digest of every file of the installed Triton package (relative path, size, modification time),
+    through directory links as `triton_key()` reads its backends (a development install links them in): what
+    that key hashes is among them. `root`: another package directory (tests)."""
     import hashlib
 
     import triton
 
-    root = Path(triton.__file__).parent
+    root = Path(triton.__file__).parent if root is None else Path(root)
     h = hashlib.sha256(triton.__version__.encode())
-    for d, dirs, files in os.walk(root):
+    for d, dirs, files in os.walk(root, followlinks=True):
         dirs[:] = sorted(x for x in dirs if x != "__pycache__")
         for f in sorted(files):
             st = os.stat(os.path.join(d, f))
@@ -204,11 +229,14 @@ def _triton_stamp() -> str:
 
 
 def _adopt_triton_key(key: str) -> None:
-    """Take the parent's Triton key instead of computing it (as Triton's own warm-up pool does its workers':
-    triton/_compile_warmup_pool.py): a worker computing it hashes libtriton before its first job, 0.5 s of
-    a fresh worker's first job on the H200 host (cProfile), 1.3 s on this 2-core CPU."""
+    """Answer `key` from Triton's `triton_key()` in this process instead of hashing libtriton (as Triton's own
+    warm-up pool does its workers': triton/_compile_warmup_pool.py): 0.52 s of a fresh process's first
+    compile on the H200 host (cProfile), 0.33 s on this CPU. Process-wide: every Triton compile here uses
+    it, Inductor's and a user's own kernels' too, which is right only because the key is this Triton's (the
+    callers check: same files, `remembered_triton_key`; same package and version, `_serve`)."""
     for name, module in list(sys.modules.items()):
-        if name.startswith("triton") and callable(getattr(module, "triton_key", None)):
+        if (name == "triton" or name.startswith("triton.")) and callable(getattr(module, "triton_key", None)):
+            _ORIGINAL.setdefault(name, module.triton_key)
             module.triton_key = lambda: key
 
 
@@ -224,11 +252,12 @@ def passline_warm_up(x):
 
 
 def _warm_up(target) -> None:
-    """Compile a one-line kernel for `target` as the worker boots, so that what a fresh process's first
-    compile pays once — Triton 3.6's argument specializer imports torch (5-6 s on the H200 host, whose
-    torch has no compiled bytecode: 8 workers' first jobs took 5.5-6.1 s, the next 0.05), the backend's
-    ptxas query, LLVM's start — is paid while the parent still traces its graph, not by a graph's first
-    job. Anything that fails here is left to that job."""
+    """Compile a one-line kernel for `target` as the worker boots, so that what a fresh process pays before
+    its first compile — Triton 3.6's argument specializer imports torch (5-6 s on the H200 host, whose torch
+    has no compiled bytecode: 8 workers' first jobs took 5.5-6.1 s, the next 0.05), the backend's ptxas
+    query, the kernel module imports — is paid while the parent still traces its graph, not by a graph's
+    first job. (Once the kernel is in Triton's cache a boot finds it there: the compiler's own passes are
+    not warmed.) Anything that fails here is left to that job."""
     import tempfile
 
     with contextlib.suppress(Exception), tempfile.TemporaryDirectory() as d:
@@ -256,11 +285,12 @@ def _serve() -> None:
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # anything printed while compiling goes to stderr, never into the protocol
     inp = sys.stdin.buffer
+    import triton
     import triton.compiler  # noqa: F401 - the compiler's modules, loaded while the parent is still tracing
 
-    key = os.environ.get(_KEY_ENV)
-    if key:
-        _adopt_triton_key(key)
+    given = os.environ.get(_KEY_ENV, "").split("\n")
+    if len(given) == 3 and given[:2] == [triton.__file__, triton.__version__]:
+        _adopt_triton_key(given[2])  # the parent's Triton is this one: its key is this one's
     from triton.backends.compiler import GPUTarget
 
     backend, arch, warp = os.environ.get(_TARGET_ENV, "cuda,90,32").split(",")
@@ -300,8 +330,12 @@ class _Worker:
     def __init__(self, key: str | None = None, target: tuple | None = None):
         env = dict(os.environ)
         env.pop("TRITON_INTERPRET", None)  # workers compile for the GPU
-        if key:
-            env[_KEY_ENV] = key
+        env.pop(_KEY_ENV, None)  # never a value this process itself inherited
+        env.pop(_TARGET_ENV, None)
+        if key:  # with the parent's Triton package and version: a worker importing another ignores it
+            import triton
+
+            env[_KEY_ENV] = "\n".join((triton.__file__, triton.__version__, key))
         if target:  # what the worker warms up for (`_warm_up`)
             env[_TARGET_ENV] = ",".join(map(str, target))
         self.proc = subprocess.Popen([sys.executable, "-c", _BOOT, str(Path(__file__).resolve())],
@@ -312,10 +346,10 @@ class _Worker:
         self.proc.stdin.flush()
         return pickle.load(self.proc.stdout)
 
-    def close(self) -> None:
+    def close(self, timeout: float = 5.0) -> None:
         try:
             self.proc.stdin.close()
-            self.proc.wait(timeout=5)
+            self.proc.wait(timeout=timeout)
         except Exception:  # noqa: BLE001 - a worker that will not stop is killed
             self.proc.kill()
 
@@ -372,14 +406,21 @@ class Pool:
             raise
 
     def _take(self) -> _Worker:
-        try:
-            return self.idle.get_nowait()
-        except queue.Empty:
+        while True:
+            try:
+                return self.idle.get_nowait()
+            except queue.Empty:
+                pass
             with self.lock:
                 grow = self.started < self.size
                 if grow:
                     self.started += 1
-            return self._new() if grow else self.idle.get()
+            if grow:
+                return self._new()
+            try:  # a worker coming back, or one whose start (start_soon's thread) failed: look again
+                return self.idle.get(timeout=0.2)
+            except queue.Empty:
+                continue
 
     def _one(self, job: Job, target) -> bool:
         w = self._take()
@@ -394,6 +435,8 @@ class Pool:
         return ok
 
     def run(self, jobs: list, target, done=None) -> list:
+        with contextlib.suppress(AttributeError):  # workers started from here on warm up for it
+            self.target = self.target or (target.backend, target.arch, target.warp_size)
         results = [False] * len(jobs)
         with ThreadPoolExecutor(max_workers=min(self.size, len(jobs)) or 1) as ex:
             futures = {ex.submit(self._one, j, target): i for i, j in enumerate(jobs)}
@@ -404,11 +447,20 @@ class Pool:
         return results
 
     def close(self) -> None:
+        """Stop the idle workers: every one told at once, then waited for together (2 s at most, then killed:
+        Triton writes its cache atomically), so a process exits without waiting on each in turn."""
+        workers = []
         while True:
             try:
-                self.idle.get_nowait().close()
+                workers.append(self.idle.get_nowait())
             except queue.Empty:
-                return
+                break
+        for w in workers:
+            with contextlib.suppress(Exception):
+                w.proc.stdin.close()
+        end = time.perf_counter() + 2.0
+        for w in workers:
+            w.close(timeout=max(0.0, end - time.perf_counter()))
 
 
 _POOL: Pool | None = None
