@@ -273,6 +273,8 @@ def target_of(device) -> tuple | None:
     try:
         import torch
 
+        if getattr(torch.version, "hip", None):  # ROCm: not a CUDA target (the workers warm up for sm_90)
+            return None
         major, minor = torch.cuda.get_device_capability(device)
         return ("cuda", 10 * major + minor, 32)
     except Exception:  # noqa: BLE001 - no CUDA here: the workers warm up for sm_90
