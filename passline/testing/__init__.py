@@ -90,12 +90,13 @@ def train_step(fn: Callable, inputs: Sequence, weights=None):
 
 def assert_matches_eager(fn: Callable, inputs: Sequence, pipeline=None, codegen: str = "auto",
                          backward: bool | None = None, device: str | None = None, check_strides: bool = True,
-                         **backend_options):
+                         dynamic: bool | None = None, **backend_options):
     """Compile `fn` with passline, run it and eager on copies of `inputs` (same strides and storage
     offsets), and compare outputs and, when any input requires grad, a training step: train_step()'s
     loss.backward() and the `.grad` it accumulates on each requires_grad input, with dtype-appropriate
     tolerances. `check_strides` (default) also requires each output's and each `.grad`'s strides to be
-    eager's on dims of size > 1.
+    eager's on dims of size > 1. `dynamic` is torch.compile's: True compiles with symbolic sizes (dynamo's
+    size symbols, the kernels' sizes as arguments), as a model whose shapes vary would run.
     `pipeline=None` runs passline.DEFAULT_PIPELINE; "" runs no pass. `device` (default
     $PASSLINE_TEST_DEVICE, else where the inputs are) moves the inputs and an nn.Module there first.
     An `nn.Module` runs as two copies, eager's and the compiled one's, so that each parameter's `.grad` and
@@ -122,7 +123,7 @@ def assert_matches_eager(fn: Callable, inputs: Sequence, pipeline=None, codegen:
     # runs' .grad, unchecked; the caller's keeps its own)
     module, given = isinstance(fn, torch.nn.Module), fn
     ours_fn, fn = (copy.deepcopy(fn), copy.deepcopy(fn)) if module else (fn, fn)
-    compiled = torch.compile(ours_fn, backend=be, fullgraph=False)
+    compiled = torch.compile(ours_fn, backend=be, fullgraph=False, dynamic=dynamic)
     if train:
         eager, eager_loss = train_step(fn, eager_in)
         ours, ours_loss = train_step(compiled, ours_in, loss_weights(eager))
