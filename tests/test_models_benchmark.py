@@ -71,3 +71,25 @@ def test_first_call_smoke_reports_every_stage(tmp_path):
     graphs = json.loads(hashes.read_text())["gpt2"]
     assert {g.rstrip("0123456789") for g in graphs} == {"forward", "backward"}, graphs
     assert all(g["kernels"] for g in graphs.values())
+
+
+def test_first_calls_runs_cold_then_warm_in_fresh_processes(tmp_path):
+    """benchmarks/first_calls.py: each first step in a process of its own, cold then warm on the same caches; it
+    patches passline's backend entry and compile_aten to mark where the time goes, so a change of either
+    signature must show here, not on a GPU lease. The warm run finds the graphs the cold one stored."""
+    out = tmp_path / "first.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "first_calls.py"), "--device", "cpu", "--smoke", "--models",
+           "gpt2", "--contenders", "passline", "--rounds", "1", "--steps", "1", "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    assert "| gpt2 | passline |" in proc.stdout
+    runs = json.loads(out.read_text())["runs"]
+    assert [r["state"] for r in runs] == ["cold", "warm"]
+    for r in runs:
+        marks = r["marks"]
+        assert 0 < marks["dynamo"] <= marks["aot"] <= marks["forward"] <= marks["backward"]
+        assert [g["name"].rstrip("0123456789") for g in r["graphs"]] == ["forward", "backward"]
+    cold, warm = runs
+    assert all(g["passes"] > 0 for g in cold["graphs"])  # lowered and scheduled
+    assert all(g["passes"] == 0 for g in warm["graphs"])  # the graph cache's: nothing scheduled again

@@ -1,0 +1,179 @@
+"""First training steps in fresh processes: cold (empty caches) and warm (a second process, the same caches),
+passline against Inductor, with where passline's time goes.
+
+    python benchmarks/first_calls.py [--models gpt2,llama] [--contenders inductor,passline,passline:processes]
+                                     [--rounds 2] [--device cuda|cpu] [--smoke] [--out FILE.json]
+
+Issue 14 asks for a first call no slower than Inductor's, cold and warm. In one process (benchmarks/models.py)
+the contender that goes first pays what every compiler shares once a process (dynamo's and aot_autograd's
+imports, cuBLAS's start), so here each first step runs in a process of its own: for each round, model and
+contender (the order rotated from round to round), a cold run with a new, empty cache directory (Triton's,
+Inductor's, passline's), then a warm run with that same directory. A contender is `inductor`, `passline`, or
+`passline:processes` (`compile_in="processes"`: the compile workers). A run times the first step (the forward,
+compiled at the call, and `loss.backward()`, which compiles the backward), synchronized, then the median of
+`--steps` steady steps (10). For passline it also marks, in seconds from the step's start, where the time
+goes: `dynamo` (its tracing, until the backend has the graph), `aot` (aot_autograd's tracing and partitioning,
+until passline's compiler has the forward), and per graph passline's own stages (`report.seconds`: lower,
+passes, codegen) and
+`precompile` (`TritonRunner.compile_seconds`: the kernels compiled and loaded before the graph's first call),
+and `forward` / `backward` (when each half of the step finished).
+
+The table gives the median over the rounds and each contender's ratio to Inductor's (below 1 is faster).
+On `--device cpu` passline runs its kernels under Triton's interpreter (and Inductor its C++ backend, slow to
+compile there): `--smoke` sizes, for checking the script.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def child(model_name: str, contender: str, root: str, device: str, smoke: bool, steps: int) -> dict:
+    """One first step in this (fresh) process; the caches under `root`."""
+    os.environ["TRITON_CACHE_DIR"] = os.path.join(root, "triton")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(root, "inductor")
+    if device == "cpu":
+        os.environ["TRITON_INTERPRET"] = "1"  # before triton's import
+    sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import models as M
+    import torch
+
+    cfg = dict(M.CONFIGS[model_name][2 if smoke else 1])
+    master, dtype, inputs, fmt = M.build(model_name, cfg, device)
+    model = M.place(master, device, dtype, fmt)
+    marks: dict = {}
+    t0 = [0.0]
+
+    def mark(what: str) -> None:
+        marks.setdefault(what, round(time.perf_counter() - t0[0], 3))
+
+    if contender.startswith("passline"):
+        import passline
+        from passline.backends import dynamo
+
+        options = {"compile_in": "processes"} if contender == "passline:processes" else {}
+        with passline.settings(**options):
+            backend = passline.backend(fallback="raise", cache_dir=os.path.join(root, "passline"))
+        entry, compile_aten = dynamo.Backend.__call__, dynamo.Backend.compile_aten
+
+        def entered(self, gm, example_inputs):
+            mark("dynamo")
+            return entry(self, gm, example_inputs)
+
+        def handed(self, gm, example_inputs, kind="graph", fx=None):
+            mark("aot")
+            return compile_aten(self, gm, example_inputs, kind, fx)
+        dynamo.Backend.__call__, dynamo.Backend.compile_aten = entered, handed
+    else:
+        backend = "inductor"
+    compiled = torch.compile(model, backend=backend)
+    step = M.make_step(compiled, inputs, device == "cuda")
+
+    def sync():
+        if device == "cuda":
+            torch.cuda.synchronize()
+    sync()
+    t0[0] = time.perf_counter()
+    model.zero_grad(set_to_none=True)
+    loss = compiled(*inputs)  # the first step, in its two halves: the forward compiles here
+    sync()
+    mark("forward")
+    loss.backward()  # and the backward here
+    sync()
+    mark("backward")
+    first = marks["backward"]
+    for _ in range(min(3, steps)):
+        step()
+    sync()
+    times = []
+    for _ in range(steps):
+        t = time.perf_counter()
+        step()
+        sync()
+        times.append(time.perf_counter() - t)
+    out = {"first_call_s": first, "step_ms": round(statistics.median(times) * 1e3, 3), "marks": marks}
+    if contender.startswith("passline"):
+        out["graphs"] = [{"name": r.name, **{k: round(v, 3) for k, v in r.seconds.items()},
+                          "precompile": round(getattr(r.runner, "compile_seconds", 0.0), 3)}
+                         for r in backend.reports]
+    return out
+
+
+def run_child(model_name, contender, root, args) -> dict:
+    cmd = [sys.executable, __file__, "--child", model_name, contender, root, "--device", args.device]
+    if args.smoke:
+        cmd.append("--smoke")
+    cmd += ["--steps", str(args.steps)]
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "PASSLINE_COMPILE_IN")}
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.timeout)
+    if out.returncode != 0:
+        return {"error": (out.stderr or out.stdout)[-1500:]}
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="gpt2,llama")
+    ap.add_argument("--contenders", default="inductor,passline,passline:processes")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--smoke", action="store_true", help="tiny sizes (models.py's), for checking the script")
+    ap.add_argument("--timeout", type=int, default=300, help="seconds a run may take")
+    ap.add_argument("--steps", type=int, default=10, help="steady steps timed after the first (their median)")
+    ap.add_argument("--out", help="write every run as JSON")
+    ap.add_argument("--child", nargs=3, metavar=("MODEL", "CONTENDER", "ROOT"), help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        print(json.dumps(child(*args.child, args.device, args.smoke, max(1, args.steps))), flush=True)
+        return 0
+    models, contenders = args.models.split(","), args.contenders.split(",")
+    runs = []
+    for r in range(args.rounds):
+        order = contenders[r % len(contenders):] + contenders[:r % len(contenders)]
+        for m in models:
+            for c in order:
+                with tempfile.TemporaryDirectory(prefix="passline-first-") as root:
+                    for state in ("cold", "warm"):
+                        res = run_child(m, c, root, args)
+                        runs.append({"round": r, "model": m, "contender": c, "state": state, **res})
+                        print(f"[{m}] {c} {state}: " + (f"{res['first_call_s']:.2f} s, step {res['step_ms']:.2f} ms"
+                              f" {res.get('marks', '')}" if "error" not in res else "ERROR " + res["error"][-300:]),
+                              file=sys.stderr, flush=True)
+    print(table(runs, models, contenders))
+    if args.out:
+        Path(args.out).write_text(json.dumps({"argv": sys.argv, "runs": runs}, indent=1))
+    return 1 if any("error" in r for r in runs) else 0
+
+
+def table(runs, models, contenders) -> str:
+    def median(m, c, state):
+        vals = [r["first_call_s"] for r in runs if (r["model"], r["contender"], r["state"]) == (m, c, state)
+                and "error" not in r]
+        return statistics.median(vals) if vals else None
+
+    lines = ["| model | contender | cold s (median) | cold / Inductor | warm s (median) | warm / Inductor |",
+             "|---|---|---|---|---|---|"]
+    for m in models:
+        base = {s: median(m, "inductor", s) for s in ("cold", "warm")}
+        for c in contenders:
+            cells = []
+            for s in ("cold", "warm"):
+                v = median(m, c, s)
+                cells += [f"{v:.2f}" if v is not None else "n/a",
+                          f"{v / base[s]:.2f}" if v is not None and base[s] else "n/a"]
+            lines.append(f"| {m} | {c} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
