@@ -478,7 +478,8 @@ def pool(workers: int | None = None) -> Pool:
 
 
 def default_workers() -> int:
-    """One worker per core the process may use, at most 8 (Inductor's default is the same bound)."""
+    """One worker per core the process may use, at most 8 (Inductor's bound is 32, `compile_threads`: a
+    graph's first compile here is tens of kernels, and each worker is a process that boots, so eight)."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:
