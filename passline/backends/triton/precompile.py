@@ -144,30 +144,36 @@ def compile_job(job: Job, target) -> None:
     fn.warmup(*_args(job), grid=(1,), **dict(job.kwargs))
 
 
+def _key_module():
+    """(name, module) of the Triton module that defines `triton_key` (its place moved between versions), or
+    (None, None) where this Triton has none."""
+    for name in ("triton.runtime.cache", "triton.compiler.compiler"):
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        if callable(getattr(module, "triton_key", None)):
+            return name, module
+    return None, None
+
+
 def triton_key() -> str | None:
     """This process's Triton key (`triton_key()`, part of every cache key: a hash of Triton's compiler sources
     and of libtriton, some 500 MB read whole), computed once a process; None where this Triton has none."""
-    for name in ("triton.runtime.cache", "triton.compiler.compiler"):
-        try:
-            return importlib.import_module(name).triton_key()
-        except (ImportError, AttributeError):
-            continue
-        except Exception:  # noqa: BLE001 - a Triton whose key cannot be computed: each process its own
-            return None
-    return None
+    try:
+        _, module = _key_module()
+        return module.triton_key() if module is not None else None
+    except Exception:  # noqa: BLE001 - a Triton whose key cannot be computed: each process its own
+        return None
 
 
 def _hash_triton_key() -> str | None:
     """Triton's key hashed now from its files, not a value memoized (or adopted) in this process."""
-    for name in ("triton.runtime.cache", "triton.compiler.compiler"):
-        try:
-            fn = getattr(importlib.import_module(name), "triton_key", None)
-        except ImportError:
-            continue
-        if fn is not None:
-            fn = getattr(_ORIGINAL.get(name, fn), "__wrapped__", _ORIGINAL.get(name, fn))  # lru_cache's own
-            return fn()
-    return None
+    name, module = _key_module()
+    if module is None:
+        return None
+    fn = _ORIGINAL.get(name, module.triton_key)
+    return getattr(fn, "__wrapped__", fn)()  # lru_cache's own function: no memoized value
 
 
 _REMEMBERED: dict = {}  # cache directory -> the key this process took from it (once a process)
