@@ -1,6 +1,7 @@
 """Compiling a graph's kernels ahead of the first launch in worker processes (backends/triton/precompile.py),
 for an H100/H200 (sm_90) on this machine: Triton compiles without a GPU."""
 import os
+import pathlib
 import textwrap
 
 import pytest
@@ -259,6 +260,18 @@ def test_the_triton_stamp_follows_its_files_and_their_links(tmp_path):
     assert precompile._triton_stamp(pkg) != second
 
 
+def test_the_pool_takes_the_key_kept_in_passlines_cache(monkeypatch, tmp_path):
+    # started by dynamo, the pool takes Triton's key as the runner's precompile does (from passline's cache),
+    # so a process hashes libtriton once at most; without the cache named, this process's own key
+    asked = []
+    monkeypatch.setattr(precompile, "remembered_triton_key", lambda d: asked.append(d) or "kept")
+    monkeypatch.setattr(precompile, "triton_key", lambda: "hashed")
+    named, bare = Pool(1), Pool(1)
+    named.key_dir = tmp_path
+    assert (named.triton_key(), named.triton_key(), bare.triton_key()) == ("kept", "kept", "hashed")
+    assert asked == [tmp_path]  # once
+
+
 def test_a_failed_background_start_leaves_no_job_waiting(monkeypatch, target):
     # start_soon counts its workers before starting them; one that fails to start is uncounted, and a job
     # waiting for a worker then starts one itself rather than waiting forever
@@ -301,8 +314,8 @@ def test_dynamo_starts_the_workers_for_a_gpu_graph_with_compile_in_processes(mon
     started = []
 
     class Stub:
-        def start_soon(self, target=None):  # Pool.start in a thread of its own
-            started.append(target)
+        def start_soon(self, target=None, key_dir=None):  # Pool.start in a thread of its own
+            started.append((target, key_dir))
             if len(started) > 2:
                 raise OSError("no processes left")
     monkeypatch.setattr(precompile, "pool", lambda workers=None: Stub())
@@ -320,7 +333,8 @@ def test_dynamo_starts_the_workers_for_a_gpu_graph_with_compile_in_processes(mon
     _start_compile_workers(on, gpu)
     _start_compile_workers(on, gpu)
     _start_compile_workers(on, gpu)  # raises inside: kept from the caller
-    assert started == [("target of", "cuda:0")] * 3  # what the workers warm up for: the graph device's
+    # what the workers warm up for (the graph device's target), and where their key is kept (passline's cache)
+    assert started == [(("target of", "cuda:0"), pathlib.Path(on.cache_dir))] * 3
 
 
 @pytest.mark.parametrize("compile_in", ["processes", "threads"])

@@ -11,6 +11,7 @@ import itertools
 import os
 import time
 import warnings
+from pathlib import Path
 
 import attrs
 import torch
@@ -346,7 +347,7 @@ def _start_compile_workers(backend: Backend, example_inputs) -> None:
         from .triton.precompile import pool, target_of
 
         with contextlib.suppress(Exception):
-            pool().start_soon(target_of(gpu))
+            pool().start_soon(target_of(gpu), Path(backend.cache_dir))
 
 
 def _on_cpu(graph) -> bool:

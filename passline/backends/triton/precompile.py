@@ -373,19 +373,23 @@ class Pool:
         self.key_lock = threading.Lock()
         self.key: str | None = None
         self.target: tuple | None = None  # (backend, arch, warp size) the workers warm up for (`_warm_up`)
+        self.key_dir: Path | None = None  # passline's cache, where the key may be kept (`remembered_triton_key`)
 
     def triton_key(self) -> str | None:
-        """The parent's Triton key, handed to every worker (`_adopt_triton_key`); computed once, here."""
+        """The parent's Triton key, handed to every worker (`_adopt_triton_key`): from passline's cache where
+        the caller named it (as `TritonRunner._precompile` takes it, so it is hashed once at most), else
+        this process's; once, here."""
         with self.key_lock:
             if self.key is None:
-                self.key = triton_key()
+                self.key = remembered_triton_key(self.key_dir) if self.key_dir is not None else triton_key()
             return self.key
 
-    def start_soon(self, target: tuple | None = None) -> threading.Thread:
+    def start_soon(self, target: tuple | None = None, key_dir: Path | None = None) -> threading.Thread:
         """`start()` in a thread of its own: the Triton key's hashing (hashlib lets go of the GIL) and the
         workers' starts overlap what the caller does next (dynamo's graph traced by aot_autograd). `target`:
-        what the workers warm up for (`target_of`)."""
+        what the workers warm up for (`target_of`); `key_dir`: passline's cache (`triton_key`)."""
         self.target = self.target or target
+        self.key_dir = self.key_dir or key_dir
         def start():
             with contextlib.suppress(Exception):  # a pool that cannot start: the first compile finds out
                 self.start()
@@ -394,8 +398,8 @@ class Pool:
         return thread
 
     def start(self) -> None:
-        """Start every worker now (each imports Triton's compiler and waits), so that a graph's first compile
-        finds them running: called as dynamo hands over a graph, before its tracing and passes."""
+        """Start every worker now (each imports Triton's compiler and warms up), so that a graph's first
+        compile finds them running (`start_soon` calls it as dynamo hands over a graph)."""
         while True:
             with self.lock:
                 if self.started >= self.size:
