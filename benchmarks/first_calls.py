@@ -14,9 +14,8 @@ compiled at the call, and `loss.backward()`, which compiles the backward), synch
 `--steps` steady steps (10). For passline it also marks, in seconds from the step's start, where the time
 goes: `dynamo` (its tracing, until the backend has the graph), `aot` (aot_autograd's tracing and partitioning,
 until passline's compiler has the forward), and per graph passline's own stages (`report.seconds`: lower,
-passes, codegen) and
-`precompile` (`TritonRunner.compile_seconds`: the kernels compiled and loaded before the graph's first call),
-and `forward` / `backward` (when each half of the step finished).
+passes, codegen) and `precompile` (`TritonRunner.compile_seconds`: the kernels compiled and loaded before the
+graph's first call), and `forward` / `backward` (when each half of the step finished).
 
 The table gives the median over the rounds and each contender's ratio to Inductor's (below 1 is faster).
 On `--device cpu` passline runs its kernels under Triton's interpreter (and Inductor its C++ backend, slow to
@@ -79,9 +78,8 @@ def child(model_name: str, contender: str, root: str, device: str, smoke: bool, 
     compiled = torch.compile(model, backend=backend)
     step = M.make_step(compiled, inputs, device == "cuda")
 
-    def sync():
-        if device == "cuda":
-            torch.cuda.synchronize()
+    def sync():  # models.py's, for this device
+        M.sync(device)
     sync()
     t0[0] = time.perf_counter()
     model.zero_grad(set_to_none=True)
