@@ -4,18 +4,20 @@ passline against Inductor, with where passline's time goes.
     python benchmarks/first_calls.py [--models gpt2,llama] [--contenders inductor,passline,passline:processes]
                                      [--rounds 2] [--device cuda|cpu] [--smoke] [--out FILE.json]
 
-Issue 14 asks for a first call no slower than Inductor's, cold and warm. In one process (benchmarks/models.py)
-the contender that goes first pays what every compiler shares once a process (dynamo's and aot_autograd's
-imports, cuBLAS's start), so here each first step runs in a process of its own: for each round, model and
-contender (the order rotated from round to round), a cold run with a new, empty cache directory (Triton's,
-Inductor's, passline's), then a warm run with that same directory. A contender is `inductor`, `passline`, or
-`passline:processes` (`compile_in="processes"`: the compile workers). A run times the first step (the forward,
-compiled at the call, and `loss.backward()`, which compiles the backward), synchronized, then the median of
-`--steps` steady steps (10). For passline it also marks, in seconds from the step's start, where the time
-goes: `dynamo` (its tracing, until the backend has the graph), `aot` (aot_autograd's tracing and partitioning,
-until passline's compiler has the forward), and per graph passline's own stages (`report.seconds`: lower,
-passes, codegen) and `precompile` (`TritonRunner.compile_seconds`: the kernels compiled and loaded before the
-graph's first call), and `forward` / `backward` (when each half of the step finished).
+Issue 14 asks for a first call no slower than Inductor's, cold and warm. In one process (benchmarks/models.py) the
+contender that goes first pays what every compiler shares once a process (dynamo's and aot_autograd's imports,
+cuBLAS's start), so here each first step runs in a process of its own: for each round, model and contender (the
+order rotated from round to round), a cold run with a new, empty cache directory (Triton's, Inductor's,
+passline's), then a warm run with that same directory. A contender is `inductor`, `passline`, or passline with
+settings of its own, `passline:SETTING=VALUE[+SETTING=VALUE]`, each read as its `PASSLINE_*` variable would be
+(passline/config.py; `passline:compile_in=processes`: the compile workers, for which `passline:processes` is
+short). A run times the first step (the forward, compiled at the call, and `loss.backward()`, which compiles the
+backward), synchronized, then the median of `--steps` steady steps (10). For passline it also marks, in seconds
+from the step's start, where the time goes: `dynamo` (its tracing, until the backend has the graph), `aot`
+(aot_autograd's tracing and partitioning, until passline's compiler has the forward), and per graph passline's own
+stages (`report.seconds`: lower, passes, codegen) and `precompile` (`TritonRunner.compile_seconds`: the kernels
+compiled and loaded before the graph's first call), and `forward` / `backward` (when each half of the step
+finished).
 
 The table gives the median over the rounds and each contender's ratio to Inductor's (below 1 is faster).
 On `--device cpu` passline runs its kernels under Triton's interpreter (and Inductor its C++ backend, slow to
@@ -60,7 +62,7 @@ def child(model_name: str, contender: str, root: str, device: str, smoke: bool, 
         import passline
         from passline.backends import dynamo
 
-        options = {"compile_in": "processes"} if contender == "passline:processes" else {}
+        options = contender_settings(contender)
         with passline.settings(**options):
             backend = passline.backend(fallback="raise", cache_dir=os.path.join(root, "passline"))
         entry, compile_aten = dynamo.Backend.__call__, dynamo.Backend.compile_aten
@@ -69,9 +71,9 @@ def child(model_name: str, contender: str, root: str, device: str, smoke: bool, 
             mark("dynamo")
             return entry(self, gm, example_inputs)
 
-        def handed(self, gm, example_inputs, kind="graph", fx=None):
+        def handed(self, gm, example_inputs, kind="graph", fx=None, **kw):
             mark("aot")
-            return compile_aten(self, gm, example_inputs, kind, fx)
+            return compile_aten(self, gm, example_inputs, kind, fx, **kw)
         dynamo.Backend.__call__, dynamo.Backend.compile_aten = entered, handed
     else:
         backend = "inductor"
@@ -107,6 +109,29 @@ def child(model_name: str, contender: str, root: str, device: str, smoke: bool, 
     return out
 
 
+def contender_settings(contender: str) -> dict:
+    """passline's settings for a contender `passline[:SETTING=VALUE[+SETTING=VALUE]]`, each value read as its
+    PASSLINE_* variable is (`autotune=0` is off)."""
+    import attrs
+
+    sys.path.insert(0, str(ROOT))
+    from passline.config import Settings
+
+    _, _, spec = contender.partition(":")
+    spec = "compile_in=processes" if spec == "processes" else spec
+    pairs = [p.split("=", 1) for p in spec.split("+") if p]
+    names = {f.name for f in attrs.fields(Settings)}
+    for p in pairs:
+        if len(p) != 2 or p[0] not in names:
+            raise SystemExit(f"contender {contender!r}: expected passline:SETTING=VALUE[+SETTING=VALUE], "
+                             f"a setting among {', '.join(sorted(names))}")
+    try:
+        parsed = Settings.from_environ({f"PASSLINE_{k.upper()}": v for k, v in pairs})
+    except ValueError as e:
+        raise SystemExit(f"contender {contender!r}: {e}") from None
+    return {k: getattr(parsed, k) for k, _ in pairs}
+
+
 def run_child(model_name, contender, root, args) -> dict:
     cmd = [sys.executable, __file__, "--child", model_name, contender, root, "--device", args.device]
     if args.smoke:
@@ -122,7 +147,8 @@ def run_child(model_name, contender, root, args) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="gpt2,llama")
-    ap.add_argument("--contenders", default="inductor,passline,passline:processes")
+    ap.add_argument("--contenders", default="inductor,passline,passline:processes",
+                    help="inductor, passline, passline:SETTING=VALUE[+SETTING=VALUE] (e.g. compile_in=processes)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--smoke", action="store_true", help="tiny sizes (models.py's), for checking the script")
@@ -135,6 +161,10 @@ def main(argv=None) -> int:
         print(json.dumps(child(*args.child, args.device, args.smoke, max(1, args.steps))), flush=True)
         return 0
     models, contenders = args.models.split(","), args.contenders.split(",")
+    for c in contenders:
+        if c != "inductor" and not c.startswith("passline"):
+            raise SystemExit(f"unknown contender {c!r}: inductor, passline, passline:SETTING=VALUE")
+        contender_settings(c)  # a bad one stops here, before any run
     runs = []
     for r in range(args.rounds):
         order = contenders[r % len(contenders):] + contenders[:r % len(contenders)]
@@ -147,9 +177,9 @@ def main(argv=None) -> int:
                         print(f"[{m}] {c} {state}: " + (f"{res['first_call_s']:.2f} s, step {res['step_ms']:.2f} ms"
                               f" {res.get('marks', '')}" if "error" not in res else "ERROR " + res["error"][-300:]),
                               file=sys.stderr, flush=True)
+                        if args.out:  # after every run: a run cut short keeps what it measured
+                            Path(args.out).write_text(json.dumps({"argv": sys.argv, "runs": runs}, indent=1))
     print(table(runs, models, contenders))
-    if args.out:
-        Path(args.out).write_text(json.dumps({"argv": sys.argv, "runs": runs}, indent=1))
     return 1 if any("error" in r for r in runs) else 0
 
 

@@ -143,10 +143,13 @@ def test_out_of_range_index_is_an_error(case, codegen):
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="the GPU's device-side assert")
-def test_out_of_range_device_assert():
-    script = """
+@pytest.mark.parametrize("fn, what", [("torch.gather(x, 1, i)", "gather"),
+                                      # an index only compared (a one-hot): checked after the kernel's store
+                                      ("torch.zeros_like(x).scatter(1, i, -1.0) * x", "scatter")])
+def test_out_of_range_device_assert(fn, what):
+    script = f"""
 import torch, passline
-f = torch.compile(lambda x, i: torch.gather(x, 1, i), backend=passline.backend(codegen="triton", fallback="raise"))
+f = torch.compile(lambda x, i: {fn}, backend=passline.backend(codegen="triton", fallback="raise"))
 x = torch.randn(5, 7, device="cuda")
 f(x, torch.tensor([[0], [1], [2], [3], [4]], device="cuda"))
 torch.cuda.synchronize()
@@ -159,7 +162,8 @@ print("no error")
                        env=dict(os.environ, PASSLINE_AUTOTUNE="0"))
     out = r.stdout + r.stderr
     assert "in range ok" in out and "no error" not in out and r.returncode != 0, out[-3000:]
-    assert "index out of bounds for dimension 1 (gather) with size 7" in out or "device-side assert" in out, out[-3000:]
+    message = f"index out of bounds for dimension 1 ({what}) with size 7"
+    assert message in out or "device-side assert" in out, out[-3000:]
 
 
 def test_gpu_kernel_source_asserts_unproven_indices():
@@ -185,6 +189,37 @@ def test_gpu_kernel_source_asserts_unproven_indices():
         assert "_check_index(" not in src.split("def _check_index")[0]
         isrc = kgen.generate(node, graph, interpret=True, variant="persistent", blocks={}).source
         assert ("_check_index(t" in isrc) == want and "tl.device_assert(" not in isrc
+
+
+def test_gpu_kernels_check_an_index_only_compared_after_their_stores():
+    """On a GPU, an index no address is made from (a one-hot's compare; cross-entropy's gradient, in its
+    persistent and looped forms) is asserted after the kernel's stores, where the assert holds no memory
+    access back; one that addresses memory (a gather) before its load."""
+    from passline.backends.triton import kernel as kgen
+
+    def lines(fn, inputs, variants, report=0):
+        be = assert_matches_eager(fn, inputs, codegen="reference")
+        graph = be.reports[report].graph  # 0: the forward, -1: the backward
+        (node,) = [n for n in graph.nodes() if "device_assert" in
+                   kgen.generate(n, graph, interpret=False, variant=variants[0], blocks={}).source]
+        for v in variants:
+            src = kgen.generate(node, graph, interpret=False, variant=v, blocks={}).source
+            yield [ln.strip() for ln in src.split("\ndef ")[-1].splitlines() if ln.strip()]
+
+    def first(body, what):
+        return min(k for k, ln in enumerate(body) if ln.startswith(what))
+
+    for body in lines(lambda x, i: torch.zeros_like(x).scatter(1, i, -1.0) * x, [_g(5, 7), _ints(0, 7, 5, 1)],
+                      ["persistent"]):
+        assert first(body, "tl.device_assert(") > first(body, "tl.store("), body
+    ce = (lambda x, t: F.cross_entropy(x, t), [_g(6, 300), _ints(0, 300, 6)])
+    for body in lines(*ce, ["persistent", "looped"], report=-1):
+        asserts = [k for k, ln in enumerate(body) if ln.startswith("tl.device_assert(")]
+        assert asserts and min(asserts) > max(k for k, ln in enumerate(body) if ln.startswith("tl.store(")), body
+        assert all(not body[k].startswith("for ") for k in range(min(asserts), len(body))), body
+    for body in lines(lambda x, i: torch.gather(x, 1, i), [_g(5, 7), _ints(0, 7, 5, 9)], ["persistent"]):
+        gather = next(k for k, ln in enumerate(body) if "tl.load(p_primals_1 +" in ln)  # x[i]
+        assert first(body, "tl.device_assert(") < gather < first(body, "tl.store("), body
 
 
 @pytest.mark.parametrize("variant", ["persistent", "looped"])

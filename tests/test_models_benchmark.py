@@ -93,3 +93,19 @@ def test_first_calls_runs_cold_then_warm_in_fresh_processes(tmp_path):
     cold, warm = runs
     assert all(g["passes"] > 0 for g in cold["graphs"])  # lowered and scheduled
     assert all(g["passes"] == 0 for g in warm["graphs"])  # the graph cache's: nothing scheduled again
+
+
+def test_first_calls_reads_a_contenders_settings_as_passlines_variables():
+    """`passline:SETTING=VALUE[+...]`: each value read as its PASSLINE_* variable is (a flag's "0" is off, not a
+    true string), `passline:processes` short for compile_in=processes; an unknown setting or a bad value stops
+    the script before any run, naming it."""
+    fc = benchmark_script("first_calls")
+    assert fc.contender_settings("passline") == {}
+    assert fc.contender_settings("passline:processes") == {"compile_in": "processes"}
+    assert fc.contender_settings("passline:autotune=0+compile_in=off") == {"autotune": False, "compile_in": "off"}
+    with pytest.raises(SystemExit, match="a setting among"):
+        fc.contender_settings("passline:turbo=1")
+    with pytest.raises(SystemExit, match="PASSLINE_AUTOTUNE='maybe'"):
+        fc.contender_settings("passline:autotune=maybe")
+    with pytest.raises(SystemExit, match="unknown contender 'tvm'"):
+        fc.main(["--contenders", "inductor,tvm"])

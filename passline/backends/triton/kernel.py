@@ -197,6 +197,7 @@ class KernelWriter:
         # picks each load's L2 eviction policy (see load())
         self.reread: set | None = None
         self.debug = False  # a device_assert was emitted: the kernel is compiled with debug=True
+        self.deferred: list[str] = []  # checks of indices no address is made from, after the kernel's stores
         self.online: dict | None = None  # online_pairs(), computed once
         # inside a looped kernel's loop: (line, indent, scope) where a value the same in every step goes
         # instead (before the loop: `invariant`, `place`), and the variables put there
@@ -218,6 +219,10 @@ class KernelWriter:
     # -- plumbing ----------------------------------------------------------------------------------
     def emit(self, line: str) -> None:
         self.lines.append("    " * self.indent + line)
+
+    def body(self) -> list[str]:
+        """The kernel's lines, the deferred checks last (at the kernel's top level)."""
+        return self.lines + ["    " + line for line in self.deferred]
 
     def tmp(self) -> str:
         self._tmp += 1
@@ -339,8 +344,17 @@ class KernelWriter:
         (the kernel is then compiled with debug=True, without which Triton drops device asserts), under
         the interpreter — which ignores device asserts whatever its options — by `_check_index`, plain
         Python in the interpreter's prelude that raises IndexError before the load. Lanes outside the
-        masks are exempt (they hold the masked load's 0, or math on it). One check per distinct value."""
+        masks are exempt (they hold the masked load's 0, or math on it). One check per distinct value and use.
+
+        On a GPU, an index no address is made from (an IndexValue: a one-hot's compare, as cross-entropy's
+        gradient has it) is checked at the kernel's end, after its stores, where its variable is in scope
+        there (not inside a loop): no memory is touched through it, the assert still ends the call, and
+        before the stores it held back their loads — an assert is a call the compiler may not move memory
+        accesses across. On an H200, cross-entropy's bfloat16 gradient over 10872 × 12345 (persistent, 32
+        warps) took 295 µs with its two checks first, 240 with them last, 237 with none. An index that
+        addresses memory (a gather, a scatter's position) is checked before that access, as it must be."""
         at, deps = {}, set()
+        addresses = not isinstance(holder, IndexValue)
         for b in holder.indirect:
             raw = scope.values[id(b.value)]
             dep = {s for v in walk(b.value) if isinstance(v, (Load, IndexValue))
@@ -348,7 +362,7 @@ class KernelWriter:
                    if is_canonical(s)}
             deps |= dep
             bound = self.idx(sympy.expand(b.bound))
-            key = ("indirect", raw, bound, b.wrap, b.proven)
+            key = ("indirect", raw, bound, b.wrap, b.proven, addresses)
             var = scope.load(key)
             if var is None:
                 var = self.tmp()
@@ -367,7 +381,11 @@ class KernelWriter:
                         self.debug = True
                         cond = f"{ok} | ~({mask})" if mask else ok
                         message = f"index out of bounds for {b.what} with size {b.bound}"
-                        self.place(f"tl.device_assert({cond}, {message!r})", hoist)
+                        check = f"tl.device_assert({cond}, {message!r})"
+                        if not addresses and (self.hoist[1] if hoist else self.indent) == 1:
+                            self.deferred.append(check)
+                        else:
+                            self.place(check, hoist)
                 scope.loads[key] = var
             sym = sympy.Symbol(var, integer=True, nonnegative=True)
             self.locals.add(sym)
@@ -550,7 +568,7 @@ class KernelWriter:
                 self.scatter(m, var, scope)
             else:
                 self.store(m, var, "xmask")
-        return self.header(["XBLOCK"]) + self.lines
+        return self.header(["XBLOCK"]) + self.body()
 
     def scatter(self, m: Scatter, var: str, scope: _Scope) -> None:
         """Write (tl.store) or add (tl.atomic_add: duplicate positions are summed) a Scatter's value at its
@@ -645,7 +663,7 @@ class KernelWriter:
         scope = _Scope()
         self.prefetch(scope, gathers=True)
         self.emit_members(scope)
-        return self.header(["XBLOCK", "RBLOCK"]) + self.lines
+        return self.header(["XBLOCK", "RBLOCK"]) + self.body()
 
     def emit_members(self, scope: _Scope, column=None) -> None:
         """Every member in order, with whole rows in the tile: reductions reduce the tile, the others are
@@ -834,7 +852,7 @@ class KernelWriter:
                 var = self._reduction_result(m, raw, outer_scope)
                 self.store(m, var, "xmask")
         outer_ready(n_phases + 1)
-        return self.header(["XBLOCK", "RBLOCK"]) + self.lines
+        return self.header(["XBLOCK", "RBLOCK"]) + self.body()
 
     def _finish_online(self, acc_s: str, acc_m: str, row_max: str) -> str:
         """An online sum's result: each lane's partial sum rescaled to the row's max, summed. A row of -inf
@@ -1240,7 +1258,7 @@ def generate_mix(mix: MixOrderNode, graph, interpret: bool, blocks: dict,
     # Under the interpreter it is a constexpr (nothing is compiled there): Triton 3.6's interpreter turns a
     # run-time int into a one-element array, and its `tl.range` bound then fails under NumPy >= 2.5
     # ("only 0-dimensional arrays can be converted to Python scalars"; 3.9's squeezes it first)
-    body = w.header(["XBLOCK", "RBLOCK", "STAGES"], extra=["SPLIT: tl.constexpr" if interpret else "SPLIT"]) + w.lines
+    body = w.header(["XBLOCK", "RBLOCK", "STAGES"], extra=["SPLIT: tl.constexpr" if interpret else "SPLIT"]) + w.body()
     sizes = tuple(("size", s) for s in sorted(w.sizes, key=str))
     constants = {k: blocks[k] for k in ("XBLOCK", "RBLOCK", "SPLIT")} | {"STAGES": blocks.get("STAGES", 1)}
     src = KernelSource(name, _source(interpret, body), name, w.ordered_args() + sizes, product(rows),
