@@ -5,6 +5,7 @@ the reference backend and in generated Triton code; bounds errors; the verifier;
 Runs on CUDA with PASSLINE_TEST_DEVICE=cuda (the bounds-error test then runs its GPU case in a
 subprocess: a device-side assert ends the CUDA context)."""
 import os
+import re
 import subprocess
 import sys
 
@@ -197,8 +198,8 @@ def test_gpu_kernels_check_an_index_only_compared_after_their_stores():
     access back; one that addresses memory (a gather) before its load."""
     from passline.backends.triton import kernel as kgen
 
-    def lines(fn, inputs, variants, report=0):
-        be = assert_matches_eager(fn, inputs, codegen="reference")
+    def lines(fn, inputs, variants, report=0, **options):
+        be = assert_matches_eager(fn, inputs, codegen="reference", **options)
         graph = be.reports[report].graph  # 0: the forward, -1: the backward
         (node,) = [n for n in graph.nodes() if "device_assert" in
                    kgen.generate(n, graph, interpret=False, variant=variants[0], blocks={}).source]
@@ -212,11 +213,23 @@ def test_gpu_kernels_check_an_index_only_compared_after_their_stores():
     for body in lines(lambda x, i: torch.zeros_like(x).scatter(1, i, -1.0) * x, [_g(5, 7), _ints(0, 7, 5, 1)],
                       ["persistent"]):
         assert first(body, "tl.device_assert(") > first(body, "tl.store("), body
-    ce = (lambda x, t: F.cross_entropy(x, t), [_g(6, 300), _ints(0, 300, 6)])
-    for body in lines(*ce, ["persistent", "looped"], report=-1):
+    # the gradient as a row kernel (tile_rows plans for one SM: on a CPU target it would stay flat), its
+    # target's two checks hoisted before the looped form's loop (in its scope), then deferred past the loop
+    pipeline = re.sub(r"\btile_rows\b", "tile_rows(sms=1)", passline.DEFAULT_PIPELINE)
+    ce = (lambda x, t: F.cross_entropy(x, t), [_g(64, 300), _ints(0, 300, 64)])
+    for body in lines(*ce, ["persistent", "looped"], report=-1, pipeline=pipeline):
         asserts = [k for k, ln in enumerate(body) if ln.startswith("tl.device_assert(")]
         assert asserts and min(asserts) > max(k for k, ln in enumerate(body) if ln.startswith("tl.store(")), body
         assert all(not body[k].startswith("for ") for k in range(min(asserts), len(body))), body
+    assert any(ln.startswith("for roffset") for ln in body), body  # the looped form: the checks after its loop
+    # a compare of an index a gather checked already, inside a looped kernel's loop: that gather's check, once,
+    # before the loop (not one a step)
+    onehot_and_gather = (lambda x, i: (x * torch.zeros_like(x).scatter(1, i, 1.0)).sum(1, keepdim=True)
+                         - torch.gather(x, 1, i) + x.amax(1, keepdim=True))
+    for body in lines(onehot_and_gather, [_g(6, 3000), _ints(0, 3000, 6, 1)], ["looped"]):
+        loop = first(body, "for roffset")
+        assert [ln for ln in body[loop:] if ln.startswith("tl.device_assert(")] == [], body
+        assert len([ln for ln in body[:loop] if ln.startswith("tl.device_assert(")]) == 1, body
     for body in lines(lambda x, i: torch.gather(x, 1, i), [_g(5, 7), _ints(0, 7, 5, 9)], ["persistent"]):
         gather = next(k for k, ln in enumerate(body) if "tl.load(p_primals_1 +" in ln)  # x[i]
         assert first(body, "tl.device_assert(") < gather < first(body, "tl.store("), body
