@@ -128,6 +128,18 @@ OUT_OF_RANGE = [
     # op named is index_copy, which torch's decomposition of index_fill calls)
     ("index_fill_below", lambda x, i: x.index_fill(0, i, 5.0), [torch.zeros(4, 2), torch.tensor([-5, 0])],
      "index -5 is out of bounds for dimension 0"),
+    # gathers along a dim the gathered value does not vary along (broadcast, or of size 1): inline_pointwise
+    # recomputed the value there, with no load left to carry the index's check, and returned a result where
+    # eager raises (found by fuzzing; cross-entropy over one class with a target of 1 is the same case)
+    ("gather_broadcast", lambda x, i: torch.gather(x.expand(3, 5) * 2, 1, i), [torch.randn(3, 1),
+                                                                                torch.tensor([[0], [7], [0]])],
+     "index 7 is out of bounds for dimension 1 (gather) with size 5"),
+    ("index_broadcast", lambda x, i: (x.expand(4, 5) * 2)[i], [torch.randn(1, 5), torch.tensor([0, 6])],
+     "index 6 is out of bounds for dimension 0 (index) with size 4"),
+    ("embedding_broadcast", lambda i, w: F.embedding(i, w.expand(4, 5) * 2), [torch.tensor([0, 6]), torch.randn(1, 5)],
+     "index 6 is out of bounds for dimension 0 (embedding) with size 4"),
+    ("cross_entropy_one_class", lambda x, t: F.cross_entropy(x, t), [torch.randn(3, 1), torch.tensor([0, 1, 0])],
+     "index 1 is out of bounds for dimension 1 (gather) with size 1"),
 ]
 
 
@@ -141,6 +153,21 @@ def test_out_of_range_index_is_an_error(case, codegen):
     with pytest.raises(Exception, match=message.replace("(", r"\(").replace(")", r"\)")):
         torch._dynamo.reset()
         torch.compile(fn, backend=passline.backend(codegen=codegen, fallback="raise"))(*inputs)
+
+
+@pytest.mark.parametrize("codegen", CODEGENS)
+def test_out_of_range_index_under_dynamic_shapes_is_named(codegen):
+    # found by fuzzing: under dynamic shapes the interpreter's check got the bound as a one-element array and
+    # failed converting it (a TypeError) instead of naming the index and its bound
+    if DEVICE == "cuda" and codegen == "triton":
+        pytest.skip("covered by test_out_of_range_device_assert (a device assert ends the CUDA context)")
+    torch._dynamo.reset()
+    f = torch.compile(lambda x, i: torch.gather(x, 1, i), backend=passline.backend(codegen=codegen, fallback="raise"),
+                      dynamic=True)
+    x = torch.randn(4, 5, device=DEVICE)
+    f(x, torch.tensor([[0], [1], [2], [3]], device=DEVICE))
+    with pytest.raises(Exception, match=r"index 7 is out of bounds for dimension 1 \(gather\) with size 5"):
+        f(x, torch.tensor([[0], [7], [1], [2]], device=DEVICE))
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="the GPU's device-side assert")

@@ -294,6 +294,50 @@ def test_a_misaligned_input_view_is_read_right():
 
 
 @pytest.mark.parametrize("codegen", CODEGENS)
+@pytest.mark.parametrize("dtype, offset", [(torch.float32, 1), (torch.bfloat16, 4), (torch.float32, 4)])
+def test_an_output_viewing_a_misaligned_input_is_a_view_of_that_input(codegen, dtype, offset):
+    """A misaligned input is read through an aligned copy; an output that is a view of that input must come
+    back as the view of the input, not of the copy: aot_autograd rebuilds such an output from the input and
+    the output's strides and storage offset when it cannot replay the view (a narrow at a symbolic start,
+    under dynamic shapes). Found by fuzzing: the narrow came back `offset` elements early."""
+    def fn(x, start):
+        v = x.narrow(1, start, x.shape[1] - start)
+        return v + v, v
+
+    base = torch.arange(64, dtype=torch.float32, device=DEVICE).to(dtype)
+    x = base[offset:offset + 20].view(4, 5)
+    torch._dynamo.reset()
+    f = torch.compile(fn, backend=passline.backend(codegen=codegen, fallback="raise", pipeline=""), dynamic=True)
+    for start in (2, 1):
+        (s, v), (want_s, want_v) = f(x, start), fn(x, start)
+        assert torch.equal(v, want_v) and torch.equal(s, want_s)
+        assert (v.storage_offset(), v.stride()) == (want_v.storage_offset(), want_v.stride())
+        assert v.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()  # still x's storage
+
+
+def test_a_view_of_a_re_laid_out_copy_maps_back_to_the_original():
+    """layouts.view_of: a view taken of a copy in another dense layout (the strides a graph was lowered for)
+    is the same view of the original, for the view ops an output may be (narrow, select, transpose, expand,
+    diagonal, a size-1 dim)."""
+    from passline.backends.layouts import view_of
+
+    original = torch.arange(3 * 4 * 5, dtype=torch.float32).view(3, 4, 5)[:, :, :]
+    copy = torch.empty_strided((3, 4, 5), (1, 15, 3)).copy_(original)  # another dense layout
+    views = [lambda t: t.narrow(2, 1, 3), lambda t: t.transpose(0, 2)[1], lambda t: t.select(1, 2),
+             lambda t: t.diagonal(dim1=1, dim2=2), lambda t: t[:, None, 1:3].expand(3, 2, 2, 5),
+             lambda t: t[1:2, ::2], lambda t: t]
+    for op in views:
+        got, want = view_of(original, copy, op(copy)), op(original)
+        assert torch.equal(got, want)
+        assert got.untyped_storage().data_ptr() == original.untyped_storage().data_ptr()
+        assert [st for st, n in zip(got.stride(), got.shape) if n > 1] == \
+            [st for st, n in zip(want.stride(), want.shape) if n > 1]
+    shifted = torch.arange(61, dtype=torch.float32)[1:].view(3, 4, 5)  # same strides, another start
+    same = torch.empty_strided(shifted.shape, shifted.stride()).copy_(shifted)
+    assert view_of(shifted, same, same.narrow(1, 1, 2)).storage_offset() == shifted.narrow(1, 1, 2).storage_offset()
+
+
+@pytest.mark.parametrize("codegen", CODEGENS)
 def test_channel_shuffle_keeps_channels_last(codegen):
     # torch's decomposition of channel_shuffle clones to contiguous; eager keeps the input's memory format on
     # the CPU and returns a contiguous tensor on CUDA: the output's strides must be eager's on each

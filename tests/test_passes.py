@@ -531,6 +531,16 @@ def test_mix_order_leaves_a_sum_over_one_row_alone():
     assert_matches_eager(f, [x], pipeline="mix_order_reduction(min_rows=1)", codegen="reference")
 
 
+@pytest.mark.parametrize("codegen", ["reference", "triton"])
+def test_mix_order_takes_no_pointwise_columns_of_one_row(codegen):
+    # found by fuzzing: a softmax over [1, n] with min_rows=1 — its pointwise nodes over (1, n) looked like
+    # columns of one row each and were mixed as column sides with nothing to reduce; the Triton backend then
+    # failed to compile the mix kernel (no partial sums to finish). Such a pair is refused
+    pipeline = "mix_order_reduction(min_rows=1)"
+    be = assert_matches_eager(lambda x: torch.softmax(x, 1), [torch.randn(1, 4)], pipeline=pipeline, codegen=codegen)
+    assert not any(type(n).__name__ == "MixOrderNode" for r in be.reports for n in r.graph.nodes())
+
+
 def test_recompute_columns_leaves_rows_mix_order_takes():
     """Below min_row_bytes the column sums are mix_order_reduction's (computed from the row side's values in
     the row kernel, the inputs read once): nothing is recomputed and the backward is one mixed kernel."""

@@ -158,7 +158,7 @@ def conform_inputs(graph: SchedulerGraph, runner):
         for e in expects:
             if e.mutated and e.pos in fixed:
                 args[e.pos].copy_(fixed[e.pos])
-        return out
+        return _rebased(out, {k: (args[k], c) for k, c in fixed.items()})
 
     def boxed(args: list):
         """`run` in the boxed convention: the copies replace their inputs in `args`, which the runner
@@ -166,15 +166,68 @@ def conform_inputs(graph: SchedulerGraph, runner):
         fixed = conformed(args)
         if fixed is None:
             return runner.boxed(args)
-        originals = {e.pos: args[e.pos] for e in expects if e.mutated and e.pos in fixed}
+        originals = {k: args[k] for k in fixed}
         for k, t in fixed.items():
             args[k] = t
         out = runner.boxed(args)
-        for k, original in originals.items():
-            original.copy_(fixed[k])
-        return out
+        for e in expects:
+            if e.mutated and e.pos in fixed:
+                originals[e.pos].copy_(fixed[e.pos])
+        return _rebased(out, {k: (originals[k], c) for k, c in fixed.items()})
 
     run.runner = runner  # the wrapped runner stays reachable (reports, tests)
     if hasattr(runner, "boxed"):
         run.boxed = boxed
     return run
+
+
+def _rebased(out, copies: dict):
+    """`out` with every output that is a view of a copy made above turned into the same view of the input
+    it copies. An output aliasing an input is rebuilt by aot_autograd from that input and the output's
+    size, strides and storage offset (`gen_alias_from_base`, `as_strided`, when it cannot replay the view:
+    a narrow at a symbolic start); a view of the copy would put those numbers on the wrong storage. Found by
+    fuzzing: a narrow of a view starting 4 bytes into its storage came back 1 element early."""
+    if not copies:
+        return out
+    by_storage = {c.untyped_storage().data_ptr(): (original, c) for original, c in copies.values()}
+
+    def one(t):
+        if not isinstance(t, torch.Tensor) or t.device.type == "meta":
+            return t
+        found = by_storage.get(t.untyped_storage().data_ptr())
+        return t if found is None else view_of(found[0], found[1], t)
+
+    if isinstance(out, (list, tuple)):
+        return type(out)(one(t) for t in out)
+    return one(out)
+
+
+def view_of(original: torch.Tensor, copy: torch.Tensor, view: torch.Tensor) -> torch.Tensor:
+    """The view of `original` that `view` is of `copy` (`copy`: `original`'s values in a dense layout of its
+    own, the strides the graph was lowered for): each storage step of the view written in the copy's
+    dimensions (mixed radix, the copy's strides from the largest), then in the original's strides."""
+    dims = sorted((d for d in range(copy.dim()) if copy.shape[d] > 1), key=lambda d: -copy.stride(d))
+
+    def digits(position: int) -> list:
+        at = [0] * copy.dim()
+        for d in dims:
+            at[d], position = divmod(position, copy.stride(d))
+        if position:
+            raise RuntimeError("passline: an output is a view of an input's re-laid-out copy that the input's "
+                               "own layout cannot express; please report this graph")
+        return at
+
+    def in_original(position: int) -> int:
+        return sum(k * original.stride(d) for d, k in enumerate(digits(position)))
+
+    def stride(d: int) -> int:
+        try:
+            return in_original(view.stride(d))
+        except RuntimeError:
+            if view.shape[d] > 1:
+                raise
+            return view.stride(d)  # a size-1 dim's stride moves nothing
+
+    start = view.storage_offset() - copy.storage_offset()
+    return original.as_strided(view.shape, [stride(d) for d in range(view.dim())],
+                               original.storage_offset() + in_original(start))

@@ -109,7 +109,8 @@ def _inlined_indirect(consumer, node: Pointwise, bounds: dict):
     """`consumer` with each load of `node`'s output at an indirect position (a gather of log-softmax at the
     target) replaced by `node`'s body at that position, or None when there is none. The index symbols
     stand for the node's loop variables there, and the loads of the recomputed body that use them take
-    their bindings (same values, same bounds, same checks)."""
+    their bindings (same values, same bounds, same checks). A load whose recomputed value would not use one
+    of its unproven indices stays as it is: its check goes with it."""
     name = node.output.name
     changed = []
 
@@ -121,14 +122,22 @@ def _inlined_indirect(consumer, node: Pointwise, bounds: dict):
         if mapping is None:
             return v
 
+        carried = set()
+
         def bind(u):
             if isinstance(u, (Load, IndexValue)):
                 expr = u.index if isinstance(u, Load) else u.expr
                 used = tuple(b for b in v.indirect if b.symbol in expr.free_symbols)
+                carried.update(b.symbol for b in used)
                 return attrs.evolve(u, indirect=used) if used else u
             return u
 
         value = rebuild(substitute_index(node.body, mapping), bind)
+        if any(not b.proven and b.symbol not in carried for b in v.indirect):
+            # the recomputed value does not move with an index (a gather along a broadcast or size-1 dim,
+            # cross-entropy over one class): inlined, nothing would load through it, and its bounds check,
+            # which eager makes (an out-of-range target raises), would be lost with it
+            return v
         changed.append(v)
         return value if value.dtype == v.dtype else Cast(value, v.dtype)
 

@@ -316,6 +316,10 @@ def _gate(row, col, max_columns, min_rows, types, max_reads, rows, cols, max_row
 
 def _problem(row, col, types, max_reads, rows, cols) -> str | None:
     """`_gate`'s checks after the sizes': the reductions, the reads, where the column side meets the row side."""
+    if not _reductions(col):
+        # pointwise work over one row looks like columns of one row each (a softmax over [1, n] with
+        # min_rows=1): nothing to sum over the rows, no partial sums for a finishing kernel to add
+        return "the column side reduces nothing"
     bad = [m.reduction_type for m in _reductions(col) if m.reduction_type not in types]
     if bad:
         return f"column reduction {bad[0]} is not one of {sorted(types)}"

@@ -377,7 +377,8 @@ def _check_index(value, ok, mask, what, bound):
         ok = ok | ~mask.handle.data
     if not ok.all():
         bad = np.broadcast_to(value.handle.data, ok.shape)[~ok].flat[0]
-        size = getattr(getattr(bound, "handle", None), "data", bound)
+        # a run-time size (dynamic shapes) reaches the interpreter as a one-element array
+        size = np.asarray(getattr(getattr(bound, "handle", None), "data", bound)).reshape(-1)[0]
         raise IndexError(f"index {int(bad)} is out of bounds for {what} with size {int(size)}")
 
 
