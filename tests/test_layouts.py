@@ -315,6 +315,19 @@ def test_an_output_viewing_a_misaligned_input_is_a_view_of_that_input(codegen, d
         assert v.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()  # still x's storage
 
 
+@pytest.mark.parametrize("codegen", CODEGENS)
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_an_expanded_input_starting_off_a_boundary_is_copied_expanded(codegen, dynamic):
+    # found by fuzzing: the aligned copy of a misaligned expanded input kept its 0 stride, and copying into
+    # such (overlapping) memory is refused: every call failed
+    x = torch.arange(8.0, device=DEVICE)[1:6].expand(3, 5)
+    fn = lambda x: (x * 2, x[1:], x.t())  # noqa: E731
+    torch._dynamo.reset()
+    got = torch.compile(fn, backend=passline.backend(codegen=codegen, fallback="raise"), dynamic=dynamic)(x)
+    for g, w in zip(got, fn(x)):
+        assert torch.equal(g, w) and (g.stride(), g.storage_offset()) == (w.stride(), w.storage_offset())
+
+
 def test_a_view_of_a_re_laid_out_copy_maps_back_to_the_original():
     """layouts.view_of: a view taken of a copy in another dense layout (the strides a graph was lowered for)
     is the same view of the original, for the view ops an output may be (narrow, select, transpose, expand,

@@ -148,6 +148,21 @@ def test_input_mutated_in_place_like_eager(fn, shapes, grads, kernels, codegen):
 
 
 @pytest.mark.parametrize("codegen", CODEGENS)
+@pytest.mark.parametrize("fn", [lambda x, y: (x.fill_(3), x * 2)[1], lambda x, y: (x.copy_(y * 0 + 5), x + 1)[1]],
+                         ids=["fill", "copy_of_a_new_value"])
+def test_an_input_overwritten_with_a_value_read_elsewhere_is_still_written(fn, codegen):
+    # found by fuzzing: inline_pointwise recomputed the new value in its other reader, and then dropped the
+    # node writing it into the input as unread — the caller's tensor kept its old values (the output was right)
+    x, y = torch.zeros(4), torch.randn(4)
+    want_x, want = x.clone(), fn(x.clone(), y)
+    torch._dynamo.reset()
+    got = torch.compile(fn, backend=passline.backend(codegen=codegen, fallback="raise"))(x, y)
+    fn(want_x, y)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(x, want_x)
+
+
+@pytest.mark.parametrize("codegen", CODEGENS)
 def test_overwrite_read_at_other_points_is_its_own_kernel(codegen):
     """x.copy_(x.t().contiguous()): the transposed read must finish before any of x is overwritten, so
     the write is not fused into the kernel reading x (each program would overwrite what another reads)."""

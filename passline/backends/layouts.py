@@ -146,8 +146,7 @@ def conform_inputs(graph: SchedulerGraph, runner):
             stride = e.wanted(t)
             if stride is not None or t.data_ptr() % ALIGN:
                 fixed = fixed or {}
-                stride = t.stride() if stride is None else stride
-                fixed[e.pos] = torch.empty_strided(t.shape, stride, dtype=t.dtype, device=t.device).copy_(t)
+                fixed[e.pos] = _copy(t, t.stride() if stride is None else stride)
         return fixed
 
     def run(*args):
@@ -181,6 +180,16 @@ def conform_inputs(graph: SchedulerGraph, runner):
     return run
 
 
+def _copy(t: torch.Tensor, stride) -> torch.Tensor:
+    """`t`'s values in a new, aligned tensor with `stride`. A 0 stride (an expanded input) keeps one element
+    along its dim: the copy is expanded the same way (copying into overlapping memory is refused; found by
+    fuzzing: an expanded input starting off a 16-byte boundary failed every call)."""
+    one = tuple(1 if st == 0 else n for n, st in zip(t.shape, stride))
+    base = torch.empty_strided(one, stride, dtype=t.dtype, device=t.device)
+    base.copy_(t[tuple(slice(0, 1) if st == 0 else slice(None) for st in stride)])
+    return base.as_strided(t.shape, stride)
+
+
 def _rebased(out, copies: dict):
     """`out` with every output that is a view of a copy made above turned into the same view of the input
     it copies. An output aliasing an input is rebuilt by aot_autograd from that input and the output's
@@ -206,7 +215,8 @@ def view_of(original: torch.Tensor, copy: torch.Tensor, view: torch.Tensor) -> t
     """The view of `original` that `view` is of `copy` (`copy`: `original`'s values in a dense layout of its
     own, the strides the graph was lowered for): each storage step of the view written in the copy's
     dimensions (mixed radix, the copy's strides from the largest), then in the original's strides."""
-    dims = sorted((d for d in range(copy.dim()) if copy.shape[d] > 1), key=lambda d: -copy.stride(d))
+    moving = [d for d in range(copy.dim()) if copy.shape[d] > 1 and copy.stride(d)]  # not expanded, not size 1
+    dims = sorted(moving, key=lambda d: -copy.stride(d))
 
     def digits(position: int) -> list:
         at = [0] * copy.dim()

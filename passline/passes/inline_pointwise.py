@@ -288,10 +288,12 @@ def _no_wider(graph, node: Pointwise, ratio: int) -> bool:
 
 
 def _drop_unread(graph, names, outputs) -> None:
-    """Remove the pointwise nodes among `names` that nothing reads any more (expanded into their readers)."""
+    """Remove the pointwise nodes among `names` that nothing reads any more (expanded into their readers) —
+    never one that writes a graph input in place (`x.fill_(3)`: read by no node, it is the caller's result;
+    found by fuzzing, the fill was lost)."""
     for name in reversed([n for n in graph.names() if n in names]):
         node = graph.node(name)
-        if isinstance(node, Pointwise) and node.output.name not in outputs \
+        if isinstance(node, Pointwise) and not node.mutates and node.output.name not in outputs \
                 and not graph.consumers(node.output.name):
             graph.remove_node(name)
 
