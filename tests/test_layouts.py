@@ -328,6 +328,29 @@ def test_an_expanded_input_starting_off_a_boundary_is_copied_expanded(codegen, d
         assert torch.equal(g, w) and (g.stride(), g.storage_offset()) == (w.stride(), w.storage_offset())
 
 
+@pytest.mark.parametrize("codegen", CODEGENS)
+@pytest.mark.parametrize("offset", [0, 1, 4])
+def test_a_misaligned_input_mutated_through_a_returned_view(codegen, offset):
+    # found by fuzzing: under dynamic shapes the output (a view of the input, written in place) came back at
+    # the aligned copy's storage offset, not the input's: the copy now keeps the input's offset, its data
+    # aligned all the same
+    def fn(x):
+        v = x.narrow(1, 0, x.shape[1] - 1)
+        v.mul_(2)
+        return v
+
+    from passline.backends.layouts import _copy
+
+    a, b = (torch.arange(24.0, device=DEVICE)[offset:offset + 20].view(4, 5) for _ in range(2))
+    c = _copy(a, a.stride())
+    assert (c.storage_offset(), c.stride(), c.data_ptr() % 16) == (a.storage_offset(), a.stride(), 0)
+    assert torch.equal(c, a)
+    torch._dynamo.reset()
+    got = torch.compile(fn, backend=passline.backend(codegen=codegen, fallback="raise"), dynamic=True)(a)
+    want = fn(b)
+    assert torch.equal(got, want) and torch.equal(a, b) and got.storage_offset() == want.storage_offset()
+
+
 def test_a_view_of_a_re_laid_out_copy_maps_back_to_the_original():
     """layouts.view_of: a view taken of a copy in another dense layout (the strides a graph was lowered for)
     is the same view of the original, for the view ops an output may be (narrow, select, transpose, expand,

@@ -181,11 +181,27 @@ def conform_inputs(graph: SchedulerGraph, runner):
 
 
 def _copy(t: torch.Tensor, stride) -> torch.Tensor:
-    """`t`'s values in a new, aligned tensor with `stride`. A 0 stride (an expanded input) keeps one element
-    along its dim: the copy is expanded the same way (copying into overlapping memory is refused; found by
-    fuzzing: an expanded input starting off a 16-byte boundary failed every call)."""
+    """`t`'s values in a new tensor with `stride` whose data starts on a 16-byte boundary. Kept with `t`'s
+    own strides, it keeps `t`'s storage offset too: its storage starts where that offset lands on a
+    boundary (a slice of an aligned allocation), so every size, stride and offset the graph computes from
+    it is the one `t` gives. (An output whose base took the copy's offset 0 came back at the wrong place:
+    aot_autograd rebuilds an output aliasing an input from the output's base's offset; found by fuzzing, a
+    misaligned input mutated through a narrow that was returned.) A 0 stride (an expanded input) keeps one
+    element along its dim: the copy is expanded the same way (copying into overlapping memory is refused).
+    An offset larger than the copy itself (a view deep into a larger tensor) is not kept: offset 0, as before."""
     one = tuple(1 if st == 0 else n for n, st in zip(t.shape, stride))
-    base = torch.empty_strided(one, stride, dtype=t.dtype, device=t.device)
+    span = 0 if 0 in one else 1 + sum((n - 1) * st for n, st in zip(one, stride))
+    offset = t.storage_offset() if tuple(stride) == tuple(t.stride()) else 0
+    if offset > max(span, 4096):  # the offset's elements are allocated too: at most the copy's own size again
+        offset = 0
+    size = t.element_size()
+    shift = (-offset * size) % ALIGN
+    raw = torch.empty(shift + (offset + span) * size, dtype=torch.uint8, device=t.device)
+    try:
+        storage = raw.untyped_storage()[shift:] if shift else raw.untyped_storage()
+        base = torch.empty(0, dtype=t.dtype, device=t.device).set_(storage, offset, one, stride)
+    except (RuntimeError, NotImplementedError, TypeError):  # a storage that cannot be sliced: offset 0
+        base = torch.empty_strided(one, stride, dtype=t.dtype, device=t.device)
     base.copy_(t[tuple(slice(0, 1) if st == 0 else slice(None) for st in stride)])
     return base.as_strided(t.shape, stride)
 
