@@ -319,3 +319,20 @@ def test_sizes_computed_through_floats_train_like_eager(name, codegen):
         yb.backward(g)
         torch.testing.assert_close(xa.grad, xb.grad, **tolerance(torch.float32))
     assert len(be.reports) == 2  # one forward and one backward graph for every size
+
+
+@pytest.mark.parametrize("codegen", ["reference", "triton"])
+def test_a_squeeze_of_a_dim_whose_size_expression_is_one_drops_it(codegen):
+    # found by fuzzing: `x[:, ::3]` of 2 columns has ceil(s/3) columns, 1 here; torch drops that dim in a
+    # squeeze (with a guard), passline kept it: (5, 1) where eager gives (5,), and a 0-dim squeeze of a
+    # (1,) slice failed in aot_autograd's view replay
+    def fn(x, y):
+        v = x[:, 0::3].narrow(0, 0, x.shape[0] - 1)
+        w = y[3::2]
+        return v.squeeze(1), v.squeeze(), w.squeeze(0), w.unsqueeze(0)
+
+    x, y = torch.randn(6, 2), torch.randn(5)
+    torch._dynamo.reset()
+    got = torch.compile(fn, backend=passline.backend(codegen=codegen, fallback="raise"), dynamic=True)(x, y)
+    for g, w in zip(got, fn(x, y)):
+        assert g.shape == w.shape and torch.equal(g, w)

@@ -109,8 +109,9 @@ class TensorRef:
                for d in range(self.ndim)]
         return self.remap(size, old)
 
-    def squeeze(self, dims: Sequence[int]) -> "TensorRef":
-        drop = {d for d in dims if self.size[d] == 1}
+    def squeeze(self, dims: Sequence[int], ones=frozenset()) -> "TensorRef":
+        """Drop the dims of `dims` of size 1, and those of `ones` (sizes known to be 1 though not written so)."""
+        drop = {d for d in dims if self.size[d] == 1 or d in ones}
         keep = [d for d in range(self.ndim) if d not in drop]
         new = view_vars(len(keep))
         pos = {d: k for k, d in enumerate(keep)}

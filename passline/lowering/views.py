@@ -79,7 +79,24 @@ def lower_squeeze(ctx, node, x, dims=None):
         dims = range(x.ndim)
     elif isinstance(dims, int):
         dims = [dims]
-    return x.squeeze([_dim(d, x.ndim) for d in dims]) if x.ndim else x
+    if not x.ndim:
+        return x
+    dims = [_dim(d, x.ndim) for d in dims]
+    return x.squeeze(dims, ones=_traced_ones(node, dims))
+
+
+def _traced_ones(node, dims) -> set:
+    """The dims of `dims` whose size tracing found to be 1 though it is a size expression (under dynamic
+    shapes `ceil(s0 / 3)` for `x[:, ::3]` of 2 columns): torch dropped them, with a guard that keeps the
+    graph to sizes where they are 1. Found by fuzzing: such a squeeze kept the dim, a (5, 1) result for
+    eager's (5,). Read from the traced input (its symbolic sizes), as torch decided."""
+    from torch.fx.experimental.symbolic_shapes import guard_or_false
+
+    src = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
+    out = node.meta.get("val")
+    if not isinstance(src, torch.Tensor) or not isinstance(out, torch.Tensor) or out.dim() == src.dim():
+        return set()
+    return {d for d in dims if isinstance(src.shape[d], torch.SymInt) and guard_or_false(src.shape[d] == 1)}
 
 
 @lowering(aten.slice.Tensor)
