@@ -149,30 +149,29 @@ def conform_inputs(graph: SchedulerGraph, runner):
                 fixed[e.pos] = _copy(t, t.stride() if stride is None else stride)
         return fixed
 
+    def finish(out, originals, fixed: dict):
+        """After the call: the copies of inputs written in place copied back, outputs viewing a copy rebased."""
+        for e in expects:
+            if e.mutated and e.pos in fixed:
+                originals[e.pos].copy_(fixed[e.pos])
+        return _rebased(out, {k: (originals[k], c) for k, c in fixed.items()})
+
     def run(*args):
         fixed = conformed(args)
         if fixed is None:
             return runner(*args)
-        out = runner(*[fixed.get(k, a) for k, a in enumerate(args)])
-        for e in expects:
-            if e.mutated and e.pos in fixed:
-                args[e.pos].copy_(fixed[e.pos])
-        return _rebased(out, {k: (args[k], c) for k, c in fixed.items()})
+        return finish(runner(*[fixed.get(k, a) for k, a in enumerate(args)]), args, fixed)
 
     def boxed(args: list):
         """`run` in the boxed convention: the copies replace their inputs in `args`, which the runner
-        empties; the originals of inputs written in place are kept here to copy the result back."""
+        empties; the originals are kept here (a copy written in place goes back to its original)."""
         fixed = conformed(args)
         if fixed is None:
             return runner.boxed(args)
         originals = {k: args[k] for k in fixed}
         for k, t in fixed.items():
             args[k] = t
-        out = runner.boxed(args)
-        for e in expects:
-            if e.mutated and e.pos in fixed:
-                originals[e.pos].copy_(fixed[e.pos])
-        return _rebased(out, {k: (originals[k], c) for k, c in fixed.items()})
+        return finish(runner.boxed(args), originals, fixed)
 
     run.runner = runner  # the wrapped runner stays reachable (reports, tests)
     if hasattr(runner, "boxed"):
