@@ -351,6 +351,27 @@ def test_a_misaligned_input_mutated_through_a_returned_view(codegen, offset):
     assert torch.equal(got, want) and torch.equal(a, b) and got.storage_offset() == want.storage_offset()
 
 
+@pytest.mark.parametrize("codegen", CODEGENS)
+@pytest.mark.parametrize("offset", [0, 1])
+def test_an_output_eager_views_from_an_input_is_that_view_under_dynamic_shapes(codegen, offset):
+    """Found by fuzzing: `x.diagonal(-1, 1, 2).flatten(0, 1)` is a view of x in eager (the diagonal has one
+    element per row), but its size under dynamic shapes (Min(s, s - 1)) cannot be shown to be 1, so passline
+    copied it into a buffer at offset 0, and aot_autograd, which cannot replay the view, rebuilt the alias on
+    x from that offset: the output read x from its start. It is now the view of x eager returns."""
+    def fn(x):
+        d = x.diagonal(-1, 1, 2)
+        return d, d.flatten(0, 1), x.sum()
+
+    torch._dynamo.reset()
+    f = torch.compile(fn, backend=passline.backend(codegen=codegen, fallback="raise"), dynamic=True)
+    for rows in (6, 5, 7):
+        x = torch.arange(rows * 4 + offset, dtype=torch.float32, device=DEVICE)[offset:].view(rows, 2, 2)
+        for got, want in zip(f(x), fn(x)):
+            assert torch.equal(got, want)
+            assert (got.stride(), got.storage_offset()) == (want.stride(), want.storage_offset())
+        assert f(x)[1].untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+
+
 def test_a_view_of_a_re_laid_out_copy_maps_back_to_the_original():
     """layouts.view_of: a view taken of a copy in another dense layout (the strides a graph was lowered for)
     is the same view of the original, for the view ops an output may be (narrow, select, transpose, expand,

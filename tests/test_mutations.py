@@ -256,3 +256,23 @@ def test_an_in_place_write_comes_after_every_loop_that_reads_the_old_value(fn, s
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)  # sums of 70000 in another order
     for g, w in zip(inputs, want_inputs):
         torch.testing.assert_close(g, w)
+
+
+def test_verify_names_a_pass_that_drops_an_input_write():
+    # the write inline_pointwise once dropped (x.fill_ above) is now an invariant: every input the program
+    # writes as lowered is still written after each pass
+    @passline.register_pass("t_drop_input_write")
+    def drop(graph, ctx):
+        for node in list(graph.nodes()):
+            if node.mutates:
+                graph.remove_node(node.name)
+        return graph
+
+    try:
+        be = passline.backend(codegen="reference", fallback="raise", pipeline="t_drop_input_write")
+        torch._dynamo.reset()
+        wrapped = "VerificationError: after pass 't_drop_input_write': input arg0_1 is no longer written in place"
+        with pytest.raises(torch._dynamo.exc.BackendCompilerFailed, match=wrapped):
+            torch.compile(lambda x: (x.add_(1), x * 2)[1], backend=be)(torch.zeros(4))
+    finally:
+        passline.unregister_pass("t_drop_input_write")

@@ -9,6 +9,7 @@ import operator
 
 import sympy
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_flatten
 
 from ..ir import Buffer, Layout, TensorArg
@@ -53,7 +54,8 @@ def lower_graph(gm: torch.fx.GraphModule, example_inputs=None, chooser=None) -> 
     _lower_nodes(ctx, gm, env)
     ctx.fx_node = None
     outs = _output_node(gm).args[0]
-    outputs = tuple(_output(ctx, env[o], o.meta.get("val")) if isinstance(o, torch.fx.Node) else o
+    storages = _input_storages(placeholders)
+    outputs = tuple(_output(ctx, env[o], o.meta.get("val"), storages) if isinstance(o, torch.fx.Node) else o
                     for o in (outs if isinstance(outs, (tuple, list)) else (outs,)))
     derived = derived_sizes(gm)
     for s in derived:  # the runners compute each from the sizes they bind from the inputs
@@ -164,22 +166,35 @@ def _lower_call(ctx: LoweringContext, n: torch.fx.Node, env):
     return lower_extern(ctx, n, args, kwargs)
 
 
-def _output(ctx: LoweringContext, value, val):
+def _input_storages(placeholders) -> dict:
+    """The traced storage of each tensor input → (input's name, its traced value)."""
+    found = {}
+    for n in placeholders:
+        val = n.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            found.setdefault(StorageWeakRef(val.untyped_storage()), (n.name, val))
+    return found
+
+
+def _output(ctx: LoweringContext, value, val, storages: dict):
     if isinstance(value, TensorRef):
-        return _eager_strided(ctx, value, val)
+        return _eager_strided(ctx, value, val, storages)
     if isinstance(value, (sympy.Basic, int, float, bool)) or value is None:
         return value  # a size (dynamic shapes): the runner returns its value as eager does
     raise LoweringError(f"unsupported graph output {value!r}")
 
 
-def _eager_strided(ctx: LoweringContext, ref: TensorRef, val) -> TensorArg:
+def _eager_strided(ctx: LoweringContext, ref: TensorRef, val, storages: dict) -> TensorArg:
     """A graph output as a strided view with the strides eager gives it (FX meta `val`).
 
     Strides are a contract: AOTAutograd compiled the backward against the forward outputs' meta strides
     (saved activations), regenerates aliases of outputs with them, and users read results with them.
     A view that already has them is returned as it is; otherwise the value is copied into a buffer laid
     out as eager's: dense in eager's stride order, with eager's exact strides where those have gaps, and
-    stride 0 kept as a broadcast of a smaller buffer."""
+    stride 0 kept as a broadcast of a smaller buffer. An output that eager returns as a view of an input
+    (and that passline would have copied) is that view of the input: aot_autograd rebuilds such an output
+    on the input from the strides and storage offset we return, so a copy's offset 0 would be read as
+    the input's start."""
     arg = ref.as_arg()
     if not isinstance(val, torch.Tensor) or len(val.shape) != ref.ndim:
         return arg if arg is not None else ctx.as_arg(ref)
@@ -187,6 +202,9 @@ def _eager_strided(ctx: LoweringContext, ref: TensorRef, val) -> TensorArg:
     sizes = [hint(s) for s in val.shape]
     if arg is not None and _same_strides(arg.stride, want, sizes):
         return arg
+    view = _input_view(ctx, val, storages)
+    if view is not None:
+        return view
     if 0 in sizes:  # no element to place: any layout is eager's layout
         return arg if arg is not None else ctx.as_arg(ref)
     if 0 in (hint(st) for st, n in zip(val.stride(), sizes) if n is not None and n > 1):
@@ -197,6 +215,20 @@ def _eager_strided(ctx: LoweringContext, ref: TensorRef, val) -> TensorArg:
     order = dense_order(val)
     stride = strides_in_order(ref.size, order) if order is not None else want
     return ctx.copy(ref, stride=stride).as_arg()
+
+
+def _input_view(ctx: LoweringContext, val, storages: dict) -> TensorArg | None:
+    """`val` (an output's traced value) as a view of the input whose traced storage it shares; None if it
+    shares none, or if its offset from the input's start is negative or uses a size no runner binds."""
+    found = storages.get(StorageWeakRef(val.untyped_storage()))
+    if found is None:
+        return None
+    name, base = found
+    offset = sympy.expand(sympify(val.storage_offset()) - sympify(base.storage_offset()))
+    ahead = (hint(val.storage_offset()) or 0) - (hint(base.storage_offset()) or 0)
+    if offset.free_symbols - ctx.bound_symbols or ahead < 0:
+        return None
+    return TensorArg(name, tuple(sympify(s) for s in val.shape), tuple(sympify(s) for s in val.stride()), offset)
 
 
 def _same_strides(have, want, sizes) -> bool:

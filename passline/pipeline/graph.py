@@ -63,6 +63,9 @@ class SchedulerGraph:
         self._mutators: dict[str, set[str]] = {}  # buffer name -> names of nodes writing it in place
         # the collectives and waits as lowered, in program order: no pass may drop, add or reorder them
         self.comms: tuple[str, ...] = ()
+        # the inputs the program writes in place as lowered (a mutated argument's copy-back, an in-place
+        # op on a user's tensor): a pass may change how each is written, never drop the write
+        self.written_inputs: frozenset = frozenset()
         # how lowering implemented each node whose op had other candidates (lowering/choices.py)
         self.choices: tuple = ()
         # size symbol -> the least value dynamo allows it (a backed size is at least 2): what passes prove
@@ -85,6 +88,7 @@ class SchedulerGraph:
         for node in program.nodes:
             g.add_node(node)
         g.comms = tuple(n.name for n in program.nodes if isinstance(n, Extern) and n.comm)
+        g.written_inputs = g._inputs_written()
         g.choices = program.choices
         g.bounds, g.hints = dict(program.bounds), dict(program.hints)
         g.derived = program.derived
@@ -389,6 +393,7 @@ class SchedulerGraph:
         g._readers = {b: set(r) for b, r in self._readers.items()}
         g._mutators = {b: set(r) for b, r in self._mutators.items()}
         g.comms = self.comms
+        g.written_inputs = self.written_inputs
         g.choices = self.choices
         g.bounds, g.hints, g.derived = self.bounds, self.hints, self.derived
         g._order = itertools.count(max((d for _, d in self.nx.nodes(data="order")), default=-1) + 1)
@@ -418,6 +423,10 @@ class SchedulerGraph:
                     raise VerificationError(f"reads {b} from {p} without a dependency edge", name)
             _check_node(node, buffers)
         self._check_index()
+        lost = self.written_inputs - self._inputs_written()
+        if lost:
+            raise VerificationError(f"input {min(lost)} is no longer written in place: the program as lowered "
+                                    f"writes it (the caller's tensor would keep its old values)")
         self._check_mutations()
         self._check_in_place()
         for o in self.outputs:
@@ -428,6 +437,9 @@ class SchedulerGraph:
                 if key not in _VERIFIED:
                     _check_bounds(o.size, o.stride, o.offset, buffers[o.buffer], "graph output", None)
                     _remember(key)
+
+    def _inputs_written(self) -> frozenset:
+        return frozenset(b for n in self.nx for b in self.node(n).mutates) & self._input_names
 
     def _check_mutations(self) -> None:
         """Every node that writes a buffer in place is ordered, by a path, with every other node touching
