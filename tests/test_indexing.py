@@ -262,6 +262,47 @@ def test_gpu_kernels_check_an_index_only_compared_after_their_stores():
         assert first(body, "tl.device_assert(") < gather < first(body, "tl.store("), body
 
 
+def test_one_hot_math_is_an_int32_compare_and_a_select_of_row_values():
+    """Cross-entropy's gradient per element: the one-hot's compare of a position with the checked target runs
+    in int32 (both fit), and `where(i1 == target, -1, 0) * scale` selects between the row's two products
+    (computed before a looped kernel's loop) instead of multiplying each element."""
+    from passline.backends.triton import kernel as kgen
+
+    pipeline = re.sub(r"\btile_rows\b", "tile_rows(sms=1)", passline.DEFAULT_PIPELINE)  # a row kernel
+    be = assert_matches_eager(lambda x, t: F.cross_entropy(x, t), [_g(64, 300), _ints(0, 300, 64)],
+                              codegen="triton", pipeline=pipeline)
+    graph = be.reports[-1].graph
+    (node,) = [n for n in graph.nodes() if "device_assert" in
+               kgen.generate(n, graph, interpret=False, variant="persistent", blocks={}).source]
+    for variant in ("persistent", "looped"):
+        body = kgen.generate(node, graph, interpret=False, variant=variant, blocks={}).source.split("\ndef ")[-1]
+        lines = {m[1]: (k, m[2]) for k, m in enumerate(re.finditer(r"(t\d+) = (.*)", body))}
+        (hot,) = [v for v, (_, src) in lines.items() if re.fullmatch(r"\(q0 == t\d+\)", src)]
+        narrowed = lines[re.search(r"== (t\d+)", lines[hot][1])[1]][1]
+        assert narrowed.endswith(".to(tl.int32)"), body
+        selects = [(v, m.groups()) for v, (_, src) in lines.items()
+                   if (m := re.fullmatch(rf"tl.where\({hot}, (t\d+), (t\d+)\)", src))]
+        # the one-hot (dead code now, dropped by Triton) and the select of the row's products
+        (select,) = [(v, gs) for v, gs in selects if all(" * " in lines[b][1] for b in gs)]
+        assert not any(re.search(rf"\b{v}\b \*|\* {v}\b", src) for v, _ in selects for _, src in lines.values()), body
+        if variant == "looped":
+            loop = body.index("for roffset")
+            assert all(body.index(f"{b} = ") < loop for b in select[1]), body
+
+
+@pytest.mark.parametrize("codegen", ["triton", "reference"])
+def test_index_compares_that_do_not_fit_int32_stay_int64(codegen):
+    # truncated to int32, 2**32 + 3 would equal position 3; a position past 2**31 cannot be compared in int32
+    # either (those stay int64), and the ones that fit give eager's values
+    def fn(x):
+        pos = torch.arange(x.shape[1], device=x.device)
+        far = (x * (pos == 2 ** 32 + 3)).sum(1)
+        below = (x * (pos[None, :] <= torch.arange(x.shape[0], device=x.device)[:, None])).sum(1)
+        return far, below, x * (pos + 2 ** 31 > 2 ** 31 + 2)
+
+    assert_matches_eager(fn, [_g(6, 9)], codegen=codegen)
+
+
 @pytest.mark.parametrize("variant", ["persistent", "looped"])
 def test_indirect_reads_inside_reductions(variant):
     """Gathered values reduced in the same kernel, in both reduction forms (the looped one loads its

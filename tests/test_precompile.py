@@ -555,7 +555,7 @@ def test_run_time_size_arguments_key_the_replay():
     assert set(k.ready) == {(4096, None, False, 30000), (4096, None, False, 30001)}
 
 
-@pytest.mark.parametrize("width, fast", [(12345, (1024, 8)), (30000, (16384, 32))], ids=["8193-16384", "wider"])
+@pytest.mark.parametrize("width, fast", [(12345, (2048, 16)), (30000, (16384, 32))], ids=["8193-16384", "wider"])
 def test_rows_no_rule_decides_are_timed_once_then_remembered(tmp_path, monkeypatch, width, fast):
     """Rows 8193-16384 wide, and wider ones, with a row per SM at least (configs.uncertain): with
     autotuning off, every candidate configuration is built ahead of the first call, the first launch times

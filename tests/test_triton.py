@@ -1387,3 +1387,26 @@ def test_a_looped_kernels_row_index_is_checked_once_before_its_loop():
     # on the CPU on a GPU run too: a device-side assert ends the CUDA context (test_indexing checks it apart)
     with pytest.raises(Exception, match="index 10 is out of bounds"):  # the interpreter wraps the IndexError
         compiled(x, torch.tensor([4, 10, 9]), w)
+
+
+@pytest.mark.parametrize("pipeline", ["", None])
+def test_row_kernels_address_a_row_then_its_elements(pipeline):
+    """A row kernel's access is `p + (row part) + (element part)`: the pointer advanced a row at a time, then by
+    each lane's position (which the compiler folds into the load's address), where a lane's elements are
+    consecutive; a column sum's (lanes a row apart) stays one sum. Values as eager's, with reductions over
+    several dims (whose element part is a flat index, not a size argument: found by fuzzing a draft)."""
+    from passline.backends.triton import kernel as kgen
+
+    options = {} if pipeline is None else {"pipeline": pipeline}
+    for fn, shape in ((lambda x: x.prod(-1), (13, 2, 3)), (lambda x: x.sum((1, 2)), (5, 3, 7)),
+                      (lambda x: (x - x.amax(-1, keepdim=True)).exp(), (6, 37))):
+        assert_matches_eager(fn, [torch.randn(*shape)], codegen="triton", **options)
+    accesses = []
+    for fn in (lambda x: x.softmax(-1), lambda x: x.sum(0)):
+        be = assert_matches_eager(fn, [torch.randn(40, 37)], codegen="reference", pipeline="fuse")
+        graph = be.reports[0].graph
+        accesses += [a for n in graph.nodes() if n.kind in ("reduction", "fused") for v in ("persistent", "looped")
+                     for a in re.findall(r"tl\.(?:load|store)\((p_\w+ \+ [^,]*),",
+                                         kgen.generate(n, graph, interpret=False, variant=v, blocks={}).source)]
+    assert "p_arg0_1 + ((37 * o0)) + (q0)" in accesses, accesses  # the softmax's rows
+    assert "p_arg0_1 + (o0 + (37 * q0))" in accesses, accesses  # the column sum's

@@ -231,20 +231,23 @@ def uncertain(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, 
     Rows 8193 to 16384 wide (a persistent block of 16384) with at least a row per SM: the largest
     persistent rows, where one program fills an SM's registers and whether a row is best held whole on
     few or many warps, or looped over in chunks, follows from the kernel's code more than from its sizes.
-    On an H200 (kernel µs; the rule before this: persistent on 16 warps, P16) the best of persistent on
-    8 warps (P8) and 32 (P32), and looped in chunks of 2048 on 16 warps (L2048) and 1024 on 8 (L1024):
+    Timed: persistent on 8, 16 and 32 warps (P8, P16, P32) and looped in chunks of 2048 on 16 warps (L2048).
+    On an H200, thirty-sixth session (kernel µs, autotune=True's timings of a training step's row kernels;
+    41 kernels in docs/benchmarks.md; L1024, chunks of 1024 on 8 warps, was timed too and was never the best):
 
-    | kernel | dtype | rows × width | P8 | P16 | P32 | L2048 | L1024 | Inductor |
-    |---|---|---|---|---|---|---|---|---|
-    | RMSNorm forward | bfloat16 | 10872 × 12345 | **252** | 330 | 329 | 346 | 333 | 284 |
-    | LayerNorm forward | bfloat16 | 10872 × 12345 | **397** | 442 | 451 | 518 | 452 | 495 |
-    | softmax forward | bfloat16 | 10872 × 12345 | **252** | 347 | 330 | 411 | 368 | 480 |
-    | log-softmax backward | bfloat16 | 10872 × 12345 | 352 | 332 | 325 | 302 | **290** | 320 |
-    | cross-entropy backward | bfloat16 | 10872 × 12345 | 312 | 314 | 298 | 259 | **253** | 275 |
-    | softmax backward | bfloat16 | 14913 × 9000 | **191** | 191 | 251 | 225 | 225 | 209 |
-    | LayerNorm forward | float32 | 7456 × 9000 | **134** | 184 | 199 | 135 | 151 | 140 |
-    | softmax forward | float32 | 5436 × 12345 | 258 | 239 | **189** | 210 | 239 | 233 |
-    | log-softmax forward | float32 | 5436 × 12345 | 255 | 234 | 192 | **188** | 237 | 202 |
+    | kernel | dtype | rows × width | P8 | P16 | P32 | L2048 | L1024 |
+    |---|---|---|---|---|---|---|---|
+    | softmax forward | bfloat16 | 10872 × 12345 | **228** | 322 | 315 | 358 | 344 |
+    | LayerNorm forward | bfloat16 | 10872 × 12345 | **397** | 430 | 448 | 529 | 435 |
+    | cross-entropy backward | bfloat16 | 10872 × 12345 | 192 | **172** | 216 | 195 | 213 |
+    | RMSNorm, a row kernel | bfloat16 | 10872 × 12345 | 417 | 426 | **413** | 560 | 486 |
+    | LayerNorm, a row kernel | bfloat16 | 8192 × 16384 | 217 | 216 | 222 | **137** | 162 |
+    | LayerNorm, a row kernel | float32 | 6553 × 10240 | 173 | 171 | 178 | **135** | 157 |
+    | cross-entropy backward | float32 | 6553 × 10240 | 148 | 138 | **133** | 140 | 140 |
+
+    (The twenty-fifth session's table, before accesses were split into a row's pointer and its elements'
+    offsets (`kernel.KernelWriter.offset`), had L1024 best for two backwards at 12345 wide: those rows
+    loaded one element at a time, each with its own 64-bit address arithmetic, which short chunks hid.)
 
     A kernel that reads its row once, 2 bytes an element, and writes nothing row-sized (under READ_ROWS_BYTES
     of traffic an element: a bfloat16 cross-entropy forward) holds few values an element, and is timed on 4
@@ -373,8 +376,7 @@ def uncertain(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, 
     if set(kinds) == {Variant.PERSISTENT, Variant.LOOPED} and rb <= 1024:
         return _read_rows_band(xnumel, rnumel, rb, base, row_bytes, device)
     if set(kinds) == {Variant.PERSISTENT, Variant.LOOPED} and rb == GPU_PERSISTENT_MAX:
-        band = [Config(Variant.PERSISTENT, 1, rb, 8), Config(Variant.PERSISTENT, 1, rb, 32),
-                Config(Variant.LOOPED, 1, 2048, 16), Config(Variant.LOOPED, 1, 1024, 8)]
+        band = [Config(Variant.PERSISTENT, 1, rb, w) for w in (8, 16, 32)] + [Config(Variant.LOOPED, 1, 2048, 16)]
         if row_bytes is not None and rnumel and row_bytes < READ_ROWS_BYTES * rnumel:
             band.append(Config(Variant.PERSISTENT, 1, rb, 4))  # a row read once: 128 elements a thread
         return band

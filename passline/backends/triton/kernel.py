@@ -27,7 +27,7 @@ from ...ir import (
     Scatter,
     members,
 )
-from ...ir.body import rebuild, walk
+from ...ir.body import COMPARISONS, rebuild, walk
 from ...ir.index import (
     StrEnum,
     VarKind,
@@ -37,6 +37,7 @@ from ...ir.index import (
     loop_vars,
     product,
     substitute,
+    var_info,
     var_kind,
 )
 from ...ir.loops import Role, canon_var, canonical_map, is_canonical, role, transposed
@@ -193,6 +194,9 @@ class KernelWriter:
         self.by_output = {m.output.name: m for m in self.nodes if not getattr(m, "in_place", False)}
         self.two_d = bool(self.red)
         self.locals: set = set()  # symbols naming kernel variables (indirect indices), never arguments
+        self.local_bounds: dict = {}  # such a symbol -> the bound its value is checked (or proven) below
+        self.varying: dict = {}  # kernel variable -> whether it may differ along a row (note_row_facts)
+        self.selects: dict = {}  # kernel variable -> (condition, a, b): a select of row values per element
         # inside a looped kernel's loop: the buffers a later loop reads again (None outside loops), which
         # picks each load's L2 eviction policy (see load())
         self.reread: set | None = None
@@ -239,6 +243,29 @@ class KernelWriter:
             if not is_canonical(s) and s not in self.locals:
                 self.sizes.add(s)
         return printer.index(self._flattened(expr))
+
+    def offset(self, expr) -> str:
+        """An access's offset as it follows the pointer: in a row kernel, `(row part) + (element part)`, so
+        that `p + a + b` advances the pointer a row at a time and then by each element's position, rather
+        than adding the two in 32-bit integers first. The sum in 32 bits may wrap as far as the compiler
+        knows, so it could not fold the element positions (a block's constant lane offsets) into the load's
+        address: each element took its own 64-bit address arithmetic. Hand-edited on an H200, cross-entropy's
+        bfloat16 gradient over 10872 × 12345 (rows not 16-byte aligned: one 2-byte load per element), 32
+        warps: `p + (q0 + 12345 * o0)` 228.8 µs, `p + 12345 * o0 + q0` 168.5 µs; softmax's and log-softmax's
+        training steps at that shape took a quarter less time."""
+        if not self.two_d:
+            return self.idx(expr)
+        # split before idx() flattens each part (a flat index, `rindex`, is no size argument of the kernel)
+        lanes = {canon_var(VarKind.CANON_REDUCTION, k) for k in range(len(self.red))}
+        expr = sympy.expand(expr)
+        terms = sympy.Add.make_args(expr)
+        element = [t for t in terms if t.free_symbols & (lanes | self.locals)]
+        row = [t for t in terms if not t.free_symbols & (lanes | self.locals)]
+        if not row or not any(t in lanes for t in element):
+            # only where a row's elements are consecutive along the lanes: a column sum's `o0 + 12345 * q0`
+            # split so (its lanes a row apart) lost a third of its speed (LayerNorm's weight gradient)
+            return self.idx(expr)
+        return f"({self.idx(sympy.Add(*row))}) + ({self.idx(sympy.Add(*element))})"
 
     def decompose(self, kind: VarKind, sizes, flat: str) -> None:
         """Emit the canonical variables of `kind` over `sizes` from the flat index `flat`."""
@@ -309,6 +336,7 @@ class KernelWriter:
                     at, deps = self.indirect(node, scope, cmap)
                     expr = expr.xreplace(at)
                 scope.values[id(node)] = self.load(node.buffer, expr, scope, deps)
+                self.note_row_facts(node, scope.values[id(node)], member, scope, cmap)
                 continue
             elif isinstance(node, Constant):
                 src = printer.constant(node.value, node.dtype)
@@ -326,6 +354,12 @@ class KernelWriter:
                 operands = [scope.values[id(a)] for a in node.args]
                 src = f"_exp_term({operands[0]})" if id(node) in self.exp_terms else printer.op(node, operands)
                 hoist = self.invariant(operands)
+                narrow = self.narrow_compare(node, scope, cmap)
+                spread = self.spread_select(node, operands) if narrow is None else None
+                if narrow is not None:
+                    src, hoist = narrow
+                elif spread is not None:
+                    src = spread
                 if self.interpret and node.name in INTEGER_DIVISIONS and not node.args[1].dtype.is_floating_point:
                     self.check_divisor(node.args[1], scope, cmap, hoist)  # where the division goes, before it
             else:
@@ -333,6 +367,7 @@ class KernelWriter:
             var = self.tmp()
             self.place(f"{var} = {src}", hoist, var)
             scope.values[id(node)] = var
+            self.note_row_facts(node, var, member, scope, cmap)
         return scope.values[id(v)]
 
     def indirect(self, holder, scope: _Scope, cmap) -> tuple[dict, set]:
@@ -395,8 +430,125 @@ class KernelWriter:
                 (self.hoist[2] if hoist else scope).loads[key] = var
             sym = sympy.Symbol(var, integer=True, nonnegative=True)
             self.locals.add(sym)
+            self.local_bounds[sym] = sympy.expand(b.bound)
             at[b.symbol] = sym
         return at, deps
+
+    # -- two rewrites of a body's math, exact and cheaper per element ---------------------------------
+    def spread_select(self, node: Op, operands: list) -> str | None:
+        """`where(c, a, b) ∘ k` as `where(c, a ∘ k, b ∘ k)` in a reduction kernel where `a`, `b` and `k` are
+        the same along a row and `c` is not: the row's two results are computed once (before a looped
+        kernel's loop) and each element only selects. Bit for bit the same values: each lane still applies
+        ∘ to the same two operands. Cross-entropy's gradient is such math (`where(i1 == target, -1, 0) *
+        scale`, the one-hot another member of the kernel): a multiply an element, saved. Add, sub and mul
+        of floats only: an integer division by the branch not taken could divide by zero. `operands` are
+        the kernel variables of `node`'s arguments; the source of the select, or None."""
+        if node.name not in ("add", "sub", "mul") or not node.dtype.is_floating_point:
+            return None
+        for k, var in enumerate(operands):
+            other = operands[1 - k]
+            if var not in self.selects or self.varying.get(other, True):
+                continue
+            c, a, b = self.selects[var]
+            made = []
+            for branch in (a, b):
+                pair = [branch, other] if k == 0 else [other, branch]
+                made.append(self.tmp())
+                self.place(f"{made[-1]} = {printer.op(node, pair)}", self.invariant(pair), made[-1])
+                self.varying[made[-1]] = False
+            return f"tl.where({c}, {made[0]}, {made[1]})"
+        return None
+
+    def note_row_facts(self, node, var: str, member, scope: _Scope, cmap) -> None:
+        """Record whether `var` (the value of `node`) may differ between the elements of a row (it reads at a
+        reduction variable, or computes from a value that does), and, for a select of two row values by an
+        element's condition, its parts (spread_select). Outside reduction kernels, and in a mix-order
+        kernel's column members (their loops are transposed), every value counts as varying."""
+        if not self.red or member in self.swap:
+            self.varying[var] = True
+            return
+        if isinstance(node, (Op, Cast)):
+            parts = [scope.values[id(a)] for a in (node.args if isinstance(node, Op) else (node.value,))]
+            self.varying[var] = any(self.varying.get(p, True) for p in parts)
+            if isinstance(node, Op) and node.name == "where" and self.varying.get(parts[0], True) \
+                    and not any(self.varying.get(p, True) for p in parts[1:]) \
+                    and node.args[1].dtype == node.args[2].dtype == node.dtype:
+                self.selects[var] = tuple(parts)
+            return
+        index = node.index if isinstance(node, Load) else node.expr if isinstance(node, IndexValue) else sympy.S.Zero
+        held = [scope.values[id(b.value)] for b in getattr(node, "indirect", ())]
+        self.varying[var] = any(var_kind(s) == VarKind.CANON_REDUCTION for s in substitute(index, cmap).free_symbols) \
+            or any(self.varying.get(h, True) for h in held)
+
+    def narrow_compare(self, node: Op, scope: _Scope, cmap) -> tuple[str, bool] | None:
+        """A comparison of index values (int64, as aten's) computed in int32 where both sides fit it over
+        every lane (loop variables past the sizes too): a one-hot's `i1 == target`, a causal mask's
+        `i0 >= i1`. Each element then compares one 32-bit register instead of two, after widening its
+        position to 64 bits; the target is narrowed once a row. A target is in range after its check
+        (or proven): out of range, the call fails on that check, whatever was compared. Only in kernels
+        with int32 offsets and static sizes; (src, hoist) or None."""
+        if node.name not in COMPARISONS or self.int64 is not False:
+            return None
+        sides = []
+        for a in node.args:
+            if isinstance(a, IndexValue) and a.dtype in (torch.int32, torch.int64):
+                expr = substitute(a.expr, cmap)
+                if a.indirect:
+                    expr = expr.xreplace(self.indirect(a, scope, cmap)[0])  # the checked variables, known
+            elif isinstance(a, Constant) and a.dtype in (torch.int32, torch.int64):
+                expr = sympy.Integer(a.in_range())
+            else:
+                return None
+            if not self.fits_int32(expr):
+                return None
+            sides.append(expr)
+        if not any(isinstance(a, IndexValue) for a in node.args):
+            return None
+        sides = [e.xreplace({s: self.narrowed(s, scope) for s in e.free_symbols if s in self.locals})
+                 for e in sides]
+        hoist = all(self.invariant(expr=e) for e in sides)
+        return printer.op(node, [self.idx(e) for e in sides]), hoist
+
+    def fits_int32(self, expr) -> bool:
+        """Whether an affine index expression stays inside int32 over its variables' ranges: a loop
+        variable's with room for the lanes a block rounds past its size, a checked index's below its bound."""
+        lo = hi = 0
+        for term, coeff in sympy.expand(expr).as_coefficients_dict().items():
+            if not coeff.is_Integer:
+                return False
+            if term == 1:
+                lo, hi = lo + int(coeff), hi + int(coeff)
+                continue
+            top = self.var_top(term)
+            if top is None:
+                return False
+            lo, hi = lo + min(0, int(coeff) * top), hi + max(0, int(coeff) * top)
+        return -(2 ** 31) < lo and hi < 2 ** 31
+
+    def var_top(self, sym) -> int | None:
+        """An upper bound of a symbol's value in any lane: a loop variable below twice its size and a block
+        (lanes past the end), a checked index below its bound; None for anything else."""
+        if sym in self.locals:
+            bound = self.local_bounds.get(sym)
+            return int(bound) if bound is not None and bound.is_Integer else None
+        info = var_info(sym) if is_canonical(sym) else None
+        sizes = {VarKind.CANON_OUTER: self.outer, VarKind.CANON_REDUCTION: self.red}.get(info.kind) if info else ()
+        size = sympy.sympify(sizes[info.index]) if info and info.index is not None and info.index < len(sizes) else None
+        return 2 * int(size) + 2 ** 16 if size is not None and size.is_Integer else None
+
+    def narrowed(self, sym, scope: _Scope):
+        """An int32 copy of the int64 kernel variable `sym` (a checked index), made once where `sym` is."""
+        key = ("int32", sym.name)
+        var = scope.load(key)
+        if var is None:
+            var = self.tmp()
+            hoist = self.invariant([sym.name])
+            self.place(f"{var} = {sym.name}.to(tl.int32)", hoist, var)
+            (self.hoist[2] if hoist else scope).loads[key] = var
+        twin = sympy.Symbol(var, integer=True, nonnegative=True)
+        self.locals.add(twin)
+        self.local_bounds[twin] = self.local_bounds[sym]
+        return twin
 
     def check_divisor(self, divisor, scope: _Scope, cmap, hoist: bool = False) -> None:
         """Under the interpreter, raise as eager does on the CPU where an integer divisor is 0 in a lane
@@ -414,7 +566,7 @@ class KernelWriter:
         var = scope.load(key)
         if var is None:
             var = self.tmp()
-            index, mask = key[1:]
+            index, mask = self.offset(expr), key[2]
             if not any(is_canonical(s) or s in self.locals for s in expr.free_symbols):
                 # one address for every lane (a 0-dim tensor, a scalar operand): load it as a [1] block, not
                 # a 0-d value. The interpreter gives a 0-d comparison the operand's dtype instead of int1,
@@ -531,7 +683,7 @@ class KernelWriter:
         expr = sympy.expand(m.store_index().xreplace(self.canon(m)))
         src_dtype = m.body.dtype if isinstance(m, Pointwise) else _result_dtype(m)
         val = printer.cast(var, src_dtype, m.output.dtype)
-        offset = self.idx(expr)
+        offset = self.offset(expr)
         if not _has_outer(expr):
             offset += " + 0 * xindex"  # one element per row block: the pointer must be a block too
         self.emit(f"tl.store({self.ptr(m.output.name)} + {offset}, {val}" + (f", {mask})" if mask else ")"))
