@@ -204,3 +204,70 @@ def test_weight_norm_trains_in_half_precision(dtype):
     m = torch.nn.utils.parametrizations.weight_norm(torch.nn.Conv1d(3, 5, 3, padding=2)).to(dtype)
     x = torch.randn(2, 3, 16, dtype=dtype, requires_grad=True)
     assert_matches_eager(m, [x])
+
+
+def _same_bits(got, want) -> bool:
+    """Equal values, NaN where eager has NaN and the sign of every zero."""
+    if got.shape != want.shape or got.dtype != want.dtype:
+        return False
+    if not want.dtype.is_floating_point:
+        return torch.equal(got, want)
+    nan = want.isnan()
+    return torch.equal(got.isnan(), nan) and torch.equal(got[~nan], want[~nan]) \
+        and torch.equal(got[~nan].signbit(), want[~nan].signbit())
+
+
+_f16 = torch.tensor([-0.0, 0.0, 1e-7, 0.1, 1.0], dtype=torch.float16)
+_bf16_small = torch.tensor([1e-40, -1e-40, 1e-39, 1e-38, 0.0, 2.0], dtype=torch.bfloat16)
+EDGE_VALUES = {  # found by fuzzing (thirty-sixth session): each was wrong before, under one codegen or both
+    "f16 >= 1e-30 (the scalar rounded to 0)": (lambda x: x >= 1e-30, [_f16]),
+    "f16 == 0.1": (lambda x: x == 0.1, [_f16]),
+    "f16 != 0-d float64": (lambda x: torch.ne(x, torch.tensor(1e-30, dtype=torch.float64)), [_f16]),
+    "bf16 == 0.1": (lambda x: x == 0.1, [torch.tensor([0.1, 0.2], dtype=torch.bfloat16)]),
+    "int64 <= f16 (2049 as 2048, max as inf)": (
+        lambda a, b: a <= b, [torch.tensor([2049, 2 ** 63 - 1, 5]),
+                              torch.tensor([2048.0, float("inf"), 5.0], dtype=torch.float16)]),
+    "int32 == bf16": (lambda a, b: a == b, [torch.tensor([257, 7], dtype=torch.int32),
+                                            torch.tensor([256.0, 7.0], dtype=torch.bfloat16)]),
+    "floor/round/ceil/trunc of ints": (lambda x: (x.floor(), x.round(), x.ceil(), x.trunc()),
+                                       [torch.tensor([3, -2, 7])]),
+    "bf16 trunc division (quotient rounded first)": (
+        lambda a, b: torch.div(a, b, rounding_mode="trunc"),
+        [torch.tensor([-2.5517578125, 2.5517578125], dtype=torch.bfloat16),
+         torch.tensor([-0.0654296875, 0.0654296875], dtype=torch.bfloat16)]),
+    "sums of -0.0 are +0.0": (lambda x: (x.sum(1), x.mean(1)), [torch.full((4, 16), -0.0)]),
+    "bf16 subnormals": (lambda x: (x != 0, x.float() * 1e30, (x.float() * 3).to(torch.bfloat16)), [_bf16_small]),
+    "log1p near float32's largest": (torch.log1p, [torch.tensor([3e38, 1e38, 1e30, 2.0])]),
+    "pow(f64, 1) exact": (lambda x: torch.floor_divide(torch.pow(x, True), x),
+                          [torch.tensor([0.246, 70000.0, 1.1], dtype=torch.float64)]),
+    "pow(2, x) float32": (lambda x: torch.pow(2, x), [torch.tensor([54.00613784790039, 89.0, 10.5])]),
+    "softmax of an empty int tensor": (lambda x: torch.softmax(x, -1), [torch.zeros(0, dtype=torch.int64)]),
+}
+EAGER_RAISES = {
+    "int - False": (lambda x: x - False, [torch.tensor([1, 2, 3], dtype=torch.int32)]),
+    "softmax of ints": (lambda x: torch.softmax(x, -1), [torch.tensor([[1, 2, 3]])]),
+    "clamp of bools": (lambda x: torch.clamp(x, min=False), [torch.tensor([True, False])]),
+}
+
+
+@pytest.mark.parametrize("codegen", ["reference", "triton"])
+@pytest.mark.parametrize("case", sorted(EDGE_VALUES))
+def test_edge_values_as_eager(case, codegen):
+    fn, inputs = EDGE_VALUES[case]
+    want = fn(*[x.clone() for x in inputs])
+    torch._dynamo.reset()
+    got = torch.compile(fn, backend=passline.backend(codegen=codegen, fallback="raise"))(*inputs)
+    for g, w in zip(*(t if isinstance(t, tuple) else (t,) for t in (got, want))):
+        assert _same_bits(g, w), (case, g, w)
+
+
+@pytest.mark.parametrize("codegen", ["reference", "triton"])
+@pytest.mark.parametrize("case", sorted(EAGER_RAISES))
+def test_what_eager_refuses_is_refused(case, codegen):
+    # such ops stay aten calls (Extern), which raise as eager does, rather than lowerings that compute a value
+    fn, inputs = EAGER_RAISES[case]
+    with pytest.raises(Exception) as eager:
+        fn(*inputs)
+    torch._dynamo.reset()
+    with pytest.raises(type(eager.value)):
+        torch.compile(fn, backend=passline.backend(codegen=codegen, fallback="raise"))(*inputs)

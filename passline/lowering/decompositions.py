@@ -137,6 +137,20 @@ def _negative_indices_wrapped(decomposition):
     return index_fill
 
 
+def _floating_only(decomposition):
+    """softmax and log-softmax decomposed for floating inputs only: eager has no kernel for an integer or bool
+    input and raises (an empty one it returns as it is), where the decomposition computed a value. Left whole
+    (NotImplemented: not decomposed), the op runs as an Extern aten call and does as eager does."""
+
+    @functools.wraps(decomposition)
+    def floating(x, *args, **kwargs):
+        if not x.dtype.is_floating_point:
+            return NotImplemented
+        return decomposition(x, *args, **kwargs)
+
+    return floating
+
+
 def _in_eager_layout(decomposition):
     from torch._prims_common import suggest_memory_format
 
@@ -175,6 +189,11 @@ def _table() -> dict:
             op = getattr(packet, name)
             if op in table and not name.endswith("out"):
                 table[op] = _negative_indices_wrapped(table[op])
+    for packet in _packets(["_softmax", "_log_softmax"]):
+        for name in packet.overloads():
+            op = getattr(packet, name)
+            if op in table:
+                table[op] = _floating_only(table[op])
     for packet in _packets(BATCH_NORMS):
         for name in packet.overloads():
             op = getattr(packet, name)

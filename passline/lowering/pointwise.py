@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numbers
 
+import numpy
 import sympy
 import torch
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND as KIND
@@ -69,17 +70,54 @@ def pointwise_op(ctx: LoweringContext, node, name: str, operands, fx_operands, k
     compute = promote(node, fx_operands, kind)
     result = torch.bool if name in COMPARISONS | LOGICAL_OPS else compute
     nd = out.dim()
+    common = _common_dtype(fx_operands) if name in COMPARISONS else compute
+
+    def operand(a, idx):
+        if common == compute:
+            return value(a, idx, nd, compute)
+        # a comparison in float16/bfloat16 compares the operands as that dtype holds them, as eager's kernels
+        # do: a Python float, a 0-d tensor or an integer tensor rounded to it first (x_f16 == 0.1 is True
+        # where x holds 0.1's float16; 2049 compares as 2048), then compared in float32, exactly
+        if isinstance(a, numbers.Real) and not isinstance(a, bool):
+            return value(_rounded(a, common), idx, nd, compute)
+        return cast(value(a, idx, nd, common), compute)
 
     def inner(idx):
-        return Op(name, tuple(value(a, idx, nd, compute) for a in operands), result)
+        return Op(name, tuple(operand(a, idx) for a in operands), result)
 
     return ctx.pointwise(out.shape, out.dtype, inner)
+
+
+def _rounded(x, dtype: torch.dtype) -> float:
+    """A Python number as `dtype` holds it, computed on the host (lowering runs under FakeTensorMode):
+    to float16 by numpy; to bfloat16 through float32 with round-to-nearest-even, as c10 converts a double."""
+    with numpy.errstate(over="ignore"):  # past the dtype's range is inf, as eager's conversion
+        f = numpy.float32(x)
+        if dtype == torch.float16:
+            return float(numpy.float16(x))
+    if numpy.isnan(f) or numpy.isinf(f):
+        return float(f)
+    bits = int(f.view(numpy.uint32))
+    bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000) & 0xFFFFFFFF
+    return float(numpy.uint32(bits).view(numpy.float32))
+
+
+def _common_dtype(fx_operands) -> torch.dtype:
+    """The dtype torch's promotion gives a comparison's operands (before opmath's float32)."""
+    stand_in = {torch.SymInt: 1, torch.SymFloat: 1.0, torch.SymBool: True}
+    metas = [stand_in.get(type(m), m) for m in map(meta, fx_operands)]
+    return elementwise_dtypes(*metas, type_promotion_kind=KIND.DEFAULT)[1]
+
+
+ROUNDINGS = ("floor", "ceil", "trunc", "round")
 
 
 def _register(name: str, kind, *ops):
     def lower(ctx, node, *args, **kwargs):
         if kwargs:
             return NotImplemented
+        if name in ROUNDINGS and not out_meta(node).dtype.is_floating_point:
+            return _copy_like(ctx, node, args[0])  # an integer is its own floor (eager returns a copy)
         return pointwise_op(ctx, node, name, args, node.args, kind)
 
     lower.__name__ = f"lower_{name}"
@@ -136,8 +174,8 @@ def _bool_tensor(x) -> bool:
 @lowering(aten.add.Tensor, aten.add.Scalar, aten.sub.Tensor, aten.sub.Scalar)
 def lower_add_sub(ctx, node, a, b, *, alpha=1):
     name = "add" if node.target in (aten.add.Tensor, aten.add.Scalar) else "sub"
-    if name == "sub" and any(map(_bool_tensor, node.args[:2])):
-        return NotImplemented  # eager raises (no `-` with a bool tensor): the aten call raises as it does
+    if name == "sub" and any(_bool_tensor(a) or isinstance(a, bool) for a in node.args[:2]):
+        return NotImplemented  # eager raises (no `-` with a bool, tensor or scalar): the aten call raises as it does
     if alpha == 1:
         return pointwise_op(ctx, node, name, (a, b), node.args, KIND.DEFAULT)
     out = out_meta(node)
@@ -170,7 +208,8 @@ def lower_div_mode(ctx, node, a, b, *, rounding_mode=None):
 
     def inner(idx):
         q = Op("truediv", (value(a, idx, out.dim(), compute), value(b, idx, out.dim(), compute)), compute)
-        return Op("trunc", (q,), compute)
+        # eager divides float16/bfloat16 as that dtype and truncates the rounded quotient (38.99 -> 39.0 -> 39)
+        return Op("trunc", (cast(cast(q, out.dtype), compute),), compute)
 
     return ctx.pointwise(out.shape, out.dtype, inner)
 
@@ -202,6 +241,8 @@ def lower_masked_fill(ctx, node, x, mask, fill):
 @lowering(aten.clamp.default, aten.clamp.Tensor, aten.clamp_min.default, aten.clamp_min.Tensor,
           aten.clamp_max.default, aten.clamp_max.Tensor)
 def lower_clamp(ctx, node, x, lo=None, hi=None):
+    if out_meta(node).dtype == torch.bool:
+        return NotImplemented  # eager has no clamp of bools and raises: the aten call raises as it does
     if node.target in (aten.clamp_max.default, aten.clamp_max.Tensor):
         lo, hi = None, lo
     out = out_meta(node)

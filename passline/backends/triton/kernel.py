@@ -811,6 +811,11 @@ class KernelWriter:
         if m.reduction_type in ("any", "all"):
             var = self.tmp()
             self.emit(f"{var} = {raw} != 0")
+        elif m.reduction_type == "sum" and m.body.dtype.is_floating_point:
+            # eager's sums start from +0.0: a row of -0.0 sums to +0.0 (a block with no masked lane summed
+            # to -0.0); x + 0.0 is x for every other x
+            var = self.tmp()
+            self.emit(f"{var} = {raw} + 0.0")
         scope.members[m.output.name] = var
         return var
 

@@ -165,12 +165,15 @@ def op(v: Op, args: list[str]) -> str:
 def cast(value: str, src: torch.dtype, dst: torch.dtype) -> str:
     if dst == torch.bool and src == torch.bfloat16:
         # compared as a float: the interpreter holds bfloat16 as raw 16-bit words, so -0.0 (0x8000) != 0
-        return f"({value}.to(tl.float32) != 0)"
+        return f"(_from_bf16({value}) != 0)"
     if dst == torch.bool:
         return f"({value} != 0)"
     if dst == torch.bfloat16 and src != torch.bfloat16:
         # round to nearest even, as torch does (the interpreter would truncate)
         return f"_to_bf16({value}.to(tl.float32))" if src != torch.float32 else f"_to_bf16({value})"
+    if src == torch.bfloat16 and dst != torch.bfloat16:
+        widened = f"_from_bf16({value})"
+        return widened if dst == torch.float32 else f"{widened}.to({tl_dtype(dst)})"
     return f"{value}.to({tl_dtype(dst)})"
 
 
@@ -291,6 +294,11 @@ from triton.language.extra import libdevice
 @triton.jit
 def _to_bf16(x):
     return x.to(tl.bfloat16)
+
+
+@triton.jit
+def _from_bf16(x):
+    return x.to(tl.float32)
 
 
 @triton.jit
@@ -417,7 +425,15 @@ def _to_bf16(x):
     bits = x.to(tl.int32, bitcast=True)
     rounded = bits + 0x7FFF + ((bits >> 16) & 1)
     out = tl.where(x != x, bits, rounded) & -65536
-    return out.to(tl.float32, bitcast=True).to(tl.bfloat16)
+    # the upper half, as the bfloat16's bits: the interpreter's float32 -> bfloat16 cast read subnormals wrong
+    return (out >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def _from_bf16(x):
+    # bfloat16 -> float32 on the bits (a bfloat16 is a float32's upper half): the interpreter's own cast read
+    # subnormals wrong (1e-40 as 0, 1e-38 as 8.3e-39)
+    return (x.to(tl.int16, bitcast=True).to(tl.int32) << 16).to(tl.float32, bitcast=True)
 
 
 # tanh, expm1 and sinh cancel near 0 (1 - exp(-2|x|) keeps none of float32's digits at |x| = 1e-8, and at
@@ -443,9 +459,11 @@ def _expm1(x):
 
 @triton.jit
 def _log1p(x):
-    u = 1.0 + x
-    # log(u) * x / (u - 1) corrects the rounding of 1 + x (Goldberg); at u = inf it would be inf / inf
-    return tl.where((u == 1.0) | (u == float("inf")), x, tl.log(u) * x / (u - 1.0))
+    d = x.to(tl.float64)
+    u = 1.0 + d
+    # log(u) * (d / (u - 1)) corrects the rounding of 1 + d (Goldberg); at u = inf it would be inf / inf.
+    # The ratio first: log(u) * d overflowed for float32 d near its largest (log1p(3e38) was inf, eager 88.6)
+    return tl.where((u == 1.0) | (u == float("inf")), d, tl.log(u) * (d / (u - 1.0))).to(x.dtype)
 
 
 @triton.jit
@@ -486,8 +504,13 @@ def _cosh(x):
 
 @triton.jit
 def _pow(a, b):
-    # a ** b for real a: exp(b log|a|), with the sign for integral b and pow(x, 0) == 1
-    mag = tl.exp(b * tl.log(tl.abs(a)))
+    # a ** b for real a: exp(b log|a|) in float64 (in float32 it was some 30 ulp off: pow(2, 54.006)), with the
+    # sign for integral b and pow(x, 0) == 1; exponents 1, 2 and -1 exactly (a float64 pow(70000, 1) came out
+    # 69999.99999999994, and its floor division by 70000 0)
+    d, e = a.to(tl.float64), b.to(tl.float64)
+    mag = tl.exp(e * tl.log(tl.abs(d)))
+    mag = tl.where(e == 1.0, tl.abs(d), tl.where(e == 2.0, d * d, tl.where(e == -1.0, 1.0 / tl.abs(d), mag)))
+    mag = mag.to(a.dtype)
     b_int = b == tl.floor(b)
     b_inf = tl.abs(b) == float("inf")
     odd = b_int & ~b_inf & ((b - 2.0 * tl.floor(b * 0.5)) != 0)
