@@ -880,8 +880,8 @@ def test_rows_of_8193_to_16384_read_once_are_timed_on_4_warps_too():
         return [(c.variant, c.rblock, c.warps) for c in uncertain(red, 10872, 12345, False, gpu, base=base,
                                                                   row_bytes=row_bytes)]
 
-    four = [(Variant.PERSISTENT, 16384, 8), (Variant.PERSISTENT, 16384, 32), (Variant.LOOPED, 2048, 16),
-            (Variant.LOOPED, 1024, 8)]
+    four = [(Variant.PERSISTENT, 16384, 8), (Variant.PERSISTENT, 16384, 16), (Variant.PERSISTENT, 16384, 32),
+            (Variant.LOOPED, 2048, 16)]
     assert band(2) == four + [(Variant.PERSISTENT, 16384, 4)]
     assert band(4) == four and band(8) == four
 

@@ -233,7 +233,7 @@ def uncertain(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, 
     few or many warps, or looped over in chunks, follows from the kernel's code more than from its sizes.
     Timed: persistent on 8, 16 and 32 warps (P8, P16, P32) and looped in chunks of 2048 on 16 warps (L2048).
     On an H200, thirty-sixth session (kernel µs, autotune=True's timings of a training step's row kernels;
-    41 kernels in docs/benchmarks.md; L1024, chunks of 1024 on 8 warps, was timed too and was never the best):
+    40 kernels in docs/benchmarks.md; L1024, chunks of 1024 on 8 warps, was timed too and was never the best):
 
     | kernel | dtype | rows × width | P8 | P16 | P32 | L2048 | L1024 |
     |---|---|---|---|---|---|---|---|

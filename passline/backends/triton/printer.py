@@ -432,8 +432,12 @@ def _to_bf16(x):
 @triton.jit
 def _from_bf16(x):
     # bfloat16 -> float32 on the bits (a bfloat16 is a float32's upper half): the interpreter's own cast read
-    # subnormals wrong (1e-40 as 0, 1e-38 as 8.3e-39)
-    return (x.to(tl.int16, bitcast=True).to(tl.int32) << 16).to(tl.float32, bitcast=True)
+    # subnormals wrong (1e-40 as 0, 1e-38 as 8.3e-39). A value the IR calls bfloat16 may be held wider (a
+    # reduction's float32 accumulator): that one is only converted
+    if x.dtype == tl.bfloat16:
+        return (x.to(tl.int16, bitcast=True).to(tl.int32) << 16).to(tl.float32, bitcast=True)
+    else:
+        return x.to(tl.float32)
 
 
 # tanh, expm1 and sinh cancel near 0 (1 - exp(-2|x|) keeps none of float32's digits at |x| = 1e-8, and at
