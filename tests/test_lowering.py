@@ -242,11 +242,19 @@ EDGE_VALUES = {  # found by fuzzing (thirty-sixth session): each was wrong befor
                           [torch.tensor([0.246, 70000.0, 1.1], dtype=torch.float64)]),
     "pow(2, x) float32": (lambda x: torch.pow(2, x), [torch.tensor([54.00613784790039, 89.0, 10.5])]),
     "softmax of an empty int tensor": (lambda x: torch.softmax(x, -1), [torch.zeros(0, dtype=torch.int64)]),
+    "scalars a dtype holds (uint8 -1 wraps, -inf, where's unchecked float)": (
+        lambda t, h: (torch.where(t > 1, t, -1), h.masked_fill(h > 0, float("-inf")), torch.where(h > 0, h, -1e9)),
+        [torch.tensor([0, 3, 250], dtype=torch.uint8), torch.tensor([1.0, -2.0], dtype=torch.float16)]),
 }
 EAGER_RAISES = {
     "int - False": (lambda x: x - False, [torch.tensor([1, 2, 3], dtype=torch.int32)]),
     "softmax of ints": (lambda x: torch.softmax(x, -1), [torch.tensor([[1, 2, 3]])]),
     "clamp of bools": (lambda x: torch.clamp(x, min=False), [torch.tensor([True, False])]),
+    # a scalar its dtype cannot hold ("value cannot be converted to type ... without overflow")
+    "where(u8, 300)": (lambda t: torch.where(t > 1, t, 300), [torch.tensor([0, 3, 250], dtype=torch.uint8)]),
+    "clamp(f16, max=1e5)": (lambda x: torch.clamp(x, max=1e5), [torch.tensor([1.0, 7e4], dtype=torch.float16)]),
+    "masked_fill(f16, -1e9)": (lambda x: x.masked_fill(x > 0, -1e9), [torch.tensor([1.0, -2.0], dtype=torch.float16)]),
+    "full_like(f16, 7e4)": (lambda x: torch.full_like(x, 7e4), [torch.zeros(2, dtype=torch.float16)]),
 }
 
 

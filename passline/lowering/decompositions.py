@@ -151,6 +151,21 @@ def _floating_only(decomposition):
     return floating
 
 
+def _fill_in_range(decomposition):
+    """masked_fill decomposed only with a fill its dtype holds: eager refuses `masked_fill(x_f16, m, -1e9)`
+    ("cannot be converted to type c10::Half without overflow"), where the decomposition's scalar_tensor
+    made it -inf. Left whole, the op runs as an aten call and raises as eager does."""
+    from .pointwise import overflows
+
+    @functools.wraps(decomposition)
+    def masked_fill(x, mask, value, *args, **kwargs):
+        if overflows(value, x.dtype):
+            return NotImplemented
+        return decomposition(x, mask, value, *args, **kwargs)
+
+    return masked_fill
+
+
 def _in_eager_layout(decomposition):
     from torch._prims_common import suggest_memory_format
 
@@ -194,6 +209,9 @@ def _table() -> dict:
             op = getattr(packet, name)
             if op in table:
                 table[op] = _floating_only(table[op])
+    for op in (aten.masked_fill.Scalar, aten.masked_fill_.Scalar):
+        if op in table:
+            table[op] = _fill_in_range(table[op])
     for packet in _packets(BATCH_NORMS):
         for name in packet.overloads():
             op = getattr(packet, name)

@@ -214,8 +214,27 @@ def lower_div_mode(ctx, node, a, b, *, rounding_mode=None):
     return ctx.pointwise(out.shape, out.dtype, inner)
 
 
+def overflows(x, dtype: torch.dtype) -> bool:
+    """Whether eager refuses to convert the Python number `x` to `dtype` ("value cannot be converted to type
+    ... without overflow": c10::overflows), as `where` and `clamp` convert their scalars: past a float
+    dtype's finite range (inf and NaN pass), outside an integer dtype's (an unsigned one also takes
+    negatives down to -max, which wrap)."""
+    if isinstance(x, bool) or not isinstance(x, numbers.Real) or dtype == torch.bool:
+        return False
+    if dtype.is_floating_point:
+        return bool(x == x) and abs(x) != float("inf") and abs(x) > torch.finfo(dtype).max
+    info = torch.iinfo(dtype)
+    if isinstance(x, float) and x != x:
+        return True
+    if info.min == 0 and x < 0:
+        return -x > info.max
+    return x < info.min or x > info.max
+
+
 @lowering(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
 def lower_where(ctx, node, cond, a, b):
+    if any(overflows(v, out_meta(node).dtype) for v in (a, b)):
+        return NotImplemented  # eager raises: the aten call raises as it does
     out = out_meta(node)
     compute = promote(node, node.args[1:], KIND.DEFAULT)
 
@@ -228,6 +247,8 @@ def lower_where(ctx, node, cond, a, b):
 
 @lowering(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
 def lower_masked_fill(ctx, node, x, mask, fill):
+    if overflows(fill, out_meta(node).dtype):
+        return NotImplemented  # eager raises (masked_fill(x_f16, m, -1e9)): the aten call raises as it does
     out = out_meta(node)
     compute = upcast(out.dtype)
 
@@ -241,8 +262,8 @@ def lower_masked_fill(ctx, node, x, mask, fill):
 @lowering(aten.clamp.default, aten.clamp.Tensor, aten.clamp_min.default, aten.clamp_min.Tensor,
           aten.clamp_max.default, aten.clamp_max.Tensor)
 def lower_clamp(ctx, node, x, lo=None, hi=None):
-    if out_meta(node).dtype == torch.bool:
-        return NotImplemented  # eager has no clamp of bools and raises: the aten call raises as it does
+    if out_meta(node).dtype == torch.bool or any(overflows(v, out_meta(node).dtype) for v in (lo, hi)):
+        return NotImplemented  # eager raises (no clamp of bools; a bound past the dtype): the aten call does too
     if node.target in (aten.clamp_max.default, aten.clamp_max.Tensor):
         lo, hi = None, lo
     out = out_meta(node)
@@ -293,11 +314,17 @@ def _fill(ctx, node, fill):
 
 @lowering(aten.full.default, aten.full_like.default)
 def lower_full(ctx, node, size_or_x, fill, **kwargs):
+    if overflows(fill, out_meta(node).dtype):
+        return NotImplemented  # eager raises ("cannot be converted ... without overflow"): so does the aten call
     return _fill(ctx, node, fill)
 
 
 @lowering(aten.scalar_tensor.default)
 def lower_scalar_tensor(ctx, node, fill, **kwargs):
+    # eager checks an integer dtype's range here, not a float's (scalar_tensor(1e5, float16) is inf)
+    dtype = out_meta(node).dtype
+    if not dtype.is_floating_point and overflows(fill, dtype):
+        return NotImplemented
     return _fill(ctx, node, fill)
 
 
