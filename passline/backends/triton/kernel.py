@@ -354,7 +354,7 @@ class KernelWriter:
                 operands = [scope.values[id(a)] for a in node.args]
                 src = f"_exp_term({operands[0]})" if id(node) in self.exp_terms else printer.op(node, operands)
                 hoist = self.invariant(operands)
-                narrow = self.narrow_compare(node, scope, cmap)
+                narrow = self.narrow_compare(node, scope, cmap) if member not in self.swap else None
                 spread = self.spread_select(node, operands) if narrow is None else None
                 if narrow is not None:
                     src, hoist = narrow
@@ -486,7 +486,8 @@ class KernelWriter:
         `i0 >= i1`. Each element then compares one 32-bit register instead of two, after widening its
         position to 64 bits; the target is narrowed once a row. A target is in range after its check
         (or proven): out of range, the call fails on that check, whatever was compared. Only in kernels
-        with int32 offsets and static sizes; (src, hoist) or None."""
+        with int32 offsets and static sizes, and not in a mix-order kernel's column members (whose loops are the
+        kernel's transposed); (src, hoist) or None."""
         if node.name not in COMPARISONS or self.int64 is not False:
             return None
         sides = []
