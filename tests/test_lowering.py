@@ -255,6 +255,8 @@ EAGER_RAISES = {
     "clamp(f16, max=1e5)": (lambda x: torch.clamp(x, max=1e5), [torch.tensor([1.0, 7e4], dtype=torch.float16)]),
     "masked_fill(f16, -1e9)": (lambda x: x.masked_fill(x > 0, -1e9), [torch.tensor([1.0, -2.0], dtype=torch.float16)]),
     "full_like(f16, 7e4)": (lambda x: torch.full_like(x, 7e4), [torch.zeros(2, dtype=torch.float16)]),
+    "where(i32 > 0, 1e39, i32): a float32 scalar_tensor": (lambda x: torch.where(x > 0, 1e39, x),
+                                                          [torch.arange(-3, 4, dtype=torch.int32)]),
 }
 
 

@@ -321,9 +321,10 @@ def lower_full(ctx, node, size_or_x, fill, **kwargs):
 
 @lowering(aten.scalar_tensor.default)
 def lower_scalar_tensor(ctx, node, fill, **kwargs):
-    # eager checks an integer dtype's range here, not a float's (scalar_tensor(1e5, float16) is inf)
+    # eager checks an integer dtype's range here and float32's (scalar_tensor(1e39, float32) raises), not
+    # float16's or bfloat16's (scalar_tensor(1e5, float16) is inf)
     dtype = out_meta(node).dtype
-    if not dtype.is_floating_point and overflows(fill, dtype):
+    if dtype not in (torch.float16, torch.bfloat16) and overflows(fill, dtype):
         return NotImplemented
     return _fill(ctx, node, fill)
 
