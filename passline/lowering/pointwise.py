@@ -70,22 +70,27 @@ def pointwise_op(ctx: LoweringContext, node, name: str, operands, fx_operands, k
     compute = promote(node, fx_operands, kind)
     result = torch.bool if name in COMPARISONS | LOGICAL_OPS else compute
     nd = out.dim()
-    common = _common_dtype(fx_operands) if name in COMPARISONS else compute
-
-    def operand(a, idx):
-        if common == compute:
-            return value(a, idx, nd, compute)
-        # a comparison in float16/bfloat16 compares the operands as that dtype holds them, as eager's kernels
-        # do: a Python float, a 0-d tensor or an integer tensor rounded to it first (x_f16 == 0.1 is True
-        # where x holds 0.1's float16; 2049 compares as 2048), then compared in float32, exactly
-        if isinstance(a, numbers.Real) and not isinstance(a, bool):
-            return value(_rounded(a, common), idx, nd, compute)
-        return cast(value(a, idx, nd, common), compute)
+    common = _common_dtype(fx_operands)
 
     def inner(idx):
-        return Op(name, tuple(operand(a, idx) for a in operands), result)
+        return Op(name, tuple(operand(a, idx, nd, common, compute, name in COMPARISONS) for a in operands), result)
 
     return ctx.pointwise(out.shape, out.dtype, inner)
+
+
+def operand(a, idx, nd: int, common: torch.dtype, compute: torch.dtype, compare: bool = False):
+    """An operand's value for an op whose operands torch promotes to `common`, computed in `compute`.
+
+    Where `common` is float16 or bfloat16, eager casts each tensor operand of another dtype to it before the op
+    (TensorIterator's common dtype): an int32 65520 added to a bfloat16 tensor is 65536, a 0-d float32 0.1
+    multiplying one is 0.10009765625. A comparison rounds a Python float too (`x_f16 == 0.1` is True where x
+    holds 0.1's float16); arithmetic keeps it whole, as eager's CUDA kernels do (opmath)."""
+    if common in (torch.float16, torch.bfloat16):
+        if isinstance(a, TensorRef) and a.dtype != common:
+            return cast(value(a, idx, nd, common), compute)
+        if compare and isinstance(a, numbers.Real) and not isinstance(a, bool):
+            return value(_rounded(a, common), idx, nd, compute)
+    return value(a, idx, nd, compute)
 
 
 def _rounded(x, dtype: torch.dtype) -> float:
@@ -103,7 +108,7 @@ def _rounded(x, dtype: torch.dtype) -> float:
 
 
 def _common_dtype(fx_operands) -> torch.dtype:
-    """The dtype torch's promotion gives a comparison's operands (before opmath's float32)."""
+    """The dtype torch's promotion gives an op's operands (before opmath's float32)."""
     stand_in = {torch.SymInt: 1, torch.SymFloat: 1.0, torch.SymBool: True}
     metas = [stand_in.get(type(m), m) for m in map(meta, fx_operands)]
     return elementwise_dtypes(*metas, type_promotion_kind=KIND.DEFAULT)[1]
@@ -237,10 +242,11 @@ def lower_where(ctx, node, cond, a, b):
         return NotImplemented  # eager raises: the aten call raises as it does
     out = out_meta(node)
     compute = promote(node, node.args[1:], KIND.DEFAULT)
+    common = _common_dtype(node.args[1:])
 
     def inner(idx):
-        return Op("where", (value(cond, idx, out.dim(), torch.bool), value(a, idx, out.dim(), compute),
-                            value(b, idx, out.dim(), compute)), compute)
+        return Op("where", (value(cond, idx, out.dim(), torch.bool), operand(a, idx, out.dim(), common, compute),
+                            operand(b, idx, out.dim(), common, compute)), compute)
 
     return ctx.pointwise(out.shape, out.dtype, inner)
 
@@ -268,14 +274,15 @@ def lower_clamp(ctx, node, x, lo=None, hi=None):
         lo, hi = None, lo
     out = out_meta(node)
     compute = promote(node, [a for a in node.args if a is not None], KIND.DEFAULT)
+    common = _common_dtype([a for a in node.args if a is not None])
 
     def inner(idx):
-        v = value(x, idx, out.dim(), compute)
+        v = operand(x, idx, out.dim(), common, compute)
         # maximum/minimum propagate NaN from x, as clamp does
         if lo is not None:
-            v = Op("maximum", (v, value(lo, idx, out.dim(), compute)), compute)
+            v = Op("maximum", (v, operand(lo, idx, out.dim(), common, compute)), compute)
         if hi is not None:
-            v = Op("minimum", (v, value(hi, idx, out.dim(), compute)), compute)
+            v = Op("minimum", (v, operand(hi, idx, out.dim(), common, compute)), compute)
         return v
 
     return ctx.pointwise(out.shape, out.dtype, inner)
