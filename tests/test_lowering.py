@@ -242,10 +242,14 @@ EDGE_VALUES = {  # found by fuzzing (thirty-sixth session): each was wrong befor
                           [torch.tensor([0.246, 70000.0, 1.1], dtype=torch.float64)]),
     "pow(2, x) float32": (lambda x: torch.pow(2, x), [torch.tensor([54.00613784790039, 89.0, 10.5])]),
     "softmax of an empty int tensor": (lambda x: torch.softmax(x, -1), [torch.zeros(0, dtype=torch.int64)]),
-    "bf16 + int32 tensor, bf16 * 0-d float32 (each rounded to bfloat16 first)": (
+    "bf16 + int32 tensor (rounded to bf16 first), bf16 * 0-d float32 (a CPU scalar: taken whole)": (
         lambda x, i, s: (x + i, x * s, torch.where(x > 0, x, s), torch.clamp(x, max=s)),
         [torch.tensor([-65536.0, -65520.0, 0.0, 1.0, 100.0], dtype=torch.bfloat16),
          torch.tensor([65520], dtype=torch.int32), torch.tensor(0.1)]),
+    "f16 * 0-d float32 past float16's precision and range": (
+        lambda x, a, b, c: (x * a, x * b, x * c),
+        [torch.tensor([1.0, 2.0, 65504.0, 1e-4], dtype=torch.float16), torch.tensor(2.98e-8), torch.tensor(0.1),
+         torch.tensor(16777217.0)]),
     "scalars a dtype holds (uint8 -1 wraps, -inf, where's unchecked float)": (
         lambda t, h: (torch.where(t > 1, t, -1), h.masked_fill(h > 0, float("-inf")), torch.where(h > 0, h, -1e9)),
         [torch.tensor([0, 3, 250], dtype=torch.uint8), torch.tensor([1.0, -2.0], dtype=torch.float16)]),

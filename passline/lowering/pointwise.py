@@ -82,11 +82,15 @@ def operand(a, idx, nd: int, common: torch.dtype, compute: torch.dtype, compare:
     """An operand's value for an op whose operands torch promotes to `common`, computed in `compute`.
 
     Where `common` is float16 or bfloat16, eager casts each tensor operand of another dtype to it before the op
-    (TensorIterator's common dtype): an int32 65520 added to a bfloat16 tensor is 65536, a 0-d float32 0.1
-    multiplying one is 0.10009765625. A comparison rounds a Python float too (`x_f16 == 0.1` is True where x
-    holds 0.1's float16); arithmetic keeps it whole, as eager's CUDA kernels do (opmath)."""
+    (TensorIterator's common dtype): an int32 65520 added to a bfloat16 tensor is 65536. A 0-d CPU tensor is
+    eager's "CPU scalar", which arithmetic takes whole in float32 (opmath), as a Python number: `x_f16 *
+    torch.tensor(0.1)` multiplies by 0.1, not by its float16 (on a GPU a 0-d GPU tensor is cast like any
+    other). A comparison rounds every operand, a Python float too (`x_f16 == 0.1` is True where x holds 0.1's
+    float16; `x_f16 != torch.tensor(1e-30)` is False at 0)."""
     if common in (torch.float16, torch.bfloat16):
         if isinstance(a, TensorRef) and a.dtype != common:
+            if not compare and a.ndim == 0 and a.buffer.layout.device.type == "cpu":
+                return value(a, idx, nd, compute)
             return cast(value(a, idx, nd, common), compute)
         if compare and isinstance(a, numbers.Real) and not isinstance(a, bool):
             return value(_rounded(a, common), idx, nd, compute)
