@@ -182,6 +182,20 @@ def _packets(names):
     return [getattr(aten, n) for n in names if hasattr(aten, n)]
 
 
+def _overloads(names, out: bool = True) -> list:
+    """Every overload of the op packets of this torch version among `names` (with `out=False`, not the `.out`
+    ones)."""
+    return [getattr(packet, name) for packet in _packets(names) for name in packet.overloads()
+            if out or not name.endswith("out")]
+
+
+def _wrap(table: dict, ops, wrapper) -> None:
+    """Replace the decomposition of each of `ops` that `table` has with `wrapper` around it."""
+    for op in ops:
+        if op in table:
+            table[op] = wrapper(table[op])
+
+
 def decomposition_table() -> dict:
     """The table aot_autograd traces with (a fresh copy: a caller may change its own)."""
     return dict(_table())
@@ -193,28 +207,14 @@ def _table() -> dict:
     # per compile otherwise)
     table = dict(core_aten_decompositions())
     table.update(get_decompositions(_packets(EXTRA)))
-    for packet in _packets(KEEP):
-        for name in packet.overloads():
-            table.pop(getattr(packet, name), None)
+    for op in _overloads(KEEP):
+        table.pop(op, None)
     for name, fn in OVERRIDES.items():
         if hasattr(aten, name):
             table[getattr(aten, name).default] = fn
-    for packet in _packets(["index_fill", "index_fill_"]):
-        for name in packet.overloads():
-            op = getattr(packet, name)
-            if op in table and not name.endswith("out"):
-                table[op] = _negative_indices_wrapped(table[op])
-    for packet in _packets(["_softmax", "_log_softmax"]):
-        for name in packet.overloads():
-            op = getattr(packet, name)
-            if op in table:
-                table[op] = _floating_only(table[op])
-    for op in (aten.masked_fill.Scalar, aten.masked_fill_.Scalar):
-        if op in table:
-            table[op] = _fill_in_range(table[op])
-    for packet in _packets(BATCH_NORMS):
-        for name in packet.overloads():
-            op = getattr(packet, name)
-            if op in table:
-                table[op] = _in_eager_layout(table[op])
+    # torch's decompositions wrapped where they differ from eager (each wrapper says how)
+    _wrap(table, _overloads(["index_fill", "index_fill_"], out=False), _negative_indices_wrapped)
+    _wrap(table, _overloads(["_softmax", "_log_softmax"]), _floating_only)
+    _wrap(table, [aten.masked_fill.Scalar, aten.masked_fill_.Scalar], _fill_in_range)
+    _wrap(table, _overloads(BATCH_NORMS), _in_eager_layout)
     return table
