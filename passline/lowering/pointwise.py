@@ -56,13 +56,17 @@ def value(x, idx, ndim: int, dtype: torch.dtype):
 
 
 def promote(node: torch.fx.Node, operands, kind):
-    """(computation dtype, result dtype) by torch's rules for this node's operands."""
-    # a size takes part in promotion by its type alone: a stand-in of that type, never int(SymInt),
-    # which would guard on (specialize to) this call's value and recompile at the next size
-    stand_in = {torch.SymInt: 1, torch.SymFloat: 1.0, torch.SymBool: True}
-    metas = [stand_in.get(type(m), m) for m in map(meta, operands)]
-    compute, _ = elementwise_dtypes(*metas, type_promotion_kind=kind)
+    """The computation dtype by torch's rules for this node's operands (float32 for low-precision floats)."""
+    compute, _ = elementwise_dtypes(*_promotion_metas(operands), type_promotion_kind=kind)
     return upcast(compute)
+
+
+def _promotion_metas(operands) -> list:
+    """The operands as torch's promotion takes them. A size takes part by its type alone: a stand-in of that
+    type, never int(SymInt), which would guard on (specialize to) this call's value and recompile at the next
+    size."""
+    stand_in = {torch.SymInt: 1, torch.SymFloat: 1.0, torch.SymBool: True}
+    return [stand_in.get(type(m), m) for m in map(meta, operands)]
 
 
 def pointwise_op(ctx: LoweringContext, node, name: str, operands, fx_operands, kind):
@@ -113,9 +117,7 @@ def _rounded(x, dtype: torch.dtype) -> float:
 
 def _common_dtype(fx_operands) -> torch.dtype:
     """The dtype torch's promotion gives an op's operands (before opmath's float32)."""
-    stand_in = {torch.SymInt: 1, torch.SymFloat: 1.0, torch.SymBool: True}
-    metas = [stand_in.get(type(m), m) for m in map(meta, fx_operands)]
-    return elementwise_dtypes(*metas, type_promotion_kind=KIND.DEFAULT)[1]
+    return elementwise_dtypes(*_promotion_metas(fx_operands), type_promotion_kind=KIND.DEFAULT)[1]
 
 
 ROUNDINGS = ("floor", "ceil", "trunc", "round")
@@ -277,8 +279,8 @@ def lower_clamp(ctx, node, x, lo=None, hi=None):
     if node.target in (aten.clamp_max.default, aten.clamp_max.Tensor):
         lo, hi = None, lo
     out = out_meta(node)
-    compute = promote(node, [a for a in node.args if a is not None], KIND.DEFAULT)
-    common = _common_dtype([a for a in node.args if a is not None])
+    given = [a for a in node.args if a is not None]
+    compute, common = promote(node, given, KIND.DEFAULT), _common_dtype(given)
 
     def inner(idx):
         v = operand(x, idx, out.dim(), common, compute)
