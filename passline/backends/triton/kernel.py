@@ -336,7 +336,7 @@ class KernelWriter:
                     at, deps = self.indirect(node, scope, cmap)
                     expr = expr.xreplace(at)
                 scope.values[id(node)] = self.load(node.buffer, expr, scope, deps)
-                self.note_row_facts(node, scope.values[id(node)], member, scope, cmap)
+                self.note_row_facts(node, scope.values[id(node)], member, scope, expr)
                 continue
             elif isinstance(node, Constant):
                 src = printer.constant(node.value, node.dtype)
@@ -367,7 +367,7 @@ class KernelWriter:
             var = self.tmp()
             self.place(f"{var} = {src}", hoist, var)
             scope.values[id(node)] = var
-            self.note_row_facts(node, var, member, scope, cmap)
+            self.note_row_facts(node, var, member, scope, expr if isinstance(node, IndexValue) else sympy.S.Zero)
         return scope.values[id(v)]
 
     def indirect(self, holder, scope: _Scope, cmap) -> tuple[dict, set]:
@@ -459,11 +459,12 @@ class KernelWriter:
             return f"tl.where({c}, {made[0]}, {made[1]})"
         return None
 
-    def note_row_facts(self, node, var: str, member, scope: _Scope, cmap) -> None:
+    def note_row_facts(self, node, var: str, member, scope: _Scope, index) -> None:
         """Record whether `var` (the value of `node`) may differ between the elements of a row (it reads at a
         reduction variable, or computes from a value that does), and, for a select of two row values by an
-        element's condition, its parts (spread_select). Outside reduction kernels, and in a mix-order
-        kernel's column members (their loops are transposed), every value counts as varying."""
+        element's condition, its parts (spread_select). `index`: a leaf's index in the kernel's variables, as
+        `value` computed it. Outside reduction kernels, and in a mix-order kernel's column members (their
+        loops are transposed), every value counts as varying."""
         if not self.red or member in self.swap:
             self.varying[var] = True
             return
@@ -475,9 +476,8 @@ class KernelWriter:
                     and node.args[1].dtype == node.args[2].dtype == node.dtype:
                 self.selects[var] = tuple(parts)
             return
-        index = node.index if isinstance(node, Load) else node.expr if isinstance(node, IndexValue) else sympy.S.Zero
         held = [scope.values[id(b.value)] for b in getattr(node, "indirect", ())]
-        self.varying[var] = any(var_kind(s) == VarKind.CANON_REDUCTION for s in substitute(index, cmap).free_symbols) \
+        self.varying[var] = any(var_kind(s) == VarKind.CANON_REDUCTION for s in index.free_symbols) \
             or any(self.varying.get(h, True) for h in held)
 
     def narrow_compare(self, node: Op, scope: _Scope, cmap) -> tuple[str, bool] | None:
