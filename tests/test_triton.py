@@ -576,15 +576,18 @@ def test_short_column_sums_are_timed():
     assert [(c.xblock, c.warps) for c in band(30000, 300)[1:]] == [(8, 4), (16, 8), (32, 16)]  # 300 rows: 512
     assert band(30000, 2049) == [] and band(100, 64) == [] and band(30000, 64, interpret=True) == []
     assert band(512, 64) == []  # 256 KB: a launch's worth (a split reduction's finishing sum)
-    assert band(30000, 64, rows_contiguous=True) == []  # a row sum of 64: the rule's persistent rows
+    rows = band(30000, 64, rows_contiguous=True)  # a row sum of 64: the tall-rows band's one-warp programs
+    assert [(c.variant, c.xblock, c.warps) for c in rows[1:]] == [(Variant.PERSISTENT, 16, 1),
+                                                                  (Variant.PERSISTENT, 8, 1)]
 
 
 def test_tall_rows_read_once_are_timed_in_many_rows_a_program():
-    """configs.uncertain's read-rows band: tall rows 64 to 1024 wide moving under 3 bytes an element (a bfloat16 row
+    """configs.uncertain's tall-rows band: tall rows 64 to 1024 wide moving under 3 bytes an element (a bfloat16 row
     read once, nothing row-sized written: a cross-entropy forward) time the rule's block against 64 rows a program
     looped in chunks of 64 on 8 warps and, where the rule's program is one warp, twice its rows on it (64 elements a
-    thread); rows that are written too, float32 rows, wider or narrower rows, few rows, small work and the
-    interpreter keep the rule."""
+    thread); rows of at most 256, whatever they move, one-warp programs of 1024 and 512 elements; rows 257-1024
+    wide that are written too, float32 rows, wider or narrower rows, few rows, small work and the interpreter keep
+    the rule."""
     from passline.backends.triton.configs import Device, Variant, rule, uncertain
 
     gpu = Device(sms=132)
@@ -599,13 +602,17 @@ def test_tall_rows_read_once_are_timed_in_many_rows_a_program():
         return [(c.variant, c.xblock, c.rblock, c.warps) for c in out[1:]]
 
     looped = (Variant.LOOPED, 64, 64, 8)
+    one_warp = [(Variant.PERSISTENT, 4, 256, 1), (Variant.PERSISTENT, 2, 256, 1)]  # rows of at most 256 (below)
     # the rule: 2 rows of 512 on 1 warp, 8 of 256 on 2, 1 of 1024 on 1 (32 a thread); twice the rows on one warp
     assert band(349525, 384, 2) == [looped, (Variant.PERSISTENT, 4, 512, 1)]
-    assert band(699051, 192, 2) == [looped]  # two warps a program: 64 of them an SM, no slots left empty
+    assert band(699051, 192, 2) == [looped, *one_warp]  # two warps a program: 64 of them an SM
     assert band(134218, 1000, 2) == [looped, (Variant.PERSISTENT, 2, 1024, 1)]
     assert band(32768, 768, 2) == [looped, (Variant.PERSISTENT, 2, 1024, 1)]  # a model's tokens: 248 rows an SM
     timed = [looped]
     assert band(349525, 384, 4) == []  # float32 read once, or bfloat16 read and written (a softmax)
+    assert band(699051, 192, 4) == one_warp  # ... but at most 256 wide: one-warp programs whatever is moved
+    assert band(671089, 100, 12) == [(Variant.PERSISTENT, 8, 128, 1), (Variant.PERSISTENT, 4, 128, 1)]
+    assert band(2000, 100, 12) == [] and band(2112, 100, 12) != []  # from 16 rows an SM
     assert band(44739, 3000, 2) == [] and band(2097152, 32, 2) == []  # wider than 1024, narrower than 64
     assert band(2000, 384, 2) == []  # under 16 rows an SM
     assert band(349525, 384, 2, interpret=True) == []
@@ -645,7 +652,7 @@ def test_few_rows_are_timed_whole_and_in_chunks():
 
 def test_tall_mix_order_kernels_no_rule_decides_are_timed():
     """configs.uncertain's mix-order band: tall mix-order kernels (rows >= 64 x SMs) whose rows are reduced
-    and at most 128 wide, or (rows >= 16 x SMs) 257-4096 wide, reduced (a norm's backward) or pointwise (a bias
+    and at most 128 wide, or (rows >= 16 x SMs) 129-4096 wide, reduced (a norm's backward) or pointwise (a bias
     gradient), time the rule's block against a few others at the first launch, the one-row form among them
     where the kernel has it; other shapes, the one-row form as the rule's and the interpreter keep the rule."""
     from passline.backends.triton.configs import (
@@ -702,10 +709,11 @@ def test_tall_mix_order_kernels_no_rule_decides_are_timed():
     rows = MIX_BAND_ROWS_PER_SM * gpu.sms
     assert len(band(rows, 64, 64 * 6, True)) == 4 and band(rows - 1, 64, 64 * 6, True) == []
     assert band(rows - 1, 64, 64 * 6, True, device=Device(sms=100)) != []
-    # the rule decides: the interpreter; rows reduced 129 to 256 wide; a bias gradient of 128 or fewer columns
-    # (the one-row form) or wider than 4096; one form only (no two-dimensional accumulator)
+    # rows reduced 129 to 256 wide: the rule's 8 rows, 4 on its warps and 2 on half of them
+    assert band(671089, 200, 200 * 6, True) == [(acc2d, 8, 2, 4, 128), (acc2d, 4, 2, 4, 128), (acc2d, 2, 1, 4, 128)]
+    # the rule decides: the interpreter; a bias gradient of 128 or fewer columns (the one-row form) or wider than
+    # 4096; one form only (no two-dimensional accumulator)
     assert band(1 << 21, 64, 64 * 6, True, interpret=True) == []
-    assert band(1 << 21, 256, 256 * 6, True) == []
     assert band(1 << 21, 128, 128 * 6, False) == [] and band(1 << 18, 8192, 8192 * 6, False) == []
     assert band(1 << 21, 64, 64 * 6, True, variants={Variant.MIX_ORDER: 128}) == []
     # without the rule's configuration, nothing to time around

@@ -302,9 +302,9 @@ def uncertain(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, 
     H200). Longer column sums keep the rule (and split_reductions spreads them over more programs).
 
     Tall rows 64 to 1024 wide read once, 2 bytes an element, with nothing row-sized written (under READ_ROWS_BYTES
-    of traffic an element; `_read_rows_band`), at least READ_ROWS_PER_SM rows an SM: the rule's block against 64
+    of traffic an element; `_tall_rows_band`), at least READ_ROWS_PER_SM rows an SM: the rule's block against 64
     rows a program looped in chunks of 64 on 8 warps, and, where the rule's program is one warp, twice its rows on
-    it (a one-warp program is one of at most 32 an SM: `_read_rows_band`). Such a kernel has little to move a row
+    it (a one-warp program is one of at most 32 an SM: `_tall_rows_band`). Such a kernel has little to move a row
     and a row's own work to do (a cross-entropy forward: the target's load, its bounds check and the log-sum-exp),
     which many rows a program share; the rule's persistent block also pads a row to a power of two, idle lanes that
     cost where the kernel is not waiting on memory. On an H200 (the row kernel's µs at its
@@ -320,14 +320,19 @@ def uncertain(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, 
 
     float32 rows (4 bytes an element read: 174763 × 384, 71 by rule against 74) and wider rows (44739 × 3000
     bfloat16, 92 against 99) keep the rule, and so do kernels that write a row (a softmax reads and writes 4
-    bytes a bfloat16 element).
+    bytes a bfloat16 element). Tall rows of at most WARP_ROW, whatever they move, also time one-warp programs of
+    1024 and 512 elements (thirty-seventh session; `_tall_rows_band` has the figures: a training forward that
+    writes its statistics fits fewer of the rule's two-warp programs an SM; LayerNorm's at 1342177 × 100
+    bfloat16 took 190.5 µs by rule, 143.4 on 8 rows and one warp).
 
     Mix-order kernels (`_mix_band`, the rule's two-dimensional form `base`, `row_bytes` and `row_sums` as
     the rule had them) over at least MIX_BAND_ROWS_PER_SM rows an SM (the tall, memory-bound shapes), or
     MIX_POINTWISE_BAND_ROWS_PER_SM where the row side is pointwise, moving at least BAND_MIN_BYTES:
     where the row side reduces its rows and they are at most 128 wide, the rule's block (48 bytes of the
     kernel's traffic a thread, one warp) against twice its rows on one warp and on two (48 bytes a thread
-    again), and half its rows (two at least); where the row side is pointwise (a bias gradient) and its
+    again), and half its rows (two at least); 129 to 256 wide, half the rule's rows on its warps and a quarter
+    on half its warps (thirty-seventh session: RMSNorm's backward at 671089 × 200 bfloat16 took 262.6 µs by
+    rule, 8 rows on 2 warps, 234.1 on 4; Inductor 230); where the row side is pointwise (a bias gradient) and its
     rows 257 to 4096 wide, the rule's two rows against, up to 1024 wide, one and four rows on the warps
     the rule's 96 bytes a thread give them and four rows at 32 elements a thread (MIX_BAND_THREAD_ELEMENTS);
     wider, one, two and four rows (at most 8192 elements a block) at 32 elements a thread; and where the kernel has
@@ -374,7 +379,7 @@ def uncertain(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, 
         return _mix_band(base, rb, row_bytes, rnumel, row_sums, device, Variant.MIX_ORDER in kinds,
                          Variant.MIX_ORDER_TILED in kinds and Variant.MIX_ORDER_ACC2D in kinds)
     if set(kinds) == {Variant.PERSISTENT, Variant.LOOPED} and rb <= 1024:
-        return _read_rows_band(xnumel, rnumel, rb, base, row_bytes, device)
+        return _tall_rows_band(xnumel, rnumel, rb, base, row_bytes, device)
     if set(kinds) == {Variant.PERSISTENT, Variant.LOOPED} and rb == GPU_PERSISTENT_MAX:
         band = [Config(Variant.PERSISTENT, 1, rb, w) for w in (8, 16, 32)] + [Config(Variant.LOOPED, 1, 2048, 16)]
         if row_bytes is not None and rnumel and row_bytes < READ_ROWS_BYTES * rnumel:
@@ -393,23 +398,38 @@ def _launch_sized(xnumel: int, rb: int, row_bytes: float | None) -> bool:
     return xnumel * (row_bytes or 4 * rb) < BAND_MIN_BYTES
 
 
-def _read_rows_band(xnumel: int, rnumel: int, rb: int, base: Config | None, row_bytes: float | None,
+def _tall_rows_band(xnumel: int, rnumel: int, rb: int, base: Config | None, row_bytes: float | None,
                     device: Device) -> list:
-    """Tall rows 64 to 1024 wide that the kernel reads once, 2 bytes an element, and writes nothing row-sized for
-    (under READ_ROWS_BYTES of traffic an element: a bfloat16 cross-entropy forward), at least READ_ROWS_PER_SM rows
-    an SM, to time (see `uncertain`): the rule's `base` against 64 rows a program looped in chunks of 64 on 8 warps,
-    and where the rule's program is one warp (rows of 257 to 1024), twice its rows on it (64 elements a thread: a
-    program of one warp is one of at most 32 an SM, the SM's limit on programs, so half its warp slots stay empty
-    and each warp must keep twice the bytes in flight; the bfloat16 cross-entropy forward at 134218 x 1000 took 84.3
-    us with two rows on one warp against the rule's 91.7, H200); [] where the rule decides."""
-    if base is None or row_bytes is None or not 64 <= rb <= 1024 or xnumel < READ_ROWS_PER_SM * device.sms:
+    """Tall rows 64 to 1024 wide (at least READ_ROWS_PER_SM rows an SM, BAND_MIN_BYTES moved) to time (see
+    `uncertain`), the rule's `base` first; [] where the rule decides.
+
+    - A kernel that reads its row once, 2 bytes an element, and writes nothing row-sized for (under READ_ROWS_BYTES
+      of traffic an element: a bfloat16 cross-entropy forward): 64 rows a program looped in chunks of 64 on 8
+      warps, and where the rule's program is one warp (rows of 257 to 1024), twice its rows on it (64 elements a
+      thread: a program of one warp is one of at most 32 an SM, the SM's limit on programs, so half its warp slots
+      stay empty and each warp must keep twice the bytes in flight; the bfloat16 cross-entropy forward at 134218 x
+      1000 took 84.3 us with two rows on one warp against the rule's 91.7, H200).
+    - Rows of at most WARP_ROW (a row within one warp's 16-byte vectors in 2-byte dtypes), any kernel: one warp a
+      program, 1024 and 512 elements (32 and 16 a thread). The rule's 2048 elements on two warps hold the most
+      rows an SM where the kernel keeps few registers; a kernel that keeps more (a training forward writing its
+      statistics, a softmax's exponentials, a cross-entropy gradient) fits fewer two-warp programs an SM than
+      one-warp ones, and which pays follows from its registers, which the rule does not see. On an H200 (row
+      kernel us, rule / one warp): LayerNorm training forward 1342177 x 100 bfloat16 190.5 / 143.4 (8 rows),
+      RMSNorm's 155.8 / 134.4, float32 cross-entropy gradient 671089 x 100 156.2 / 135.4 (4 rows), bfloat16
+      671089 x 200 165.2 / 143.8 (4 rows), softmax forward 1342177 x 100 bfloat16 210.4 / 191.4; where the rule
+      was best (a bfloat16 cross-entropy gradient 100 wide: 166.3 against 175.0) it is kept."""
+    if base is None or not 64 <= rb <= 1024 or xnumel < READ_ROWS_PER_SM * device.sms:
         return []
-    if row_bytes >= READ_ROWS_BYTES * rnumel or _launch_sized(xnumel, rb, row_bytes):
+    if _launch_sized(xnumel, rb, row_bytes):
         return []
-    blocks = [Config(Variant.LOOPED, 64, 64, 8)]
-    if base.variant == Variant.PERSISTENT and base.warps == 1:
-        blocks.append(attrs.evolve(base, xblock=2 * base.xblock))
-    blocks = [b for b in blocks if b != base]
+    blocks = []
+    if row_bytes is not None and row_bytes < READ_ROWS_BYTES * rnumel:
+        blocks.append(Config(Variant.LOOPED, 64, 64, 8))
+        if base.variant == Variant.PERSISTENT and base.warps == 1:
+            blocks.append(attrs.evolve(base, xblock=2 * base.xblock))
+    if rb <= WARP_ROW:
+        blocks += [Config(Variant.PERSISTENT, elements // rb, rb, 1) for elements in (1024, 512)]
+    blocks = [b for b in dict.fromkeys(blocks) if b != base]
     return [base, *blocks] if blocks else []
 
 
@@ -474,6 +494,10 @@ def _mix_band(base: Config, rb: int, row_bytes: float | None, rnumel: int | None
     if row_sums and rb <= 128:  # narrow rows, reduced: one warp (the rule's), and two for twice the rows
         xb = base.xblock
         blocks = [(2 * xb, base.warps), (2 * xb, 2 * base.warps), (xb // 2, base.warps)]
+        fewest = 2
+    elif row_sums and rb <= WARP_ROW:  # 129-256 wide, reduced: half the rule's rows, on its warps and on half
+        xb, w = base.xblock, base.warps  # (RMSNorm backward 671089 x 200 bfloat16, H200: 262.6 us by rule, 8 rows
+        blocks = [(xb // 2, w), (xb // 4, max(1, w // 2))]  # on 2 warps; 234.1 on 4 rows; Inductor 230)
         fewest = 2
     elif row_sums and 256 < rb <= 4096:  # wider rows, reduced: the rule's block against the one-row form
         blocks, fewest = [], 2
@@ -633,7 +657,8 @@ def rule(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, devic
       log-softmax forward (349525) 150 against 168; at
       100 and 64 wide (a row within one warp either way) fewer rows a program were slower (bfloat16
       softmax forward 1342177 × 100: 238 µs against 185), so narrower rows keep the 2048-element blocks
-      (rows of 129–256, spread over warps in float32 only, were not measured: they keep them too).
+      (rows of 129–256 too); which kernels do better on one-warp programs there is timed
+      (`_tall_rows_band`).
       Where even one row per program leaves fewer programs than SMs (each program has an SM to
       itself, whose other warp slots would stay empty), the row is spread over more warps: 8 elements a
       thread, up to 32 warps;
