@@ -264,6 +264,24 @@ def test_mixed_dtypes_are_left_alone():
     assert be.reports[0].passes[0].stats == {"linear_cross_entropy_refused_dtypes": 1}
 
 
+def test_a_torch_func_transform_keeps_its_cross_entropy():
+    """A loss differentiated by torch.func (a gradient penalty, double backward through an LM head) is left alone:
+    the fused op has no rules for the transforms (aot_autograd raised, and its fallback could not recover the
+    frame: a campaign's find, thirty-seventh session)."""
+    from torch.func import grad
+
+    x, w, t = _leaf(7, HIDDEN), _leaf(VOCAB, HIDDEN, scale=0.5), _targets(1, 7).view(-1)
+
+    def fn(x, w):
+        return grad(lambda v: F.cross_entropy(F.linear(v, w), t))(x)
+
+    be = passline.backend(PIPELINE, codegen="triton", fallback="raise")
+    torch._dynamo.reset()
+    got = torch.compile(fn, backend=be)(x.detach(), w.detach())
+    torch.testing.assert_close(got, fn(x.detach(), w.detach()))
+    assert be.reports[0].passes[0].stats == {"linear_cross_entropy_refused_transform": 1} and _fired(be) == 0
+
+
 def test_a_bisect_limit_stops_the_rewrite():
     x, w, t = _leaf(2, 7, HIDDEN), _leaf(VOCAB, HIDDEN, scale=0.5), _targets(2, 7)
     fn = lambda x, w, t: F.cross_entropy(F.linear(x, w).view(-1, VOCAB), t.view(-1))

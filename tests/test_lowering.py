@@ -289,3 +289,22 @@ def test_what_eager_refuses_is_refused(case, codegen):
     torch._dynamo.reset()
     with pytest.raises(type(eager.value)):
         torch.compile(fn, backend=passline.backend(codegen=codegen, fallback="raise"))(*inputs)
+
+
+@pytest.mark.parametrize("codegen", ["reference", "triton"])
+def test_a_zero_tensor_is_zeros_in_memory(codegen):
+    """torch.func.jacfwd's backward makes `aten._efficientzerotensor` (a zero gradient with no storage): run as an
+    aten call it reached a Triton kernel as a null pointer; it is lowered as zeros (a campaign's find)."""
+    from torch.func import jacfwd
+
+    def step(x, w):
+        return jacfwd(lambda v: torch.sin(w @ v))(x).sum()
+
+    x, w = torch.randn(3, requires_grad=True), torch.randn(3, 3, requires_grad=True)
+    ex, ew = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    torch._dynamo.reset()
+    be = passline.backend(codegen=codegen, fallback="raise")
+    torch.compile(step, backend=be)(x, w).backward()
+    step(ex, ew).backward()
+    torch.testing.assert_close(x.grad, ex.grad)
+    torch.testing.assert_close(w.grad, ew.grad)

@@ -151,7 +151,7 @@ class Backend:
             warnings.warn(f"passline could not trace a graph with aot_autograd and runs it eagerly: "
                           f"{type(e).__name__}: {e}", stacklevel=2)
             self.failures.append(("aot_autograd", e))
-            return gm.forward
+            return as_captured.forward  # (not gm: the FX stage may have rewritten it into what failed)
 
     def _run_fx_stage(self, gm: torch.fx.GraphModule, example_inputs) -> FxStage:
         """The pipeline's FX-stage passes on dynamo's graph, rewritten in place before aot_autograd traces it."""

@@ -343,9 +343,12 @@ def lower_scalar_tensor(ctx, node, fill, **kwargs):
 
 
 @lowering(aten.zeros.default, aten.zeros_like.default, aten.empty.memory_format, aten.empty_like.default,
-          aten.empty_strided.default, aten.new_zeros.default, aten.new_empty.default)
+          aten.empty_strided.default, aten.new_zeros.default, aten.new_empty.default,
+          aten._efficientzerotensor.default)
 def lower_zeros(ctx, node, *args, **kwargs):
-    # empty tensors are filled with zeros: a defined value costs nothing and hides no bug
+    # empty tensors are filled with zeros: a defined value costs nothing and hides no bug. A "zero tensor"
+    # (autograd's stand-in for a gradient known to be zero: forward-mode AD's backward) has no storage, which
+    # run as an aten call would reach a kernel as a null pointer: it is zeros in memory here
     return _fill(ctx, node, 0)
 
 

@@ -30,7 +30,8 @@ Left alone, with the reason as a stat `linear_cross_entropy_refused_<reason>`: l
 between them and the loss) read by anything else — returned, or a second loss — since they would exist
 anyway (`logits_read_elsewhere`); no linear before the loss (`no_linear`); class weights, legacy
 size_average/reduce or options that are not constants (`options`); shapes or dtypes outside the above
-(`shapes`, `dtypes`). Stat `linear_cross_entropy_fused` counts rewrites, each a decision
+(`shapes`, `dtypes`); a graph that runs a torch.func transform (`transform`: the fused op has no rules for
+them). Stat `linear_cross_entropy_fused` counts rewrites, each a decision
 `passline.bisect` can stop at.
 """
 from __future__ import annotations
@@ -70,10 +71,13 @@ def fuse_linear_cross_entropy(gm: torch.fx.GraphModule, ctx, *,
                                                                 "matmuls (false: recomputed, 4)"] = True):
     """Compute cross_entropy(linear(x, W), target) in chunks of rows, never the whole logits (FX stage)."""
     graph = gm.graph
+    transformed = _in_transform(graph)
     for ce in list(graph.nodes):
         if not (ce.op == "call_function" and ce.target is F.cross_entropy):
             continue
         try:
+            if transformed:
+                raise _Refused("transform")
             match = _match(ce)
         except _Refused as r:
             ctx.count(f"linear_cross_entropy_refused_{r.reason}")
@@ -82,6 +86,15 @@ def fuse_linear_cross_entropy(gm: torch.fx.GraphModule, ctx, *,
             _rewrite(graph, ce, match, chunk_rows, grads_in_forward)
             ctx.count("linear_cross_entropy_fused")
     return gm
+
+
+def _in_transform(graph: torch.fx.Graph) -> bool:
+    """Whether the graph runs a torch.func transform (grad, vjp, jacrev, vmap, jvp): dynamo inlines each as
+    calls that enter and leave a nesting level (`torch._C._functorch._grad_increment_nesting`, ...). The fused
+    op has no rules for the transforms (a gradient penalty through the loss raised in aot_autograd), so such a
+    graph keeps its cross-entropy."""
+    return any(n.op == "call_function" and getattr(n.target, "__name__", "").endswith("_increment_nesting")
+               for n in graph.nodes)
 
 
 def _val(node):
