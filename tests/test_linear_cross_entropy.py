@@ -281,6 +281,46 @@ def test_a_torch_func_transform_keeps_its_cross_entropy():
     torch.testing.assert_close(got, fn(x.detach(), w.detach()))
     assert be.reports[0].passes[0].stats == {"linear_cross_entropy_refused_transform": 1} and _fired(be) == 0
 
+    # vmap and jvp alike; a loss outside the transform in the same graph is still fused
+    def two(x, w):
+        per_row = torch.vmap(lambda v: F.cross_entropy(F.linear(v, w), t[0]))(x)
+        tangent = torch.func.jvp(lambda v: F.cross_entropy(F.linear(v, w), t), (x,), (torch.ones_like(x),))[1]
+        return per_row.sum() + tangent + F.cross_entropy(F.linear(x, w), t)
+
+    x, w = x.detach().requires_grad_(), w.detach().requires_grad_()
+    be = assert_matches_eager(two, [x, w], pipeline=PIPELINE, codegen="reference")
+    assert be.reports[0].passes[0].stats == {"linear_cross_entropy_refused_transform": 2,
+                                             "linear_cross_entropy_fused": 1}
+
+
+def test_a_graph_aot_autograd_refuses_runs_as_captured_not_as_rewritten(monkeypatch):
+    """When aot_autograd fails on a graph the FX stage rewrote, the default fallback runs dynamo's graph as it was
+    captured (the rewrite is what may have failed; inside a torch.func transform it was)."""
+    from passline.backends import dynamo as pdynamo
+
+    def refusing(**kwargs):
+        def compiler(gm, example_inputs):
+            raise RuntimeError("aot_autograd refused this graph")
+        return compiler
+
+    monkeypatch.setattr(pdynamo, "aot_autograd", refusing)
+    x, w, t = _leaf(2, 7, HIDDEN), _leaf(VOCAB, HIDDEN, scale=0.5), _targets(2, 7)
+    fn = lambda x, w, t: F.cross_entropy(F.linear(x, w).view(-1, VOCAB), t.view(-1))  # noqa: E731
+    be = passline.backend(PIPELINE, codegen="reference")
+    returned = []
+
+    def spy(gm, example_inputs):  # what the backend hands dynamo to run
+        returned.append(be(gm, example_inputs))
+        return returned[-1]
+
+    torch._dynamo.reset()
+    with pytest.warns(UserWarning, match="could not trace a graph with aot_autograd"):
+        got = torch.compile(fn, backend=spy)(x, w, t)
+    torch.testing.assert_close(got, fn(x, w, t))
+    assert [kind for kind, _ in be.failures] == ["aot_autograd"] and len(returned) == 1
+    assert be.reports == [] and "cross_entropy" in returned[0].__self__.code
+    assert "passline" not in returned[0].__self__.code  # not the rewritten graph, with the fused op
+
 
 def test_a_bisect_limit_stops_the_rewrite():
     x, w, t = _leaf(2, 7, HIDDEN), _leaf(VOCAB, HIDDEN, scale=0.5), _targets(2, 7)

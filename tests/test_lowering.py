@@ -294,7 +294,8 @@ def test_what_eager_refuses_is_refused(case, codegen):
 @pytest.mark.parametrize("codegen", ["reference", "triton"])
 def test_a_zero_tensor_is_zeros_in_memory(codegen):
     """torch.func.jacfwd's backward makes `aten._efficientzerotensor` (a zero gradient with no storage): run as an
-    aten call it reached a Triton kernel as a null pointer; it is lowered as zeros (a campaign's find)."""
+    aten call it reached a Triton kernel as a null pointer; it is lowered as zeros (a campaign's find; the reference
+    codegen passed before too: it is the control)."""
     from torch.func import jacfwd
 
     def step(x, w):

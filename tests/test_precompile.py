@@ -689,6 +689,8 @@ def test_tall_mix_order_kernels_are_timed_over_waves_once_then_remembered(tmp_pa
     timed = []
 
     def bench(self, c, args, xnumel, rnumel, stream, after=None, rep=prunner.SCREEN_MS):  # as do_bench's
+        if not isinstance(self, MixKernel):
+            return 0.2  # (the forward's row kernel, 64 wide, times a band of its own: any pick will do here)
         src = next(iter(self.info.variants.values()))
         ws = [a for (kind, name), a in zip(src.args, args) if kind == "buffer" and name.endswith("_ws")]
         assert ws and all(a.shape[0] >= -(-xnumel // c.split) for a in ws)  # a workspace row a program
@@ -726,6 +728,7 @@ def test_tall_mix_order_kernels_are_timed_over_waves_once_then_remembered(tmp_pa
     assert [cfg_of(key) for kk, key, *_ in launched if kk is k][-3:] == [chosen] * 3
     # (the forward's row kernel, 64 wide, has a timed band of its own: counted in the forward's report)
     assert sum(r.metrics.counters["kernel_choices_timed"] for r in reports if k in _kernels(r.runner)) == 1
+    assert not any("timing failed" in kk.info.timings for r in reports for kk in _kernels(r.runner))
     assert all(r.metrics.counters["kernels_compiled_at_launch"] == 0 for r in reports)  # finishes included
     assert k.saved_choice(rows, width) == chosen
     # a graph input written, or a split the pipeline fixed: the rule

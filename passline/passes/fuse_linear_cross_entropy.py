@@ -76,7 +76,7 @@ def fuse_linear_cross_entropy(gm: torch.fx.GraphModule, ctx, *,
         if not (ce.op == "call_function" and ce.target is F.cross_entropy):
             continue
         try:
-            if transformed:
+            if ce in transformed:
                 raise _Refused("transform")
             match = _match(ce)
         except _Refused as r:
@@ -88,13 +88,21 @@ def fuse_linear_cross_entropy(gm: torch.fx.GraphModule, ctx, *,
     return gm
 
 
-def _in_transform(graph: torch.fx.Graph) -> bool:
-    """Whether the graph runs a torch.func transform (grad, vjp, jacrev, vmap, jvp): dynamo inlines each as
-    calls that enter and leave a nesting level (`torch._C._functorch._grad_increment_nesting`, ...). The fused
-    op has no rules for the transforms (a gradient penalty through the loss raised in aot_autograd), so such a
-    graph keeps its cross-entropy."""
-    return any(n.op == "call_function" and getattr(n.target, "__name__", "").endswith("_increment_nesting")
-               for n in graph.nodes)
+def _in_transform(graph: torch.fx.Graph) -> set:
+    """The nodes a torch.func transform (grad, vjp, jacrev, vmap, jvp) runs: dynamo inlines each transform
+    between calls that enter and leave a nesting level (`torch._C._functorch._grad_increment_nesting` ...
+    `_grad_decrement_nesting`). The fused op has no rules for the transforms (a gradient penalty through the
+    loss raised in aot_autograd), so a cross-entropy among them is left alone."""
+    inside, depth = set(), 0
+    for n in graph.nodes:
+        name = getattr(n.target, "__name__", "") if n.op == "call_function" else ""
+        if name.endswith("_decrement_nesting"):
+            depth -= 1
+        elif depth > 0:
+            inside.add(n)
+        if name.endswith("_increment_nesting"):
+            depth += 1
+    return inside
 
 
 def _val(node):

@@ -325,33 +325,31 @@ def uncertain(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, 
     writes its statistics fits fewer of the rule's two-warp programs an SM; LayerNorm's at 1342177 × 100
     bfloat16 took 190.5 µs by rule, 143.4 on 8 rows and one warp).
 
-    Mix-order kernels (`_mix_band`, the rule's two-dimensional form `base`, `row_bytes` and `row_sums` as
-    the rule had them) over at least MIX_BAND_ROWS_PER_SM rows an SM (the tall, memory-bound shapes), or
-    MIX_POINTWISE_BAND_ROWS_PER_SM where the row side is pointwise, moving at least BAND_MIN_BYTES:
-    where the row side reduces its rows and they are at most 128 wide, the rule's block (48 bytes of the
-    kernel's traffic a thread, one warp) against twice its rows on one warp and on two (48 bytes a thread
-    again), and half its rows (two at least); 129 to 256 wide, half the rule's rows on its warps and a quarter
-    on half its warps (thirty-seventh session: RMSNorm's backward at 671089 × 200 bfloat16 took 262.6 µs by
-    rule, 8 rows on 2 warps, 234.1 on 4; Inductor 230); where the row side is pointwise (a bias gradient) and its
-    rows 257 to 4096 wide, the rule's two rows against, up to 1024 wide, one and four rows on the warps
-    the rule's 96 bytes a thread give them and four rows at 32 elements a thread (MIX_BAND_THREAD_ELEMENTS);
-    wider, one, two and four rows (at most 8192 elements a block) at 32 elements a thread; and where the kernel has
-    the one-row form, that form for rows 257 to 4096 wide from 16 rows an SM, reduced or not (`one_row` in
-    `_mix_band`: a float32 RMSNorm backward at 8192 × 2304 took 77.6 µs by rule, 57.3 one row a block on 4
-    warps, Inductor 65.6 on an H200; docs/backends.md has the rest). At a model's 8192 tokens the
-    rule's block was up to 1.35× Inductor's time (GELU epilogue backward, H200 kernel µs, Inductor /
-    the rule / the band's pick: 8192 × 768 bfloat16 19.8 / 26.8 / 20.8 on 4 rows and 4 warps; 8192 × 3072
-    bfloat16 70.6 / 75.5 / 57.2 and float32 97.6 / 115.1 / 89.3, both one row on 4 warps; 4096 × 3072
-    bfloat16 38.5 / 40.9 / 31.3; 16384 × 1024 48.4 / 44.3 / 39.1), where the rule's 96 bytes a thread (16
-    warps for two rows of 4096) had been tuned on tall shapes (349525 × 384, 65536 × 768: the rule's block
-    still wins there). Where the row side is pointwise and the kernel has the tiled form (on a GPU, always), its
-    blocks of one to four whole rows give way to narrow blocks — many rows of 64 or 128 columns, whole rows or
-    blocks of columns — timed from 64 columns on (`_narrow_blocks`: at 2097152 × 64 and 349525 × 384 bfloat16
-    264 µs against the rule's 366 and 389). Each is timed at one whole wave of programs with the finishing
-    kernel after it, and the leaders again at two to four whole waves and the IR's split
-    (runner.MixKernel._fastest_split: on an H200 RMSNorm's backward below took 240 µs at one wave and 217 at
-    four, 8 rows a block; LayerNorm's 245 and 246). On an H200 two such points stayed slower than Inductor by
-    rule and were at about Inductor's time autotuned (docs/benchmarks.md):
+    Mix-order kernels (`_mix_band`, the rule's two-dimensional form `base`, `row_bytes` and `row_sums` as the rule had
+    them) over at least MIX_BAND_ROWS_PER_SM rows an SM (the tall, memory-bound shapes), or
+    MIX_POINTWISE_BAND_ROWS_PER_SM where the row side is pointwise or reduced rows are wider than 128, moving at least
+    BAND_MIN_BYTES: where the row side reduces its rows and they are at most 128 wide, the rule's block (48 bytes of the
+    kernel's traffic a thread, one warp) against twice its rows on one warp and on two (48 bytes a thread again), and
+    half its rows (two at least); 129 to 256 wide, half the rule's rows on its warps and a quarter on half its warps
+    (thirty-seventh session: RMSNorm's backward at 671089 × 200 bfloat16 took 262.6 µs by rule, 8 rows on 2 warps, 234.1
+    on 4, with its finishing kernel; Inductor's two kernels 229); where the row side is pointwise (a bias gradient) and
+    its rows 257 to 4096 wide, the rule's two rows against, up to 1024 wide, one and four rows on the warps the rule's
+    96 bytes a thread give them and four rows at 32 elements a thread (MIX_BAND_THREAD_ELEMENTS); wider, one, two and
+    four rows (at most 8192 elements a block) at 32 elements a thread; and where the kernel has the one-row form, that
+    form for rows 257 to 4096 wide from 16 rows an SM, reduced or not (`one_row` in `_mix_band`: a float32 RMSNorm
+    backward at 8192 × 2304 took 77.6 µs by rule, 57.3 one row a block on 4 warps, Inductor 65.6 on an H200;
+    docs/backends.md has the rest). At a model's 8192 tokens the rule's block was up to 1.35× Inductor's time (GELU
+    epilogue backward, H200 kernel µs, Inductor / the rule / the band's pick: 8192 × 768 bfloat16 19.8 / 26.8 / 20.8 on
+    4 rows and 4 warps; 8192 × 3072 bfloat16 70.6 / 75.5 / 57.2 and float32 97.6 / 115.1 / 89.3, both one row on 4
+    warps; 4096 × 3072 bfloat16 38.5 / 40.9 / 31.3; 16384 × 1024 48.4 / 44.3 / 39.1), where the rule's 96 bytes a thread
+    (16 warps for two rows of 4096) had been tuned on tall shapes (349525 × 384, 65536 × 768: the rule's block still
+    wins there). Where the row side is pointwise and the kernel has the tiled form (on a GPU, always), its blocks of one
+    to four whole rows give way to narrow blocks — many rows of 64 or 128 columns, whole rows or blocks of columns —
+    timed from 64 columns on (`_narrow_blocks`: at 2097152 × 64 and 349525 × 384 bfloat16 264 µs against the rule's 366
+    and 389). Each is timed at one whole wave of programs with the finishing kernel after it, and the leaders again at
+    two to four whole waves and the IR's split (runner.MixKernel._fastest_split: on an H200 RMSNorm's backward below
+    took 240 µs at one wave and 217 at four, 8 rows a block; LayerNorm's 245 and 246). On an H200 two such points stayed
+    slower than Inductor by rule and were at about Inductor's time autotuned (docs/benchmarks.md):
 
     | kernel (backward) | dtype | rows × width | the rule | by rule | autotuned |
     |---|---|---|---|---|---|
@@ -497,7 +495,7 @@ def _mix_band(base: Config, rb: int, row_bytes: float | None, rnumel: int | None
         fewest = 2
     elif row_sums and rb <= WARP_ROW:  # 129-256 wide, reduced: half the rule's rows, on its warps and on half
         xb, w = base.xblock, base.warps  # (RMSNorm backward 671089 x 200 bfloat16, H200: 262.6 us by rule, 8 rows
-        blocks = [(xb // 2, w), (xb // 4, max(1, w // 2))]  # on 2 warps; 234.1 on 4 rows; Inductor 230)
+        blocks = [(xb // 2, w), (xb // 4, max(1, w // 2))]  # on 2 warps; 234.1 on 4 rows; Inductor 229)
         fewest = 2
     elif row_sums and 256 < rb <= 4096:  # wider rows, reduced: the rule's block against the one-row form
         blocks, fewest = [], 2
