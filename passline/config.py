@@ -47,6 +47,27 @@ def _optional_str(value) -> str | None:
     return None if value is None or value == "" else os.fspath(value)
 
 
+def _optional_path(value) -> str | None:
+    """A directory given as text or a path; `~` is the user's home, as in a shell (a literal `./~` was made)."""
+    return None if value is None or value == "" else os.path.expanduser(os.fspath(value))
+
+
+def _path(value) -> str:
+    return os.path.expanduser(os.fspath(value))
+
+
+def as_bool(value, name: str) -> bool:
+    """An on/off option given in Python: a bool (or 0/1), or the words the PASSLINE_* variables take. Any other
+    value is an error: `check="no"` was kept as a true string and turned the guard on."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE:
+        return value.strip().lower() in _TRUE
+    raise ValueError(f"{name} must be True or False (or one of {', '.join(_TRUE + _FALSE)}), not {value!r}")
+
+
 def parse_metric_tables(names) -> frozenset:
     """Table names (an iterable, or comma-separated text) as a set; `all` means every table."""
     if isinstance(names, str):
@@ -83,16 +104,18 @@ def _compile_in(_, attribute, value) -> None:
 class Settings:
     """Every knob of passline (see the module doc for the variable and default of each)."""
 
-    cache_dir: str = attrs.field(factory=lambda: str(Path.home() / ".cache" / "passline"), converter=os.fspath)
-    autotune: bool = False  # configurations by rule; timing on request (issue 14)
-    graph_cache: bool = True  # scheduled graphs on disk (backends/graph_cache.py); on since a conformance campaign
-    check: bool = False
+    cache_dir: str = attrs.field(factory=lambda: str(Path.home() / ".cache" / "passline"), converter=_path)
+    # configurations by rule; timing on request (issue 14)
+    autotune: bool = attrs.field(default=False, converter=lambda v: as_bool(v, "autotune"))
+    # scheduled graphs on disk (backends/graph_cache.py); on since a conformance campaign
+    graph_cache: bool = attrs.field(default=True, converter=lambda v: as_bool(v, "graph_cache"))
+    check: bool = attrs.field(default=False, converter=lambda v: as_bool(v, "check"))
     # threads: measured fastest on a 16-core H200 host (LLaMA's 35 kernels: 1.8 s, serial 3.8, a pool of 8
     # processes 12.4 with its start-up), as Triton's compiler spends most of its time outside the GIL
     compile_in: str = attrs.field(default="threads", validator=_compile_in)
-    dump_dir: str | None = attrs.field(default=None, converter=_optional_str)
+    dump_dir: str | None = attrs.field(default=None, converter=_optional_path)
     fallback: str = attrs.field(default="eager", validator=_fallback)
-    metric_dir: str = attrs.field(default="passline_metrics", converter=os.fspath)
+    metric_dir: str = attrs.field(default="passline_metrics", converter=_path)
     metric_tables: frozenset = attrs.field(default=frozenset(), converter=parse_metric_tables)
     test_device: str | None = attrs.field(default=None, converter=_optional_str)
 

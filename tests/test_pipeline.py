@@ -423,3 +423,92 @@ def test_collector_is_paused_while_passes_run_and_restored_after_errors():
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+# -- the backend's arguments (an API campaign's finds, thirty-seventh session) ------------------------------------
+def test_on_off_options_take_bools_or_the_environment_words():
+    """`check="no"` was kept as a true string and turned the accuracy guard on: on/off options take a bool, 0/1 or
+    the words the PASSLINE_* variables take, and anything else is an error naming the option."""
+    be = passline.backend(check="no", autotune="off", graph_cache="0", verify="no", cudagraphs="false")
+    assert (be.check, be.autotune, be.graph_cache, be.verify, be.cudagraphs) == (False, False, False, False, False)
+    assert passline.backend(check="yes").check is True
+    with pytest.raises(ValueError, match="check must be True or False"):
+        passline.backend(check="maybe")
+    with pytest.raises(ValueError, match="verify must be True or False"):
+        passline.backend(verify="sometimes")
+
+
+def test_backend_arguments_are_checked_with_a_suggestion(tmp_path):
+    with pytest.raises(TypeError, match="no option 'dumpdir'; did you mean 'dump_dir'"):
+        passline.backend(dumpdir=str(tmp_path))
+    assert str(passline.backend(pipeline=["dce", "fuse(max_nodes=8)"]).pipeline) == "dce, fuse(max_nodes=8)"
+    with pytest.raises(TypeError, match="pipeline must be text"):
+        passline.backend(pipeline=123)
+    home = passline.config.Settings(dump_dir="~/passline_dumps").dump_dir
+    assert not home.startswith("~") and home.endswith("passline_dumps")  # a shell's ~, not a folder named ~
+
+
+def test_the_named_backend_takes_torch_compiles_mode_and_options():
+    """torch.compile(backend="passline", options=..., mode=...) reaches the entry point's backend: options are
+    passline.backend's keywords, a mode what it stands for (reduce-overhead: CUDA graphs)."""
+    from passline.backends import dynamo as pdynamo
+
+    made = []
+    real = pdynamo.Backend.__call__
+    pdynamo.Backend.__call__ = lambda self, gm, ex: made.append(self) or real(self, gm, ex)
+    try:
+        for kwargs in (dict(options={"codegen": "reference"}), dict(mode="reduce-overhead")):
+            torch._dynamo.reset()
+            x = torch.randn(8)
+            torch.testing.assert_close(torch.compile(lambda x: x.exp() + 1, backend=pdynamo.default_backend,
+                                                     **kwargs)(x), x.exp() + 1)
+    finally:
+        pdynamo.Backend.__call__ = real
+    assert made[0].codegen == "reference" and made[1].cudagraphs is True
+    with pytest.raises(ValueError, match="unknown mode"):
+        pdynamo.default_backend(None, [], mode="fastest")
+    with pytest.raises(TypeError, match="did you mean 'codegen'"):
+        pdynamo.default_backend(None, [], options={"code_gen": "reference"})
+
+
+def test_a_pass_that_raises_is_named_in_the_fallbacks_warning():
+    @register_pass("raises_on_purpose", replace=True)
+    def raises_on_purpose(graph, ctx):
+        """Raises."""
+        raise RuntimeError("boom")
+
+    try:
+        torch._dynamo.reset()
+        be = passline.backend(pipeline="dce, raises_on_purpose", codegen="reference")
+        with pytest.warns(UserWarning, match=r"RuntimeError: boom \(in pass 'raises_on_purpose'"):
+            torch.compile(lambda x: x.exp() + 1, backend=be)(torch.randn(4))
+    finally:
+        passline.unregister_pass("raises_on_purpose")
+
+
+def test_assert_matches_eager_compares_every_output_and_what_is_written_into_inputs():
+    """A dict or a number returned, and an input written in place, are compared too (a deliberately wrong pass
+    passed through a function returning a dict or only writing its input)."""
+    from passline.ir import Op, Pointwise
+    from passline.testing import assert_matches_eager
+
+    @register_pass("negates_first", replace=True)
+    def negates_first(graph, ctx):
+        """Negates the first floating pointwise node (wrong on purpose)."""
+        for node in graph.nodes():
+            if isinstance(node, Pointwise) and node.body.dtype.is_floating_point:
+                graph.replace_node(node.name, attrs.evolve(node, body=Op("neg", (node.body,), node.body.dtype)))
+                break
+        return graph
+
+    def in_place(x):
+        x.mul_(2)
+
+    x = torch.randn(4, 3)
+    try:
+        for fn in (lambda x: {"y": x.exp() + 1}, in_place, lambda x: (x.exp() + 1).sum().item()):
+            assert_matches_eager(fn, [x.clone()], pipeline="", codegen="reference")  # right: passes
+            with pytest.raises(AssertionError, match="output 0|input 0 after the call"):
+                assert_matches_eager(fn, [x.clone()], pipeline="negates_first", codegen="reference")
+    finally:
+        passline.unregister_pass("negates_first")

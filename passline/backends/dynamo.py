@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import difflib
+import inspect
 import itertools
 import os
 import time
@@ -18,11 +20,11 @@ import torch
 from functorch.compile import make_boxed_func
 from torch._dynamo.backends.common import aot_autograd
 
-from ..config import current_settings, use_settings
+from ..config import as_bool, current_settings, use_settings
 from ..lowering import decomposition_table, lower_graph
 from ..lowering.decompositions import replace_wrong_decompositions
 from ..pipeline.graph import SchedulerGraph
-from ..pipeline.manager import PassManager
+from ..pipeline.manager import PassManager, collector_paused
 from ..pipeline.metrics import Metrics
 from ..pipeline.report import CompileReport, set_last_report
 from ..pipeline.target import Target
@@ -81,9 +83,16 @@ class Backend:
                  choice_overrides=None, graph_cache: bool | None = None):
         if codegen not in CODEGENS:
             raise ValueError(f"unknown codegen {codegen!r}; choose one of {', '.join(CODEGENS)}")
+        if isinstance(pipeline, (list, tuple)) and all(isinstance(p, str) for p in pipeline):
+            pipeline = ", ".join(pipeline)  # ["dce", "fuse(max_nodes=8)"]: the passes in order
+        if pipeline is not None and not isinstance(pipeline, (str, Pipeline)):
+            raise TypeError(f"pipeline must be text (\"dce, fuse\"), a list of pass texts or a Pipeline, "
+                            f"not {type(pipeline).__name__}")
         self.pipeline = Pipeline.parse(DEFAULT_PIPELINE if pipeline is None else pipeline) \
             if not isinstance(pipeline, Pipeline) else pipeline
         self.codegen = codegen
+        verify, cudagraphs, capture = (as_bool(verify, "verify"), as_bool(cudagraphs, "cudagraphs"),
+                                       as_bool(capture, "capture"))
         self.verify = verify
         self.settings = current_settings().evolve(
             dump_dir=dump_dir, metric_tables=metric_tables, metric_dir=metric_dir, cache_dir=cache_dir,
@@ -123,7 +132,7 @@ class Backend:
             if self.fallback == "raise":
                 raise
             warnings.warn(f"passline's FX-stage passes failed on a graph, which runs eagerly: "
-                          f"{type(e).__name__}: {e}", stacklevel=2)
+                          f"{_described(e)}", stacklevel=2)
             self.failures.append(("fx", e))
             return as_captured.forward
         compiler = aot_autograd(
@@ -149,7 +158,7 @@ class Backend:
             if self.fallback == "raise" or _dynamo_handles(e):
                 raise
             warnings.warn(f"passline could not trace a graph with aot_autograd and runs it eagerly: "
-                          f"{type(e).__name__}: {e}", stacklevel=2)
+                          f"{_described(e)}", stacklevel=2)
             self.failures.append(("aot_autograd", e))
             return as_captured.forward  # (not gm: the FX stage may have rewritten it into what failed)
 
@@ -175,7 +184,7 @@ class Backend:
                     raise
                 # passline failed on this graph: run its aten code as it is (never a wrong result)
                 warnings.warn(f"passline could not compile a {kind} graph and runs it eagerly: "
-                              f"{type(e).__name__}: {e}", stacklevel=2)
+                              f"{_described(e)}", stacklevel=2)
                 self.failures.append((kind, e))
                 return make_boxed_func(gm.forward)
 
@@ -216,7 +225,7 @@ class Backend:
     def compile_aten(self, gm: torch.fx.GraphModule, example_inputs, kind: str = "graph", fx: FxStage | None = None):
         """Lower an aten FX graph, run the pipeline's scheduler stage, and return a callable taking the graph
         inputs. `fx`: the FX stage that shaped the graph this one comes from (its records open the report's)."""
-        with use_settings(self.settings):
+        with use_settings(self.settings), collector_paused():  # (a backward's compile starts here)
             return self._compile_aten(gm, example_inputs, kind, fx or FxStage())
 
     def _compile_aten(self, gm: torch.fx.GraphModule, example_inputs, kind: str, fx: FxStage):
@@ -289,6 +298,12 @@ class Backend:
         return runner
 
 
+def _described(e: Exception) -> str:
+    """`e` for a warning, with its notes (the pass it was raised in: PassManager adds it)."""
+    notes = "; ".join(getattr(e, "__notes__", ()))
+    return f"{type(e).__name__}: {e}" + (f" ({notes})" if notes else "")
+
+
 def _boxed(fn):
     """`fn` in aot_autograd's boxed calling convention. Where the runner takes the caller's list itself
     (the generated launch plan empties it), a backward's saved activations are freed at their last use;
@@ -329,9 +344,27 @@ def _dynamo_handles(e: Exception) -> bool:
     return isinstance(e, (*handled, IndexError)) or type(e).__module__.startswith("torch._dynamo")
 
 
+_OPTIONS = tuple(inspect.signature(Backend.__init__).parameters)[1:]
+# what torch.compile(mode=...) hands a backend other than Inductor: Inductor's options for the mode
+# (torch._inductor.list_mode_options); passline takes the two it has a meaning for and leaves Inductor's own tuning
+_MODE_OPTIONS = {"triton.cudagraphs": "cudagraphs", "max_autotune": "autotune"}
+_INDUCTOR_ONLY = ("coordinate_descent_tuning", "triton.cudagraph_skip_dynamic_graphs", "max_autotune_gemm",
+                  "max_autotune_pointwise")
+
+
+def _checked_options(options: dict) -> dict:
+    """`options` as Backend's keywords; an unknown one is an error naming the closest option."""
+    unknown = [k for k in options if k not in _OPTIONS]
+    if unknown:
+        near = difflib.get_close_matches(unknown[0], _OPTIONS, n=1)
+        hint = f"; did you mean {near[0]!r}?" if near else f"; options: {', '.join(_OPTIONS)}"
+        raise TypeError(f"passline.backend() has no option {unknown[0]!r}{hint}")
+    return options
+
+
 def backend(pipeline=None, codegen: str = "auto", **options) -> Backend:
     """A torch.compile backend running `pipeline` and generating code with `codegen`."""
-    return Backend(pipeline=pipeline, codegen=codegen, **options)
+    return Backend(pipeline=pipeline, codegen=codegen, **_checked_options(options))
 
 
 def _start_compile_workers(backend: Backend, example_inputs) -> None:
@@ -378,6 +411,20 @@ def _capturing(runner, report: CompileReport):
     return run
 
 
-def default_backend(gm: torch.fx.GraphModule, example_inputs):
-    """The backend `torch.compile(..., backend="passline")` finds through the entry point."""
-    return Backend()(gm, example_inputs)
+MODES = {"default": {}, "reduce-overhead": {"cudagraphs": True}, "max-autotune": {"autotune": True, "cudagraphs": True},
+         "max-autotune-no-cudagraphs": {"autotune": True}}
+
+
+def default_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None, mode: str | None = None):
+    """The backend `torch.compile(..., backend="passline")` finds through the entry point. torch.compile's `options=`
+    are passline.backend's keywords; its `mode=` ("reduce-overhead": CUDA graphs; "max-autotune": autotuning and
+    CUDA graphs; "max-autotune-no-cudagraphs": autotuning), given by name or as Inductor's options for it."""
+    if mode is not None and mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; passline takes {', '.join(MODES)}")
+    given = dict(MODES.get(mode or "default"))
+    for key, value in (options or {}).items():
+        if key in _MODE_OPTIONS:
+            given[_MODE_OPTIONS[key]] = value
+        elif key not in _INDUCTOR_ONLY:
+            given[key] = value
+    return Backend(**_checked_options(given))(gm, example_inputs)

@@ -18,9 +18,10 @@ The key is everything the result depends on, so that a hit is the graph the pipe
   by calls or by GPU time), `verify`, torch's deterministic-algorithms flag (lowering reads it), the device (its
   name and SM count) and the torch and Python versions.
 
-Not cached (each compile runs the pipeline): graphs whose constants exceed `MAX_CONSTANT_BYTES`; a pass, lowering or
-choice from outside passline whose source cannot be read (defined at a prompt or with exec) or that is a closure
-(what it computes is not all in its code); a process whose passline files changed after it imported them
+Not cached (each compile runs the pipeline): graphs whose constants exceed `MAX_CONSTANT_BYTES`; a pipeline with a
+pass, or a program with a lowering or choice, from outside passline (what it computes may lie in modules and values
+the key does not name; until the thirty-seventh session such code was cached under its module's source, and a
+helper edited beside a user's pass went unseen); a process whose passline files changed after it imported them
 (package_hash would name code it does not run); and backends
 that observe or limit the pipeline (instruments, dumps, metric tables, pass or decision limits: bisection, the
 accuracy guard, capture). A graph that cannot be pickled (an extern call of a Python function) is not stored.
@@ -128,17 +129,12 @@ def _registrations() -> list:
 
 
 def _opaque(fn) -> bool:
-    """Whether what `fn` computes is not all in its code: a closure's cells, or code whose source cannot be read
-    (defined at a prompt, with exec) and so edited unseen. Such registrations are not cached."""
-    if fn is None or not _outside_passline(fn):
-        return False
-    if getattr(fn, "__closure__", None):
-        return True
-    try:
-        inspect.getsource(fn)
-    except (OSError, TypeError):
-        return True
-    return False
+    """Whether what `fn` computes may not be all in the code the key names: a pass, lowering or choice from outside
+    passline. Its module's source is in the key (registry.PassInfo.source_hash), but not the helpers it imports
+    from other modules nor the module-level values it reads, which a user edits between runs: a fixed helper
+    beside a user's pass still loaded the buggy pass's schedule (an API campaign's find, thirty-seventh session).
+    Such registrations are not cached; passline's own are, under package_hash."""
+    return fn is not None and _outside_passline(fn)
 
 
 def _uncacheable(backend) -> bool:

@@ -13,6 +13,7 @@ import copy
 from typing import Callable, Sequence
 
 import torch
+from torch.utils._pytree import tree_flatten
 
 from .strategies import LAYOUTS, Input, TensorProgram, pipelines, programs  # noqa: F401  (public: fuzz your passes)
 
@@ -42,12 +43,23 @@ def _clone(xs):
     return [_same_layout(x) if isinstance(x, torch.Tensor) else x for x in xs]
 
 
-def _flat(out):
-    if isinstance(out, torch.Tensor):
-        return [out]
-    if isinstance(out, (tuple, list)):
-        return [t for o in out for t in _flat(o)]
-    return []
+def _flat(out) -> list:
+    """An output's leaves in a fixed order: tensors, and the numbers, None and text a function may return, out of
+    tuples, lists, dicts and namedtuples (torch's pytree). Tensors alone were kept once, so a function returning
+    a dict or a scalar was compared on nothing and passed whatever the compiled code returned."""
+    return tree_flatten(out)[0]
+
+
+def _assert_leaf_close(a, b, what: str, check_strides: bool) -> None:
+    if isinstance(b, torch.Tensor):
+        assert isinstance(a, torch.Tensor), f"{what}: {type(a).__name__}, eager's is a tensor"
+        torch.testing.assert_close(a, b, **tolerance(b.dtype), equal_nan=True, msg=lambda m: f"{what}: {m}")
+        if check_strides:
+            assert_same_strides(a, b, what)
+    elif isinstance(b, (int, float, complex)) and not isinstance(b, bool):
+        torch.testing.assert_close(a, b, equal_nan=True, msg=lambda m: f"{what}: {m}")
+    else:
+        assert a == b, f"{what}: {a!r}, eager's is {b!r}"
 
 
 def _to(x, device):
@@ -68,7 +80,8 @@ def assert_same_strides(actual: torch.Tensor, expected: torch.Tensor, what: str 
 def loss_weights(outputs: Sequence[torch.Tensor], seed: int = 0) -> list:
     """One fixed random float32 weight tensor per output that requires grad (None for the others)."""
     gen = torch.Generator().manual_seed(seed)
-    return [torch.randn(o.shape, generator=gen).to(o.device) if o.requires_grad else None for o in outputs]
+    return [torch.randn(o.shape, generator=gen).to(o.device)
+            if isinstance(o, torch.Tensor) and o.requires_grad else None for o in outputs]
 
 
 def train_step(fn: Callable, inputs: Sequence, weights=None):
@@ -131,12 +144,15 @@ def assert_matches_eager(fn: Callable, inputs: Sequence, pipeline=None, codegen:
         assert (ours_loss is None) == (eager_loss is None), \
             f"loss requires grad: {ours_loss is not None}, eager's: {eager_loss is not None}"
     else:
-        ours, eager = _flat(compiled(*ours_in)), _flat(fn(*eager_in))
+        (ours, ours_form), (eager, eager_form) = tree_flatten(compiled(*ours_in)), tree_flatten(fn(*eager_in))
+        assert ours_form == eager_form, f"outputs shaped {ours_form}, eager's {eager_form}"
     assert len(ours) == len(eager), f"{len(ours)} outputs, eager has {len(eager)}"
     for k, (a, b) in enumerate(zip(ours, eager)):
-        torch.testing.assert_close(a, b, **tolerance(b.dtype), equal_nan=True, msg=lambda m, k=k: f"output {k}: {m}")
-        if check_strides:
-            assert_same_strides(a, b, f"output {k}")
+        _assert_leaf_close(a, b, f"output {k}", check_strides)
+    for k, (a, b) in enumerate(zip(ours_in, eager_in)):  # what the function wrote into its inputs
+        if isinstance(b, torch.Tensor):
+            torch.testing.assert_close(a.detach(), b.detach(), **tolerance(b.dtype), equal_nan=True,
+                                       msg=lambda m, k=k: f"input {k} after the call: {m}")
     # the same step in float64 (from the state both runs began in), run once and only where a low-precision
     # gradient misses the tolerance
     oracle = _Float64Step(given, inputs, loss_weights(eager)) if train else None
