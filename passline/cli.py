@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import inspect
 import shutil
 import subprocess
 import sys
@@ -44,7 +45,13 @@ def _load(target: str):
     import torch
 
     if isinstance(fn, type) and issubclass(fn, torch.nn.Module):
-        fn = fn()
+        try:
+            fn = fn()
+        except TypeError as e:
+            raise CliError(f"{name} cannot be made without arguments ({e}): give a function, or a module class "
+                           f"whose constructor needs none") from None
+    if not callable(fn) or isinstance(fn, type(sys)) or isinstance(fn, type):
+        raise CliError(f"{name} in {file} is a {type(fn).__name__}, not a function or an nn.Module class")
     return fn, getattr(module, "example_inputs", None)
 
 
@@ -59,11 +66,28 @@ def _inputs(args, factory):
             shapes = [tuple(int(s) for s in sh.lower().split("x")) for sh in args.shape]
         except ValueError:
             raise CliError(f"shapes look like 8x64, got {args.shape}") from None
+        if any(n < 0 for shape in shapes for n in shape):
+            raise CliError(f"sizes are 0 or more, got {args.shape}")
         torch.manual_seed(0)
         return [torch.randn(s, dtype=dtype, requires_grad=args.backward) for s in shapes]
     if factory is None:
         raise CliError("give --shape for each input, or define example_inputs() in the file")
-    return list(factory())
+    made = factory()
+    if not isinstance(made, (list, tuple)):
+        raise CliError(f"example_inputs() returns the inputs as a list or tuple, not a {type(made).__name__}")
+    return list(made)
+
+
+def _arity(fn, inputs: list) -> None:
+    """A CliError where `fn` cannot take `inputs` (the count of --shape flags)."""
+    target = fn.forward if hasattr(fn, "forward") else fn
+    try:
+        inspect.signature(target).bind(*inputs)
+    except TypeError as e:
+        raise CliError(f"{getattr(target, '__qualname__', 'FN')} cannot take {len(inputs)} inputs ({e}): "
+                       f"one --shape an input") from None
+    except ValueError:  # no signature to read (a builtin): let the call say
+        pass
 
 
 def _compile(args, instruments=()):
@@ -73,6 +97,7 @@ def _compile(args, instruments=()):
 
     fn, factory = _load(args.target)
     inputs = _inputs(args, factory)
+    _arity(fn, inputs)
     torch._dynamo.reset()
     overrides = {}
     for item in getattr(args, "choice", None) or ():
@@ -163,8 +188,15 @@ def cmd_explain(args) -> int:
 def cmd_draw(args) -> int:
     from passline.pipeline.dump import to_dot
 
+    out = Path(args.out)
+    if not out.parent.is_dir():
+        raise CliError(f"no such directory for --out: {out.parent}")
     be, _, _ = _compile(args)
-    reports = [r for r in be.reports if r.name.startswith(args.graph)] or be.reports
+    reports = [r for r in be.reports if r.name.startswith(args.graph)]
+    if not reports:
+        names = ", ".join(r.name for r in be.reports)
+        raise CliError(f"no compiled graph is {args.graph!r} (compiled: {names}"
+                       f"{'; a backward needs --backward' if args.graph.startswith('b') else ''})")
     report = reports[-1]
     # the graph as lowered, each node coloured by the kernel it ends up in
     from passline.ir import members
@@ -181,7 +213,6 @@ def cmd_draw(args) -> int:
             colors[m.name] = palette[k % len(palette)]
     title = f"{report.name}: {len(before)} nodes before, {len(report.graph)} after ({report.pipeline})"
     dot = to_dot(before, colors=colors, title=title)
-    out = Path(args.out)
     if out.suffix in (".svg", ".png", ".pdf") and shutil.which("dot"):
         subprocess.run(["dot", f"-T{out.suffix[1:]}", "-o", str(out)], input=dot, text=True, check=True)
         print(f"wrote {out} ({len(before)} nodes, coloured by the {report.kernels} kernels they end up in)")
@@ -198,6 +229,7 @@ def cmd_bisect(args) -> int:
 
     fn, factory = _load(args.target)
     inputs = _inputs(args, factory)
+    _arity(fn, inputs)
     report = passline.bisect(fn, inputs, pipeline=args.pipeline, codegen=args.codegen, save_dir=args.save_dir)
     print(report)
     return 0 if report.matches else 1

@@ -79,3 +79,36 @@ def test_bad_arguments_get_a_clear_message(tmp_path):
     assert p.returncode == 2 and "--shape" in p.stderr
     p = run("frobnicate")
     assert p.returncode == 2
+
+
+def test_more_bad_arguments_get_one_line_not_a_traceback(tmp_path):
+    """An API campaign's finds (thirty-seventh session): each gave a raw traceback (exit 1) or drew the wrong graph."""
+    m = tmp_path / "m.py"
+    m.write_text(textwrap.dedent("""
+        import torch
+        def f(x):
+            return (x * 2).exp()
+        def g(x, y):
+            return x + y
+        class NeedsArgs(torch.nn.Module):
+            def __init__(self, n):
+                super().__init__()
+    """))
+    cases = {("explain", f"{m}:f", "--shape", "4x-3"): "sizes are 0 or more",
+             ("explain", f"{m}:g", "--shape", "4"): "cannot take 1 inputs",
+             ("explain", f"{m}:torch", "--shape", "4"): "is a module",
+             ("explain", f"{m}:NeedsArgs", "--shape", "4"): "cannot be made without arguments",
+             ("draw", f"{m}:f", "--shape", "4x4", "--out", str(tmp_path / "nodir" / "g.dot")): "no such directory",
+             ("draw", f"{m}:f", "--shape", "4x4", "--out", str(tmp_path / "g.dot"), "--graph", "backward"):
+                 "no compiled graph is 'backward'"}
+    for args, message in cases.items():
+        p = run(*args)
+        assert p.returncode == 2 and message in p.stderr and "Traceback" not in p.stderr, (args, p.stderr)
+    assert not (tmp_path / "g.dot").exists()
+
+
+def test_python_dash_m_passline_is_the_command():
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    p = subprocess.run([sys.executable, "-m", "passline", "passes"], capture_output=True, text=True, timeout=600,
+                       env=env)
+    assert p.returncode == 0 and "fuse" in p.stdout

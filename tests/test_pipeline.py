@@ -512,3 +512,21 @@ def test_assert_matches_eager_compares_every_output_and_what_is_written_into_inp
                 assert_matches_eager(fn, [x.clone()], pipeline="negates_first", codegen="reference")
     finally:
         passline.unregister_pass("negates_first")
+
+
+def test_the_strategies_check_their_arguments():
+    """`programs(max_numel=4)` drew inputs of 16 elements, `pipelines(names="dce")` raised KeyError 'c' (an API
+    campaign's finds)."""
+    from hypothesis import given, settings
+
+    from passline.testing import pipelines, programs
+
+    @settings(max_examples=25, deadline=None, database=None)
+    @given(programs(max_numel=4, layouts="contiguous"))
+    def small(p):
+        assert all(x.numel() <= 4 for x in p.inputs)
+
+    small()
+    for names, message in ((["fusee"], "did you mean 'fuse'"), ("dce", "non-empty list"), ([], "non-empty list")):
+        with pytest.raises(ValueError, match=message):
+            pipelines(names=names).example()

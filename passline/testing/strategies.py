@@ -18,6 +18,7 @@ code that rebuilds it: `eval(repr(program))` with `from passline.testing import 
 from __future__ import annotations
 
 import ast
+import difflib
 import re
 
 import attrs
@@ -281,14 +282,18 @@ def programs(draw, max_steps: int = 6, max_rank: int = 5, max_size: int = 6,
     layout drawn from `layouts` (default: all of LAYOUTS; a layout is drawn only for ranks it applies
     to, so channels_last needs rank 4). `requires_grad=True` makes every floating-point input that is
     not expanded a requires_grad leaf, for training checks."""
+    layouts = (layouts,) if isinstance(layouts, str) else tuple(layouts)  # programs(layouts="transposed") too
     unknown = set(layouts) - set(LAYOUTS)
     if unknown:
         raise ValueError(f"unknown layouts {sorted(unknown)}; known: {sorted(LAYOUTS)}")
+    if max_size < 1 or max_numel < 1:
+        raise ValueError(f"max_size and max_numel are at least 1, got {max_size} and {max_numel}")
     dtype = draw(st.sampled_from(dtypes))
     # only ranks that some allowed layout applies to: layouts=["channels_last"] draws 4-D programs only
     ranks = [r for r in range(1, max_rank + 1) if any(_layout_fits(lay, r) for lay in layouts)] or [1]
     rank = draw(st.sampled_from(ranks))
-    cap = max(2, min(max_size, int(round(max_numel ** (1 / rank)))))
+    # each dim at most the rank-th root of max_numel, so that no input has more (and at most max_size)
+    cap = max(1, min(max_size, int(max_numel ** (1 / rank) + 1e-9)))
     shape = [draw(st.integers(1, cap)) for _ in range(rank)]
     n_in = draw(st.integers(1, 2))
     specs = [draw(_input([1 if (k == 1 and draw(st.booleans())) else s for s in shape], dtype, layouts,
@@ -394,6 +399,13 @@ def pipelines(draw, names=None, max_len: int = 5):
     from passline.pipeline.registry import PipelineError
 
     registry = passline.passes()
+    if names is not None:
+        if isinstance(names, str) or not names:
+            raise ValueError(f"names is a non-empty list of pass names, got {names!r}")
+        unknown = [n for n in names if n not in registry]
+        if unknown:
+            near = difflib.get_close_matches(unknown[0], list(registry), n=1)
+            raise ValueError(f"no pass {unknown[0]!r}" + (f"; did you mean {near[0]!r}?" if near else ""))
     pool = sorted(names or [n for n, info in registry.items() if not n.startswith("t_") and info.stage == "scheduler"])
     calls = []
     for name in draw(st.lists(st.sampled_from(pool), min_size=0, max_size=max_len)):

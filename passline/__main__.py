@@ -1,0 +1,6 @@
+"""`python -m passline ...`: the `passline` command (passline/cli.py) without the installed script."""
+import sys
+
+from .cli import main
+
+sys.exit(main())
