@@ -530,3 +530,26 @@ def test_the_strategies_check_their_arguments():
     for names, message in ((["fusee"], "did you mean 'fuse'"), ("dce", "non-empty list"), ([], "non-empty list")):
         with pytest.raises(ValueError, match=message):
             pipelines(names=names).example()
+
+
+def test_counts_and_sizes_given_negative_are_refused_when_parsed():
+    """`split_reductions(splits=-1)` was accepted and raised inside the pass at compile time (under the default
+    fallback: a warning and eager code); options declare their least value (registry.AtLeast), checked on parse."""
+    for text, message in (("split_reductions(splits=-1)", "'splits' of pass 'split_reductions' takes int of at "
+                                                          "least 0, got -1"),
+                          ("fuse(max_nodes=0)", "'max_nodes' of pass 'fuse' takes int of at least 1"),
+                          ("mix_order_reduction(sms=-1)", "'sms'")):
+        with pytest.raises(PipelineError, match=message):
+            Pipeline.parse(text)
+    assert str(Pipeline.parse("fuse(max_nodes=1), split_reductions(splits=0)")) == \
+        "fuse(max_nodes=1), split_reductions(splits=0)"
+
+    @register_pass("negative_ok", replace=True)
+    def negative_ok(graph, ctx, *, dim: Annotated[int, "a dim: negative counts from the end"] = -1):
+        """No least value declared: any int."""
+        return graph
+
+    try:
+        assert str(Pipeline.parse("negative_ok(dim=-2)")) == "negative_ok(dim=-2)"
+    finally:
+        passline.unregister_pass("negative_ok")

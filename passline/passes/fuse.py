@@ -28,7 +28,7 @@ import sympy
 from ..ir import Extern, FusedNode
 from ..ir.index import VarKind, contiguous_strides, flat_walk, substitute
 from ..ir.loops import canon_var, canonical_map, members, shape
-from ..pipeline.registry import register_pass
+from ..pipeline.registry import AtLeast, register_pass
 from .legality import accesses_agree, can_fuse, fixed_layouts, fuse_nodes, refuse, saved_bytes, split_group
 
 
@@ -283,11 +283,12 @@ def _round(graph, ctx, ranked, fixed, refused: set, max_nodes: int) -> set:
 
 @register_pass("fuse", provides={"fused"})
 def fuse(graph, ctx, *,
-         max_nodes: Annotated[int, "most nodes in one fused kernel"] = 64,
+         max_nodes: Annotated[int, "most nodes in one fused kernel", AtLeast(1)] = 64,
          vertical: Annotated[bool, "fuse producers into consumers"] = True,
          horizontal: Annotated[bool, "fuse independent nodes that share an input"] = True,
-         window: Annotated[int, "horizontal candidates: how many later readers of a buffer to pair with"] = 4,
-         max_rounds: Annotated[int, "rounds of candidate collection"] = 10):
+         window: Annotated[int, "horizontal candidates: how many later readers of a buffer to pair with",
+                                AtLeast(0)] = 4,
+         max_rounds: Annotated[int, "rounds of candidate collection", AtLeast(0)] = 10):
     """Fuse producer/consumer and sibling nodes into single kernels, best memory savings first."""
     refused: set = set()
     dirty = None

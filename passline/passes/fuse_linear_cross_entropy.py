@@ -45,7 +45,7 @@ import torch.nn.functional as F
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ..ops.linear_cross_entropy import REDUCTIONS
-from ..pipeline.registry import register_pass
+from ..pipeline.registry import AtLeast, register_pass
 
 _CROSS_ENTROPY = inspect.signature(F.cross_entropy)
 _LINEAR = {F.linear, torch._C._nn.linear}
@@ -65,7 +65,8 @@ class _Refused(Exception):
 @register_pass("fuse_linear_cross_entropy", stage="fx", provides={"linear_cross_entropy_fused"})
 def fuse_linear_cross_entropy(gm: torch.fx.GraphModule, ctx, *,
                               chunk_rows: Annotated[int, "rows per chunk (0: the rule of "
-                                                         "ops.linear_cross_entropy.default_chunk_rows)"] = 0,
+                                                         "ops.linear_cross_entropy.default_chunk_rows)",
+                                                         AtLeast(0)] = 0,
                               grads_in_forward: Annotated[bool, "a mean or sum loss that autograd will "
                                                                 "differentiate: gradients with the loss, 3 "
                                                                 "matmuls (false: recomputed, 4)"] = True):

@@ -60,7 +60,7 @@ import sympy
 from ..ir import Pointwise, Reduction
 from ..ir.body import Cast, Constant, IndexValue, Load, Op, children, rebuild, substitute_index, walk
 from ..ir.index import is_indirect, var_kind
-from ..pipeline.registry import register_pass
+from ..pipeline.registry import AtLeast, register_pass
 from .legality import can_fuse
 from .points import point
 
@@ -300,18 +300,21 @@ def _drop_unread(graph, names, outputs) -> None:
 
 @register_pass("inline_pointwise", provides={"pointwise_inlined"})
 def inline_pointwise(graph, ctx, *,
-                     max_loads: Annotated[int, "most distinct loads in an inlined node's body"] = 1,
-                     max_ops: Annotated[int, "most operations (casts included) in an inlined node's body"] = 4,
+                     max_loads: Annotated[int, "most distinct loads in an inlined node's body", AtLeast(0)] = 1,
+                     max_ops: Annotated[int, "most operations (casts included) in an inlined node's body",
+                                             AtLeast(0)] = 4,
                      indirect_max_loads: Annotated[int, "most distinct loads of a node recomputed at indirect "
-                                                   "positions (0: never)"] = 2,
+                                                   "positions (0: never)", AtLeast(0)] = 2,
                      broadcast_ratio: Annotated[int, "least ratio of a consumer's points to a broadcast node's "
-                                                "(0: never inline broadcast values)"] = 8,
-                     broadcast_max_loads: Annotated[int, "most distinct loads of a broadcast node, expanded"] = 8,
-                     broadcast_max_ops: Annotated[int, "most operations of a broadcast node, expanded"] = 32,
+                                                "(0: never inline broadcast values)", AtLeast(0)] = 8,
+                     broadcast_max_loads: Annotated[int, "most distinct loads of a broadcast node, expanded",
+                                                         AtLeast(0)] = 8,
+                     broadcast_max_ops: Annotated[int, "most operations of a broadcast node, expanded",
+                                                       AtLeast(0)] = 32,
                      input_max_ops: Annotated[int, "most operations of a value of one input point recomputed by "
-                                              "its readers (0: never)"] = 4,
+                                              "its readers (0: never)", AtLeast(0)] = 4,
                      chain_max_ops: Annotated[int, "most operations of a chain down to one input point recomputed "
-                                              "in readers that cannot fuse with it (0: never)"] = 16):
+                                              "in readers that cannot fuse with it (0: never)", AtLeast(0)] = 16):
     """Recompute cheap pointwise nodes inside consumers they cannot fuse with (a weight cast), at the
     positions a consumer reads them indirectly (log-softmax gathered at the target), values made from
     the inputs alone inside the bigger loops they are broadcast into (cross-entropy's per-row factors), and

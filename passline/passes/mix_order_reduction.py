@@ -62,7 +62,7 @@ from ..ir import Extern, FusedNode, MixOrderNode, Pointwise, Reduction
 from ..ir.index import VarKind, loop_vars, product, substitute
 from ..ir.loops import Role, canonical_map, members, permute_pointwise, role, shape, transposed
 from ..lowering.sizes import at_hint
-from ..pipeline.registry import PipelineError, register_pass
+from ..pipeline.registry import AtLeast, PipelineError, register_pass
 from .legality import (
     COLUMN_BLOCK,
     MIX_ROW_BYTES,
@@ -405,18 +405,18 @@ TILED_SPLIT = 128  # rows per program of a tiled node (see the module's docstrin
 
 @register_pass("mix_order_reduction", provides={"mix_order"})
 def mix_order_reduction(graph, ctx, *,
-                        max_columns: Annotated[int, "most columns (row length) to mix"] = 16384,
+                        max_columns: Annotated[int, "most columns (row length) to mix", AtLeast(0)] = 16384,
                         max_row_bytes: Annotated[int, "most bytes a row of the widest [rows, columns] input "
-                                                 "may take in registers (4 an element at least) to mix"]
+                                                 "may take in registers (4 an element at least) to mix", AtLeast(0)]
                         = MIX_ROW_BYTES,
-                        min_rows: Annotated[int, "fewest rows worth mixing"] = 8,
+                        min_rows: Annotated[int, "fewest rows worth mixing", AtLeast(0)] = 8,
                         reduction_types: Annotated[str, "column reductions allowed, comma-separated"] = "sum",
-                        max_reads: Annotated[int, "most distinct buffers the mixed kernel reads"] = 10,
-                        split_rows: Annotated[int, "rows per block (0: automatic, and tuned on a GPU)"] = 0,
+                        max_reads: Annotated[int, "most distinct buffers the mixed kernel reads", AtLeast(0)] = 10,
+                        split_rows: Annotated[int, "rows per block (0: automatic, and tuned on a GPU)", AtLeast(0)] = 0,
                         tile_columns: Annotated[bool, "mix a pointwise row side wider than the width gates "
                                                 "allow, its columns taken in blocks"] = True,
                         sms: Annotated[int, "SMs a mixed kernel's programs should fill (0: the target's; none on "
-                                       "a CPU target)"] = 0,
+                                       "a CPU target)", AtLeast(0)] = 0,
                         fill_sms: Annotated[bool, "mix whole rows only where blocks of 16 make a program an SM "
                                             "(a GPU target)"] = True,
                         column_form: Annotated[bool, "where a pointwise row side has too few rows to mix whole, "

@@ -36,7 +36,7 @@ import torch
 
 from ..ir import Pointwise, Reduction
 from ..ir.body import Cast, Constant, IndexValue, Load, Op, walk
-from ..pipeline.registry import register_pass
+from ..pipeline.registry import AtLeast, register_pass
 from .points import read_through
 
 
@@ -130,7 +130,7 @@ def _replaced(body, target, replacement):
 
 @register_pass("one_hot_sums", provides={"one_hot_sums"})
 def one_hot_sums(graph, ctx, *,
-                 max_values: Annotated[int, "most producer values read through to find the one-hot"] = 64):
+                 max_values: Annotated[int, "most producer values read through to find the one-hot", AtLeast(0)] = 64):
     """Replace a sum over a one-hot (cross-entropy's backward) by the element it selects."""
     mutated = graph.mutated_names()
     for name in graph.names():

@@ -37,7 +37,7 @@ from ..ir import Pointwise, Reduction
 from ..ir.body import Load, walk
 from ..ir.index import product
 from ..lowering.sizes import at_hint
-from ..pipeline.registry import register_pass
+from ..pipeline.registry import AtLeast, register_pass
 from .legality import MIX_ROW_BYTES, can_fuse, row_bytes
 from .points import read_through
 
@@ -69,8 +69,10 @@ def _cost(graph, buffers: set, outputs: set, layouts: dict) -> int:
 @register_pass("recompute_columns", provides={"columns_recomputed"})
 def recompute_columns(graph, ctx, *,
                       min_row_bytes: Annotated[int, "only column reductions whose rows take more bytes in registers "
-                                               "than this (mix_order_reduction's max_row_bytes)"] = MIX_ROW_BYTES,
-                      max_values: Annotated[int, "most producer values recomputed in one column reduction"] = 64):
+                                               "than this (mix_order_reduction's max_row_bytes)",
+                                               AtLeast(0)] = MIX_ROW_BYTES,
+                      max_values: Annotated[int, "most producer values recomputed in one column reduction",
+                                                 AtLeast(0)] = 64):
     """Column reductions (a norm's dw, db) recompute what they sum from the inputs instead of reading it stored."""
     mutated, outputs, layouts = graph.mutated_names(), graph.output_names(), graph.buffers()
     for name in graph.names():

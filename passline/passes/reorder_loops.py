@@ -19,7 +19,7 @@ import attrs
 
 from ..ir import FusedNode, Pointwise
 from ..ir.loops import compare, members, permute_pointwise, read_accesses, shape, store_access
-from ..pipeline.registry import register_pass
+from ..pipeline.registry import AtLeast, register_pass
 from .legality import can_fuse
 
 
@@ -96,7 +96,8 @@ def _try(graph, point, partner, point_is_producer: bool, max_nodes: int):
 
 
 @register_pass("reorder_loops", provides={"loops_reordered"})
-def reorder_loops(graph, ctx, *, max_nodes: Annotated[int, "the fuse pass's max_nodes, for the fusability check"] = 64):
+def reorder_loops(graph, ctx, *, max_nodes: Annotated[int, "the fuse pass's max_nodes, for the fusability check",
+                                                           AtLeast(1)] = 64):
     """Permute pointwise loops so a transposed producer/consumer pair walks its buffer in one order."""
     done: set = set()
     for u, v in graph.edges():

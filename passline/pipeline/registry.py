@@ -6,7 +6,8 @@
         ...
 
 Options are the pass's keyword-only parameters (type from the annotation or the default; a doc from
-`Annotated[int, "doc"]`), or the fields of an attrs class `Options` on a class-based pass.
+`Annotated[int, "doc"]`, and a least value from `Annotated[int, "doc", AtLeast(1)]`, checked when a pipeline
+is parsed), or the fields of an attrs class `Options` on a class-based pass.
 Third-party packages register passes through the entry-point group `passline.passes`; those are
 imported lazily, the first time a name is looked up that is not registered yet.
 
@@ -46,12 +47,22 @@ class PipelineError(ValueError):
 
 
 @attrs.frozen
+class AtLeast:
+    """The least value an int or float option takes (`Annotated[int, "doc", AtLeast(1)]`): a count or a size
+    given negative (`split_reductions(splits=-1)`) is an error when the pipeline is parsed, naming the option,
+    not inside the pass at compile time."""
+
+    least: float
+
+
+@attrs.frozen
 class OptionSpec:
     name: str
     type: type
     default: Any
     doc: str = ""
     choices: tuple | None = None
+    least: float | None = None
 
     def coerce(self, value, pass_name: str):
         """The value as this option's type, or a PipelineError saying what is allowed."""
@@ -63,6 +74,9 @@ class OptionSpec:
             raise PipelineError(f"option {self.name!r} of pass {pass_name!r} takes {allowed}, got {value!r}")
         if self.choices and value not in self.choices:
             raise PipelineError(f"option {self.name!r} of pass {pass_name!r} takes {allowed}, got {value!r}")
+        if self.least is not None and value < self.least:
+            raise PipelineError(f"option {self.name!r} of pass {pass_name!r} takes {self.type.__name__} of at least "
+                                f"{self.type(self.least)}, got {value!r}")
         return value
 
 
@@ -129,14 +143,15 @@ def _options_from_signature(fn) -> tuple:
             continue
         if p.default is inspect.Parameter.empty:
             raise TypeError(f"pass option {p.name!r} of {fn.__qualname__} needs a default")
-        hint, doc, choices = hints.get(p.name, type(p.default)), "", None
+        hint, doc, choices, least = hints.get(p.name, type(p.default)), "", None, None
         if typing.get_origin(hint) is typing.Annotated:
             hint, *meta = typing.get_args(hint)
             doc = next((m for m in meta if isinstance(m, str)), "")
+            least = next((m.least for m in meta if isinstance(m, AtLeast)), None)
         if typing.get_origin(hint) is typing.Literal:
             choices = typing.get_args(hint)
             hint = type(choices[0])
-        specs.append(OptionSpec(p.name, _option_type(hint, fn, p.name), p.default, doc, choices))
+        specs.append(OptionSpec(p.name, _option_type(hint, fn, p.name), p.default, doc, choices, least))
     return tuple(specs)
 
 

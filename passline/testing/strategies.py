@@ -419,7 +419,8 @@ def pipelines(draw, names=None, max_len: int = 5):
             elif o.type is bool:
                 opts[o.name] = draw(st.booleans())
             elif o.type is int:
-                opts[o.name] = draw(st.integers(0 if o.default == 0 else 1, max(2 * int(o.default), 4)))
+                low = max(0 if o.default == 0 else 1, int(o.least or 0))
+                opts[o.name] = draw(st.integers(low, max(2 * int(o.default), 4, low)))
             elif o.type is float:
                 opts[o.name] = draw(st.floats(0, max(2 * float(o.default), 1.0)))
             else:
