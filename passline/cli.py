@@ -39,7 +39,8 @@ def _load(target: str):
     sys.path.insert(0, str(path.resolve().parent))
     spec.loader.exec_module(module)
     if not hasattr(module, name):
-        names = [n for n in vars(module) if not n.startswith("_")]
+        names = [n for n, v in vars(module).items() if not n.startswith("_") and callable(v)
+                 and getattr(v, "__module__", None) == module.__name__]  # its own functions and classes
         raise CliError(f"{file} has no {name!r} (it defines: {', '.join(names)})")
     fn = getattr(module, name)
     import torch

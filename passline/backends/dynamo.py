@@ -98,6 +98,8 @@ class Backend:
             dump_dir=dump_dir, metric_tables=metric_tables, metric_dir=metric_dir, cache_dir=cache_dir,
             fallback=fallback, check=check, autotune=autotune, graph_cache=graph_cache)
         self.dump_dir = self.settings.dump_dir
+        if self.dump_dir and os.path.exists(self.dump_dir) and not os.path.isdir(self.dump_dir):
+            raise ValueError(f"dump_dir {self.dump_dir!r} is a file, not a directory")
         self.metric_tables = self.settings.metric_tables
         self.metric_dir = self.settings.metric_dir
         self.cache_dir = self.settings.cache_dir  # kernel disk cache

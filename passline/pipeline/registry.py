@@ -98,7 +98,9 @@ class PassInfo:
 
     @property
     def summary(self) -> str:
-        return self.doc.strip().splitlines()[0] if self.doc.strip() else ""
+        """The doc's first paragraph on one line (its first line alone cut sentences mid-way)."""
+        first = self.doc.strip().split("\n\n")[0]
+        return " ".join(line.strip() for line in first.splitlines())
 
     def option(self, name: str) -> OptionSpec:
         for o in self.options:

@@ -121,6 +121,8 @@ def assert_matches_eager(fn: Callable, inputs: Sequence, pipeline=None, codegen:
     Returns the passline backend, whose `reports` describe what was compiled."""
     import passline
 
+    if isinstance(inputs, torch.Tensor) or not isinstance(inputs, (list, tuple)):
+        raise TypeError(f"inputs is a list of fn's arguments ([x], not x), got {type(inputs).__name__}")
     device = device or passline.settings.test_device
     if device:
         inputs = [_to(x, device) for x in inputs]
