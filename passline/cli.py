@@ -47,10 +47,11 @@ def _load(target: str):
 
     if isinstance(fn, type) and issubclass(fn, torch.nn.Module):
         try:
-            fn = fn()
+            inspect.signature(fn).bind()
         except TypeError as e:
             raise CliError(f"{name} cannot be made without arguments ({e}): give a function, or a module class "
                            f"whose constructor needs none") from None
+        fn = fn()
     if not callable(fn) or isinstance(fn, type(sys)) or isinstance(fn, type):
         raise CliError(f"{name} in {file} is a {type(fn).__name__}, not a function or an nn.Module class")
     return fn, getattr(module, "example_inputs", None)

@@ -296,3 +296,21 @@ def _matmul(a, b):
 
 def _raises(a, b):
     return 1 / 0
+
+
+def test_a_users_choice_keeps_the_cache_off_only_for_graphs_of_its_op(tmp_path):
+    """Code from outside passline is not cached, but only where it would compile the graph: a user's choice of mm
+    leaves a graph without an mm cached (a review's find: one registration turned the cache off everywhere)."""
+    from torch._ops import ops
+
+    from passline.lowering.choices import register_choice, unregister_choice
+
+    register_choice(ops.aten.mm, "user_mm", replace=True)(_matmul)
+    try:
+        be = passline.backend(cache_dir=str(tmp_path))
+        assert graph_cache.graph_key(_traced_mm(), be) is None
+        from torch.fx.experimental.proxy_tensor import make_fx
+
+        assert graph_cache.graph_key(make_fx(torch.exp)(torch.randn(3)), be) is not None
+    finally:
+        unregister_choice(ops.aten.mm, "user_mm")

@@ -505,6 +505,11 @@ def test_assert_matches_eager_compares_every_output_and_what_is_written_into_inp
         x.mul_(2)
 
     x = torch.randn(4, 3)
+    # a number a float32 computation returns is judged at float32's tolerance (a split sum's rounding passes)
+    assert_matches_eager(lambda x: (x * 1.0001).sum(0).tolist(), [torch.randn(4096, 3)],
+                         pipeline="split_reductions(splits=8)", codegen="reference")
+    with pytest.raises(TypeError, match="compares tensors, numbers, None and text"):
+        assert_matches_eager(lambda x: {1j: object()}, [x], pipeline="", codegen="reference")
     try:
         for fn in (lambda x: {"y": x.exp() + 1}, in_place, lambda x: (x.exp() + 1).sum().item()):
             assert_matches_eager(fn, [x.clone()], pipeline="", codegen="reference")  # right: passes
@@ -538,7 +543,9 @@ def test_counts_and_sizes_given_negative_are_refused_when_parsed():
     for text, message in (("split_reductions(splits=-1)", "'splits' of pass 'split_reductions' takes int of at "
                                                           "least 0, got -1"),
                           ("fuse(max_nodes=0)", "'max_nodes' of pass 'fuse' takes int of at least 1"),
-                          ("mix_order_reduction(sms=-1)", "'sms'")):
+                          ("mix_order_reduction(sms=-1)", "'sms'"),
+                          ("split_reductions(min_reduced=0)", "'min_reduced' of pass 'split_reductions' takes int of "
+                                                              "at least 1")):
         with pytest.raises(PipelineError, match=message):
             Pipeline.parse(text)
     assert str(Pipeline.parse("fuse(max_nodes=1), split_reductions(splits=0)")) == \

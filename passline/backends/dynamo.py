@@ -347,8 +347,9 @@ def _dynamo_handles(e: Exception) -> bool:
 
 
 _OPTIONS = tuple(inspect.signature(Backend.__init__).parameters)[1:]
-# what torch.compile(mode=...) hands a backend other than Inductor: Inductor's options for the mode
-# (torch._inductor.list_mode_options); passline takes the two it has a meaning for and leaves Inductor's own tuning
+# torch.compile hands a backend other than Inductor its mode by name (MODES below); a user may also pass Inductor's
+# options for a mode (torch._inductor.list_mode_options) as options=: passline takes the two it has a meaning for
+# and leaves Inductor's own tuning; any other Inductor option is refused as an unknown keyword
 _MODE_OPTIONS = {"triton.cudagraphs": "cudagraphs", "max_autotune": "autotune"}
 _INDUCTOR_ONLY = ("coordinate_descent_tuning", "triton.cudagraph_skip_dynamic_graphs", "max_autotune_gemm",
                   "max_autotune_pointwise")

@@ -137,14 +137,19 @@ def _opaque(fn) -> bool:
     return fn is not None and _outside_passline(fn)
 
 
-def _uncacheable(backend) -> bool:
+def _uncacheable(backend, gm: torch.fx.GraphModule | None = None) -> bool:
+    """Whether code from outside passline (`_opaque`) would compile `gm` under `backend`: a pass of its pipeline,
+    or a lowering or choice of an op the graph calls (every registered one where `gm` is None)."""
     from ..lowering.choices import registered
     from ..lowering.registry import LOWERINGS
 
+    ops = None if gm is None else {n.target for n in gm.graph.nodes if n.op == "call_function"}
+    names = None if ops is None else {getattr(t, "_opname", None) for t in ops}  # choices are by op name ("mm")
     fns = [call.info.source_of for call in backend.pipeline.calls()]
     fns += [getattr(call.info, "run", None) for call in backend.pipeline.calls()]
-    fns += list(LOWERINGS.values())
-    fns += [f for cs in registered().values() for c in cs.values() for f in (c.fn, c.applies, c.variants)]
+    fns += [f for op, f in LOWERINGS.items() if ops is None or op in ops]
+    fns += [f for op, cs in registered().items() if names is None or op in names
+            for c in cs.values() for f in (c.fn, c.applies, c.variants)]
     return any(_opaque(getattr(f, "__func__", f)) for f in fns if callable(f) and not inspect.isclass(f))
 
 
@@ -201,7 +206,7 @@ def graph_key(gm: torch.fx.GraphModule, backend) -> str | None:
     """The key of `gm`'s scheduled graph under `backend` (see the module doc), or None: not to be cached."""
     from ..lowering.sizes import size_facts
 
-    if _edited_since_import() or _uncacheable(backend):
+    if _edited_since_import() or _uncacheable(backend, gm):
         return None
     text = _graph_text(gm)
     if text is None:

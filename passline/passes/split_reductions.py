@@ -546,7 +546,7 @@ def split_reductions(graph, ctx, *,
                                             AtLeast(0)] = 0,
                      sms: Annotated[int, "SMs to plan for (0: the target's; none on a CPU target)", AtLeast(0)] = 0,
                      programs_per_sm: Annotated[int, "programs per SM the rule aims for", AtLeast(1)] = 2,
-                     min_reduced: Annotated[int, "shortest reduced range the rule splits", AtLeast(0)] = 4096,
+                     min_reduced: Annotated[int, "shortest reduced range the rule splits", AtLeast(1)] = 4096,
                      min_chunk: Annotated[int, "fewest reduced points per chunk under the rule", AtLeast(1)] = 1024,
                      min_program_bytes: Annotated[int, "fewest bytes an unsplit program loads that the rule "
                                                   "splits", AtLeast(0)] = MIN_PROGRAM_BYTES):

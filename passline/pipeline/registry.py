@@ -22,6 +22,7 @@ import contextvars
 import difflib
 import hashlib
 import inspect
+import re
 import typing
 from typing import Any, Callable
 
@@ -99,7 +100,7 @@ class PassInfo:
     @property
     def summary(self) -> str:
         """The doc's first paragraph on one line (its first line alone cut sentences mid-way)."""
-        first = self.doc.strip().split("\n\n")[0]
+        first = re.split(r"\n\s*\n", self.doc.strip())[0]
         return " ".join(line.strip() for line in first.splitlines())
 
     def option(self, name: str) -> OptionSpec:
@@ -153,6 +154,9 @@ def _options_from_signature(fn) -> tuple:
         if typing.get_origin(hint) is typing.Literal:
             choices = typing.get_args(hint)
             hint = type(choices[0])
+        if least is not None and p.default < least:
+            raise TypeError(f"pass option {p.name!r} of {fn.__qualname__}: default {p.default!r} is under its "
+                            f"AtLeast({least})")
         specs.append(OptionSpec(p.name, _option_type(hint, fn, p.name), p.default, doc, choices, least))
     return tuple(specs)
 

@@ -56,10 +56,13 @@ def _assert_leaf_close(a, b, what: str, check_strides: bool) -> None:
         torch.testing.assert_close(a, b, **tolerance(b.dtype), equal_nan=True, msg=lambda m: f"{what}: {m}")
         if check_strides:
             assert_same_strides(a, b, what)
-    elif isinstance(b, (int, float, complex)) and not isinstance(b, bool):
-        torch.testing.assert_close(a, b, equal_nan=True, msg=lambda m: f"{what}: {m}")
-    else:
+    elif isinstance(b, (float, complex)):  # a float32 computation's .item(), .tolist(): float32's tolerance
+        torch.testing.assert_close(a, b, **tolerance(torch.float32), equal_nan=True, msg=lambda m: f"{what}: {m}")
+    elif isinstance(b, (int, bool, str, bytes, type(None))):
         assert a == b, f"{what}: {a!r}, eager's is {b!r}"
+    else:
+        raise TypeError(f"{what}: assert_matches_eager compares tensors, numbers, None and text (in tuples, lists, "
+                        f"dicts, namedtuples), not a {type(b).__name__}")
 
 
 def _to(x, device):
