@@ -19,13 +19,12 @@ The key is everything the result depends on, so that a hit is the graph the pipe
   name and SM count) and the torch and Python versions.
 
 Not cached (each compile runs the pipeline): graphs whose constants exceed `MAX_CONSTANT_BYTES`; a pipeline with a
-pass, or a program with a lowering or choice, from outside passline (what it computes may lie in modules and values
-the key does not name; until the thirty-seventh session such code was cached under its module's source, and a
-helper edited beside a user's pass went unseen); a process whose passline files changed after it imported them
-(package_hash would name code it does not run); and backends
-that observe or limit the pipeline (instruments, dumps, metric tables, pass or decision limits: bisection, the
-accuracy guard, capture). A graph that cannot be pickled (an extern call of a Python function) is not stored.
-An entry that fails to load is a miss.
+pass from outside passline, or a graph calling an op with a lowering or choice from outside passline (what such code
+computes may lie in modules and values the key does not name; until the thirty-seventh session it was cached under its
+module's source, and a helper edited beside a user's pass went unseen); a process whose passline files changed after
+it imported them (package_hash would name code it does not run); and backends that observe or limit the pipeline
+(instruments, dumps, metric tables, pass or decision limits: bisection, the accuracy guard, capture). A graph that
+cannot be pickled (an extern call of a Python function) is not stored. An entry that fails to load is a miss.
 
 On by default since the twenty-ninth session; `passline.backend(graph_cache=False)` or `PASSLINE_GRAPH_CACHE=0`
 turns it off. A key can only be as complete as what it names: a review of this module found five ways (all
