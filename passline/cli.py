@@ -52,7 +52,7 @@ def _load(target: str):
             raise CliError(f"{name} cannot be made without arguments ({e}): give a function, or a module class "
                            f"whose constructor needs none") from None
         fn = fn()
-    if not callable(fn) or isinstance(fn, type(sys)) or isinstance(fn, type):
+    if not callable(fn) or isinstance(fn, type):  # (a module is not callable)
         raise CliError(f"{name} in {file} is a {type(fn).__name__}, not a function or an nn.Module class")
     return fn, getattr(module, "example_inputs", None)
 

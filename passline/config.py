@@ -47,13 +47,13 @@ def _optional_str(value) -> str | None:
     return None if value is None or value == "" else os.fspath(value)
 
 
-def _optional_path(value) -> str | None:
-    """A directory given as text or a path; `~` is the user's home, as in a shell (a literal `./~` was made)."""
-    return None if value is None or value == "" else os.path.expanduser(os.fspath(value))
-
-
 def _path(value) -> str:
+    """A directory given as text or a path; `~` is the user's home, as in a shell (a literal `./~` was made)."""
     return os.path.expanduser(os.fspath(value))
+
+
+def _optional_path(value) -> str | None:
+    return None if value is None or value == "" else _path(value)
 
 
 def as_bool(value, name: str) -> bool:

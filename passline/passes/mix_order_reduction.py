@@ -62,7 +62,7 @@ from ..ir import Extern, FusedNode, MixOrderNode, Pointwise, Reduction
 from ..ir.index import VarKind, loop_vars, product, substitute
 from ..ir.loops import Role, canonical_map, members, permute_pointwise, role, shape, transposed
 from ..lowering.sizes import at_hint
-from ..pipeline.registry import AtLeast, PipelineError, register_pass
+from ..pipeline.registry import AtLeast, register_pass
 from .legality import (
     COLUMN_BLOCK,
     MIX_ROW_BYTES,
@@ -424,8 +424,6 @@ def mix_order_reduction(graph, ctx, *,
                         = True):
     """Merge a row reduction, or pointwise work over rows x columns, with transposed column reductions of
     the same data into one kernel."""
-    if sms < 0:
-        raise PipelineError(f"option 'sms' of pass 'mix_order_reduction' must be >= 0, got {sms}")
     gpu_sms = sms or (ctx.target.sms if not ctx.target.interpreted else 0)
     types = {t.strip() for t in reduction_types.split(",") if t.strip()}
     layouts = graph.buffers()  # dtypes and sizes: the same buffers whatever the pass merges

@@ -110,7 +110,7 @@ from ..ir.index import (
 )
 from ..ir.loops import Role, canon_var, canonical_map, role, shape, store_access
 from ..lowering.sizes import at_hint
-from ..pipeline.registry import AtLeast, PipelineError, register_pass
+from ..pipeline.registry import AtLeast, register_pass
 from .legality import COLUMN_BLOCK
 
 COMBINABLE = ("sum", "prod", "max", "min", "any", "all")
@@ -546,17 +546,12 @@ def split_reductions(graph, ctx, *,
                                             AtLeast(0)] = 0,
                      sms: Annotated[int, "SMs to plan for (0: the target's; none on a CPU target)", AtLeast(0)] = 0,
                      programs_per_sm: Annotated[int, "programs per SM the rule aims for", AtLeast(1)] = 2,
+                     # (min_reduced 1 acts as 2, a range of one point is never split: any positive bound is accepted)
                      min_reduced: Annotated[int, "shortest reduced range the rule splits", AtLeast(1)] = 4096,
                      min_chunk: Annotated[int, "fewest reduced points per chunk under the rule", AtLeast(1)] = 1024,
                      min_program_bytes: Annotated[int, "fewest bytes an unsplit program loads that the rule "
                                                   "splits", AtLeast(0)] = MIN_PROGRAM_BYTES):
     """Split reductions with few outputs over a long range into partial and finishing reductions."""
-    # min_reduced 1 acts as 2 (a range of one point is never split): accepted, as any positive bound is
-    for name, value, low in (("splits", splits, 0), ("sms", sms, 0), ("programs_per_sm", programs_per_sm, 1),
-                             ("min_reduced", min_reduced, 1), ("min_chunk", min_chunk, 1),
-                             ("min_program_bytes", min_program_bytes, 0)):
-        if value < low:
-            raise PipelineError(f"option {name!r} of pass 'split_reductions' must be >= {low}, got {value}")
     if splits == 1:
         return graph  # one chunk per reduction: nothing to split
     gpu_sms = sms or (ctx.target.sms if not ctx.target.interpreted else 0)

@@ -33,7 +33,7 @@ from ..ir import FusedNode, Pointwise
 from ..ir.body import IndexValue, Load, walk
 from ..ir.index import as_strided_form, product, substitute
 from ..ir.loops import canonical_map, members, shape
-from ..pipeline.registry import AtLeast, PipelineError, register_pass
+from ..pipeline.registry import AtLeast, register_pass
 
 
 def _per_row(member, cmap: dict, outer_vars: set, last) -> bool:
@@ -76,9 +76,6 @@ def tile_rows(graph, ctx, *,
               sms: Annotated[int, "SMs to plan for (0: the target's; none on a CPU target)", AtLeast(0)] = 0,
               min_rows_per_sm: Annotated[int, "fewest rows per SM worth tiling", AtLeast(0)] = 2):
     """Pointwise work reading per-row values (cross-entropy's gradient) runs as a row kernel."""
-    for option, value in (("sms", sms), ("min_rows_per_sm", min_rows_per_sm)):
-        if value < 0:
-            raise PipelineError(f"option {option!r} of pass 'tile_rows' must be >= 0, got {value}")
     gpu_sms = sms or (ctx.target.sms if not ctx.target.interpreted else 0)
     if not gpu_sms:
         return graph  # a CPU target (see the module docstring)

@@ -132,11 +132,10 @@ def collector_paused():
     """Pause CPython's cyclic garbage collector while passes run (and, backends/dynamo.py, while a graph is
     lowered and compiled; threads compiling at once may end each other's pause early: speed, never a leak).
     Passes allocate many small objects that outlive a young collection (groups, edges, decisions), and every so
-    often that triggers a full collection that rescans the whole
-    heap — torch, sympy's caches, the graph: on a 10,000-node graph those scans took up to a third of fusion
-    time, and a GPT-2-style training step's first call on the CPU spent ~1 s in 8 of them. Reference
-    counting still frees everything acyclic at once; the collector resumes when the outermost pause ends
-    (mypy does the same for its parse phase)."""
+    often that triggers a full collection that rescans the whole heap — torch, sympy's caches, the graph: on a
+    10,000-node graph those scans took up to a third of fusion time, and a GPT-2-style training step's first call
+    on the CPU spent ~1 s in 8 of them. Reference counting still frees everything acyclic at once; the collector
+    resumes when the outermost pause ends (mypy does the same for its parse phase)."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:

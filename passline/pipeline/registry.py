@@ -135,7 +135,8 @@ class PassInfo:
             from .text import PassCall
 
             return PassCall.make(self.name, kwargs)
-        return self.run(*args, **kwargs)
+        # run directly, (graph, ctx, **options): the options checked as a pipeline's are (type, choices, AtLeast)
+        return self.run(*args, **{k: self.option(k).coerce(v, self.name) for k, v in kwargs.items()})
 
 
 def _options_from_signature(fn) -> tuple:
