@@ -679,3 +679,77 @@ def test_tile_rows_leaves_symbolic_rows_flat_and_one_hot_sums_works_dynamic():
     backward = be.reports[1]
     assert len(be.reports) == 2 and backward.metrics.counters["one_hot_sums"] == 1
     assert backward.metrics.counters["row_tiles"] == 0, backward.graph.format()
+
+
+def test_peak_memory_finishes_a_branch_before_starting_the_next():
+    # hand facts: two branches each build an [n, n] float32 product and sum it to [n]. In program order
+    # (both products, then both sums) the two products are alive at once: 2·n²·4 bytes and the first sum's
+    # n·4. Finishing each branch first keeps one product and both sums: n²·4 + 2·n·4. Results match eager.
+    from passline.testing import assert_matches_eager
+
+    def f(x):
+        a = x[:, None] * x[None, :]
+        b = x[:, None] + x[None, :]
+        return a.sum(1), b.sum(1)
+
+    n = 64
+    x = torch.randn(n)
+    kinds = lambda be: [type(node).__name__ for node in be.reports[0].graph.nodes()]  # noqa: E731
+    be = assert_matches_eager(f, [x], pipeline="dce")
+    assert kinds(be) == ["Pointwise", "Pointwise", "Reduction", "Reduction"]
+    be = assert_matches_eager(f, [x], pipeline="peak_memory")
+    assert kinds(be) == ["Pointwise", "Reduction", "Pointwise", "Reduction"]
+    assert be.reports[0].metrics.counters["peak_bytes_saved"] == (2 * n * n * 4 + n * 4) - (n * n * 4 + 2 * n * 4)
+    # a graph already in its best order is left as it is
+    be = assert_matches_eager(lambda x: (x[:, None] * x[None, :]).sum(1), [x], pipeline="peak_memory")
+    assert be.reports[0].metrics.counters["peak_bytes_saved"] == 0
+
+
+def test_peak_memory_runs_a_tied_heads_weight_gradient_late_and_trains_like_eager():
+    # GPT-2's LM head shares the embedding's weight. In the backward, the head's weight gradient (vocabulary
+    # × width) is an extern matmul ready right after the logits' gradient; run there, it is allocated on
+    # top of every saved activation. The backward's saved activations are released (freed at their last
+    # use), the forward's inputs it saved (primals_*) are not; the pass moves the matmul after the layer
+    # norm's backward, which frees activations, and lowers the estimated peak; gradients match eager.
+    from passline.testing import assert_matches_eager
+
+    class Tied(torch.nn.Module):
+        def __init__(self, vocab=512, d=32):
+            super().__init__()
+            self.emb = torch.nn.Embedding(vocab, d)
+            self.fc = torch.nn.Linear(d, 4 * d)
+            self.out = torch.nn.Linear(4 * d, d)
+            self.norm = torch.nn.LayerNorm(d)
+
+        def forward(self, x, idx, target):
+            x = x + self.emb(idx)
+            x = x + self.out(torch.relu(self.fc(x)))
+            logits = self.norm(x) @ self.emb.weight.t()
+            return torch.nn.functional.cross_entropy(logits.flatten(0, 1), target.flatten())
+
+    torch.manual_seed(0)
+    idx, target = torch.randint(0, 512, (4, 32)), torch.randint(0, 512, (4, 32))
+    x = torch.randn(4, 32, 32, requires_grad=True)  # (an input that requires grad: a training step)
+    be = assert_matches_eager(Tied(), [x, idx, target])
+    backward = next(r for r in be.reports if r.name.startswith("backward"))
+    graph = backward.graph
+    names = {i.name for i in graph.inputs if i.buffer is not None}
+    assert graph.released == {n for n in names if not n.startswith("primals_")} and graph.released != names
+    assert backward.metrics.counters["peak_bytes_saved"] > 0
+    order = graph.names()
+    head = [n for n in order if getattr(graph.node(n), "op", None) is torch.ops.aten.mm.default
+            and list(graph.node(n).outputs[0].layout.size) == [512, 32]]
+    norm = [n for n in order if type(graph.node(n)).__name__ == "MixOrderNode"]
+    assert len(head) == 1 and norm and order.index(head[0]) > order.index(norm[0])
+
+
+def test_set_order_needs_every_node_once():
+    from passline.testing.synthetic import chain_and_fanout
+
+    graph = chain_and_fanout(20)
+    names = graph.names()
+    with pytest.raises(ValueError, match="every node"):
+        graph.set_order(names[:-1])
+    graph.set_order(list(reversed(names)))  # the edges still decide where they order two nodes
+    assert graph.names() != names or len(graph.nx.edges) == 0
+    graph.verify()

@@ -41,7 +41,7 @@ CODEGENS = ("auto", "triton", "reference")
 # The pipeline `passline.backend()` runs when none is given, in one place.
 DEFAULT_PIPELINE = ("dce, one_hot_sums, recompute_columns, dce, inline_pointwise, memory_order, merge_loops, "
                     "inline_pointwise, repeat(fuse, reorder_loops; max_iter=4), mix_order_reduction, split_reductions, "
-                    "tile_rows")
+                    "tile_rows, peak_memory")
 
 
 class Backend:
@@ -251,6 +251,7 @@ class Backend:
                 warnings.simplefilter("always")
                 program = lower_graph(gm, example_inputs, self.chooser)
                 graph = SchedulerGraph.from_program(program)
+                graph.released = released_inputs(graph, kind)
                 if self.verify:
                     graph.verify()
                 t1 = time.perf_counter()
@@ -384,6 +385,16 @@ def _start_compile_workers(backend: Backend, example_inputs) -> None:
 
         with contextlib.suppress(Exception):
             pool().start_soon(target_of(gpu), Path(backend.cache_dir))
+
+
+def released_inputs(graph: SchedulerGraph, kind: str) -> frozenset:
+    """The inputs a graph's caller gives up at the call (their storage is freed at their last use): a
+    backward's saved activations and incoming gradients — aot_autograd hands its list over and drops its own
+    references — but not the forward's inputs it saved (named `primals_*`: parameters and the user's tensors,
+    which their owners keep). Nothing for other graphs. peak_memory reads it; a wrong guess costs memory."""
+    if kind != "backward":
+        return frozenset()
+    return frozenset(i.name for i in graph.inputs if i.buffer is not None and not i.name.startswith("primals_"))
 
 
 def _on_cpu(graph) -> bool:

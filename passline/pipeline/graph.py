@@ -66,6 +66,9 @@ class SchedulerGraph:
         # the inputs the program writes in place as lowered (a mutated argument's copy-back, an in-place
         # op on a user's tensor): a pass may change how each is written, never drop the write
         self.written_inputs: frozenset = frozenset()
+        # the inputs whose storage the caller gives up at the call, so that they are freed at their last use
+        # (a backward's saved activations): what peak_memory counts as freed; none unless the backend says
+        self.released: frozenset = frozenset()
         # how lowering implemented each node whose op had other candidates (lowering/choices.py)
         self.choices: tuple = ()
         # size symbol -> the least value dynamo allows it (a backed size is at least 2): what passes prove
@@ -280,6 +283,16 @@ class SchedulerGraph:
         else:
             data[name]["order"] = data[before]["order"] - 0.5
 
+    def set_order(self, names: list[str]) -> None:
+        """Give every node its position in `names` (all the graph's nodes, in an order the edges allow): the
+        order they then run in."""
+        if sorted(names) != sorted(self.nx):
+            raise ValueError("set_order needs every node of the graph once")
+        data = self.nx.nodes
+        for k, name in enumerate(names):
+            data[name]["order"] = k
+        self._order = itertools.count(len(names))
+
     def merge(self, names, new) -> None:
         """Replace the nodes `names` by `new`, which does all their work: edges among them vanish, the
         others move to `new`. If `new.name` is one of `names`, that node stays in place with its edges
@@ -394,6 +407,7 @@ class SchedulerGraph:
         g._mutators = {b: set(r) for b, r in self._mutators.items()}
         g.comms = self.comms
         g.written_inputs = self.written_inputs
+        g.released = self.released
         g.choices = self.choices
         g.bounds, g.hints, g.derived = self.bounds, self.hints, self.derived
         g._order = itertools.count(max((d for _, d in self.nx.nodes(data="order")), default=-1) + 1)
