@@ -753,3 +753,37 @@ def test_set_order_needs_every_node_once():
     graph.set_order(list(reversed(names)))  # the edges still decide where they order two nodes
     assert graph.names() != names or len(graph.nx.edges) == 0
     graph.verify()
+
+
+def test_peak_memory_keeps_random_draws_and_in_place_writes_in_their_places():
+    # hand facts: the big random draw comes first in program order and the small one later; least peak
+    # first would start with the small one (it adds least) and finish the other branch before drawing the
+    # big one, so each draw would get the other's numbers: eager's stream is matched only in program order.
+    # An in-place update of an input (a running statistic) keeps its place too.
+    def f(x):
+        r1 = torch.rand(64, 64)
+        y = (x[:, None] + x[None, :]).sum(1)
+        r2 = torch.rand(64)
+        return r1.sum(1) * r2, y
+
+    x = torch.randn(64)
+    be = passline.backend(codegen="reference", pipeline="peak_memory", fallback="raise")
+    compiled = torch.compile(f, backend=be)
+    torch.manual_seed(0)
+    out = compiled(x)
+    torch.manual_seed(0)
+    ref = f(x)
+    assert all(torch.equal(a, b) for a, b in zip(out, ref))
+    draws = [n.name for n in be.reports[0].graph.nodes() if getattr(n, "op", None) is torch.ops.aten.rand.default]
+    assert [be.reports[0].graph.node(n).outputs[0].layout.size for n in draws] == [(64, 64), (64,)]
+
+    def g(x, stat):
+        y = (x[:, None] * x[None, :]).sum(1)
+        stat.mul_(0.9).add_(y.mean() * 0.1)  # read before the big branch below, written in place
+        return (x[:, None] + x[None, :]).sum(1) + stat
+    stat = torch.zeros(1)
+    be = passline.backend(codegen="reference", pipeline="peak_memory", fallback="raise")
+    s1, s2 = stat.clone(), stat.clone()
+    out = torch.compile(g, backend=be)(x, s1)
+    torch.testing.assert_close(out, g(x, s2))
+    torch.testing.assert_close(s1, s2)

@@ -19,8 +19,11 @@ the peak so far and leaves the fewest bytes alive, else the one that adds the fe
 its estimated peak is lower than the program order's. Sizes with symbols are taken at the traced sizes.
 
 The estimate is not the allocator's (extern calls' own workspaces, views, block rounding), so it can be
-wrong; a wrong estimate costs memory, never correctness: every order the edges allow computes the same
-values. Graphs with collectives keep their order (`sink_waits` placed their waits for overlap). Stat:
+wrong; a wrong estimate costs memory, never correctness: the new order keeps every edge and the places
+below, and any such order computes the same values. A node with side effects, or writing a buffer in
+place, keeps its place among the others (a random draw, an assertion, a running statistic's update:
+everything before it in program order stays before it; two random draws swapped would each get the other's
+numbers). Graphs with collectives keep their order (`sink_waits` placed their waits for overlap). Stat:
 `peak_bytes_saved` (estimated); the reorder is one decision `passline.bisect` can stop at.
 """
 from __future__ import annotations
@@ -30,6 +33,7 @@ import heapq
 from ..ir import Extern
 from ..lowering.sizes import at_hint
 from ..pipeline.registry import register_pass
+from .dce import has_side_effects
 
 SCAN = 32  # ready nodes passed over, least-leaving first, for one that fits under the peak so far
 
@@ -101,6 +105,24 @@ class _Memory:
         wide stays linear, picking the least-adding node there)."""
         graph, position = self.graph, {n: k for k, n in enumerate(order)}
         waiting = {n: len(graph.predecessors(n)) for n in order}
+        # a node with side effects (a random draw, an assertion) or writing a buffer in place keeps its place
+        # among the others: everything before it in program order runs before it, everything after it after
+        # it (no edge says so: two random draws swapped would each get the other's numbers; a view an extern
+        # returned is not a reader of its base's name, so no edge keeps its readers before a write of the base)
+        released: dict[str, list] = {n: [] for n in order}  # node -> nodes that wait for it beyond the edges
+        barrier, since = None, []
+        for n in order:
+            if barrier is not None:
+                released[barrier].append(n)
+                waiting[n] += 1
+            node = graph.node(n)
+            if has_side_effects(node) or getattr(node, "mutates", ()):
+                for m in since:
+                    released[m].append(n)
+                waiting[n] += len(since)
+                barrier, since = n, []
+            else:
+                since.append(n)
         holders: dict[str, list] = {}
         for n in order:
             for b in self.uses[n]:
@@ -150,7 +172,7 @@ class _Memory:
                     last = next((h for h in holders[b] if h not in done), None)
                     if last in figures:
                         push(last)
-            for s in graph.successors(pick):
+            for s in [*graph.successors(pick), *released[pick]]:
                 waiting[s] -= 1
                 if waiting[s] == 0:
                     push(s)
