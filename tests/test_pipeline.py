@@ -560,3 +560,45 @@ def test_counts_and_sizes_given_negative_are_refused_when_parsed():
         assert str(Pipeline.parse("negative_ok(dim=-2)")) == "negative_ok(dim=-2)"
     finally:
         passline.unregister_pass("negative_ok")
+
+
+def test_listed_items_and_class_options_are_checked_when_parsed():
+    """`mix_order_reduction(reduction_types=summ)` was accepted, and no column reduction was then ever mixed;
+    a comma-separated option declares what it may list (registry.EachOf). An attrs `Options` class of a
+    class-based pass reads the same annotations (its AtLeast was ignored)."""
+    from passline.pipeline.registry import AtLeast, EachOf
+
+    with pytest.raises(PipelineError, match="did you mean 'sum'"):
+        Pipeline.parse("mix_order_reduction(reduction_types=summ)")
+    with pytest.raises(PipelineError, match="comma-separated list of"):
+        Pipeline.parse('mix_order_reduction(reduction_types="sum,argmax")')
+    assert str(Pipeline.parse('mix_order_reduction(reduction_types="sum, max")')) == \
+        'mix_order_reduction(reduction_types="sum, max")'
+
+    @register_pass("t_class_bounded", replace=True)
+    class Bounded:
+        """A class-based pass with annotated options."""
+
+        @attrs.define
+        class Options:
+            limit: Annotated[int, "how many", AtLeast(1)] = 3
+            kinds: Annotated[str, "which, comma-separated", EachOf(("a", "b"))] = "a"
+
+        def run(self, graph, ctx, options):
+            return graph
+
+    try:
+        info = passline.passes()["t_class_bounded"]
+        assert [(o.name, o.doc, o.least, o.items) for o in info.options] == \
+            [("limit", "how many", 1, None), ("kinds", "which, comma-separated", None, ("a", "b"))]
+        with pytest.raises(PipelineError, match="'limit' of pass 't_class_bounded' takes int of at least 1"):
+            Pipeline.parse("t_class_bounded(limit=0)")
+        with pytest.raises(PipelineError, match="did you mean 'b'"):
+            Pipeline.parse("t_class_bounded(kinds=bb)")
+        assert str(Pipeline.parse('t_class_bounded(limit=2, kinds="a,b")')) == 't_class_bounded(limit=2, kinds="a,b")'
+    finally:
+        passline.unregister_pass("t_class_bounded")
+    with pytest.raises(TypeError, match="outside its EachOf"):
+        @register_pass("t_bad_default", replace=True)
+        def bad_default(graph, ctx, *, kinds: Annotated[str, "x", EachOf(("a",))] = "c"):
+            return graph

@@ -62,7 +62,7 @@ from ..ir import Extern, FusedNode, MixOrderNode, Pointwise, Reduction
 from ..ir.index import VarKind, loop_vars, product, substitute
 from ..ir.loops import Role, canonical_map, members, permute_pointwise, role, shape, transposed
 from ..lowering.sizes import at_hint
-from ..pipeline.registry import AtLeast, register_pass
+from ..pipeline.registry import AtLeast, EachOf, register_pass
 from .legality import (
     COLUMN_BLOCK,
     MIX_ROW_BYTES,
@@ -73,6 +73,9 @@ from .legality import (
     row_bytes,
     split_group,
 )
+
+# column reductions whose partial results (one per block of rows) combine by the same reduction
+COMBINABLE = ("sum", "prod", "max", "min", "any", "all")
 
 
 def _reductions(group) -> list:
@@ -410,7 +413,8 @@ def mix_order_reduction(graph, ctx, *,
                                                  "may take in registers (4 an element at least) to mix", AtLeast(0)]
                         = MIX_ROW_BYTES,
                         min_rows: Annotated[int, "fewest rows worth mixing", AtLeast(0)] = 8,
-                        reduction_types: Annotated[str, "column reductions allowed, comma-separated"] = "sum",
+                        reduction_types: Annotated[str, "column reductions allowed, comma-separated",
+                                                   EachOf(COMBINABLE)] = "sum",
                         max_reads: Annotated[int, "most distinct buffers the mixed kernel reads", AtLeast(0)] = 10,
                         split_rows: Annotated[int, "rows per block (0: automatic, and tuned on a GPU)", AtLeast(0)] = 0,
                         tile_columns: Annotated[bool, "mix a pointwise row side wider than the width gates "

@@ -6,8 +6,9 @@
         ...
 
 Options are the pass's keyword-only parameters (type from the annotation or the default; a doc from
-`Annotated[int, "doc"]`, and a least value from `Annotated[int, "doc", AtLeast(1)]`, checked when a pipeline
-is parsed), or the fields of an attrs class `Options` on a class-based pass.
+`Annotated[int, "doc"]`, a least value from `Annotated[int, "doc", AtLeast(1)]` and the items a comma-separated
+str may list from `Annotated[str, "doc", EachOf(...)]`, checked when a pipeline is parsed), or the fields of an
+attrs class `Options` on a class-based pass (annotated the same way, or with a doc in `metadata={"doc": ...}`).
 Third-party packages register passes through the entry-point group `passline.passes`; those are
 imported lazily, the first time a name is looked up that is not registered yet.
 
@@ -57,6 +58,14 @@ class AtLeast:
 
 
 @attrs.frozen
+class EachOf:
+    """The items a comma-separated str option may list (`Annotated[str, "doc", EachOf(("sum", "max"))]`): an
+    item not among them is an error when the pipeline is parsed, naming the nearest one."""
+
+    choices: tuple
+
+
+@attrs.frozen
 class OptionSpec:
     name: str
     type: type
@@ -64,6 +73,7 @@ class OptionSpec:
     doc: str = ""
     choices: tuple | None = None
     least: float | None = None
+    items: tuple | None = None  # EachOf: what a comma-separated str option may list
 
     def coerce(self, value, pass_name: str):
         """The value as this option's type, or a PipelineError saying what is allowed."""
@@ -75,6 +85,14 @@ class OptionSpec:
             raise PipelineError(f"option {self.name!r} of pass {pass_name!r} takes {allowed}, got {value!r}")
         if self.choices and value not in self.choices:
             raise PipelineError(f"option {self.name!r} of pass {pass_name!r} takes {allowed}, got {value!r}")
+        if self.items is not None:
+            listed = [t.strip() for t in value.split(",") if t.strip()]
+            wrong = [t for t in listed if t not in self.items]
+            if wrong or not listed:
+                near = difflib.get_close_matches(wrong[0], self.items, n=1) if wrong else []
+                hint = f" (did you mean {near[0]!r}?)" if near else ""
+                raise PipelineError(f"option {self.name!r} of pass {pass_name!r} takes a comma-separated list of "
+                                    f"{list(self.items)}, got {value!r}{hint}")
         if self.least is not None and value < self.least:
             raise PipelineError(f"option {self.name!r} of pass {pass_name!r} takes {self.type.__name__} of at least "
                                 f"{self.type(self.least)}, got {value!r}")
@@ -147,28 +165,36 @@ def _options_from_signature(fn) -> tuple:
             continue
         if p.default is inspect.Parameter.empty:
             raise TypeError(f"pass option {p.name!r} of {fn.__qualname__} needs a default")
-        hint, doc, choices, least = hints.get(p.name, type(p.default)), "", None, None
-        if typing.get_origin(hint) is typing.Annotated:
-            hint, *meta = typing.get_args(hint)
-            doc = next((m for m in meta if isinstance(m, str)), "")
-            least = next((m.least for m in meta if isinstance(m, AtLeast)), None)
-        if typing.get_origin(hint) is typing.Literal:
-            choices = typing.get_args(hint)
-            hint = type(choices[0])
-        if least is not None and p.default < least:
-            raise TypeError(f"pass option {p.name!r} of {fn.__qualname__}: default {p.default!r} is under its "
-                            f"AtLeast({least})")
-        specs.append(OptionSpec(p.name, _option_type(hint, fn, p.name), p.default, doc, choices, least))
+        specs.append(_spec(p.name, hints.get(p.name, type(p.default)), p.default, "", fn))
     return tuple(specs)
 
 
 def _options_from_attrs(cls) -> tuple:
+    hints = typing.get_type_hints(cls, include_extras=True)
     specs = []
     for f in attrs.fields(cls):
         default = f.default.factory() if isinstance(f.default, attrs.Factory) else f.default
-        specs.append(OptionSpec(f.name, _option_type(f.type or type(default), cls, f.name), default,
-                                f.metadata.get("doc", "")))
+        specs.append(_spec(f.name, hints.get(f.name, f.type or type(default)), default, f.metadata.get("doc", ""), cls))
     return tuple(specs)
+
+
+def _spec(name: str, hint, default, doc: str, owner) -> OptionSpec:
+    """An option from its annotation: a type, `Annotated[type, "doc", AtLeast(n) or EachOf(...)]`, or a Literal."""
+    choices = least = items = None
+    if typing.get_origin(hint) is typing.Annotated:
+        hint, *meta = typing.get_args(hint)
+        doc = next((m for m in meta if isinstance(m, str)), doc)
+        least = next((m.least for m in meta if isinstance(m, AtLeast)), None)
+        items = next((tuple(m.choices) for m in meta if isinstance(m, EachOf)), None)
+    if typing.get_origin(hint) is typing.Literal:
+        choices = typing.get_args(hint)
+        hint = type(choices[0])
+    where = f"pass option {name!r} of {getattr(owner, '__qualname__', owner)}"
+    if least is not None and default < least:
+        raise TypeError(f"{where}: default {default!r} is under its AtLeast({least})")
+    if items is not None and not all(t.strip() in items for t in str(default).split(",") if t.strip()):
+        raise TypeError(f"{where}: default {default!r} lists an item outside its EachOf({items})")
+    return OptionSpec(name, _option_type(hint, owner, name), default, doc, choices, least, items)
 
 
 def _option_type(hint, owner, name):
