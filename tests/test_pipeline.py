@@ -517,6 +517,11 @@ def test_assert_matches_eager_compares_every_output_and_what_is_written_into_inp
                 assert_matches_eager(fn, [x.clone()], pipeline="negates_first", codegen="reference")
     finally:
         passline.unregister_pass("negates_first")
+    # the outputs' structure, in a training step too (train_step returns the leaves alone; it went unchecked)
+    shaped = lambda x: {"a" if torch.compiler.is_compiling() else "b": x * 2}  # noqa: E731
+    for grad in (False, True):
+        with pytest.raises(AssertionError, match="outputs shaped"):
+            assert_matches_eager(shaped, [x.clone().requires_grad_(grad)], pipeline="", codegen="reference")
 
 
 def test_the_strategies_check_their_arguments():

@@ -142,15 +142,24 @@ def assert_matches_eager(fn: Callable, inputs: Sequence, pipeline=None, codegen:
     module, given = isinstance(fn, torch.nn.Module), fn
     ours_fn, fn = (copy.deepcopy(fn), copy.deepcopy(fn)) if module else (fn, fn)
     compiled = torch.compile(ours_fn, backend=be, fullgraph=False, dynamic=dynamic)
+    forms: dict = {}  # each run's output structure (train_step returns the leaves alone)
+
+    def shaped(f, key):
+        def run(*args):
+            out = f(*args)
+            forms[key] = tree_flatten(out)[1]
+            return out
+        return run
+
     if train:
-        eager, eager_loss = train_step(fn, eager_in)
-        ours, ours_loss = train_step(compiled, ours_in, loss_weights(eager))
+        eager, eager_loss = train_step(shaped(fn, "eager"), eager_in)
+        ours, ours_loss = train_step(shaped(compiled, "ours"), ours_in, loss_weights(eager))
         # a training check that silently trains nothing would pass whatever the backward does
         assert (ours_loss is None) == (eager_loss is None), \
             f"loss requires grad: {ours_loss is not None}, eager's: {eager_loss is not None}"
     else:
-        (ours, ours_form), (eager, eager_form) = tree_flatten(compiled(*ours_in)), tree_flatten(fn(*eager_in))
-        assert ours_form == eager_form, f"outputs shaped {ours_form}, eager's {eager_form}"
+        ours, eager = _flat(shaped(compiled, "ours")(*ours_in)), _flat(shaped(fn, "eager")(*eager_in))
+    assert forms["ours"] == forms["eager"], f"outputs shaped {forms['ours']}, eager's {forms['eager']}"
     assert len(ours) == len(eager), f"{len(ours)} outputs, eager has {len(eager)}"
     for k, (a, b) in enumerate(zip(ours, eager)):
         _assert_leaf_close(a, b, f"output {k}", check_strides)
