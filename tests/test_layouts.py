@@ -483,3 +483,20 @@ def test_symbolic_strides_are_checked_in_the_inputs_own_sizes():
         got = seen.pop()
         assert got[0] is not shifted and not got[0].data_ptr() % layouts.ALIGN
         torch.testing.assert_close(got[0], shifted)
+
+
+def test_a_size_one_dims_stride_passes_the_usual_check():
+    """A static input's size-1 dim may come with any stride (no element is addressed with it): the one
+    generated check accepts it, so a training step's inputs do not go through the per-input check at every
+    call (a LLaMA-style step's did); a wrong stride on a real dim still fails it, and is re-laid out."""
+    from passline.backends import layouts
+    from passline.ir import Layout
+
+    lay = Layout((4, 1, 3), (3, 3, 1), torch.float32)
+    check, rest = layouts._usual_check([layouts._Expect(0, lay, False)])
+    assert rest == []
+    x = torch.randn(4, 3).unsqueeze(1)
+    assert x.stride() == (3, 3, 1) and check([x])
+    odd = torch.randn(4, 3).as_strided((4, 1, 3), (3, 100, 1))  # the size-1 dim's stride is anything
+    assert check([odd])
+    assert not check([torch.randn(3, 4).t().unsqueeze(1)])  # (1, 4, 4)... strides of real dims differ
