@@ -1,13 +1,25 @@
 """Training steps of whole models: eager, Inductor and passline in one process, checked, then timed.
 
-    python benchmarks/models.py [--models gpt2,llama,resnet] [--device cuda|cpu] [--smoke] [--no-inductor]
-                                [--reduce-overhead] [--passline-option KEY=VALUE ...] [--vocab N] [--out FILE.json]
+    python benchmarks/models.py [--models gpt2,llama,resnet,vit,bert,convnext] [--device cuda|cpu] [--smoke]
+                                [--no-inductor] [--reduce-overhead] [--passline-option KEY=VALUE ...] [--vocab N]
+                                [--out FILE.json]
 
-Three models written here (no downloads), at the sizes of docs/benchmarks.md (tiny ones with --smoke):
-GPT-2-style (learned positions, LayerNorm, causal SDPA, tanh-GELU MLP, LM head tied to the token
-embedding; bfloat16), LLaMA-style (RMSNorm, RoPE, causal SDPA, SwiGLU, untied LM head; bfloat16) and
-ResNet-18-style (BatchNorm in training mode, channels_last, float32). Each returns its cross-entropy
-loss (computed in float32) from forward, so the loss is inside the compiled graph.
+Six models written here (no downloads), tiny ones with --smoke. The default three, at the sizes of
+docs/benchmarks.md, are the ones passline was tuned on: GPT-2-style (learned positions, LayerNorm, causal
+SDPA, tanh-GELU MLP, LM head tied to the token embedding; bfloat16), LLaMA-style (RMSNorm, RoPE, causal SDPA,
+SwiGLU, untied LM head; bfloat16) and ResNet-18-style (BatchNorm in training mode, channels_last, float32).
+Three more were added untuned, for measurements on models no change was made for (--models vit,bert,convnext):
+ViT-style (patch embedding a strided Conv2d, class token, learned positions, pre-norm LayerNorm blocks,
+SDPA without a mask, exact-erf GELU MLP, dropout p=0.1 on the attention's and the MLP's outputs, cross-entropy
+with label smoothing 0.1; 224 px, patch 16, d=768, 6 layers, batch 64; bfloat16), BERT-style masked LM
+(token + position + token-type embeddings and a LayerNorm, post-norm blocks, SDPA with an additive padding
+mask built from a lengths tensor, GELU, MLM head: dense, GELU, LayerNorm and a decoder tied to the token
+embedding with a bias of its own; cross-entropy with ignore_index=-100 on ~85% of the positions; vocabulary
+30522, not a multiple of 64; seq 512, d=768, 4 layers, batch 16; bfloat16) and ConvNeXt-style (stem conv
+4x4 stride 4, blocks of depthwise 7x7 conv, LayerNorm over channels by permuting to NHWC, 4x MLP of
+nn.Linear with GELU, layer scale, residual; LayerNorm + 2x2 stride-2 conv between stages; widths
+96-768, depths 2,2,4,2, 224 px, batch 32; channels_last, float32). Each returns its cross-entropy loss
+(computed in float32) from forward, so the loss is inside the compiled graph.
 
 A training step is `model.zero_grad(set_to_none=True)`, `loss = model(inputs, targets)`,
 `loss.backward()`: no optimizer step (it would be the same eager foreach kernels for every contender).
@@ -23,6 +35,13 @@ Check: the first step of every contender is compared with a float64 eager refere
 error of its own against that reference (bfloat16 rounding); a contender passes when each of its errors
 is within max(floor, 4 x eager's error on the same tensor), floor 1e-2 for bfloat16 and 1e-4 for
 float32. Any failed check or error makes the script exit 1.
+Dropout (ViT-style): every checked step, the reference's included, starts from one torch.manual_seed, so
+eager and passline (which runs random ops as aten calls, in program order) draw the same masks as the
+reference (whose masks are drawn in the model's dtype: CUDA's differ between bfloat16 and float64), and they
+are checked with dropout on. Inductor draws dropout's numbers with its own philox, never eager's, so its check
+would fail whatever it computed: its first call (the timed one) runs at the config's p, then it is checked on
+a second step with p=0 (a second compile), against eager's and the reference's steps at p=0; its check column
+says "dropout off". Every timed step runs at the config's p.
 
 Columns: step ms (CUDA: median of triton.testing.do_bench; CPU: median wall time of --cpu-steps steps),
 step / Inductor (below 1 is faster than Inductor), CPU ms/step (CUDA: the host's wall time to issue one
@@ -213,6 +232,134 @@ class ResNet(nn.Module):
         return F.cross_entropy(f32(self.fc(x.mean((2, 3)))), targets)
 
 
+class ViTBlock(nn.Module):
+    """Pre-norm, as ViT: attention over every token (no causal mask), exact-erf GELU MLP, dropout on each branch's
+    output (timm's proj_drop and the MLP's drop) — as nn.Dropout modules, so the check can set p."""
+
+    def __init__(self, d, heads, dropout):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.fc, self.fc_out = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+        self.drop_attn, self.drop_mlp = nn.Dropout(dropout), nn.Dropout(dropout)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        a = F.scaled_dot_product_attention(q, k, v)
+        x = x + self.drop_attn(self.proj(a.transpose(1, 2).reshape(b, t, d)))
+        return x + self.drop_mlp(self.fc_out(F.gelu(self.fc(self.ln2(x)))))
+
+
+class ViT(nn.Module):
+    def __init__(self, layers, d, heads, classes, image, patch, dropout):
+        super().__init__()
+        self.patch = nn.Conv2d(3, d, patch, patch)  # the patch embedding: one strided convolution
+        self.cls = nn.Parameter(torch.zeros(1, 1, d))
+        self.pos = nn.Parameter(torch.zeros(1, (image // patch) ** 2 + 1, d))
+        self.blocks = nn.ModuleList(ViTBlock(d, heads, dropout) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(d)
+        self.head = nn.Linear(d, classes)  # not zeroed (timm's option): a zero head would zero every other gradient
+        _init_transformer(self)
+        nn.init.normal_(self.cls, std=0.02)
+        nn.init.normal_(self.pos, std=0.02)
+
+    def forward(self, x, targets):
+        x = self.patch(x).flatten(2).transpose(1, 2)  # (batch, patches, d)
+        x = torch.cat((self.cls.expand(x.shape[0], -1, -1), x), dim=1) + self.pos
+        for block in self.blocks:
+            x = block(x)
+        logits = self.head(self.ln_f(x)[:, 0])  # every token normalised, the class token classified, as timm
+        return F.cross_entropy(f32(logits), targets, label_smoothing=0.1)
+
+
+class BertLayer(nn.Module):
+    """Post-norm, as BERT: LayerNorm after each residual sum."""
+
+    def __init__(self, d, heads):
+        super().__init__()
+        self.heads = heads
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.fc, self.fc_out = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x, mask):
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        x = self.ln1(x + self.proj(a.transpose(1, 2).reshape(b, t, d)))
+        return self.ln2(x + self.fc_out(F.gelu(self.fc(x))))
+
+
+class Bert(nn.Module):
+    def __init__(self, layers, d, heads, vocab, seq):
+        super().__init__()
+        self.word, self.pos, self.token_type = nn.Embedding(vocab, d), nn.Embedding(seq, d), nn.Embedding(2, d)
+        self.ln_emb = nn.LayerNorm(d)
+        self.layers = nn.ModuleList(BertLayer(d, heads) for _ in range(layers))
+        self.dense, self.ln_mlm = nn.Linear(d, d), nn.LayerNorm(d)  # the MLM head's transform
+        self.decoder = nn.Linear(d, vocab)
+        self.decoder.weight = self.word.weight  # tied, with a bias of its own, as BERT
+        _init_transformer(self)
+
+    def forward(self, idx, types, lengths, targets):
+        t = idx.shape[1]
+        pos = torch.arange(t, device=idx.device)
+        x = self.ln_emb(self.word(idx) + self.pos(pos) + self.token_type(types))
+        # HF BERT's extended mask: 0 where a key is a real token, the dtype's lowest value past a row's length
+        keep = (pos < lengths[:, None]).to(x.dtype)
+        mask = ((1.0 - keep) * torch.finfo(x.dtype).min)[:, None, None, :]  # (batch, 1, 1, keys)
+        for layer in self.layers:
+            x = layer(x, mask)
+        logits = self.decoder(self.ln_mlm(F.gelu(self.dense(x))))
+        return F.cross_entropy(f32(logits).flatten(0, 1), targets.flatten(), ignore_index=-100)
+
+
+def channels_ln(norm, x):
+    """LayerNorm over the channels of an NCHW tensor, by permuting to NHWC and back (ConvNeXt's stem and
+    downsampling; with channels_last memory both permutes are views of contiguous NHWC)."""
+    return norm(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+
+
+class ConvNeXtBlock(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.dw = nn.Conv2d(c, c, 7, padding=3, groups=c)  # depthwise
+        self.norm = nn.LayerNorm(c)
+        self.pw1, self.pw2 = nn.Linear(c, 4 * c), nn.Linear(4 * c, c)  # pointwise, on NHWC
+        self.gamma = nn.Parameter(torch.full((c,), 1e-6))  # layer scale, ConvNeXt's initial value
+
+    def forward(self, x):
+        y = self.dw(x).permute(0, 2, 3, 1)  # NHWC: LayerNorm and the Linears act on the channels, last
+        y = self.gamma * self.pw2(F.gelu(self.pw1(self.norm(y))))
+        return x + y.permute(0, 3, 1, 2)
+
+
+class ConvNeXt(nn.Module):
+    def __init__(self, widths, depths, classes):
+        super().__init__()
+        self.stem, self.stem_norm = nn.Conv2d(3, widths[0], 4, 4), nn.LayerNorm(widths[0])
+        self.down_norms = nn.ModuleList(nn.LayerNorm(w) for w in widths[:-1])
+        self.downs = nn.ModuleList(nn.Conv2d(w, w2, 2, 2) for w, w2 in zip(widths, widths[1:]))
+        self.stages = nn.ModuleList(nn.Sequential(*(ConvNeXtBlock(w) for _ in range(n)))
+                                    for w, n in zip(widths, depths))
+        self.norm = nn.LayerNorm(widths[-1])
+        self.head = nn.Linear(widths[-1], classes)
+        for m in self.modules():  # ConvNeXt's: truncated N(0, 0.02) weights, zero biases
+            if isinstance(m, (nn.Conv2d, nn.Linear)):
+                nn.init.trunc_normal_(m.weight, std=0.02)
+                nn.init.zeros_(m.bias)
+
+    def forward(self, x, targets):
+        x = channels_ln(self.stem_norm, self.stem(x))
+        for i, stage in enumerate(self.stages):
+            if i:
+                x = self.downs[i - 1](channels_ln(self.down_norms[i - 1], x))
+            x = stage(x)
+        return F.cross_entropy(f32(self.head(self.norm(x.mean((2, 3))))), targets)
+
+
 # name -> (label, full-size config, smoke config); the dtype is part of the config
 CONFIGS = {
     "gpt2": ("GPT-2-style",
@@ -225,6 +372,18 @@ CONFIGS = {
                dict(widths=(64, 128, 256, 512), blocks=(2, 2, 2, 2), batch=32, image=224, classes=1000,
                     dtype="float32"),
                dict(widths=(8, 16), blocks=(1, 1), batch=2, image=16, classes=10, dtype="float32")),
+    # the three below were added untuned: no passline change was measured on them before they were written
+    "vit": ("ViT-style",
+            dict(layers=6, d=768, heads=12, batch=64, image=224, patch=16, classes=1000, dropout=0.1,
+                 dtype="bfloat16"),
+            dict(layers=2, d=16, heads=2, batch=2, image=16, patch=4, classes=10, dropout=0.1, dtype="bfloat16")),
+    "bert": ("BERT-style",
+             dict(layers=4, d=768, heads=12, batch=16, seq=512, vocab=30522, dtype="bfloat16"),
+             dict(layers=2, d=16, heads=2, batch=2, seq=16, vocab=67, dtype="bfloat16")),
+    "convnext": ("ConvNeXt-style",
+                 dict(widths=(96, 192, 384, 768), depths=(2, 2, 4, 2), batch=32, image=224, classes=1000,
+                      dtype="float32"),
+                 dict(widths=(8, 16), depths=(1, 1), batch=2, image=32, classes=10, dtype="float32")),
 }
 
 
@@ -232,12 +391,36 @@ def build(name, cfg, device):
     """(float32 model on the CPU, its dtype, inputs on `device`, memory format): same seed, same weights."""
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(1)
-    if name == "resnet":
-        model = ResNet(cfg["widths"], cfg["blocks"], cfg["classes"])
+    dtype = getattr(torch, cfg["dtype"])
+    if name in ("resnet", "convnext", "vit"):
+        if name == "resnet":
+            model = ResNet(cfg["widths"], cfg["blocks"], cfg["classes"])
+        elif name == "convnext":
+            model = ConvNeXt(cfg["widths"], cfg["depths"], cfg["classes"])
+        else:
+            model = ViT(cfg["layers"], cfg["d"], cfg["heads"], cfg["classes"], cfg["image"], cfg["patch"],
+                        cfg["dropout"])
         x = torch.randn(cfg["batch"], 3, cfg["image"], cfg["image"], generator=g)
         y = torch.randint(0, cfg["classes"], (cfg["batch"],), generator=g)
-        inputs = (x.to(device).contiguous(memory_format=torch.channels_last), y.to(device))
-        fmt = torch.channels_last
+        fmt = torch.preserve_format if name == "vit" else torch.channels_last
+        x = x.to(device, dtype)  # images in the model's dtype (its convolution's)
+        inputs = (x if name == "vit" else x.contiguous(memory_format=fmt), y.to(device))
+    elif name == "bert":
+        model = Bert(cfg["layers"], cfg["d"], cfg["heads"], cfg["vocab"], cfg["seq"])
+        b, t, vocab = cfg["batch"], cfg["seq"], cfg["vocab"]
+        tokens = torch.randint(0, vocab - 1, (b, t), generator=g)  # the last id is [MASK]
+        lengths = torch.randint(t // 2, t, (b,), generator=g)  # padded past each length...
+        lengths[0] = t  # ...but one row
+        keep = torch.arange(t) < lengths[:, None]
+        # a fifth of the real tokens are predicted (about 15% of all positions: ~85% of the targets are -100),
+        # the first of each row at least, their inputs replaced by [MASK]; padding is token 0
+        picked = (torch.rand(b, t, generator=g) < 0.2) & keep
+        picked[:, 0] = True
+        targets = tokens.masked_fill(~picked, -100)
+        idx = tokens.masked_fill(picked, vocab - 1).masked_fill(~keep, 0)
+        types = (torch.arange(t) >= (lengths // 2)[:, None]).long()  # sentence A, then sentence B
+        inputs = tuple(z.to(device) for z in (idx, types, lengths, targets))
+        fmt = torch.preserve_format
     else:
         if name == "gpt2":
             model = GPT(cfg["layers"], cfg["d"], cfg["heads"], cfg["vocab"], cfg["seq"])
@@ -246,7 +429,18 @@ def build(name, cfg, device):
         tokens = torch.randint(0, cfg["vocab"], (cfg["batch"], cfg["seq"] + 1), generator=g).to(device)
         inputs = (tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous())
         fmt = torch.preserve_format
-    return model, getattr(torch, cfg["dtype"]), inputs, fmt
+    return model, dtype, inputs, fmt
+
+
+def dropout_p(model) -> float:
+    """The model's dropout probability (0.0 without nn.Dropout)."""
+    return max((m.p for m in model.modules() if isinstance(m, nn.Dropout)), default=0.0)
+
+
+def set_dropout(model, p: float) -> None:
+    for m in model.modules():
+        if isinstance(m, nn.Dropout):
+            m.p = p
 
 
 def place(master, device, dtype, fmt):
@@ -257,6 +451,18 @@ def place(master, device, dtype, fmt):
 
 FLOOR = {torch.bfloat16: 1e-2, torch.float16: 1e-2, torch.float32: 1e-4, torch.float64: 1e-9}
 FACTOR = 4.0
+# every checked step (the reference's, eager's, each contender's) starts from this seed: where dropout's random
+# numbers come from the same aten calls in the same order (eager; passline, which runs them as aten calls in
+# program order), the masks are the same, and the reference's with them
+STEP_SEED = 2
+
+
+def check_dropout(options, p: float) -> float:
+    """The dropout probability a contender's first step is checked at (options as contenders() gives them; p the
+    model's): p, but Inductor's (its options a dict) draws dropout's random numbers its own way (its own philox,
+    seeded from torch's generator), never eager's, so it is checked with dropout off, after a first call at p
+    (a second compile). Eager's step is taken at every probability a contender is checked at."""
+    return 0.0 if isinstance(options, dict) else p
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -391,7 +597,8 @@ def contenders(args):
     return out
 
 
-def run_contender(name, options, master, dtype, fmt, inputs, ref, eager_result, args, passline_options):
+def run_contender(name, options, master, dtype, fmt, inputs, refs, eager_results, args, passline_options):
+    """(row, {dropout p: the checked step's snapshot}); refs and eager_results keyed by p too."""
     import passline
 
     device, cuda = args.device, args.device == "cuda"
@@ -423,6 +630,7 @@ def run_contender(name, options, master, dtype, fmt, inputs, ref, eager_result, 
 
     # first call: compile (forward at the call, backward at loss.backward()), then the check
     prof = cProfile.Profile() if args.profile and options is not None else None
+    torch.manual_seed(STEP_SEED)
     sync(device)
     t0 = time.perf_counter()
     if prof:
@@ -433,9 +641,11 @@ def run_contender(name, options, master, dtype, fmt, inputs, ref, eager_result, 
     if prof:
         prof.disable()
         write_profile(prof, Path(args.profile) / f"first_call_{args.model_name}_{name}.txt")
-    result = snapshot(model, loss)
+    p = dropout_p(model)
+    checked = sorted(refs) if options is None else [check_dropout(options, p)]
+    results = {p: snapshot(model, loss)} if p in checked else {}
+    row["loss"] = float(loss.detach().double())
     del loss
-    row["loss"] = result[0]
     row["graph_breaks"] = sum(torch._dynamo.utils.counters["graph_break"].values())
     if be is not None:
         row["passline_graphs"] = [r.name for r in be.reports]
@@ -445,14 +655,24 @@ def run_contender(name, options, master, dtype, fmt, inputs, ref, eager_result, 
         row["passline_precompiled"] = sum(r.metrics.counters["kernels_precompiled"] for r in be.reports)
         row["passline_codegen"] = sorted({r.codegen for r in be.reports})
         row["passline_failures"] = [f"{k}: {e!r}" for k, e in be.failures]
-    errs = errors(result, ref)
+    for q in checked:
+        if q not in results:  # the same step again at dropout q (a compiled model compiles again), then back to p
+            set_dropout(model, q)
+            torch.manual_seed(STEP_SEED)
+            loss = step()
+            results[q] = snapshot(model, loss)
+            del loss
+            set_dropout(model, p)
+    q = p if options is None else checked[0]
+    row["check_dropout"] = q if p else None
+    errs = errors(results[q], refs[q])
     row["errors"] = errs
-    row["rel_err_vs_eager"] = max(errors(result, eager_result).values()) if eager_result is not None else 0.0
+    row["rel_err_vs_eager"] = max(errors(results[q], eager_results[q]).values()) if eager_results else 0.0
     if name == "eager":
         row["check"], row["passed"] = "baseline", True
         row["worst_err"] = max(errs.values())
     else:
-        passed, worst, where = verdict(errs, errors(eager_result, ref), dtype)
+        passed, worst, where = verdict(errs, errors(eager_results[q], refs[q]), dtype)
         row.update(passed=passed, worst_err=worst, tightest=where, check="ok" if passed else f"FAIL ({where})")
     model.zero_grad(set_to_none=True)
 
@@ -481,14 +701,36 @@ def run_contender(name, options, master, dtype, fmt, inputs, ref, eager_result, 
         row["step_ms"], row["cpu_ms"], row["cpu_waited"] = statistics.median(wall), statistics.median(cpu), False
     del step, fn, model, be
     torch._dynamo.reset()
-    return row, result
+    return row, results
 
 
-def reference(master, dtype, inputs, device):
+class DropoutMaskIn(nn.Dropout):
+    """The reference's dropout: float64 values, the mask drawn in the model's dtype. Under one seed CUDA's fused
+    dropout gives bfloat16 other masks than float64 (its elements a thread depend on the dtype: an eager step
+    was 0.8 off a float64 one at p=0.1, every bound vacuous); the CPU's draw does not depend on it."""
+
+    def __init__(self, p, dtype):
+        super().__init__(p)
+        self.dtype = dtype
+
+    def forward(self, x):
+        if not self.training or self.p == 0:
+            return x  # eager's dropout draws nothing either
+        keep = F.dropout(torch.ones_like(x, dtype=self.dtype), self.p, True) != 0  # the draw eager's step makes
+        return x * keep / (1 - self.p)
+
+
+def reference(master, dtype, inputs, device, p):
     """The float64 eager step on the model's dtype-rounded weights (and the same inputs), contiguous: the
-    memory format changes no value, and float64 convolutions need not support channels_last."""
+    memory format changes no value, and float64 convolutions need not support channels_last. Dropout at p,
+    from the checked steps' seed, its masks those of the model's dtype (DropoutMaskIn)."""
     model = copy.deepcopy(master).to(dtype=dtype).to(device=device, dtype=torch.float64)
+    for parent in list(model.modules()):
+        for name, child in parent.named_children():
+            if isinstance(child, nn.Dropout):
+                setattr(parent, name, DropoutMaskIn(p, dtype))
     ins = [x.double().contiguous() if x.is_floating_point() else x for x in inputs]
+    torch.manual_seed(STEP_SEED)
     loss = model(*ins)
     loss.backward()
     return snapshot(model, loss)
@@ -506,7 +748,7 @@ def fmt_row(r) -> str:
     ratio = f"{r['step_ms'] / r['inductor_ms']:.2f}" if r.get("inductor_ms") else "n/a"
     cpu = f"{r['cpu_ms']:.2f}" + (" (waited)" if r["cpu_waited"] else "")
     peak = "n/a" if r["peak_mb"] is None else f"{r['peak_mb']:.0f}"
-    check = f"{r['check']} ({r['worst_err']:.1e})"
+    check = f"{r['check']} ({r['worst_err']:.1e}{', dropout off' if r.get('check_dropout') == 0 else ''})"
     return (f"| {r['model']} | {r['contender']} | {check} | {r['step_ms']:.2f} | {ratio} | {cpu} | "
             f"{r['first_call_s']:.2f} | {peak} |")
 
@@ -529,7 +771,8 @@ def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="\n".join(__doc__.splitlines()[5:]))
-    ap.add_argument("--models", default="gpt2,llama,resnet", help="comma-separated subset of gpt2,llama,resnet")
+    ap.add_argument("--models", default="gpt2,llama,resnet",
+                    help=f"comma-separated subset of {','.join(CONFIGS)} (default: the first three)")
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes (CPU: through Triton's interpreter, minutes)")
     ap.add_argument("--no-inductor", action="store_true", help="leave Inductor out (its C++ compile is slow on CPU)")
@@ -537,7 +780,8 @@ def parse_args(argv=None):
                     help='also torch.compile(mode="reduce-overhead") and passline with cudagraphs=True, CUDA only')
     ap.add_argument("--passline-option", action="append", default=[], type=parse_option, metavar="KEY=VALUE",
                     help="passed to passline.backend(...) (repeatable); VALUE is a Python literal or a bare word")
-    ap.add_argument("--vocab", type=int, help="vocabulary of the GPT-2 and LLaMA models (defaults 50304 and 32000)")
+    ap.add_argument("--vocab", type=int,
+                    help="vocabulary of the GPT-2, LLaMA and BERT models (defaults 50304, 32000 and 30522)")
     ap.add_argument("--warmup", type=int, default=200, help="do_bench warmup, ms (CUDA)")
     ap.add_argument("--rep", type=int, default=1000, help="do_bench repetition time, ms (CUDA)")
     ap.add_argument("--cpu-steps", type=int, help="timed steps on the CPU (default 1 with --smoke, else 10)")
@@ -630,15 +874,18 @@ def run(args, options, triton, passline) -> int:
     for m, cfg in configs.items():
         args.model_name = m
         master, dtype, inputs, fmt = build(m, cfg, device)
-        ref = reference(master, dtype, inputs, device)
-        eager_result, model_rows = None, []
+        p = dropout_p(master)
+        refs = {q: reference(master, dtype, inputs, device, q)
+                for q in {check_dropout(o, p) for o in contenders(args).values()}}
+        eager_results, model_rows = None, []
         for cname, copts in contenders(args).items():
             print(f"[{m}] {cname} ...", file=sys.stderr, flush=True)
             try:
-                row, result = run_contender(cname, copts, master, dtype, fmt, inputs, ref, eager_result, args, options)
+                row, results = run_contender(cname, copts, master, dtype, fmt, inputs, refs, eager_results, args,
+                                             options)
                 if cname == "eager":
-                    eager_result = result
-                del result
+                    eager_results = results
+                del results
             except Exception as e:  # one failing contender must not hide the others
                 traceback.print_exc(limit=-8)
                 row = dict(contender=cname, error=f"{type(e).__name__}: {' '.join(str(e).split())[:500]}",
@@ -655,7 +902,7 @@ def run(args, options, triton, passline) -> int:
         for r in model_rows:
             r["inductor_ms"] = ind
         rows += model_rows
-        del master, inputs, ref, eager_result
+        del master, inputs, refs, eager_results
         gc.collect()
         if device == "cuda":
             torch.cuda.empty_cache()
