@@ -735,6 +735,13 @@ def test_peak_memory_runs_a_tied_heads_weight_gradient_late_and_trains_like_eage
     graph = backward.graph
     names = {i.name for i in graph.inputs if i.buffer is not None}
     assert graph.released == {n for n in names if not n.startswith("primals_")} and graph.released != names
+    # known from the graph's own inputs (its incoming gradients), however it is compiled: a probe, a replay
+    # or bisect orders the backward as the training step did; a forward releases nothing
+    from passline.backends.dynamo import released_inputs
+
+    assert released_inputs(graph) == graph.released
+    forward = next(r for r in be.reports if r.name.startswith("forward"))
+    assert forward.graph.released == frozenset()
     assert backward.metrics.counters["peak_bytes_saved"] > 0
     order = graph.names()
     head = [n for n in order if getattr(graph.node(n), "op", None) is torch.ops.aten.mm.default
@@ -787,3 +794,44 @@ def test_peak_memory_keeps_random_draws_and_in_place_writes_in_their_places():
     out = torch.compile(g, backend=be)(x, s1)
     torch.testing.assert_close(out, g(x, s2))
     torch.testing.assert_close(s1, s2)
+
+
+def test_pad_linear_pads_misaligned_output_rows_and_trains_like_eager():
+    # hand facts: 1001 output features of 2-byte elements are 2002-byte rows, 7 features short of 16-byte
+    # rows (1008); the weight (and bias) get 7 zero rows, the matmul writes 1008 columns and the rest of the
+    # graph reads the first 1001. A tied embedding's gradient still adds up; values match eager.
+    from passline.testing import assert_matches_eager
+
+    class Head(torch.nn.Module):
+        def __init__(self, n=1001, d=64, bias=True):
+            super().__init__()
+            self.emb = torch.nn.Embedding(n, d)
+            self.head = torch.nn.Linear(d, n, bias=bias)
+            self.head.weight = self.emb.weight
+
+        def forward(self, x, idx, t):
+            logits = self.head(x + self.emb(idx)).float().flatten(0, 1)
+            return torch.nn.functional.cross_entropy(logits, t.flatten(), ignore_index=-100)
+
+    torch.manual_seed(0)
+    pipeline = "pad_linear(any_device=true, min_features=1000), " + passline.DEFAULT_PIPELINE
+    for bias, dtype in ((True, torch.bfloat16), (False, torch.float32)):
+        x = torch.randn(2, 16, 64, dtype=dtype, requires_grad=True)
+        idx, t = torch.randint(0, 1001, (2, 16)), torch.randint(0, 1001, (2, 16))
+        t[0, :5] = -100
+        be = assert_matches_eager(Head(bias=bias).to(dtype), [x, idx, t], pipeline=pipeline, codegen="reference")
+        forward = be.reports[0]
+        assert forward.metrics.counters["linears_padded"] == 1
+        pads = [n.args[1] for n in forward.gm.graph.nodes if n.target is torch.ops.aten.constant_pad_nd.default]
+        assert pads[0] == [0, 0, 0, 7 if dtype == torch.bfloat16 else 3]  # float32: 4004-byte rows, 3 short
+    # left alone: aligned rows (1024 features), too few features, a CPU target, and an output returned as it is
+    lin = torch.nn.Linear(8, 1001)
+    x = torch.randn(4, 8)
+    for fn, text in ((torch.nn.Linear(8, 1024), "pad_linear(any_device=true)"),
+                     (lin, "pad_linear(any_device=true, min_features=2000)"), (lin, "pad_linear"),
+                     (lin, "pad_linear(any_device=true, min_features=1)")):
+        be = assert_matches_eager(fn, [x], pipeline=text, codegen="reference")
+        assert be.reports[0].metrics.counters["linears_padded"] == 0
+    be = assert_matches_eager(lambda x: lin(x).relu(), [x], pipeline="pad_linear(any_device=true, min_features=1)",
+                              codegen="reference")
+    assert be.reports[0].metrics.counters["linears_padded"] == 1

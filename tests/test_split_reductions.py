@@ -114,7 +114,8 @@ def test_inner_member_read_outside_stays_a_node():
                               pipeline=pipeline(splits=4), codegen="reference")
     assert split_count(be) == 1
     graph = be.reports[0].graph
-    assert [n.kind for n in graph.nodes()] == ["pointwise", "reduction", "reduction"], graph.format()
+    # (in any order: peak_memory runs the partial sums, which read the input, before the output is allocated)
+    assert sorted(n.kind for n in graph.nodes()) == ["pointwise", "reduction", "reduction"], graph.format()
     assert set(partials(be)[0].read_names()) == {"arg0_1"}
 
 

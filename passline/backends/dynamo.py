@@ -251,7 +251,7 @@ class Backend:
                 warnings.simplefilter("always")
                 program = lower_graph(gm, example_inputs, self.chooser)
                 graph = SchedulerGraph.from_program(program)
-                graph.released = released_inputs(graph, kind)
+                graph.released = released_inputs(graph)
                 if self.verify:
                     graph.verify()
                 t1 = time.perf_counter()
@@ -387,14 +387,18 @@ def _start_compile_workers(backend: Backend, example_inputs) -> None:
             pool().start_soon(target_of(gpu), Path(backend.cache_dir))
 
 
-def released_inputs(graph: SchedulerGraph, kind: str) -> frozenset:
+def released_inputs(graph: SchedulerGraph) -> frozenset:
     """The inputs a graph's caller gives up at the call (their storage is freed at their last use): a
     backward's saved activations and incoming gradients — aot_autograd hands its list over and drops its own
     references — but not the forward's inputs it saved (named `primals_*`: parameters and the user's tensors,
-    which their owners keep). Nothing for other graphs. peak_memory reads it; a wrong guess costs memory."""
-    if kind != "backward":
+    which their owners keep). A backward is known by its inputs (aot_autograd names the incoming gradients
+    `tangents_*`), not by how it is compiled, so that the accuracy guard's probes, `passline.bisect` and
+    `passline.replay`, which compile the same graph under other names, and the graph cache, order it as the
+    training step did. Nothing for other graphs. peak_memory reads it; a wrong guess costs memory."""
+    names = [i.name for i in graph.inputs if i.buffer is not None]
+    if not any(n.startswith("tangents_") for n in names):
         return frozenset()
-    return frozenset(i.name for i in graph.inputs if i.buffer is not None and not i.name.startswith("primals_"))
+    return frozenset(n for n in names if not n.startswith("primals_"))
 
 
 def _on_cpu(graph) -> bool:

@@ -8,6 +8,7 @@ from . import (  # noqa: F401
     merge_loops,
     mix_order_reduction,
     one_hot_sums,
+    pad_linear,
     peak_memory,
     recompute_columns,
     reorder_loops,
