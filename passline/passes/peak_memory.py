@@ -20,15 +20,18 @@ its estimated peak is lower than the program order's. Sizes with symbols are tak
 
 The estimate is not the allocator's (extern calls' own workspaces, views, block rounding), so it can be
 wrong; a wrong estimate costs memory, never correctness: the new order keeps every edge and the places
-below, and any such order computes the same values. A node with side effects, or writing a buffer in
-place, keeps its place among the others (a random draw, an assertion, a running statistic's update:
-everything before it in program order stays before it; two random draws swapped would each get the other's
-numbers). Graphs with collectives keep their order (`sink_waits` placed their waits for overlap). Stat:
-`peak_bytes_saved` (estimated); the reorder is one decision `passline.bisect` can stop at.
+below, and any such order computes the same values. Random draws keep their order among themselves (two
+draws swapped would each get the other's numbers); another node with side effects, or writing a buffer in
+place, keeps its place among all the others (an assertion, a running statistic's update: everything before
+it in program order stays before it). Graphs with collectives keep their order (`sink_waits` placed their
+waits for overlap). Stat: `peak_bytes_saved` (estimated); the reorder is one decision `passline.bisect` can
+stop at.
 """
 from __future__ import annotations
 
 import heapq
+
+import torch
 
 from ..ir import Extern
 from ..lowering.sizes import at_hint
@@ -105,18 +108,25 @@ class _Memory:
         wide stays linear, picking the least-adding node there)."""
         graph, position = self.graph, {n: k for k, n in enumerate(order)}
         waiting = {n: len(graph.predecessors(n)) for n in order}
-        # a node with side effects (a random draw, an assertion) or writing a buffer in place keeps its place
-        # among the others: everything before it in program order runs before it, everything after it after
-        # it (no edge says so: two random draws swapped would each get the other's numbers; a view an extern
-        # returned is not a reader of its base's name, so no edge keeps its readers before a write of the base)
+        # random draws keep their order among themselves (no edge says so: two draws swapped would each get
+        # the other's numbers); another node with side effects (an assertion) or writing a buffer in place
+        # keeps its place among all the others: everything before it in program order runs before it,
+        # everything after it after it (a view an extern returned is not a reader of its base's name, so no
+        # edge keeps its readers before a write of the base)
         released: dict[str, list] = {n: [] for n in order}  # node -> nodes that wait for it beyond the edges
-        barrier, since = None, []
+        barrier, since, draw = None, [], None
         for n in order:
             if barrier is not None:
                 released[barrier].append(n)
                 waiting[n] += 1
             node = graph.node(n)
-            if has_side_effects(node) or getattr(node, "mutates", ()):
+            if _draws(node):
+                if draw is not None:
+                    released[draw].append(n)
+                    waiting[n] += 1
+                draw = n
+                since.append(n)
+            elif has_side_effects(node) or getattr(node, "mutates", ()):
                 for m in since:
                     released[m].append(n)
                 waiting[n] += len(since)
@@ -177,6 +187,11 @@ class _Memory:
                 if waiting[s] == 0:
                     push(s)
         return out
+
+
+def _draws(node) -> bool:
+    """Whether `node` draws random numbers from a generator (or saves or replays its state)."""
+    return isinstance(node, Extern) and torch.Tag.nondeterministic_seeded in getattr(node.op, "tags", ())
 
 
 def _bytes(expr, hints: dict) -> int:
