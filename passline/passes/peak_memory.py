@@ -11,9 +11,10 @@ The pass estimates an order's peak: a node's stored outputs are allocated as it 
 partial sums too, for its run only), and a buffer is freed after the last node that reads or writes it. An
 output the size and dtype of a buffer dying at its node allocates nothing (codegen writes such a result over
 the dying input where the kernel reads it at the same offsets: the logits' gradient over the logits; an
-extern call always allocates). Graph outputs live on. Graph inputs live on unless the caller gives them up
-(`SchedulerGraph.released`: for a backward, the saved activations and incoming gradients that aot_autograd
-hands over, which the call frees at their last use). It then builds an order greedily — least peak memory
+extern call, a mix-order kernel, and a kernel with a scatter or an in-place member always allocate). Graph
+outputs live on. Graph inputs live on unless the caller gives them up (`SchedulerGraph.released`: for a
+backward, the saved activations and incoming gradients that aot_autograd hands over, which the call frees at
+their last use). It then builds an order greedily — least peak memory
 first, as Inductor's `reorder_for_peak_memory`: among the nodes whose inputs are ready, one that fits under
 the peak so far and leaves the fewest bytes alive, else the one that adds the fewest — and keeps it where
 its estimated peak is lower than the program order's. Sizes with symbols are taken at the traced sizes.
@@ -33,7 +34,7 @@ import heapq
 
 import torch
 
-from ..ir import Extern
+from ..ir import Extern, MixOrderNode, Scatter, members
 from ..lowering.sizes import at_hint
 from ..pipeline.registry import register_pass
 from .dce import has_side_effects
@@ -55,11 +56,16 @@ class _Memory:
         self.outputs: dict[str, list] = {}  # node -> the buffers it allocates
         self.uses: dict[str, list] = {}  # node -> the buffers whose lifetime it extends
         self.workspace: dict[str, int] = {}
+        self.overwrites: dict[str, bool] = {}
         for name, node in graph.items():
             used = [*node.read_names(), *getattr(node, "mutates", ())]
             self.uses[name] = list(dict.fromkeys(b for b in used if b in self.nbytes))
             for b in self.uses[name]:
                 users.setdefault(b, set()).add(name)
+            # whether codegen may write an output over a dying input (the structural part of its rule,
+            # `kernel.overwritable`: never an extern call, a mix-order kernel, a scatter or an in-place member)
+            self.overwrites[name] = not isinstance(node, (Extern, MixOrderNode)) and not any(
+                isinstance(m, Scatter) or getattr(m, "in_place", False) for m in members(node))
             ws = getattr(node, "workspace_bytes", None)
             self.workspace[name] = _bytes(ws(), graph.hints) if ws is not None else 0
         for name, node in graph.items():
@@ -78,7 +84,7 @@ class _Memory:
         dying = [b for b in self.uses[name] if left.get(b) == 1 and b in self.freeable]
         freed = sum(self.nbytes[b] for b in dying)
         alloc = 0
-        donors = [] if isinstance(self.graph.node(name), Extern) else list(dying)
+        donors = list(dying) if self.overwrites[name] else []
         for b in self.outputs[name]:
             donor = next((d for d in donors if self.nbytes[d] == self.nbytes[b]
                           and self.dtype[d] == self.dtype[b]), None)
