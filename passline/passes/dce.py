@@ -26,7 +26,12 @@ def has_side_effects(node) -> bool:
     schema = getattr(op, "_schema", None)
     if schema is not None and schema.is_mutable:
         return True
-    return torch.Tag.nondeterministic_seeded in getattr(op, "tags", ())
+    return draws_random(node)
+
+
+def draws_random(node) -> bool:
+    """Whether `node` draws random numbers from a generator (or saves or replays its state)."""
+    return isinstance(node, Extern) and torch.Tag.nondeterministic_seeded in getattr(node.op, "tags", ())
 
 
 def _scatter_needed(graph, node: Scatter, keep) -> bool:

@@ -32,12 +32,10 @@ from __future__ import annotations
 
 import heapq
 
-import torch
-
 from ..ir import Extern, MixOrderNode, Scatter, members
 from ..lowering.sizes import at_hint
 from ..pipeline.registry import register_pass
-from .dce import has_side_effects
+from .dce import draws_random, has_side_effects
 
 SCAN = 32  # ready nodes passed over, least-leaving first, for one that fits under the peak so far
 
@@ -73,14 +71,15 @@ class _Memory:
             # never reaches memory)
             self.outputs[name] = [b for b in node.output_names() if b not in inputs
                                   and (b in kept or users.get(b, set()) - {name})]
+        self.holders = users  # buffer -> the nodes using it
         self.users = {b: len(u) for b, u in users.items()}
         allocated = {b for outs in self.outputs.values() for b in outs}
         self.freeable = (allocated | set(graph.released)) - kept
         self.start = sum(self.nbytes[b] for b in inputs)
 
-    def step(self, name: str, left: dict) -> tuple[int, int, list]:
-        """(bytes `name` allocates, bytes freed after it, the buffers that die with it), with `left` the
-        number of nodes still to use each buffer before `name` runs."""
+    def step(self, name: str, left: dict) -> tuple[int, int]:
+        """(bytes `name` allocates, bytes freed after it), with `left` the number of nodes still to use each
+        buffer before `name` runs."""
         dying = [b for b in self.uses[name] if left.get(b) == 1 and b in self.freeable]
         freed = sum(self.nbytes[b] for b in dying)
         alloc = 0
@@ -93,18 +92,49 @@ class _Memory:
                 freed -= self.nbytes[donor]
             else:
                 alloc += self.nbytes[b]
-        return alloc, freed, dying
+        return alloc, freed
 
     def peak(self, order: list) -> int:
         left, live = dict(self.users), self.start
         top = live
         for name in order:
-            alloc, freed, _ = self.step(name, left)
+            alloc, freed = self.step(name, left)
             top = max(top, live + alloc + self.workspace[name])
             live += alloc - freed
             for b in self.uses[name]:
                 left[b] -= 1
         return top
+
+    def _waits(self, order: list) -> tuple[dict, dict]:
+        """(node -> how many nodes it waits for, node -> the nodes waiting for it beyond the edges). Random
+        draws keep their order among themselves (no edge says so: two draws swapped would each get the other's
+        numbers); another node with side effects (an assertion) or writing a buffer in place keeps its place
+        among all the others: everything before it in program order runs before it, everything after it after
+        it (a view an extern returned is not a reader of its base's name, so no edge keeps its readers before a
+        write of the base)."""
+        graph = self.graph
+        waiting = {n: len(graph.predecessors(n)) for n in order}
+        unblocks: dict[str, list] = {n: [] for n in order}
+        barrier, since, draw = None, [], None
+        for n in order:
+            if barrier is not None:
+                unblocks[barrier].append(n)
+                waiting[n] += 1
+            node = graph.node(n)
+            if draws_random(node):
+                if draw is not None:
+                    unblocks[draw].append(n)
+                    waiting[n] += 1
+                draw = n
+                since.append(n)
+            elif has_side_effects(node) or getattr(node, "mutates", ()):
+                for m in since:
+                    unblocks[m].append(n)
+                waiting[n] += len(since)
+                barrier, since = n, []
+            else:
+                since.append(n)
+        return waiting, unblocks
 
     def least_peak_first(self, order: list) -> list:
         """A greedy order (LPMF): among the ready nodes, one that fits under the peak so far and leaves the
@@ -113,36 +143,7 @@ class _Memory:
         and at most SCAN nodes that do not fit are passed over for one that does (a graph thousands of nodes
         wide stays linear, picking the least-adding node there)."""
         graph, position = self.graph, {n: k for k, n in enumerate(order)}
-        waiting = {n: len(graph.predecessors(n)) for n in order}
-        # random draws keep their order among themselves (no edge says so: two draws swapped would each get
-        # the other's numbers); another node with side effects (an assertion) or writing a buffer in place
-        # keeps its place among all the others: everything before it in program order runs before it,
-        # everything after it after it (a view an extern returned is not a reader of its base's name, so no
-        # edge keeps its readers before a write of the base)
-        released: dict[str, list] = {n: [] for n in order}  # node -> nodes that wait for it beyond the edges
-        barrier, since, draw = None, [], None
-        for n in order:
-            if barrier is not None:
-                released[barrier].append(n)
-                waiting[n] += 1
-            node = graph.node(n)
-            if _draws(node):
-                if draw is not None:
-                    released[draw].append(n)
-                    waiting[n] += 1
-                draw = n
-                since.append(n)
-            elif has_side_effects(node) or getattr(node, "mutates", ()):
-                for m in since:
-                    released[m].append(n)
-                waiting[n] += len(since)
-                barrier, since = n, []
-            else:
-                since.append(n)
-        holders: dict[str, list] = {}
-        for n in order:
-            for b in self.uses[n]:
-                holders.setdefault(b, []).append(n)
+        waiting, unblocks = self._waits(order)
         left, live, done = dict(self.users), self.start, set()
         top, out = live, []
         figures: dict[str, tuple] = {}  # ready node -> (bytes it adds and leaves, bytes it needs while it runs)
@@ -150,7 +151,7 @@ class _Memory:
         by_need: list = []
 
         def push(n):
-            alloc, freed, _ = self.step(n, left)
+            alloc, freed = self.step(n, left)
             figures[n] = fig = (alloc - freed, alloc + self.workspace[n])
             heapq.heappush(by_net, (fig[0], position[n], fig[1], n))
             heapq.heappush(by_need, (fig[1], position[n], fig[0], n))
@@ -185,19 +186,14 @@ class _Memory:
             for b in self.uses[pick]:
                 left[b] -= 1
                 if left[b] == 1:  # its last user (if ready) now frees it: its figures change
-                    last = next((h for h in holders[b] if h not in done), None)
+                    last = next((h for h in self.holders[b] if h not in done), None)
                     if last in figures:
                         push(last)
-            for s in [*graph.successors(pick), *released[pick]]:
+            for s in [*graph.successors(pick), *unblocks[pick]]:
                 waiting[s] -= 1
                 if waiting[s] == 0:
                     push(s)
         return out
-
-
-def _draws(node) -> bool:
-    """Whether `node` draws random numbers from a generator (or saves or replays its state)."""
-    return isinstance(node, Extern) and torch.Tag.nondeterministic_seeded in getattr(node.op, "tags", ())
 
 
 def _bytes(expr, hints: dict) -> int:
