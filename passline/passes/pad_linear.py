@@ -31,8 +31,7 @@ import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensor
 
 from ..pipeline.registry import AtLeast, register_pass
-
-_LINEAR = {F.linear, torch._C._nn.linear}
+from .fuse_linear_cross_entropy import _LINEAR, _val  # (the same reading of dynamo's graph)
 
 
 @register_pass("pad_linear", stage="fx", provides={"linears_padded"})
@@ -53,11 +52,6 @@ def pad_linear(gm: torch.fx.GraphModule, ctx, *,
         _rewrite(graph, node, *padding)
         ctx.count("linears_padded")
     return gm
-
-
-def _val(node):
-    v = node.meta.get("example_value", node.meta.get("val")) if isinstance(node, torch.fx.Node) else None
-    return v if isinstance(v, torch.Tensor) else None
 
 
 def _padding(node: torch.fx.Node, min_features: int, align: int) -> tuple | None:
