@@ -133,7 +133,7 @@ def cmd_passes(args) -> int:
         if facts:
             print(f"    facts: {'; '.join(facts)}")
         if info.stage != "scheduler":
-            print(f"    stage: {info.stage} (dynamo's FX graph, before aot_autograd; first in a pipeline)")
+            print(f"    stage: {info.stage} (dynamo's FX graph, before aot_autograd; runs before the scheduler passes)")
     return 0
 
 

@@ -817,7 +817,8 @@ def test_pad_linear_pads_misaligned_output_rows_and_trains_like_eager():
             return torch.nn.functional.cross_entropy(logits, t.flatten(), ignore_index=-100)
 
     torch.manual_seed(0)
-    pipeline = "pad_linear(any_device=true, min_features=1000), " + passline.DEFAULT_PIPELINE
+    pipeline = passline.DEFAULT_PIPELINE.replace("pad_linear", "pad_linear(any_device=true, min_features=1000, "
+                                                               "min_rows=32)")
     for bias, dtype in ((True, torch.bfloat16), (False, torch.float32)):
         x = torch.randn(2, 16, 64, dtype=dtype, requires_grad=True)
         idx, t = torch.randint(0, 1001, (2, 16)), torch.randint(0, 1001, (2, 16))
@@ -827,14 +828,26 @@ def test_pad_linear_pads_misaligned_output_rows_and_trains_like_eager():
         assert forward.metrics.counters["linears_padded"] == 1
         pads = [n.args[1] for n in forward.gm.graph.nodes if n.target is torch.ops.aten.constant_pad_nd.default]
         assert pads[0] == [0, 0, 0, 7 if dtype == torch.bfloat16 else 3]  # float32: 4004-byte rows, 3 short
-    # left alone: aligned rows (1024 features), too few features, a CPU target, and an output returned as it is
+        # the backward writes the logits' gradient padded in one kernel, computed there (inline_pointwise's
+        # cone move): no buffer of the unpadded [32, 1001] logits is stored, and no extern pads anything
+        backward = be.reports[1]
+        sizes = {tuple(int(s) for s in b.layout.size) for b in backward.graph.buffers().values()}
+        assert (32, 1001) not in sizes and (2, 16, 1001) not in sizes, backward.graph.format()
+        assert backward.metrics.counters["inlined_cone"] >= 1
+        assert not [n for n in backward.graph.nodes() if "constant_pad" in repr(n)]
+        # its reads of the padded logits are at the positions it stores (the pad's `col < 1001` makes the
+        # clamp idle, and the padded storage holds every column): no Min left in any load
+        assert "Min(" not in backward.graph.format(), backward.graph.format()
+    # left alone: aligned rows (1024 features), too few features, too few rows, a CPU target, and an output
+    # returned as it is
     lin = torch.nn.Linear(8, 1001)
     x = torch.randn(4, 8)
-    for fn, text in ((torch.nn.Linear(8, 1024), "pad_linear(any_device=true)"),
-                     (lin, "pad_linear(any_device=true, min_features=2000)"), (lin, "pad_linear"),
-                     (lin, "pad_linear(any_device=true, min_features=1)")):
+    for fn, text in ((torch.nn.Linear(8, 1024), "pad_linear(any_device=true, min_rows=1)"),
+                     (lin, "pad_linear(any_device=true, min_features=2000, min_rows=1)"), (lin, "pad_linear"),
+                     (lin, "pad_linear(any_device=true, min_features=1, min_rows=4)"),
+                     (lambda x: lin(x).relu(), "pad_linear(any_device=true, min_features=1, min_rows=5)")):
         be = assert_matches_eager(fn, [x], pipeline=text, codegen="reference")
         assert be.reports[0].metrics.counters["linears_padded"] == 0
-    be = assert_matches_eager(lambda x: lin(x).relu(), [x], pipeline="pad_linear(any_device=true, min_features=1)",
-                              codegen="reference")
+    be = assert_matches_eager(lambda x: lin(x).relu(), [x],
+                              pipeline="pad_linear(any_device=true, min_features=1, min_rows=4)", codegen="reference")
     assert be.reports[0].metrics.counters["linears_padded"] == 1

@@ -39,9 +39,9 @@ from .variants import AUTO, FORCEABLE, KernelVariant
 
 CODEGENS = ("auto", "triton", "reference")
 # The pipeline `passline.backend()` runs when none is given, in one place.
-DEFAULT_PIPELINE = ("dce, one_hot_sums, recompute_columns, dce, inline_pointwise, memory_order, merge_loops, "
-                    "inline_pointwise, repeat(fuse, reorder_loops; max_iter=4), mix_order_reduction, split_reductions, "
-                    "tile_rows, peak_memory")
+DEFAULT_PIPELINE = ("pad_linear, dce, one_hot_sums, recompute_columns, dce, inline_pointwise, memory_order, "
+                    "merge_loops, inline_pointwise, repeat(fuse, reorder_loops; max_iter=4), mix_order_reduction, "
+                    "split_reductions, tile_rows, peak_memory")
 
 
 class Backend:
@@ -121,6 +121,8 @@ class Backend:
         self.reports: list[CompileReport] = []
         self.failures: list = []  # (graph kind, exception) for graphs run eagerly by the fallback
         self._ids = itertools.count()
+        self._fx_ids = itertools.count()  # dynamo graphs the FX stage ran on (`fx0`, ...): a count of their own,
+        # so the aten graphs' names (forward0, backward1) do not depend on the pipeline having FX passes
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs):
         _start_compile_workers(self, example_inputs)
@@ -171,7 +173,7 @@ class Backend:
         devices = [x.device for x in example_inputs if isinstance(x, torch.Tensor)]
         metrics = Metrics(enabled=self.metric_tables)
         with use_settings(self.settings):
-            _, records = self.manager.run_fx(gm, metrics, f"fx{next(self._ids)}", Target.of_devices(devices))
+            _, records = self.manager.run_fx(gm, metrics, f"fx{next(self._fx_ids)}", Target.of_devices(devices))
         return FxStage(tuple(records), metrics)
 
     def _compiler(self, kind: str, fx: FxStage):

@@ -14,7 +14,7 @@ from torch.utils._pytree import tree_flatten
 
 from ..ir import Buffer, Layout, TensorArg
 from ..ir.index import derived_definition, sympify
-from . import cat, choices, indexing, mutation, pointwise, pooling, reductions, views  # noqa: F401  (fill the lowering table)
+from . import cat, choices, indexing, mutation, pad, pointwise, pooling, reductions, views  # noqa: F401  (fill the lowering table)
 from .context import GraphInput, LoweringContext, Program, dense_order, hint, strides_in_order
 from .decompositions import decomposition_table
 from .extern import is_rng_state_op, lower_extern, lower_rng_state_op, touches_complex

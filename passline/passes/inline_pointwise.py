@@ -49,6 +49,18 @@ consumer, whatever its other consumers do; it is removed when none is left. Stat
 Nodes are visited consumers first, so a chain of such nodes (a cast, then a
 scale) is inlined link by link in one sweep; each link's own body is what the limits count. Stat:
 `inlined_pointwise`.
+
+A node whose one reader is a Pointwise node it cannot fuse with for a reason of shape, iterating more of
+its points but at most 9/8 of them (a pad of its rows to an aligned width: pad_linear's logits gradient,
+30522 -> 30528 columns), moves into that reader with its cone: the pointwise nodes it reads, directly or
+through each other, that nothing else reads (none an output, written in place or read indirectly). Each is
+then computed once per point of the reader, none is stored; a cone node the reader would compute at two
+points of each of its own (a stencil) refuses the move, as does a body of more than `cone_max_values`
+values. Where the moved body's load sits in the chosen branch of a `where` whose condition bounds a loop
+variable (the pad's `col < N`), a clamp of that variable the condition makes idle (`Min(col, N - 1)`) is
+dropped from each load that stays inside its buffer for every point of the loops — the padded logits' storage
+holds every column — so the kernel reads where it stores: vectorized, and over a buffer it may write its
+output into. Stat: `inlined_cone`.
 """
 from __future__ import annotations
 
@@ -59,7 +71,7 @@ import sympy
 
 from ..ir import Pointwise, Reduction
 from ..ir.body import Cast, Constant, IndexValue, Load, Op, children, rebuild, substitute_index, walk
-from ..ir.index import is_indirect, var_kind
+from ..ir.index import as_strided_form, is_indirect, var_kind
 from ..pipeline.registry import AtLeast, register_pass
 from .legality import can_fuse
 from .points import point
@@ -287,6 +299,216 @@ def _no_wider(graph, node: Pointwise, ratio: int) -> bool:
                                for n in graph.nodes())
 
 
+def _cone(graph, node: Pointwise, blocked) -> set:
+    """The pointwise nodes `node` reads directly, or through each other, that only `node` and each other
+    read (none an output or written in place, none read at indirect positions): computed inside `node`'s
+    reader instead, none of them is stored or computed twice."""
+    found, frontier, indirect = set(), [node], set()
+    while frontier:
+        for v in walk(frontier.pop().body):
+            if not isinstance(v, Load) or v.buffer in blocked:
+                continue
+            name = graph.producer(v.buffer)
+            producer = graph.node(name) if name is not None else None
+            if v.indirect:
+                indirect.add(name)
+            elif isinstance(producer, Pointwise) and not producer.in_place and name not in found \
+                    and not graph.mutated_names() & set(producer.read_names()):
+                found.add(name)
+                frontier.append(producer)
+    cone = found - indirect
+    while True:  # drop the nodes read from outside, then those only such nodes read kept their place
+        outside = {n for n in cone if any(c not in cone and c != node.name
+                                          for c in graph.consumers(graph.node(n).output.name))}
+        if not outside:
+            return cone
+        cone -= outside
+
+
+def _moved(graph, consumer, node: Pointwise, cone: set, max_ops: int):
+    """`consumer` with its one load of `node` replaced by `node`'s body expanded through `cone`, all in the
+    consumer's variables; None where a load maps to no single point, a cone node would be computed at two
+    points of each consumer point (recomputed), or the body grows past `max_ops` values."""
+    indices = consumer.load_indices(node.output.name)
+    if len(indices) != 1:  # read at two points of each consumer point: moved, it would be computed twice
+        return None
+    index, var_ranges = indices[0], consumer.var_ranges
+    at_points: dict = {}  # cone node -> the point it is computed at
+
+    def expand(n, at):
+        if at_points.setdefault(n.name, at) != at:
+            raise _Refused
+        body = substitute_index(n.body, at)
+
+        def leaf(v):
+            name = graph.producer(v.buffer) if isinstance(v, Load) and not v.indirect else None
+            if name not in cone:
+                return v
+            producer = graph.node(name)
+            inner_at = point(producer, v.index, var_ranges, bounds=graph.bounds, finer=True)
+            if inner_at is None:
+                raise _Refused
+            value = expand(producer, inner_at)
+            return value if value.dtype == v.dtype else Cast(value, v.dtype)
+
+        return rebuild(body, leaf)
+
+    at = point(node, index, var_ranges, bounds=graph.bounds, finer=True)
+    if at is None:
+        return None
+    try:
+        value = expand(node, at)
+    except _Refused:
+        return None
+    value = _unclamped(graph, value, _guard_facts(consumer.body, node.output.name), var_ranges)
+    body = rebuild(consumer.body, lambda v: (value if value.dtype == v.dtype else Cast(value, v.dtype))
+                   if isinstance(v, Load) and v.buffer == node.output.name else v)
+    if sum(1 for _ in walk(body)) > max_ops:
+        return None
+    return attrs.evolve(consumer, body=body)
+
+
+def _guard_facts(body, buffer: str) -> dict:
+    """{loop variable: (least, most)} that holds wherever `body` uses its loads of `buffer`: each such use
+    lies in the chosen branch of a `where` whose condition bounds the variable (a pad's
+    `where(0 <= i & i < N, x[Min(i, N - 1)], 0)`), on every path from the body's root."""
+    memo: dict = {}
+
+    def bounds(cond) -> dict:  # {variable: (least, most)} from the conjuncts `index(v) >= n`, `index(v) < n`
+        if isinstance(cond, Op) and cond.name == "logical_and":
+            a, b = (bounds(c) for c in cond.args)
+            return {v: tuple(_tighter(x, y, pick) for x, y, pick in zip(a.get(v, (None, None)),
+                                                                        b.get(v, (None, None)), (max, min)))
+                    for v in a.keys() | b.keys()}
+        if isinstance(cond, Op) and cond.name in ("lt", "ge") and isinstance(cond.args[0], IndexValue) \
+                and not cond.args[0].indirect and isinstance(cond.args[0].expr, sympy.Symbol) \
+                and isinstance(cond.args[1], Constant) and isinstance(cond.args[1].value, int):
+            n = cond.args[1].value
+            return {cond.args[0].expr: (n, None) if cond.name == "ge" else (None, n - 1)}
+        return {}
+
+    def meet(a, b):  # what holds on both paths: each variable both bound, by the looser of the two bounds
+        out = {v: (min(a[v][0], b[v][0]) if None not in (a[v][0], b[v][0]) else None,
+                   max(a[v][1], b[v][1]) if None not in (a[v][1], b[v][1]) else None) for v in a.keys() & b.keys()}
+        return {v: lh for v, lh in out.items() if lh != (None, None)}
+
+    def facts(v):  # None: no path from v to a load of buffer
+        if id(v) in memo:
+            return memo[id(v)]
+        if isinstance(v, Load) and v.buffer == buffer:
+            found = {}
+        else:
+            paths = []
+            kids = children(v)
+            for k, c in enumerate(kids):
+                f = facts(c)
+                if f is None:
+                    continue
+                if isinstance(v, Op) and v.name == "where" and k == 1:  # the chosen branch: its condition holds
+                    cond = bounds(kids[0])
+                    f = {u: tuple(_tighter(x, y, pick) for x, y, pick
+                                  in zip(f.get(u, (None, None)), cond.get(u, (None, None)), (max, min)))
+                         for u in f.keys() | cond.keys()}
+                paths.append(f)
+            found = None
+            for f in paths:
+                found = f if found is None else meet(found, f)
+        memo[id(v)] = found
+        return found
+
+    return facts(body) or {}
+
+
+def _tighter(x, y, pick):
+    """The tighter of two bounds, either None (no bound): `pick` is max for least values, min for most."""
+    return y if x is None else x if y is None else pick(x, y)
+
+
+def _unclamped(graph, value, facts: dict, var_ranges):
+    """`value` with each clamp of a loop variable its guard makes idle (`Min(i, N - 1)` where `i <= N - 1`)
+    replaced by the variable, in each load that then stays inside its buffer at every point of the loops
+    (the value is computed, and thrown away, where the guard fails: it must not read outside) and in the
+    index values computed with them, but not in what gives a position loaded at run time. Such loads then
+    sit at the stored index: contiguous, and a buffer a kernel may write its output over (the padded
+    logits' gradient over the logits)."""
+    if not facts or any(isinstance(v, Op) and v.name in ("floordiv", "remainder", "fmod")
+                        and not v.dtype.is_floating_point for v in walk(value)):
+        return value  # (an integer division by a value loaded where the guard fails could raise)
+
+    def strip(e):
+        args = [a for a in e.args if not a.is_number]
+        if len(args) != 1 or len(e.args) != 2:
+            return e
+        inner, k = args[0], next(a for a in e.args if a.is_number)
+        var = next(iter(inner.free_symbols), None) if len(inner.free_symbols) == 1 else None
+        if var not in facts or sympy.expand(inner - var).free_symbols:
+            return e
+        shift = sympy.expand(inner - var)  # inner = var + shift
+        lo, hi = facts[var]
+        if isinstance(e, sympy.Min):
+            return inner if hi is not None and hi + shift <= k else e
+        return inner if lo is not None and lo + shift >= k else e
+
+    def unclamp(expr):
+        return expr.replace(lambda e: isinstance(e, (sympy.Min, sympy.Max)), strip)
+
+    ranges = dict(var_ranges)
+    buffers = graph.buffers()
+
+    def inside(v) -> bool:  # a direct load's every position within its buffer's storage
+        form = as_strided_form(v.index, list(ranges))
+        layout = buffers[v.buffer].layout if v.buffer in buffers else None
+        if form is None or layout is None or not all(c.is_nonnegative for c in form[0]) \
+                or not sympy.sympify(form[1]).is_nonnegative:
+            return False
+        top = form[1] + sum(c * (ranges[u] - 1) for u, c in zip(ranges, form[0]))
+        return bool(sympy.expand(sum((n - 1) * st for n, st in zip(layout.size, layout.stride)) - top).is_nonnegative)
+
+    # positions loaded at run time stay as they are, and so does what computes them: a value thrown away
+    # is still bounds-checked where it is an index
+    kept = {id(u) for v in walk(value) if isinstance(v, (Load, IndexValue)) and v.indirect
+            for b in v.indirect for u in walk(b.value)}
+
+    def leaf(v):
+        if id(v) in kept or getattr(v, "indirect", ()):
+            return v
+        if isinstance(v, Load):  # each load on its own: one that would leave its buffer keeps its clamp
+            new = attrs.evolve(v, index=unclamp(v.index))
+            return new if new == v or inside(new) else v
+        if isinstance(v, IndexValue):
+            return attrs.evolve(v, expr=unclamp(v.expr))
+        return v
+
+    return rebuild(value, leaf)
+
+
+class _Refused(Exception):
+    pass
+
+
+def _inline_cone(graph, ctx, node: Pointwise, blocked, max_ops: int, memo: dict | None = None) -> bool:
+    """Move `node`, with the pointwise nodes only it reads, into its one reader, a Pointwise node that
+    cannot fuse with it for a reason of shape and iterates more of its points, at most 9/8 of them (a pad);
+    True when done (the cone's nodes, unread, go at the sweep's end)."""
+    consumers = _shape_refused(graph, node, memo)
+    if consumers is None or len(consumers) != 1 or not isinstance(consumers[0], Pointwise):
+        return False
+    consumer, = consumers
+    # a pad of the node's rows to an aligned width (pad_linear: 30522 -> 30528 columns) computes its edge
+    # points a few times over; a reader of many more points would recompute the cone. Readers of as many
+    # points fuse with the node once merge_loops and fuse have matched their loops: left to them.
+    if not (sympy.simplify(9 * node.numel - 8 * consumer.numel).is_nonnegative
+            and sympy.simplify(consumer.numel - node.numel).is_positive):
+        return False
+    new = _moved(graph, consumer, node, _cone(graph, node, blocked), max_ops)
+    if new is None or not ctx.decide("inline_cone", node, consumer):
+        return False
+    graph.replace_node(consumer.name, new)
+    graph.remove_node(node.name)
+    ctx.count("inlined_cone")
+    return True
+
+
 def _drop_unread(graph, names, outputs) -> None:
     """Remove the pointwise nodes among `names` that nothing reads any more (expanded into their readers) —
     never one that writes a graph input in place (`x.fill_(3)`: read by no node, it is the caller's result;
@@ -314,7 +536,9 @@ def inline_pointwise(graph, ctx, *,
                      input_max_ops: Annotated[int, "most operations of a value of one input point recomputed by "
                                               "its readers (0: never)", AtLeast(0)] = 4,
                      chain_max_ops: Annotated[int, "most operations of a chain down to one input point recomputed "
-                                              "in readers that cannot fuse with it (0: never)", AtLeast(0)] = 16):
+                                              "in readers that cannot fuse with it (0: never)", AtLeast(0)] = 16,
+                     cone_max_values: Annotated[int, "most values of a node and the nodes only it reads, moved "
+                                                "into its one reader of about its size (0: never)", AtLeast(0)] = 256):
     """Recompute cheap pointwise nodes inside consumers they cannot fuse with (a weight cast), at the
     positions a consumer reads them indirectly (log-softmax gathered at the target), values made from
     the inputs alone inside the bigger loops they are broadcast into (cross-entropy's per-row factors), and
@@ -354,6 +578,8 @@ def inline_pointwise(graph, ctx, *,
                                                    broadcast_ratio, output=False, memo=memo):
             expanded = True
         elif chain_max_ops and _inline_chain(graph, ctx, node, inputs, outputs | mutated, chain_max_ops, memo):
+            expanded = True
+        elif cone_max_values and _inline_cone(graph, ctx, node, outputs | mutated, cone_max_values, memo):
             expanded = True
     if expanded:
         _drop_unread(graph, present, outputs)

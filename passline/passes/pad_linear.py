@@ -13,17 +13,27 @@ graph reads the first N of each — a view, whose rows start 16-byte aligned. Au
 through the view (the logits' gradient is written padded, its extra columns zero) and through the pad (W's
 gradient is the first N rows of the padded weight's), so every value is the one the unpadded graph computes.
 The padded copy of W costs one read and one write of it a step (47 MB at 30522 × 768 in bfloat16: ~25 µs on
-an H200), against matmuls over the whole batch's tokens.
+an H200), against matmuls over the whole batch's tokens — hence `min_rows`: with fewer rows than that (1024:
+a decoding step's few tokens) the matmul mostly reads W, and copying W first would cost more than the
+alignment saves.
+
+The rest is the scheduler's: `F.pad` and the view's backward are Pointwise gathers (lowering/pad.py,
+`slice_scatter`), and `inline_pointwise` moves the logits' gradient (cross-entropy's, or whatever computes
+it) into the padded write, reading the logits at the positions it stores (docs/passes.md, *inline_pointwise*):
+one kernel writes the padded gradient, over the logits' own storage, as the unpadded graph wrote its own.
+Without that, the gradient was written unpadded and copied into the padded matrix (BERT-style's peak 1491 →
+2465 MB in the thirty-eighth session, when this pass was off by default).
 
 On dynamo's torch-level graph (shapes and dtypes from each node's example value). Applies to `F.linear`
-(nn.Linear) on a GPU target whose weight is 2-D with static N of at least `min_features`, whose output
-(its dtype, under autocast the compute dtype) has rows not a multiple of `align` bytes, and whose result the
-graph does not return as it is (a returned view would not have eager's strides). Stat `linears_padded`;
-each rewrite is a decision `passline.bisect` can stop at. On a CPU target nothing is padded unless
-`any_device` (tests).
+(nn.Linear) on a GPU target whose weight is 2-D with static N of at least `min_features`, whose input has a
+static count of rows (all but the last dimension) of at least `min_rows`, whose output (its dtype, under
+autocast the compute dtype) has rows not a multiple of `align` bytes, and whose result the graph does not
+return as it is (a returned view would not have eager's strides). Stat `linears_padded`; each rewrite is a
+decision `passline.bisect` can stop at. On a CPU target nothing is padded unless `any_device` (tests).
 """
 from __future__ import annotations
 
+import math
 from typing import Annotated
 
 import torch
@@ -38,6 +48,7 @@ from .fuse_linear_cross_entropy import _LINEAR, _val  # (the same reading of dyn
 def pad_linear(gm: torch.fx.GraphModule, ctx, *,
                min_features: Annotated[int, "fewest output features worth padding", AtLeast(1)] = 1024,
                align: Annotated[int, "bytes a row of the output should be a multiple of", AtLeast(1)] = 16,
+               min_rows: Annotated[int, "fewest input rows (tokens) worth padding for", AtLeast(1)] = 1024,
                any_device: Annotated[bool, "pad on a CPU target too (its kernels gain nothing: for tests)"] = False):
     """Pad a linear layer's weight so its output rows are 16-byte aligned, and read the first N (FX stage)."""
     if ctx.target.interpreted and not any_device:
@@ -46,7 +57,7 @@ def pad_linear(gm: torch.fx.GraphModule, ctx, *,
     for node in list(graph.nodes):
         if not (node.op == "call_function" and node.target in _LINEAR):
             continue
-        padding = _padding(node, min_features, align)
+        padding = _padding(node, min_features, align, min_rows)
         if padding is None or not ctx.decide("pad", node.name):
             continue
         _rewrite(graph, node, *padding)
@@ -54,7 +65,7 @@ def pad_linear(gm: torch.fx.GraphModule, ctx, *,
     return gm
 
 
-def _padding(node: torch.fx.Node, min_features: int, align: int) -> tuple | None:
+def _padding(node: torch.fx.Node, min_features: int, align: int, min_rows: int) -> tuple | None:
     """(N, p) for a linear this pass pads, else None."""
     weight = node.args[1] if len(node.args) > 1 else node.kwargs.get("weight")
     out, w = _val(node), _val(weight)
@@ -67,6 +78,9 @@ def _padding(node: torch.fx.Node, min_features: int, align: int) -> tuple | None
     if (n * size) % align == 0 or align % size:
         return None
     if any(u.op == "output" for u in node.users):  # returned as it is: eager's strides are the caller's
+        return None
+    rows = math.prod(out.shape[:-1])
+    if not isinstance(rows, int) or rows < min_rows:  # (symbolic rows: not padded)
         return None
     step = align // size
     return n, -n % step

@@ -99,13 +99,18 @@ def _opaque_clamps(index, var_ranges, bounds: dict):
         return None
 
 
-def point(node: Pointwise, index, var_ranges, flat: bool = False, bounds: dict | None = None) -> dict | None:
+def point(node: Pointwise, index, var_ranges, flat: bool = False, bounds: dict | None = None,
+          finer: bool = False) -> dict | None:
     """{node's loop variable: expression in the consumer's variables} so that the node stores at
     `index`, or None when that is not provable. A clamp of the consumer's variables may address a
     dimension too (`_opaque_clamps`). `flat`: a node of one loop may be mapped from any index
     that stays inside it (`_flat_point`); only for indirect reads, which fusion can never serve: a direct
     read of a node merge_loops flattened is what fuse splits back to the reader's nest. `bounds`: the
-    graph's least value of each size symbol (SchedulerGraph.bounds), for what holds under dynamic shapes."""
+    graph's least value of each size symbol (SchedulerGraph.bounds), for what holds under dynamic shapes.
+    `finer`: several consumer variables may address one dimension (a [4, 64, N] loop nest reading a
+    [256, N] node: its rows are 64*i0 + i1) — for a reader that takes the node's whole computation
+    (inline_pointwise's pad rule); the other rules recompute a node only where the reader's loops match its
+    own, and leave a flattened node to `fuse`, which splits it back to the reader's nest and computes it once."""
     # a consumer variable of one value is 0 (a batch of 1: `90*i0` in the index, i0 in range(1))
     index = index.xreplace({v: sympy.S.Zero for v, size in var_ranges if size == 1})
     if index.has(sympy.Min, sympy.Max):
@@ -113,7 +118,7 @@ def point(node: Pointwise, index, var_ranges, flat: bool = False, bounds: dict |
         if opaque is None:
             return None
         inner, extra, back = opaque
-        mapping = point(node, inner, tuple(var_ranges) + extra, flat, bounds)
+        mapping = point(node, inner, tuple(var_ranges) + extra, flat, bounds, finer)
         if mapping is None:
             return None
         mapping = {k: v.xreplace(back) for k, v in mapping.items()}
@@ -126,16 +131,26 @@ def point(node: Pointwise, index, var_ranges, flat: bool = False, bounds: dict |
     form = as_strided_form(index, [v for v, _ in var_ranges])
     if form is None or form[1] != 0:
         return None
-    dims: dict = {}  # output dimension -> consumer variable
+    dims: dict = {}  # output dimension -> its position, in the consumer's variables
+    tops: dict = {}  # output dimension -> the largest that position gets
     for (v, size), t in zip(var_ranges, form[0]):
         if t == 0 or size == 1:
             continue
-        hits = [k for k, (s, st) in enumerate(zip(layout.size, layout.stride))
-                if s != 1 and k not in dims and sympy.expand(st - t) == 0]
-        # the variable must stay inside that dimension, or it would reach another one's points
-        if len(hits) != 1 or not sympy.expand(size - layout.size[hits[0]]).is_nonpositive:
+        # the dimension whose stride is the largest dividing the variable's (`finer`; else equal to it): the
+        # variable moves that dimension by the multiple; dimensions of one stride would be ambiguous
+        steps = [(k, sympy.expand(t / st)) for k, (s, st) in enumerate(zip(layout.size, layout.stride))
+                 if s != 1 and (finer or k not in dims)]
+        steps = [(k, m) for k, m in steps if m.is_Integer and m > 0 and (finer or m == 1)]
+        if not steps:
             return None
-        dims[hits[0]] = v
+        k, m = min(steps, key=lambda km: km[1])
+        if sum(1 for _, m2 in steps if m2 == m) != 1:
+            return None
+        dims[k] = dims.get(k, sympy.S.Zero) + m * v
+        tops[k] = tops.get(k, sympy.S.Zero) + m * (size - 1)
+    # each variable must stay inside its dimension, or it would reach another one's points
+    if any(not sympy.expand(layout.size[k] - 1 - top).is_nonnegative for k, top in tops.items()):
+        return None
     loop_of = node.store_order(node.vars)  # output dimension k is indexed by loop variable loop_of[k]
     mapping = {loop_of[k]: dims.get(k, sympy.S.Zero) for k in range(len(layout.size))}
     if sympy.expand(node.store_index().xreplace(mapping) - index) != 0:

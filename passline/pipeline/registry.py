@@ -34,7 +34,7 @@ OPTION_TYPES = (bool, int, float, str)
 # What a pass works on. "scheduler": the SchedulerGraph of one aten graph, after lowering (almost every
 # pass). "fx": the torch-level FX graph dynamo captured, before aot_autograd splits it into forward and
 # backward — where a rewrite can change what autograd saves (fuse_linear_cross_entropy). FX-stage passes
-# come first in a pipeline; the dynamo backend runs them once per captured graph.
+# run before every scheduler pass, wherever written; the dynamo backend runs them once per captured graph.
 STAGES = ("scheduler", "fx")
 
 
@@ -310,7 +310,7 @@ class Registry:
             lines.append(f"### `{info.name}`\n")
             lines.append(info.summary + "\n")
             if info.stage == "fx":
-                lines.append("Stage: fx (dynamo's FX graph, before aot_autograd; first in a pipeline).\n")
+                lines.append("Stage: fx (dynamo's FX graph, before aot_autograd; runs before the scheduler passes).\n")
             if facts:
                 lines.append(f"Facts: {'; '.join(facts)}.\n")
             if info.options:

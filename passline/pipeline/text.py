@@ -134,13 +134,13 @@ class Pipeline:
         return _opened(self.items)
 
     def fx_calls(self) -> list[PassCall]:
-        """The FX-stage passes (they come first): what the dynamo backend runs on each captured graph before
-        aot_autograd."""
+        """The FX-stage passes, in their written order: what the dynamo backend runs on each captured graph
+        before aot_autograd."""
         return [it for it in self.items if isinstance(it, PassCall) and it.info.stage == "fx"]
 
     def scheduler_items(self) -> tuple:
-        """The items after the FX-stage passes: what runs on each lowered graph."""
-        return self.items[len(self.fx_calls()):]
+        """The items that are not FX-stage passes, in their written order: what runs on each lowered graph."""
+        return tuple(it for it in self.items if not (isinstance(it, PassCall) and it.info.stage == "fx"))
 
     def max_runs(self) -> int:
         """An upper bound on pass executions: each repeat group at its max_iter."""
@@ -170,23 +170,18 @@ def _opened(items) -> list[PassCall]:
 
 
 def check_stages(items, text: str | None = None, positions: dict | None = None) -> None:
-    """FX-stage passes rewrite dynamo's graph once, before it is split and lowered: each comes before every
-    scheduler pass and outside repeat(...)."""
+    """FX-stage passes rewrite dynamo's graph once, before it is split and lowered: none inside repeat(...).
+    Written after scheduler passes they still run first, in their written order (their stage runs before
+    lowering), so that `"my_pass, " + passline.DEFAULT_PIPELINE`, whose first pass works on the FX graph,
+    means what it says."""
     def where(call):
         return positions.get(id(call)) if positions else None
 
-    first_scheduler = None
     for it in items:
         for call in _opened((it,)):
-            if call.info.stage != "fx":
-                first_scheduler = first_scheduler or call
-            elif isinstance(it, Repeat):
+            if call.info.stage == "fx" and isinstance(it, Repeat):
                 raise PipelineError(f"pass {call.name!r} works on dynamo's FX graph (stage fx) and runs once per "
                                     f"captured graph: it cannot be inside repeat(...)", text, where(call))
-            elif first_scheduler is not None:
-                raise PipelineError(f"pass {call.name!r} works on dynamo's FX graph (stage fx), before lowering: "
-                                    f"put it before {first_scheduler.name!r}, which works on the lowered graph",
-                                    text, where(call))
 
 
 def check_facts(items, text: str | None = None, positions: dict | None = None, facts=INITIAL_FACTS) -> frozenset:

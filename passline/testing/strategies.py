@@ -8,9 +8,9 @@
         assert_matches_eager(program, program.inputs, pipeline=pipeline)
 
 A program is a small DAG of pointwise math, broadcasts, views (permute, slice, reshape, unsqueeze),
-concatenations (cat), reductions over random dims, softmaxes along one (softmax, log_softmax: a row's max and
-sum of exponentials) and gathers along one at indices computed from another value (take: `torch.gather`),
-on inputs of random shapes (size-1 dims included),
+concatenations (cat), constant pads and cuts along one dim (pad), reductions over random dims, softmaxes
+along one (softmax, log_softmax: a row's max and sum of exponentials) and gathers along one at indices
+computed from another value (take: `torch.gather`), on inputs of random shapes (size-1 dims included),
 random dtypes and random memory layouts (LAYOUTS: contiguous, transposed, permuted, sliced, expanded, channels_last,
 channels_last_3d). It is written as Input specs and a list of steps, so a failing example prints as
 code that rebuilds it: `eval(repr(program))` with `from passline.testing import TensorProgram, Input`.
@@ -225,6 +225,8 @@ def _apply(step: Step, xs):
         return xs[0].unsqueeze(p[0])
     if op == "cat":
         return torch.cat((xs[0], xs[1]), p[0])
+    if op == "pad":
+        return torch.constant_pad_nd(xs[0], p[0], p[1])
     raise ValueError(op)
 
 
@@ -304,7 +306,7 @@ def programs(draw, max_steps: int = 6, max_rank: int = 5, max_size: int = 6,
     for _ in range(draw(st.integers(1, max_steps))):
         i = draw(st.integers(0, len(shapes) - 1))
         s = shapes[i]
-        kinds = ["unary", "binary", "reduce", "view", "cat", "softmax", "take"]
+        kinds = ["unary", "binary", "reduce", "view", "cat", "softmax", "take", "pad"]
         kind = draw(st.sampled_from(kinds))
         if kind == "unary":
             names = sorted(UNARY if dtype.is_floating_point else INT_SAFE)
@@ -365,6 +367,14 @@ def programs(draw, max_steps: int = 6, max_rank: int = 5, max_size: int = 6,
             j = draw(st.sampled_from(partners))
             dim = draw(st.sampled_from([d, d - len(s)]))  # negative dims too
             step, out = Step("cat", (i, j), (dim,)), s[:d] + (s[d] + shapes[j][d],) + s[d + 1:]
+        elif kind == "pad" and s:
+            # constant_pad_nd along one dim, counted from the last: before and after, a negative count cuts
+            d = draw(st.integers(0, len(s) - 1))
+            lo = draw(st.integers(-1 if s[d] > 1 else 0, 2))
+            hi = draw(st.integers(-1 if s[d] + lo > 1 else 0, 3))
+            value = draw(st.sampled_from([0, 1, -2] if not dtype.is_floating_point else [0.0, 1.5, -2.0]))
+            pad = (0, 0) * (len(s) - 1 - d) + (lo, hi)
+            step, out = Step("pad", (i,), (pad, value)), s[:d] + (s[d] + lo + hi,) + s[d + 1:]
         else:
             step, out = Step("neg", (i,)), s
         steps.append(step)
