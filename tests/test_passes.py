@@ -838,6 +838,12 @@ def test_pad_linear_pads_misaligned_output_rows_and_trains_like_eager():
         # its reads of the padded logits are at the positions it stores (the pad's `col < 1001` makes the
         # clamp idle, and the padded storage holds every column): no Min left in any load
         assert "Min(" not in backward.graph.format(), backward.graph.format()
+    # under dynamic shapes too (the rows counted at the traced sizes), at two batch sizes
+    for batch in (2, 3):
+        x = torch.randn(batch, 16, 64, dtype=torch.bfloat16, requires_grad=True)
+        idx, t = torch.randint(0, 1001, (batch, 16)), torch.randint(0, 1001, (batch, 16))
+        be = assert_matches_eager(Head().bfloat16(), [x, idx, t], pipeline=pipeline, codegen="reference", dynamic=True)
+        assert be.reports[0].metrics.counters["linears_padded"] == 1 and be.reports[1].metrics.counters["inlined_cone"]
     # left alone: aligned rows (1024 features), too few features, too few rows, a CPU target, and an output
     # returned as it is
     lin = torch.nn.Linear(8, 1001)

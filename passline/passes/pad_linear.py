@@ -25,11 +25,12 @@ Without that, the gradient was written unpadded and copied into the padded matri
 2465 MB in the thirty-eighth session, when this pass was off by default).
 
 On dynamo's torch-level graph (shapes and dtypes from each node's example value). Applies to `F.linear`
-(nn.Linear) on a GPU target whose weight is 2-D with static N of at least `min_features`, whose input has a
-static count of rows (all but the last dimension) of at least `min_rows`, whose output (its dtype, under
-autocast the compute dtype) has rows not a multiple of `align` bytes, and whose result the graph does not
-return as it is (a returned view would not have eager's strides). Stat `linears_padded`; each rewrite is a
-decision `passline.bisect` can stop at. On a CPU target nothing is padded unless `any_device` (tests).
+(nn.Linear) on a GPU target whose weight is 2-D with static N of at least `min_features`, whose input has at
+least `min_rows` rows (all but the last dimension; under dynamic shapes, at the traced sizes), whose output
+(its dtype, under autocast the compute dtype) has rows not a multiple of `align` bytes, and whose result the
+graph does not return as it is (a returned view would not have eager's strides). Stat `linears_padded`; each
+rewrite is a decision `passline.bisect` can stop at. On a CPU target nothing is padded unless `any_device`
+(tests).
 """
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensor
 
+from ..lowering.context import hint
 from ..pipeline.registry import AtLeast, register_pass
 from .fuse_linear_cross_entropy import _LINEAR, _val  # (the same reading of dynamo's graph)
 
@@ -79,8 +81,8 @@ def _padding(node: torch.fx.Node, min_features: int, align: int, min_rows: int) 
         return None
     if any(u.op == "output" for u in node.users):  # returned as it is: eager's strides are the caller's
         return None
-    rows = math.prod(out.shape[:-1])
-    if not isinstance(rows, int) or rows < min_rows:  # (symbolic rows: not padded)
+    rows = [hint(s) for s in out.shape[:-1]]  # (under dynamic shapes, the traced sizes)
+    if None in rows or math.prod(rows) < min_rows:
         return None
     step = align // size
     return n, -n % step
