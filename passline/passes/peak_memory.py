@@ -61,8 +61,10 @@ class _Memory:
             for b in self.uses[name]:
                 users.setdefault(b, set()).add(name)
             # whether codegen may write an output over a dying input (the structural part of its rule,
-            # `kernel.overwritable`: never an extern call, a mix-order kernel, a scatter or an in-place member)
-            self.overwrites[name] = not isinstance(node, (Extern, MixOrderNode)) and not any(
+            # `kernel.overwritable`: never an extern call, a mix-order kernel but a tiled one, a scatter or an
+            # in-place member)
+            self.overwrites[name] = not isinstance(node, Extern) and not (
+                isinstance(node, MixOrderNode) and not node.tiled) and not any(
                 isinstance(m, Scatter) or getattr(m, "in_place", False) for m in members(node))
             ws = getattr(node, "workspace_bytes", None)
             self.workspace[name] = _bytes(ws(), graph.hints) if ws is not None else 0

@@ -1151,10 +1151,17 @@ def overwritable(node, graph) -> dict:
     exactly O's store index (in the kernel's canonical variables), the member storing O computes its value
     from such a load (so the load is issued, and cached for the kernel's other readers of that address,
     before the store), and in a looped reduction no loop after O's own loads B again. A pointwise kernel
-    is one pass, a persistent one loads before it computes. Kernels with scatters, in-place members or a
-    mix-order form are left out."""
+    is one pass, a persistent one loads before it computes. Kernels with scatters or in-place members are left
+    out, and mix-order kernels but the tiled form (`MixOrderNode.tiled`: a pointwise row side, a bias
+    gradient's dh — the padded logits' gradient): its program reads each point of its block of rows and
+    columns and writes it in the same step of its loop, loads first (`generate_mix`), so the row side's own
+    rule holds, for buffers the column side does not read."""
     if isinstance(node, MixOrderNode):
-        return {}
+        if not node.tiled:
+            return {}
+        column_reads = {b for g in node.column_groups for m in members(g) for b in m.read_names()}
+        return {o: kept for o, bs in overwritable(node.row, graph).items()
+                if (kept := [b for b in bs if b not in column_reads])}
     nodes, outer, red = _group(node)
     if any(isinstance(m, Scatter) or getattr(m, "in_place", False) for m in nodes):
         return {}

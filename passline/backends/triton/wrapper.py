@@ -360,10 +360,12 @@ class CallWriter:
         from .runner import MixStep
 
         k_main, main, k_fin, fin_src, workspaces = data
+        dying = self.dying  # (a tiled form's row side may write over a buffer dying here: kernel.overwritable)
+        into = {o: [b for b in bs if b in dying] for o, bs in overwritable(node, self.graph).items()} if dying else {}
         for src in (main, fin_src):
             for kind, value in src.args:
                 if kind == "buffer" and value not in workspaces:
-                    self.alloc(value)
+                    self.alloc(value, donors=into.get(value, ()))
         def slots(src) -> dict:  # workspace name -> its position among the kernel's arguments
             return {v: i for i, (kind, v) in enumerate(src.args) if kind == "buffer" and v in workspaces}
 
