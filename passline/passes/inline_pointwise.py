@@ -317,7 +317,7 @@ def _cone(graph, node: Pointwise, blocked) -> set:
                 found.add(name)
                 frontier.append(producer)
     cone = found - indirect
-    while True:  # drop the nodes read from outside, then those only such nodes read kept their place
+    while True:  # drop the nodes read from outside (the expansion stops at them: what only they read stays too)
         outside = {n for n in cone if any(c not in cone and c != node.name
                                           for c in graph.consumers(graph.node(n).output.name))}
         if not outside:
