@@ -376,10 +376,7 @@ def _guard_facts(body, buffer: str) -> dict:
 
     def bounds(cond) -> dict:  # {variable: (least, most)} from the conjuncts `index(v) >= n`, `index(v) < n`
         if isinstance(cond, Op) and cond.name == "logical_and":
-            a, b = (bounds(c) for c in cond.args)
-            return {v: tuple(_tighter(x, y, pick) for x, y, pick in zip(a.get(v, (None, None)),
-                                                                        b.get(v, (None, None)), (max, min)))
-                    for v in a.keys() | b.keys()}
+            return _both(*(bounds(c) for c in cond.args))
         if isinstance(cond, Op) and cond.name in ("lt", "ge") and isinstance(cond.args[0], IndexValue) \
                 and not cond.args[0].indirect and isinstance(cond.args[0].expr, sympy.Symbol) \
                 and isinstance(cond.args[1], Constant) and isinstance(cond.args[1].value, int):
@@ -405,10 +402,7 @@ def _guard_facts(body, buffer: str) -> dict:
                 if f is None:
                     continue
                 if isinstance(v, Op) and v.name == "where" and k == 1:  # the chosen branch: its condition holds
-                    cond = bounds(kids[0])
-                    f = {u: tuple(_tighter(x, y, pick) for x, y, pick
-                                  in zip(f.get(u, (None, None)), cond.get(u, (None, None)), (max, min)))
-                         for u in f.keys() | cond.keys()}
+                    f = _both(f, bounds(kids[0]))
                 paths.append(f)
             found = None
             for f in paths:
@@ -419,9 +413,15 @@ def _guard_facts(body, buffer: str) -> dict:
     return facts(body) or {}
 
 
-def _tighter(x, y, pick):
-    """The tighter of two bounds, either None (no bound): `pick` is max for least values, min for most."""
-    return y if x is None else x if y is None else pick(x, y)
+def _both(a: dict, b: dict) -> dict:
+    """Facts {variable: (least, most)} holding where both `a` and `b` hold: each bound the tighter of the two
+    (None: no bound)."""
+    def tighter(x, y, pick):
+        return y if x is None else x if y is None else pick(x, y)
+
+    none = (None, None)
+    return {v: (tighter(a.get(v, none)[0], b.get(v, none)[0], max), tighter(a.get(v, none)[1], b.get(v, none)[1], min))
+            for v in a.keys() | b.keys()}
 
 
 def _unclamped(graph, value, facts: dict, var_ranges):

@@ -136,11 +136,11 @@ class Pipeline:
     def fx_calls(self) -> list[PassCall]:
         """The FX-stage passes, in their written order: what the dynamo backend runs on each captured graph
         before aot_autograd."""
-        return [it for it in self.items if isinstance(it, PassCall) and it.info.stage == "fx"]
+        return [it for it in self.items if _fx(it)]
 
     def scheduler_items(self) -> tuple:
         """The items that are not FX-stage passes, in their written order: what runs on each lowered graph."""
-        return tuple(it for it in self.items if not (isinstance(it, PassCall) and it.info.stage == "fx"))
+        return tuple(it for it in self.items if not _fx(it))
 
     def max_runs(self) -> int:
         """An upper bound on pass executions: each repeat group at its max_iter."""
@@ -167,6 +167,11 @@ def _opened(items) -> list[PassCall]:
     for it in items:
         out.extend(_opened(it.items) if isinstance(it, Repeat) else [it])
     return out
+
+
+def _fx(item) -> bool:
+    """Whether a top-level item is an FX-stage pass (they run on dynamo's graph, before lowering)."""
+    return isinstance(item, PassCall) and item.info.stage == "fx"
 
 
 def check_stages(items, text: str | None = None, positions: dict | None = None) -> None:

@@ -326,10 +326,14 @@ class CallWriter:
         # the call, stayed alive to the next extern call: 49 MB of a ResNet-18 step's forward peak)
         self.emit("del " + ", ".join(["r", *(f"r{i}" for i, _ in outs if not (single and _one_tensor(node.op)))]))
 
+    def donors(self, node) -> dict:
+        """{an output of `node`: the buffers dying at it whose storage it may take} (kernel.overwritable)."""
+        dying = self.dying
+        return {o: [b for b in bs if b in dying] for o, bs in overwritable(node, self.graph).items()} if dying else {}
+
     def step_kernel(self, node, k, variants) -> None:
         src = next(iter(variants.values()))  # this step's own (the kernel may be another layer's, shared)
-        dying = self.dying
-        into = {o: [b for b in bs if b in dying] for o, bs in overwritable(node, self.graph).items()} if dying else {}
+        into = self.donors(node)
         for kind, value in src.args:
             if kind == "buffer":
                 self.alloc(value, donors=into.get(value, ()))
@@ -360,8 +364,7 @@ class CallWriter:
         from .runner import MixStep
 
         k_main, main, k_fin, fin_src, workspaces = data
-        dying = self.dying  # (a tiled form's row side may write over a buffer dying here: kernel.overwritable)
-        into = {o: [b for b in bs if b in dying] for o, bs in overwritable(node, self.graph).items()} if dying else {}
+        into = self.donors(node)  # (a tiled form's row side may write over a buffer dying here)
         for src in (main, fin_src):
             for kind, value in src.args:
                 if kind == "buffer" and value not in workspaces:
