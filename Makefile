@@ -8,11 +8,15 @@ TRITON ?= triton==3.9.0
 
 .PHONY: demo lint test fuzz conformance venv clean
 
+# --no-cache-dir: a fresh machine installs once, and a copy of each wheel in pip's cache only costs disk
+# (a CI run once failed with "No space left on device" while installing torch)
+PIP_INSTALL := $(PY) -m pip install -q --no-cache-dir
+
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "$(TORCH)" "$(TRITON)"
-	$(PY) -m pip install -q -e ".[test]"
+	$(PIP_INSTALL) --upgrade pip
+	$(PIP_INSTALL) "$(TORCH)" "$(TRITON)"
+	$(PIP_INSTALL) -e ".[test]"
 	touch $@
 
 venv: $(VENV)/.installed

@@ -534,17 +534,27 @@ def _helpers(text: str) -> tuple:
     comment right above it}, {name: the other helpers it names}), in the prelude's order."""
     tree = ast.parse(text)
     lines = text.splitlines()
-    defs = [n for n in tree.body if isinstance(n, ast.FunctionDef)]
-    names = {n.name for n in defs}
+    # a helper is a function or a name bound once at the top (`_sum_combine = tl.standard._sum_combine`, the
+    # interpreter's): the later of two with one name wins, as it does when the module runs
+    defs = {_bound(n): n for n in tree.body if _bound(n)}
     blocks, needs, first = {}, {}, len(lines)
-    for n in defs:
-        start = min([n.lineno] + [d.lineno for d in n.decorator_list]) - 1
+    for name, n in defs.items():
+        start = min([n.lineno] + [d.lineno for d in getattr(n, "decorator_list", [])]) - 1
         while start > 0 and lines[start - 1].startswith("#"):
             start -= 1
         first = min(first, start)
-        blocks[n.name] = "\n".join(lines[start:n.end_lineno])
-        needs[n.name] = {x.id for x in ast.walk(n) if isinstance(x, ast.Name) and x.id in names} - {n.name}
+        blocks[name] = "\n".join(lines[start:n.end_lineno])
+        needs[name] = {x.id for x in ast.walk(n) if isinstance(x, ast.Name) and x.id in defs} - {name}
     return "\n".join(lines[:first]).rstrip(), blocks, needs
+
+
+def _bound(node: ast.stmt) -> str | None:
+    """The name a top-level function or single assignment binds."""
+    if isinstance(node, ast.FunctionDef):
+        return node.name
+    if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+        return node.targets[0].id
+    return None
 
 
 def prelude(interpret: bool, body: str) -> str:
