@@ -21,6 +21,7 @@ from passline.ir import (
     loop_vars,
     walk,
 )
+from passline.ir.loops import shape
 from passline.lowering import GraphInput, Program
 from passline.pipeline import SchedulerGraph
 from passline.testing import assert_matches_eager
@@ -458,10 +459,12 @@ WITHOUT_MERGE = passline.DEFAULT_PIPELINE.replace("merge_loops, ", "")
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_merge_loops_lets_a_flattened_view_fuse_and_trains_like_eager(dtype):
-    """GPT's loss: cross-entropy of a float32 cast over [B, T, V] viewed as [B*T, V]. Without merge_loops
-    the cast and the log-softmax's reductions over [B*T | V] differ in loop structure, and as the target
-    gather reads the cast too it is not inlined: its full-size float32 output is written and read back.
-    With it the cast is merged to [B*T*V], split to [B*T, V] and fused with the reductions."""
+    """GPT's loss: cross-entropy of a float32 cast over [B, T, V] viewed as [B*T, V]: the cast and the
+    log-softmax's reductions over [B*T | V] differ in loop structure, and as the target gather reads the cast
+    too it is not inlined (its full-size float32 output would be written and read back). merge_loops merges
+    the cast to [B*T*V], and fuse splits it to [B*T, V] and fuses it with the reductions. Without merge_loops,
+    fuse merges the cast's [B, T] loops into the reductions' rows itself (`merged_to_reduction`; its load
+    walks them as one, so no division): the same kernels either way, no "loop structure" refusal left."""
     def fn(x, t):
         return torch.nn.functional.cross_entropy(x.float().flatten(0, 1), t.flatten())
 
@@ -470,11 +473,12 @@ def test_merge_loops_lets_a_flattened_view_fuse_and_trains_like_eager(dtype):
     be = assert_matches_eager(fn, [x, t], codegen="triton")
     new = be.reports[0]
     assert new.metrics.counters["merged_loops"] >= 1 and new.metrics.counters["split_loops"] >= 1
+    assert new.metrics.counters["merged_to_reduction"] == 0
     old = assert_matches_eager(fn, [x, t], codegen="reference", pipeline=WITHOUT_MERGE).reports[0]
-    refusals = {r.reason for r in old.metrics.refusals}
-    assert "loop structure" in refusals and "loop structure" not in {r.reason for r in new.metrics.refusals}
-    assert len(new.graph.nodes()) < len(old.graph.nodes())
-    assert new.metrics.counters["num_bytes_accessed"] < old.metrics.counters["num_bytes_accessed"]
+    assert old.metrics.counters["merged_to_reduction"] >= 1 and "FloorDiv" not in old.graph.format()
+    for report in (new, old):
+        assert "loop structure" not in {r.reason for r in report.metrics.refusals}
+    assert len(new.graph.nodes()) == len(old.graph.nodes()) == 2, old.graph.format()
 
 
 def test_merge_loops_merges_only_what_walks_memory_as_one():
@@ -489,6 +493,91 @@ def test_merge_loops_merges_only_what_walks_memory_as_one():
     assert (6, 4) in sizes or (24,) in sizes, be.reports[0].graph.format()
     merged = be.reports[0].metrics.counters["merged_loops"]
     assert merged >= 1
+
+
+def test_merge_pointwise_divides_only_what_does_not_walk_a_run_as_one():
+    """[2, 5, 6] merged to [10, 6]: the store and a contiguous load take j in place of (i0, i1), no division;
+    a broadcast over i1 (a [2, 6] operand) reads i0 back as j // 5 and an index value of i1 as (j // 1) % 5.
+    No merge of a nest that is not a refinement, nor of a store that does not walk the run as one."""
+    from passline.ir.body import IndexValue
+    from passline.ir.index import FloorDiv, ModularIndexing
+    from passline.ir.loops import merge_pointwise
+
+    i0, i1, i2 = loop_vars("i", 3)
+    j0, j1 = loop_vars("i", 2)
+    first = Op("eq", (IndexValue(i1, torch.int64), Constant(0, torch.int64)), torch.bool)
+    body = Op("where", (first, Load("g", 6 * i0 + i2, torch.float32), Load("x", 30 * i0 + 6 * i1 + i2, torch.float32)),
+              torch.float32)
+    node = Pointwise("buf0", (2, 5, 6), body, Buffer("buf0", Layout.contiguous((2, 5, 6), torch.float32)))
+    merged = merge_pointwise(node, (10, 6))
+    assert merged.ranges == (10, 6) and merged.output.layout.size == (10, 6)
+    assert merged.output.layout.stride == (6, 1) and merged.store_index() == 6 * j0 + j1
+    indices = {v.buffer: v.index for v in walk(merged.body) if isinstance(v, Load)}
+    assert indices == {"g": 6 * FloorDiv(j0, 5) + j1, "x": 6 * j0 + j1}
+    (value,) = [v.expr for v in walk(merged.body) if isinstance(v, IndexValue)]
+    assert value == ModularIndexing(j0, 1, 5)
+    assert merge_pointwise(node, (2, 30)).ranges == (2, 30)  # the inner run (5, 6) merged instead
+    assert merge_pointwise(node, (4, 15)) is None  # no run of its loops makes 4
+    # stored with dims 1 and 2 swapped (strides 30, 1, 5): (i0, i1) no longer walk as one, 30 != 1 * 5
+    transposed = Pointwise("buf0", (2, 5, 6), body, Buffer("buf0", Layout((2, 5, 6), (30, 1, 5), torch.float32)))
+    assert merge_pointwise(transposed, (10, 6)) is None
+
+
+class _ClassToken(torch.nn.Module):
+    """ViT's ends: a class token and position embeddings joined to the patches, a norm, a SiLU, a norm, and
+    the class token's row taken."""
+
+    def __init__(self, d, tokens):
+        super().__init__()
+        self.cls = torch.nn.Parameter(torch.randn(1, 1, d))
+        self.pos = torch.nn.Parameter(torch.randn(1, tokens, d))
+        self.norm1, self.norm2 = torch.nn.LayerNorm(d), torch.nn.LayerNorm(d)
+
+    def forward(self, patches):
+        x = self.norm1(torch.cat([self.cls.expand(patches.shape[0], -1, -1), patches], 1) + self.pos)
+        return self.norm2(x * torch.sigmoid(x))[:, 0]
+
+
+@pytest.mark.parametrize("tokens, dtype", [(7, torch.float32), (197, torch.bfloat16)])
+def test_a_class_tokens_select_backward_merges_into_the_norms_backward(tokens, dtype):
+    """The class token's select backward, where(t == 0, grad[b, c], 0) over [B, T, C], cannot merge its
+    (b, t) loops (an index value of t, a broadcast over it), and the norm's backward reduces over [B*T | C]:
+    fuse merges it into that nest by division, and the whole backward is one mix-order kernel and its column
+    sums (the patches' and the position embedding's sums over the batch); the forward's cat and position add
+    run inside the first norm. Were they refused, each would be a kernel writing a [B, T, C] buffer."""
+    model = _ClassToken(40, tokens).to(dtype)
+    be = assert_matches_eager(model, [torch.randn(3, tokens - 1, 40, dtype=dtype, requires_grad=True)],
+                              codegen="triton")
+    fwd, bwd = be.reports
+    assert fwd.kernels == 1 and fwd.metrics.counters["merged_to_reduction"] >= 1, fwd.graph.format()
+    assert bwd.metrics.counters["merged_to_reduction"] >= 1
+    (mix,) = [n for n in bwd.graph.nodes() if isinstance(n, MixOrderNode)]
+    rest = [n for n in bwd.graph.nodes() if n is not mix]
+    # the parameters' column sums (with their casts) are all the rest: no pointwise kernel over [B, T, C]
+    assert all(shape(n)[1] for n in rest), bwd.graph.format()
+    assert "ModularIndexing" in bwd.graph.format().split("column reductions")[1].split("\nbuf")[0]
+
+
+def test_merged_by_division_under_dynamic_shapes():
+    """Run-time batch and token counts: the division is by a size symbol; one compile serves both sizes."""
+    model = _ClassToken(24, 5)
+    torch._dynamo.reset()
+    be = passline.backend(codegen="triton")
+    compiled = torch.compile(lambda p, pos: model.norm1(torch.cat([model.cls.expand(p.shape[0], -1, -1), p], 1) + pos)
+                             [:, 0], backend=be, dynamic=True)
+    for batch, tokens in ((3, 5), (4, 9)):
+        p = torch.randn(batch, tokens - 1, 24, requires_grad=True)
+        pos = torch.randn(1, tokens, 24, requires_grad=True)
+        g = torch.randn(batch, 24)
+        out = compiled(p, pos)
+        out.backward(g)
+        ref_p, ref_pos = p.detach().clone().requires_grad_(), pos.detach().clone().requires_grad_()
+        ref = model.norm1(torch.cat([model.cls.expand(batch, -1, -1), ref_p], 1) + ref_pos)[:, 0]
+        ref.backward(g)
+        torch.testing.assert_close(out, ref)
+        torch.testing.assert_close(p.grad, ref_p.grad)
+        torch.testing.assert_close(pos.grad, ref_pos.grad)
+    assert len(be.reports) == 2 and sum(r.metrics.counters["merged_to_reduction"] for r in be.reports) >= 2
 
 
 # -- recompute_columns, tile_rows -------------------------------------------------------------------

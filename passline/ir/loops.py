@@ -10,13 +10,25 @@ from __future__ import annotations
 import attrs
 import sympy
 
-from .body import substitute_index
-from .index import CANONICAL_KINDS, StrEnum, VarKind, as_strided_form, is_indirect, loop_vars, substitute, var, var_info
+from .body import IndexValue, Load, rebuild, substitute_index
+from .index import (
+    CANONICAL_KINDS,
+    FloorDiv,
+    ModularIndexing,
+    StrEnum,
+    VarKind,
+    as_strided_form,
+    is_indirect,
+    loop_vars,
+    substitute,
+    var,
+    var_info,
+)
 from .nodes import MixOrderNode, Pointwise, Reduction, _group_shape, members
 
 __all__ = ["Role", "role", "canon_var", "is_canonical", "transposed", "members", "shape", "canonical_map",
            "canonical_sizes", "Access", "store_access", "read_accesses", "compare", "permute_pointwise",
-           "access_problem", "group_problem"]
+           "access_problem", "group_problem", "split_pointwise", "merge_pointwise"]
 
 
 def canon_var(prefix: VarKind | str, k: int) -> sympy.Symbol:
@@ -265,4 +277,75 @@ def split_pointwise(node: Pointwise, target: tuple) -> Pointwise | None:
         return None
     out = attrs.evolve(node.output, layout=attrs.evolve(lay, size=tuple(size), stride=tuple(stride)))
     return attrs.evolve(node, ranges=target, body=substitute_index(node.body, mapping), output=out,
+                        permutation=tuple(range(len(target))))
+
+
+def merge_pointwise(node: Pointwise, target: tuple) -> Pointwise | None:
+    """The same node with runs of its loops merged into `target`'s (the reverse of `split_pointwise`): each
+    target loop takes a run of consecutive loops whose sizes multiply to its size, size-1 loops go. An index
+    that walks a run as one (strides c_k == c_(k+1) * n_(k+1): a contiguous load, the store) takes the merged
+    variable J in the innermost's place, no division; any other (a broadcast over part of the run, an index
+    value of one of its loops) reads the run's loops back from J: v_1 = J // (n_2 ... n_m), v_k = (J //
+    (n_(k+1) ... n_m)) % n_k — what Inductor's kernels compute for a [B, T, C] node fused into a [B*T | C]
+    reduction (a class token's select backward into a LayerNorm backward). None when `target` is no merge
+    of the node's loops, the loops were reordered, or the store does not walk a run as one (the output is
+    re-described with the merged dims: same storage, same addresses)."""
+    if tuple(node.permutation) != tuple(range(len(node.ranges))):
+        return None
+    lay = node.output.layout
+    if len(lay.size) != len(node.ranges):
+        return None
+    target = tuple(sympy.sympify(t) for t in target)
+    new_vars = loop_vars(VarKind.OUTER, len(target))
+    loops = [(k, v, n) for k, (v, n) in enumerate(zip(node.vars, node.ranges)) if n != 1]
+    runs, j = [], 0
+    for t in target:
+        run, prod = [], sympy.S.One
+        while j < len(loops) and sympy.expand(prod - t) != 0:
+            run.append(loops[j])
+            prod *= loops[j][2]
+            j += 1
+        if not run or sympy.expand(prod - t) != 0:
+            return None
+        runs.append(run)
+    if j != len(loops):
+        return None
+    unit = {v: sympy.S.Zero for v, n in zip(node.vars, node.ranges) if n == 1}
+    every = set(node.vars)
+    affine, divided = dict(unit), dict(unit)
+    for J, run in zip(new_vars, runs):
+        inner = sympy.S.One
+        for pos in range(len(run) - 1, -1, -1):  # innermost first
+            _, v, n = run[pos]
+            affine[v] = J if pos == len(run) - 1 else sympy.S.Zero
+            divided[v] = FloorDiv(J, inner) if pos == 0 else ModularIndexing(J, inner, n)
+            inner *= n
+
+    def walks_as_one(expr, run) -> bool:
+        form = as_strided_form(expr, [v for _, v, _ in run])
+        if form is None or any(c.free_symbols & every for c in form[0]):
+            return False
+        return all(sympy.expand(form[0][p] - form[0][p + 1] * run[p + 1][2]) == 0 for p in range(len(run) - 1))
+
+    def merged(expr):
+        mapping = dict(unit)
+        for run in runs:
+            side = affine if walks_as_one(expr, run) else divided
+            mapping.update({v: side[v] for _, v, _ in run})
+        return substitute(expr, mapping)
+
+    if not all(walks_as_one(node.store_index(), run) for run in runs):
+        return None
+
+    def leaf(value):
+        if isinstance(value, Load):
+            return attrs.evolve(value, index=merged(value.index))
+        if isinstance(value, IndexValue):
+            return attrs.evolve(value, expr=merged(value.expr))
+        return value
+
+    size = tuple(target)
+    stride = tuple(lay.stride[run[-1][0]] for run in runs)
+    out = attrs.evolve(node.output, layout=attrs.evolve(lay, size=size, stride=stride))
+    return attrs.evolve(node, ranges=target, body=rebuild(node.body, leaf), output=out,
                         permutation=tuple(range(len(target))))

@@ -30,7 +30,7 @@ from ..ir.index import sympify
 from .context import cast
 from .registry import lowering
 from .sizes import lower_bounds
-from .tensor import TensorRef, provably_lt
+from .tensor import TensorRef, index_value, provably_lt
 
 aten = torch.ops.aten
 
@@ -87,8 +87,8 @@ def lower_cat(ctx, node, tensors, dim=0):
             offset = offset + n
         result = values[-1]
         for value, end in zip(reversed(values[:-1]), reversed(starts[1:])):
-            bound = Constant(int(end), torch.int64) if end.is_Integer else IndexValue(end, torch.int64)
-            result = Op("where", (Op("lt", (IndexValue(i, torch.int64), bound), torch.bool), value, result), dtype)
+            below = Op("lt", (IndexValue(i, torch.int64), index_value(end)), torch.bool)
+            result = Op("where", (below, value, result), dtype)
         return result
 
     return ctx.pointwise(out.shape, dtype, inner)

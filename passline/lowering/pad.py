@@ -22,7 +22,7 @@ from ..ir.index import sympify
 from .context import cast
 from .registry import lowering
 from .sizes import lower_bounds
-from .tensor import TensorRef, provably_lt
+from .tensor import TensorRef, index_value, provably_lt
 
 aten = torch.ops.aten
 
@@ -76,8 +76,7 @@ def lower_constant_pad_nd(ctx, node, x, pad, value=0):
             end = lo + n
             if lo:
                 inside = _and(inside, Op("ge", (IndexValue(i, torch.int64), Constant(lo, torch.int64)), torch.bool))
-            bound = Constant(int(end), torch.int64) if end.is_Integer else IndexValue(end, torch.int64)
-            inside = _and(inside, Op("lt", (IndexValue(i, torch.int64), bound), torch.bool))
+            inside = _and(inside, Op("lt", (IndexValue(i, torch.int64), index_value(end)), torch.bool))
         loaded = cast(x.load(pos), dtype)
         return loaded if inside is None else Op("where", (inside, loaded, fill), dtype)
 

@@ -10,8 +10,9 @@ from typing import Sequence
 
 import attrs
 import sympy
+import torch
 
-from ..ir import Buffer, Load, TensorArg
+from ..ir import Buffer, Constant, IndexValue, Load, TensorArg
 from ..ir.index import (
     Expr,
     ModularIndexing,
@@ -21,6 +22,7 @@ from ..ir.index import (
     least,
     product,
     strided_index,
+    sympify,
     var,
 )
 
@@ -31,6 +33,13 @@ def view_var(i: int) -> sympy.Symbol:
 
 def view_vars(n: int) -> tuple:
     return tuple(view_var(i) for i in range(n))
+
+
+def index_value(expr) -> Constant | IndexValue:
+    """An index expression as an int64 value in a body (a gather's bound, a slice's end): a Constant when it
+    is a number, else an IndexValue, computed where the kernel runs (a size symbol's expression)."""
+    expr = sympify(expr)
+    return Constant(int(expr), torch.int64) if expr.is_Integer else IndexValue(expr, torch.int64)
 
 
 def known(cond) -> bool:

@@ -11,7 +11,7 @@ import torch
 from ..ir.index import sympify
 from .registry import lowering
 from .sizes import lower_bounds
-from .tensor import TensorRef
+from .tensor import TensorRef, index_value
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -205,8 +205,7 @@ def lower_slice_scatter(ctx, node, x, src, dim=0, start=None, end=None, step=1):
 
     # `start` and `x`'s size are integers, but the slice's length may be a size symbol (`pos[:seq]` of a
     # fixed table under dynamic shapes): `end` is then an index expression, a value only as an IndexValue
-    end = sympify(end)
-    end_value = Constant(int(end), torch.int64) if end.is_Integer else IndexValue(end, torch.int64)
+    end_value = index_value(end)
 
     def hit(idx):
         i = idx[dim]

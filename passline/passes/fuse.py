@@ -29,7 +29,7 @@ from ..ir import Extern, FusedNode
 from ..ir.index import VarKind, contiguous_strides, flat_walk, substitute
 from ..ir.loops import canon_var, canonical_map, members, shape
 from ..pipeline.registry import AtLeast, register_pass
-from .legality import accesses_agree, can_fuse, fixed_layouts, fuse_nodes, refuse, saved_bytes, split_group
+from .legality import accesses_agree, can_fuse, fixed_layouts, fuse_nodes, merge_group, refuse, saved_bytes, split_group
 
 
 def _name(graph, a, b) -> str:
@@ -167,35 +167,46 @@ def _feeds_column_sum(graph, x, other) -> bool:
 
 
 def _lined_up(graph, na, nb, fixed: set):
-    """(the nodes split, the verdict on the pair with them) for the first side whose loops split to the
-    other's nest, else for both split to the loops they share (two pointwise groups that merge_loops left
-    as different merges of one walk over memory: one reads a per-row value, the other a per-column one);
-    None when no split applies. A refusal then gives the deeper reason (an indexing mismatch)."""
-    def judged(a, b, n_outer, detail):
+    """(the nodes relooped, the verdict on the pair with them, the stat counting them) for the first side
+    whose loops split to the other's nest; else for a pointwise side whose loops merge to a reduction's nest
+    (`merge_group`: a [B, T, C] select backward, its index value of T and its broadcast over T kept from
+    merge_loops, into the [B*T | C] LayerNorm backward reading it; indices that do not walk a merged run as
+    one read its loops back by division, as Inductor's kernels do); else for both split to the loops they
+    share (two pointwise groups that merge_loops left as different merges of one walk over memory: one
+    reads a per-row value, the other a per-column one); None when none applies. A refusal then gives the
+    deeper reason (an indexing mismatch)."""
+    def judged(a, b, n_outer, detail, every=True):
         verdict = can_fuse(graph, a, b)
-        if verdict.ok and not accesses_agree(a, b, n_outer):
+        if verdict.ok and not accesses_agree(a, b, n_outer, every):
             # exact, but the two would walk what they share at other points: nothing gained
             verdict = refuse("indexing mismatch", f"split to {detail}: shared buffers meet at other points")
         return verdict
 
     first = None
-    for x, y in ((na, nb), (nb, na)):
-        outer, red = shape(y)
-        if shape(x)[1] or outer + red == shape(x)[0] or _feeds_column_sum(graph, x, y):
-            continue
-        # the nest itself, or its rows alone (an epilogue). Not a column reduction's nest walked in
-        # memory order: a column reduction fused with its producers that way is no longer the column side
-        # mix_order_reduction pairs with the row work (channels_last BatchNorm backward)
-        for target in ((outer + red, outer) if red else (outer,)):
-            if common_loops(tuple(shape(x)[0]), tuple(target)) != tuple(s for s in target if s != 1):
-                continue  # x's loops are no merge of target's: no split (checked cheaply, memoized)
-            new = split_group(x, target, fixed)
-            if new is None:
+    # x's loops split to y's nest (exact, no division) first; merged only where y is a reduction (which
+    # cannot split): a pointwise y splits to x's nest instead
+    for relooped in (split_group, merge_group):
+        for x, y in ((na, nb), (nb, na)):
+            outer, red = shape(y)
+            splits = relooped is split_group
+            if shape(x)[1] or outer + red == shape(x)[0] or (splits and _feeds_column_sum(graph, x, y)) \
+                    or not (splits or red):
                 continue
-            verdict = judged(*((new, y) if x is na else (y, new)), len(outer), list(target))
-            if verdict.ok:
-                return [new], verdict
-            first = first or ([new], verdict)
+            # the nest itself, or its rows alone (an epilogue). Not a column reduction's nest walked in
+            # memory order: a column reduction fused with its producers that way is no longer the column side
+            # mix_order_reduction pairs with the row work (channels_last BatchNorm backward)
+            stat = "split_loops" if splits else "merged_to_reduction"
+            for target in ((outer + red, outer) if red else (outer,)):
+                finer, coarser = (target, shape(x)[0]) if splits else (shape(x)[0], target)
+                if tuple(target) == tuple(shape(x)[0]) or common_loops(tuple(coarser), tuple(finer)) != tuple(finer):
+                    continue  # no split (or merge) of one nest into the other (checked cheaply, memoized)
+                new = relooped(x, target, fixed)
+                if new is None:
+                    continue
+                verdict = judged(*((new, y) if x is na else (y, new)), len(outer), list(target), splits)
+                if verdict.ok:
+                    return [new], verdict, stat
+                first = first or ([new], verdict, stat)
     (oa, ra), (ob, rb) = shape(na), shape(nb)
     target = None if ra or rb else common_loops(tuple(oa), tuple(ob))
     if target is None or target in (tuple(oa), tuple(ob)) or not (_flat(na, nb) and _flat(nb, na)) \
@@ -204,7 +215,7 @@ def _lined_up(graph, na, nb, fixed: set):
     new_a, new_b = split_group(na, target, fixed), split_group(nb, target, fixed)
     if new_a is None or new_b is None:
         return first
-    both = [new_a, new_b], judged(new_a, new_b, len(target), list(target))
+    both = [new_a, new_b], judged(new_a, new_b, len(target), list(target)), "split_loops"
     return both if both[1].ok or first is None else first
 
 
@@ -236,11 +247,11 @@ def _round(graph, ctx, ranked, fixed, refused: set, max_nodes: int) -> set:
             if lined is not None and not lined[1].ok and verdict.reason == "loop order mismatch":
                 lined = None
             if lined is not None and lined[1].ok:
-                split, verdict = lined
+                split, verdict, stat = lined
                 for new in split:
                     graph.replace_node(new.name, new)
                     na, nb = (new, nb) if new.name == na.name else (na, new)
-                    ctx.count("split_loops")
+                    ctx.count(stat)
             elif lined is not None:
                 verdict = lined[1]
         if not verdict.ok:

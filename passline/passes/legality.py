@@ -12,7 +12,16 @@ import sympy
 from ..ir import Extern, FusedNode, MixOrderNode, Pointwise, Scatter
 from ..ir.body import loads
 from ..ir.index import product, substitute
-from ..ir.loops import access_problem, canonical_map, is_canonical, members, shape, split_pointwise, transposed
+from ..ir.loops import (
+    access_problem,
+    canonical_map,
+    is_canonical,
+    members,
+    merge_pointwise,
+    shape,
+    split_pointwise,
+    transposed,
+)
 
 REASONS = {
     "extern": "one of them is an extern call (aten runs it, nothing to fuse)",
@@ -254,15 +263,27 @@ def split_group(node, target: tuple, fixed: set):
     node meets a loop nest it can join (a cast over [B*T*V] before a reduction over [B*T | V], in fuse; a
     mix-order row side) by splitting its loops, which is exact (no division). `fixed`: buffers whose
     layout is not the graph's to re-describe (inputs, buffers written in place)."""
+    return _each_member(node, target, fixed, split_pointwise)
+
+
+def merge_group(node, target: tuple, fixed: set):
+    """`node` (as for `split_group`) with runs of its loops merged into `target`'s (`merge_pointwise`:
+    indices that do not walk a run as one read its loops back by division), or None. The other way round
+    from `split_group`, for a nest that cannot split: a reduction over [B*T | C] and the [B, T, C] pointwise
+    work it reads (an index value of T, a broadcast over it keep merge_loops from merging that work)."""
+    return _each_member(node, target, fixed, merge_pointwise)
+
+
+def _each_member(node, target: tuple, fixed: set, relooped):
     group = members(node)
     if not all(type(m) is Pointwise and m.output.name not in fixed for m in group):
         return None
-    split = [split_pointwise(m, target) for m in group]
-    if any(m is None for m in split):
+    new = [relooped(m, target) for m in group]
+    if any(m is None for m in new):
         return None
     if not isinstance(node, FusedNode):
-        return split[0]
-    return FusedNode(node.name, tuple(split), target, (), node.origins)
+        return new[0]
+    return FusedNode(node.name, tuple(new), target, (), node.origins)
 
 
 def _accesses(node, n_outer: int) -> dict:
@@ -277,11 +298,13 @@ def _accesses(node, n_outer: int) -> dict:
     return out
 
 
-def accesses_agree(a, b, n_outer: int) -> bool:
+def accesses_agree(a, b, n_outer: int, every: bool = True) -> bool:
     """Each buffer both touch is touched by both at one point at least that is the same in the shared
     nest (a profitability filter: can_fuse decides legality). Splitting a flat node to a nest that walks a
     shared buffer in another order (a column sum's) is exact but fuses nothing worth having: no value
-    passes in registers, no load is shared."""
+    passes in registers, no load is shared. `every=False`: one such buffer is enough (a pointwise producer
+    merged into the reduction reading its output, which then passes in registers; an input both also read
+    at other points, the class token's row recomputed from what the norm reads whole, costs what it did)."""
     pa, pb = _accesses(a, n_outer), _accesses(b, n_outer)
     shared = pa.keys() & pb.keys()
-    return bool(shared) and all(pa[k] & pb[k] for k in shared)
+    return bool(shared) and (all if every else any)(pa[k] & pb[k] for k in shared)
