@@ -458,7 +458,7 @@ WITHOUT_MERGE = passline.DEFAULT_PIPELINE.replace("merge_loops, ", "")
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_merge_loops_lets_a_flattened_view_fuse_and_trains_like_eager(dtype):
+def test_a_flattened_views_cast_fuses_with_or_without_merge_loops(dtype):
     """GPT's loss: cross-entropy of a float32 cast over [B, T, V] viewed as [B*T, V]: the cast and the
     log-softmax's reductions over [B*T | V] differ in loop structure, and as the target gather reads the cast
     too it is not inlined (its full-size float32 output would be written and read back). merge_loops merges
@@ -504,7 +504,7 @@ def test_merge_pointwise_divides_only_what_does_not_walk_a_run_as_one():
     from passline.ir.loops import merge_pointwise
 
     i0, i1, i2 = loop_vars("i", 3)
-    j0, j1 = loop_vars("i", 2)
+    j0, j1 = loop_vars("i", 2)  # the merged node's loops: named anew from i0 (the same symbols as i0, i1)
     first = Op("eq", (IndexValue(i1, torch.int64), Constant(0, torch.int64)), torch.bool)
     body = Op("where", (first, Load("g", 6 * i0 + i2, torch.float32), Load("x", 30 * i0 + 6 * i1 + i2, torch.float32)),
               torch.float32)

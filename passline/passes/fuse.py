@@ -179,28 +179,26 @@ def _lined_up(graph, na, nb, fixed: set):
         verdict = can_fuse(graph, a, b)
         if verdict.ok and not accesses_agree(a, b, n_outer, every):
             # exact, but the two would walk what they share at other points: nothing gained
-            verdict = refuse("indexing mismatch", f"split to {detail}: shared buffers meet at other points")
+            verdict = refuse("indexing mismatch", f"relooped to {detail}: shared buffers meet at other points")
         return verdict
 
     first = None
-    # x's loops split to y's nest (exact, no division) first; merged only where y is a reduction (which
-    # cannot split): a pointwise y splits to x's nest instead
-    for relooped in (split_group, merge_group):
+    # x's loops split to y's nest (exact, no division) first; merged only into a reduction's nest (which
+    # cannot split; a pointwise y splits to x's nest instead), never to the nest x already has
+    for reloop, stat in ((split_group, "split_loops"), (merge_group, "merged_to_reduction")):
+        splits = reloop is split_group
         for x, y in ((na, nb), (nb, na)):
             outer, red = shape(y)
-            splits = relooped is split_group
-            if shape(x)[1] or outer + red == shape(x)[0] or (splits and _feeds_column_sum(graph, x, y)) \
-                    or not (splits or red):
+            # Not x read by a column sum over its own points: relooped, x would no longer line up with that
+            # column side, which mix_order_reduction pairs with the row work (channels_last BatchNorm backward)
+            if shape(x)[1] or outer + red == shape(x)[0] or not (splits or red) or _feeds_column_sum(graph, x, y):
                 continue
-            # the nest itself, or its rows alone (an epilogue). Not a column reduction's nest walked in
-            # memory order: a column reduction fused with its producers that way is no longer the column side
-            # mix_order_reduction pairs with the row work (channels_last BatchNorm backward)
-            stat = "split_loops" if splits else "merged_to_reduction"
-            for target in ((outer + red, outer) if red else (outer,)):
+            for target in ((outer + red, outer) if red else (outer,)):  # the nest itself, or its rows alone
                 finer, coarser = (target, shape(x)[0]) if splits else (shape(x)[0], target)
-                if tuple(target) == tuple(shape(x)[0]) or common_loops(tuple(coarser), tuple(finer)) != tuple(finer):
+                if common_loops(tuple(coarser), tuple(finer)) != tuple(finer) \
+                        or (not splits and tuple(target) == tuple(shape(x)[0])):
                     continue  # no split (or merge) of one nest into the other (checked cheaply, memoized)
-                new = relooped(x, target, fixed)
+                new = reloop(x, target, fixed)
                 if new is None:
                     continue
                 verdict = judged(*((new, y) if x is na else (y, new)), len(outer), list(target), splits)
@@ -239,9 +237,9 @@ def _round(graph, ctx, ranked, fixed, refused: set, max_nodes: int) -> set:
         if len(members(na)) + len(members(nb)) > max_nodes:
             return None  # the cap: not worth a refusal record per pair
         verdict = can_fuse(graph, na, nb, max_nodes)
-        # other loops: a split may line them up. Sizes that are a permutation of each other look like a
-        # transpose ((2, 3, 6) against (6, 2, 3)) yet may be two merges of one walk: tried too, and
-        # where no split fuses them the transpose verdict stands (reorder_loops' cue)
+        # other loops: a split (or a merge into a reduction's nest) may line them up. Sizes that are a
+        # permutation of each other look like a transpose ((2, 3, 6) against (6, 2, 3)) yet may be two merges
+        # of one walk: tried too, and where no split fuses them the transpose verdict stands (reorder_loops' cue)
         if not verdict.ok and verdict.reason in ("loop structure", "loop order mismatch"):
             lined = _lined_up(graph, na, nb, fixed)
             if lined is not None and not lined[1].ok and verdict.reason == "loop order mismatch":

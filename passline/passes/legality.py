@@ -274,11 +274,11 @@ def merge_group(node, target: tuple, fixed: set):
     return _each_member(node, target, fixed, merge_pointwise)
 
 
-def _each_member(node, target: tuple, fixed: set, relooped):
+def _each_member(node, target: tuple, fixed: set, reloop):
     group = members(node)
     if not all(type(m) is Pointwise and m.output.name not in fixed for m in group):
         return None
-    new = [relooped(m, target) for m in group]
+    new = [reloop(m, target) for m in group]
     if any(m is None for m in new):
         return None
     if not isinstance(node, FusedNode):

@@ -534,27 +534,38 @@ def _helpers(text: str) -> tuple:
     comment right above it}, {name: the other helpers it names}), in the prelude's order."""
     tree = ast.parse(text)
     lines = text.splitlines()
-    # a helper is a function or a name bound once at the top (`_sum_combine = tl.standard._sum_combine`, the
-    # interpreter's): the later of two with one name wins, as it does when the module runs
-    defs = {_bound(n): n for n in tree.body if _bound(n)}
-    blocks, needs, first = {}, {}, len(lines)
+    # a helper is a function or a private name bound at the top (`_sum_combine = tl.standard._sum_combine`,
+    # the interpreter's); of two with one name the later wins, in its own place, as when the module runs
+    bound = [(name, n) for n in tree.body if (name := _bound(n))]
+    defs: dict = {}
+    for name, n in bound:
+        defs.pop(name, None)
+        defs[name] = n
+    # the header ends before the first, even one a later binding replaced
+    first = min([_start(n, lines) for _, n in bound], default=len(lines))
+    blocks, needs = {}, {}
     for name, n in defs.items():
-        start = min([n.lineno] + [d.lineno for d in getattr(n, "decorator_list", [])]) - 1
-        while start > 0 and lines[start - 1].startswith("#"):
-            start -= 1
-        first = min(first, start)
-        blocks[name] = "\n".join(lines[start:n.end_lineno])
+        blocks[name] = "\n".join(lines[_start(n, lines):n.end_lineno])
         needs[name] = {x.id for x in ast.walk(n) if isinstance(x, ast.Name) and x.id in defs} - {name}
     return "\n".join(lines[:first]).rstrip(), blocks, needs
 
 
 def _bound(node: ast.stmt) -> str | None:
-    """The name a top-level function or single assignment binds."""
+    """The name a top-level function binds, or a single assignment to a private (`_`) name."""
     if isinstance(node, ast.FunctionDef):
         return node.name
-    if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+    if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) \
+            and node.targets[0].id.startswith("_"):
         return node.targets[0].id
     return None
+
+
+def _start(node: ast.stmt, lines: list) -> int:
+    """The line (0-based) a top-level statement starts on: its decorators, and the comment right above."""
+    start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])]) - 1
+    while start > 0 and lines[start - 1].startswith("#"):
+        start -= 1
+    return start
 
 
 def prelude(interpret: bool, body: str) -> str:
