@@ -244,27 +244,18 @@ def split_pointwise(node: Pointwise, target: tuple) -> Pointwise | None:
     division), size-1 loops go; its output buffer is described with the split dims (same storage, same
     addresses). None when `target` (sizes > 1) does not refine the node's loops this way, or the loops
     were reordered. Used by fuse to line a flat pointwise node up with the loop nest it fuses into."""
-    if tuple(node.permutation) != tuple(range(len(node.ranges))):
+    if not _plain(node):
         return None
-    if len(node.output.layout.size) != len(node.ranges):
-        return None  # the output's dims are not one per loop
     target = tuple(sympy.sympify(t) for t in target)
     new_vars = loop_vars(VarKind.OUTER, len(target))
-    mapping, size, stride = {}, [], []
     lay = node.output.layout
-    j = 0
-    for k, (v, n) in enumerate(zip(node.vars, node.ranges)):
-        if n == 1:
-            mapping[v] = sympy.S.Zero
-            continue
-        run = []
-        prod = sympy.S.One
-        while j < len(target) and sympy.expand(prod - n) != 0:
-            run.append(j)
-            prod *= target[j]
-            j += 1
-        if not run or sympy.expand(prod - n) != 0:
-            return None
+    loops = [(k, v, n) for k, (v, n) in enumerate(zip(node.vars, node.ranges)) if n != 1]
+    runs = _runs([n for _, _, n in loops], target)
+    if runs is None:
+        return None
+    mapping = {v: sympy.S.Zero for v, n in zip(node.vars, node.ranges) if n == 1}
+    size, stride = [], []
+    for (k, v, _), run in zip(loops, runs):
         expr, inner, strides = sympy.S.Zero, sympy.S.One, []
         for t in reversed(run):  # innermost first: j_m, then j_(m-1) * t_m, ...
             expr += new_vars[t] * inner
@@ -273,8 +264,6 @@ def split_pointwise(node: Pointwise, target: tuple) -> Pointwise | None:
         mapping[v] = expr
         size += [target[t] for t in run]
         stride += reversed(strides)
-    if j != len(target):
-        return None
     out = attrs.evolve(node.output, layout=attrs.evolve(lay, size=tuple(size), stride=tuple(stride)))
     return attrs.evolve(node, ranges=target, body=substitute_index(node.body, mapping), output=out,
                         permutation=tuple(range(len(target))))
@@ -290,26 +279,16 @@ def merge_pointwise(node: Pointwise, target: tuple) -> Pointwise | None:
     reduction (a class token's select backward into a LayerNorm backward). None when `target` is no merge
     of the node's loops, the loops were reordered, or the store does not walk a run as one (the output is
     re-described with the merged dims: same storage, same addresses)."""
-    if tuple(node.permutation) != tuple(range(len(node.ranges))):
+    if not _plain(node):
         return None
     lay = node.output.layout
-    if len(lay.size) != len(node.ranges):
-        return None
     target = tuple(sympy.sympify(t) for t in target)
     new_vars = loop_vars(VarKind.OUTER, len(target))
     loops = [(k, v, n) for k, (v, n) in enumerate(zip(node.vars, node.ranges)) if n != 1]
-    runs, j = [], 0
-    for t in target:
-        run, prod = [], sympy.S.One
-        while j < len(loops) and sympy.expand(prod - t) != 0:
-            run.append(loops[j])
-            prod *= loops[j][2]
-            j += 1
-        if not run or sympy.expand(prod - t) != 0:
-            return None
-        runs.append(run)
-    if j != len(loops):
+    positions = _runs(target, [n for _, _, n in loops])
+    if positions is None:
         return None
+    runs = [[loops[p] for p in run] for run in positions]
     unit = {v: sympy.S.Zero for v, n in zip(node.vars, node.ranges) if n == 1}
     every = set(node.vars)
     affine, divided = dict(unit), dict(unit)
@@ -349,3 +328,26 @@ def merge_pointwise(node: Pointwise, target: tuple) -> Pointwise | None:
     out = attrs.evolve(node.output, layout=attrs.evolve(lay, size=size, stride=stride))
     return attrs.evolve(node, ranges=target, body=rebuild(node.body, leaf), output=out,
                         permutation=tuple(range(len(target))))
+
+
+def _plain(node: Pointwise) -> bool:
+    """Whether a node's loops are in its store order with one output dim each: what splitting or merging them
+    re-describes the output by."""
+    in_order = tuple(node.permutation) == tuple(range(len(node.ranges)))
+    return in_order and len(node.output.layout.size) == len(node.ranges)
+
+
+def _runs(coarse, fine) -> list | None:
+    """For each size of `coarse` in turn, the positions of the consecutive sizes of `fine` that multiply to it
+    (sizes > 1, symbolic ones compared expanded); None when `fine` is no such refinement of `coarse`."""
+    runs, j = [], 0
+    for c in coarse:
+        run, prod = [], sympy.S.One
+        while j < len(fine) and sympy.expand(prod - c) != 0:
+            run.append(j)
+            prod *= fine[j]
+            j += 1
+        if not run or sympy.expand(prod - c) != 0:
+            return None
+        runs.append(run)
+    return runs if j == len(fine) else None
