@@ -11,8 +11,11 @@ from passline.backends.variants import KernelVariant as Variant
 from passline.ir import FusedNode, MixOrderNode
 from passline.testing import assert_matches_eager
 
+# sms=1: no row count is too few for the SMs, so a GPU run (PASSLINE_TEST_DEVICE=cuda) tiles these small shapes
+# as the CPU target does; the SM gates are tested below with sms=132
+ONE_SM = passline.DEFAULT_PIPELINE.replace("mix_order_reduction", "mix_order_reduction(sms=1)")
 # rows of 3000 float32 fit the width gates (12 KB): a smaller max_row_bytes makes them a tiled pair
-NARROW_GATE = passline.DEFAULT_PIPELINE.replace("mix_order_reduction", "mix_order_reduction(max_row_bytes=8192)")
+NARROW_GATE = ONE_SM.replace("sms=1", "max_row_bytes=8192, sms=1")
 
 
 def _gelu_bias(h, b):
@@ -47,7 +50,7 @@ def _tiled(be, columns: int):
 def test_wide_bias_gradient_mixes_tiled(shape, dtype, pipeline):
     h = torch.randn(*shape, dtype=dtype, requires_grad=True)
     b = torch.randn(shape[-1], dtype=dtype, requires_grad=True)
-    be = assert_matches_eager(_gelu_bias, [h, b], pipeline=pipeline, codegen="triton")
+    be = assert_matches_eager(_gelu_bias, [h, b], pipeline=pipeline or ONE_SM, codegen="triton")
     bwd = _tiled(be, shape[-1])
     # dh is written over a buffer of its size that dies at the kernel (h's saved copy or the incoming
     # gradient), where nothing else holds it: each point is read and written by one program, loads first
@@ -112,7 +115,7 @@ def test_narrow_pairs_keep_their_whole_row_forms():
     """A pair that fits the width gates is mixed as before: not tiled, the whole-row forms its variants."""
     h = torch.randn(64, 384, requires_grad=True)
     b = torch.randn(384, requires_grad=True)
-    bwd = assert_matches_eager(_gelu_bias, [h, b], codegen="triton").reports[-1]
+    bwd = assert_matches_eager(_gelu_bias, [h, b], pipeline=ONE_SM, codegen="triton").reports[-1]
     (mix,) = bwd.graph.nodes()
     assert isinstance(mix, MixOrderNode) and not mix.tiled
     (main,) = [k for k in bwd.kernel_info if k.kind == "mix_order"]
@@ -164,7 +167,7 @@ def test_dynamic_rows_and_width_mix_tiled():
     """Run-time rows and width: the node is gated at the traced width and tiled; its kernel's column blocks
     follow the width each call passes (`tl.cdiv(rnumel, RBLOCK)`)."""
     torch._dynamo.reset()
-    be = passline.backend(fallback="raise", codegen="triton")
+    be = passline.backend(fallback="raise", codegen="triton", pipeline=ONE_SM)
     compiled = torch.compile(_gelu_bias, backend=be)
     for rows, cols in [(40, 9000), (33, 9100)]:
         h = torch.randn(rows, cols, requires_grad=True)
@@ -205,8 +208,8 @@ def test_too_few_rows_for_the_gpu_are_not_tiled(rows, form):
     if form == "unmixed":
         refused = [f.detail for f in bwd.metrics.refusals if f.pass_name == "mix_order_reduction"]
         assert any("45 tiled programs" in d and "132 SMs" in d for d in refused), refused
-    if form != "tiled":
-        bwd = assert_matches_eager(_gelu_bias, [h, b], codegen="reference").reports[-1]
+    if form != "tiled":  # (sms=1: the CPU target's bound, on a GPU run too)
+        bwd = assert_matches_eager(_gelu_bias, [h, b], pipeline=ONE_SM, codegen="reference").reports[-1]
         assert any(isinstance(n, MixOrderNode) and n.tiled for n in bwd.graph.nodes()), bwd.graph.format()
 
 
@@ -302,7 +305,7 @@ def test_a_bool_mask_needs_8_byte_rows():
         b = torch.randn(width, requires_grad=True)
         mask = torch.rand(64, width) > 0.3
         bwd = assert_matches_eager(lambda h, b, m: torch.nn.functional.gelu(h + b) * m, [h, b, mask],
-                                   codegen="reference").reports[-1]
+                                   pipeline=ONE_SM, codegen="reference").reports[-1]
         assert any(isinstance(n, MixOrderNode) and n.tiled for n in bwd.graph.nodes()) == tiled, bwd.graph.format()
         if not tiled:
             refused = [f.detail for f in bwd.metrics.refusals if f.pass_name == "mix_order_reduction"]
@@ -317,7 +320,7 @@ def test_a_transposed_input_is_not_tiled():
     b = torch.randn(9000, requires_grad=True)
     fn = lambda h, b, x: torch.nn.functional.gelu(h * x + b)  # noqa: E731
     for x, tiled in ((torch.randn(9000, 64).t(), False), (torch.randn(64, 9000), True)):
-        bwd = assert_matches_eager(fn, [h, b, x], codegen="triton").reports[-1]
+        bwd = assert_matches_eager(fn, [h, b, x], pipeline=ONE_SM, codegen="triton").reports[-1]
         assert any(isinstance(n, MixOrderNode) and n.tiled for n in bwd.graph.nodes()) == tiled, bwd.graph.format()
         refused = [f.detail for f in bwd.metrics.refusals if f.pass_name == "mix_order_reduction"]
         assert tiled or any("a transposed layout" in d and "tile_columns" in d for d in refused), refused

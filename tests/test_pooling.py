@@ -2,6 +2,7 @@
 import pytest
 import torch
 import torch.nn.functional as F
+from modules import MIXED
 
 import passline
 from passline.lowering.pooling import MAX_TAPS
@@ -205,7 +206,7 @@ def test_batchnorm_backward_after_the_pool_keeps_its_column_sums_together():
     from passline.ir.loops import shape
 
     torch._dynamo.reset()
-    be = passline.backend(fallback="raise")
+    be = passline.backend(fallback="raise", pipeline=MIXED)  # (288 rows: mixed on a GPU target too)
     model = torch.nn.Sequential(torch.nn.BatchNorm2d(16), torch.nn.ReLU(), torch.nn.MaxPool2d(3, 2, 1))
     model = model.to(_device()).to(memory_format=torch.channels_last)
     eager = copy.deepcopy(model)

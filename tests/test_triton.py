@@ -96,6 +96,10 @@ def test_float_floor_division_remainder_and_edge_values_match_eager():
     assert "reference" not in (be.reports[0].codegen_reason or "")
 
 
+INTERPRETED = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                                 reason="Triton's interpreter only (a GPU run compiles, configurations by rule)")
+
+
 def test_kernel_modules_hold_only_the_helpers_they_name():
     # a floor division's kernel needs _floordiv_f, which needs _fmod; a sigmoid's needs _sigmoid alone
     be = assert_matches_eager(lambda a, b: (a // b, torch.sigmoid(a)), [torch.randn(64), torch.rand(64) + 0.5],
@@ -109,6 +113,7 @@ def test_kernel_modules_hold_only_the_helpers_they_name():
         assert named <= set(re.findall(r"^def (_\w+)\(", k.source, flags=re.M)), (named, k.source)
 
 
+@INTERPRETED
 def test_interpreted_sums_use_tritons_own_combine():
     """Under the interpreter a module binds _sum_combine to Triton's own (the interpreter then sums with numpy;
     with a function of ours it calls it once per element and step: a tiled mix-order test took 60 s, 2 s
@@ -796,6 +801,7 @@ def test_a_bias_gradient_in_blocks_of_columns_of_whole_rows_matches_eager(dtype)
     assert all("mix_order" in k.variants for k in tiled)  # a node of whole rows, not one the pass tiled
 
 
+@INTERPRETED
 @pytest.mark.parametrize("width,dtype,layout", [(100, torch.float32, "rows"), (130, torch.bfloat16, "rows"),
                                                 (384, torch.float32, "padded"), (1000, torch.bfloat16, "rows")])
 def test_narrow_blocks_of_columns_match_eager_at_odd_widths_and_layouts(monkeypatch, width, dtype, layout):
@@ -1166,6 +1172,38 @@ def test_a_looped_kernel_overwrites_only_what_no_later_loop_reads():
     torch.testing.assert_close(out[0], want[0])
     torch.testing.assert_close(out[1], want[1])
     assert out[1].data_ptr() == ptr and out[0].data_ptr() != ptr
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_whole_row_mix_kernel_writes_dh_over_dy(dtype):
+    """A GELU backward with its bias's column sum, rows mixed whole (not tiled): dh = dy * gelu'(h) reads dy
+    and h at the point it writes, in the step of the one program that owns those rows, so dh takes dy's
+    storage when dy dies there (ViT-style's MLP backward: one [tokens, 4d] buffer less at the peak); h may
+    serve as well (here the test holds it). The column sum reads dh from registers, never the overwritten
+    memory."""
+    from modules import MIXED
+
+    from passline.backends.triton.kernel import overwritable
+    from passline.ir import MixOrderNode
+
+    def f(dy, h):
+        dh = torch.ops.aten.gelu_backward(dy, h)
+        return dh, dh.float().sum(0)
+
+    device = os.environ.get("PASSLINE_TEST_DEVICE", "cpu")
+    dy, h = (torch.randn(50, 200, device=device, dtype=dtype) for _ in range(2))
+    want = f(dy, h)
+    call, be = _inference_call(f, (dy, h), pipeline=MIXED)
+    graph = be.reports[0].graph
+    (mix,) = [n for n in graph.nodes() if isinstance(n, MixOrderNode)]
+    (donors,) = overwritable(mix, graph).values()
+    assert not mix.tiled and sorted(donors) == ["dy_1", "h_1"], (donors, graph.format())
+    ptr, args = dy.data_ptr(), [dy, h]
+    del dy
+    out = call(args)
+    torch.testing.assert_close(out[0], want[0])
+    torch.testing.assert_close(out[1], want[1], rtol=1e-4, atol=1e-3)
+    assert out[0].data_ptr() == ptr
 
 
 def test_a_backward_kept_by_retain_graph_reads_its_saved_activations_intact(monkeypatch):

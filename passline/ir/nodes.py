@@ -575,6 +575,16 @@ def members(node) -> tuple:
     return node.members() if isinstance(node, (FusedNode, MixOrderNode)) else (node,)
 
 
+def may_store_over_reads(node) -> bool:
+    """Whether the kernel computing `node` may store an output in the storage of a buffer it reads that dies
+    there — the structural half of codegen's rule (`backends/triton/kernel.overwritable`, which also checks
+    every load's index), and all of it that `peak_memory`'s estimate knows: never an extern call (aten
+    allocates its own result), a scatter (it writes other points than it reads) or a member writing a graph
+    input in place."""
+    return not isinstance(node, Extern) and not any(
+        isinstance(m, Scatter) or getattr(m, "in_place", False) for m in members(node))
+
+
 def _group_shape(node) -> tuple:
     """(outer sizes, reduction sizes) of a node or group, size-1 loops dropped."""
     if isinstance(node, FusedNode):

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import heapq
 
-from ..ir import Extern, MixOrderNode, Scatter, members
+from ..ir import may_store_over_reads
 from ..lowering.sizes import at_hint
 from ..pipeline.registry import register_pass
 from .dce import draws_random, has_side_effects
@@ -60,12 +60,9 @@ class _Memory:
             self.uses[name] = list(dict.fromkeys(b for b in used if b in self.nbytes))
             for b in self.uses[name]:
                 users.setdefault(b, set()).add(name)
-            # whether codegen may write an output over a dying input (the structural part of its rule,
-            # `kernel.overwritable`: never an extern call, a mix-order kernel but a tiled one, a scatter or an
-            # in-place member)
-            self.overwrites[name] = not isinstance(node, Extern) and not (
-                isinstance(node, MixOrderNode) and not node.tiled) and not any(
-                isinstance(m, Scatter) or getattr(m, "in_place", False) for m in members(node))
+            # whether codegen may write an output over a dying input (the structural half of its rule,
+            # `kernel.overwritable`, which also checks each load's index: an estimate, not a promise)
+            self.overwrites[name] = may_store_over_reads(node)
             ws = getattr(node, "workspace_bytes", None)
             self.workspace[name] = _bytes(ws(), graph.hints) if ws is not None else 0
         for name, node in graph.items():

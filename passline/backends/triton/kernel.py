@@ -25,6 +25,7 @@ from ...ir import (
     Pointwise,
     Reduction,
     Scatter,
+    may_store_over_reads,
     members,
 )
 from ...ir.body import COMPARISONS, rebuild, walk
@@ -1152,19 +1153,20 @@ def overwritable(node, graph) -> dict:
     from such a load (so the load is issued, and cached for the kernel's other readers of that address,
     before the store), and in a looped reduction no loop after O's own loads B again. A pointwise kernel
     is one pass, a persistent one loads before it computes. Kernels with scatters or in-place members are left
-    out, and mix-order kernels but the tiled form (`MixOrderNode.tiled`: a pointwise row side, a bias
-    gradient's dh — the padded logits' gradient): its program reads each point of its block of rows and
-    columns and writes it in the same step of its loop, loads first (`generate_mix`), so the row side's own
-    rule holds, for buffers the column side does not read."""
+    out (`ir.may_store_over_reads`). A mix-order kernel (`generate_mix`, every form) gives each block of rows
+    to one program and each step of its loop over them the whole rows of the block, or in the tiled form one
+    block of their columns: it loads that step's points, computes, and stores them there, and its pipelined
+    loads (STAGES) run ahead only into later blocks. So the row side's own rule holds, for buffers the column
+    side does not read (its members, and the finishing kernel's epilogues, may read them after the store). A
+    GELU backward with its bias's column sum then writes dh over the matmul's dy (ViT-style's MLP backward:
+    a [tokens, 4d] buffer less at the step's peak), as Inductor's separate pointwise kernel does."""
+    if not may_store_over_reads(node):
+        return {}
     if isinstance(node, MixOrderNode):
-        if not node.tiled:
-            return {}
         column_reads = {b for g in node.column_groups for m in members(g) for b in m.read_names()}
         return {o: kept for o, bs in overwritable(node.row, graph).items()
                 if (kept := [b for b in bs if b not in column_reads])}
     nodes, outer, red = _group(node)
-    if any(isinstance(m, Scatter) or getattr(m, "in_place", False) for m in nodes):
-        return {}
     w = KernelWriter("k", nodes, outer, red, _stored(node, graph), graph.buffers(), interpret=True)
     at: dict = {}  # buffer read from outside -> the indices of its loads (None: an indirect one)
     readers: dict = {}  # buffer -> members loading it

@@ -184,27 +184,32 @@ class CallWriter:
         key = _key(lay)
         dead = self.reusable.get(key)
         new = f"{self.empty(lay.device)}({self.ints(lay.size)}, {self.ints(lay.stride)}, {self.const(lay.dtype, 'dt')})"
-        donor = next((d for d in donors if d in self.defined and d not in self.donated
-                      and _fits(self.buffers[d].layout, lay)), None)
-        if donor is not None:  # the kernel writes buf at the offsets it reads donor at: the same storage
-            same = self.name(donor) if _key(self.buffers[donor].layout) == key else \
+        donors = [d for d in donors if d in self.defined and d not in self.donated
+                  and _fits(self.buffers[d].layout, lay)]
+
+        def same(donor) -> str:  # the kernel writes buf at the offsets it reads donor at: the same storage
+            return self.name(donor) if _key(self.buffers[donor].layout) == key else \
                 f"as_strided({self.name(donor)}, {self.ints(lay.size)}, {self.ints(lay.stride)}, 0)"
+
+        sure = next((d for d in donors if d in self.owned and d not in self.extern_read), None)
         if dead:  # the storage of a buffer that died at the step before, same layout: no allocation
             old = dead.pop()
             self.emit(f"{self.name(buf)} = {self.name(old)}; del {self.name(old)}", indent)
-        elif donor is not None and donor in self.owned and donor not in self.extern_read:
-            self.emit(f"{self.name(buf)} = {same}  # in place", indent)
-            self.donated.add(donor)
-        elif donor is not None:
-            # an input or an extern's result: overwritten only where nothing else can see it (not the
-            # caller, nor autograd keeping a saved activation for another backward, nor a view)
-            self.emit(f"{self.name(buf)} = {same} if sole({self.name(donor)}) else {new}", indent)
+        elif sure is not None:
+            self.emit(f"{self.name(buf)} = {same(sure)}  # in place", indent)
+            self.donated.add(sure)
+        elif donors:
+            # inputs or externs' results: overwritten only where nothing else can see them (not the caller,
+            # nor autograd keeping a saved activation for another backward, nor a view); the first of them
+            # that no one else holds at this call (a GELU backward's dy or h, whichever died)
+            chain = " else ".join(f"{same(d)} if sole({self.name(d)})" for d in donors)
+            self.emit(f"{self.name(buf)} = {chain} else {new}", indent)
             from .compat import sole
 
             self.ns["sole"] = sole
-            self.donated.add(donor)
+            self.donated.update(donors)
             self.defined.add(buf)
-            if donor in self.maybe_misaligned:  # an extern's result (else an input: aligned, see layouts)
+            if any(d in self.maybe_misaligned for d in donors):  # an extern's result (else an input: aligned)
                 self.maybe_misaligned.add(buf)
             else:
                 self.owned.add(buf)  # either way, storage no one else holds
