@@ -841,6 +841,42 @@ def test_peak_memory_runs_a_tied_heads_weight_gradient_late_and_trains_like_eage
     assert len(head) == 1 and norm and order.index(head[0]) > order.index(norm[0])
 
 
+def test_peak_memory_never_counts_a_column_sides_read_as_storage():
+    """The estimate follows codegen: a mix-order node's output may lie over a dying input its row side reads
+    where it stores, but not over one its column side reads (dy summed over the rows while dh = gelu'(h) * dy
+    is stored): that output is allocated."""
+    from passline.backends.triton.kernel import overwritable
+    from passline.ir import MixOrderNode, read_after_store
+    from passline.passes.peak_memory import _Memory
+
+    def f(a, w, h):
+        dy = a @ w  # dies at the mix node, read by both sides
+        return torch.ops.aten.gelu_backward(dy, h), dy.sum(0)
+
+    from passline.backends.dynamo import FxStage
+    from passline.lowering import decomposition_table
+
+    example = [torch.randn(64, 32), torch.randn(32, 256), torch.randn(64, 256)]
+    gm = torch.fx.experimental.proxy_tensor.make_fx(f, decomposition_table())(*example)
+    be = passline.backend(fallback="raise", codegen="reference", pipeline=MIXED)
+    be._compiler("inference", FxStage())(gm, example)
+    graph = be.reports[0].graph
+    mem = _Memory(graph)
+    left = dict(mem.users)
+    for name, node in graph.items():
+        if isinstance(node, MixOrderNode):
+            dying = [b for b in mem.uses[name] if left.get(b) == 1 and b in mem.freeable]
+            (dy,) = [b for b in dying if b in read_after_store(node)]
+            assert not any(dy in bs for bs in overwritable(node, graph).values())
+            alloc, _ = mem.step(name, left)
+            assert alloc >= 64 * 256 * 4, (alloc, graph.format())  # dh, not over dy
+            break
+        for b in mem.uses[name]:
+            left[b] -= 1
+    else:
+        raise AssertionError(graph.format())
+
+
 def test_set_order_needs_every_node_once():
     from passline.testing.synthetic import chain_and_fanout
 

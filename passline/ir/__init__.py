@@ -47,6 +47,7 @@ from .nodes import (
                    comm_kind,
                    may_store_over_reads,
                    members,
+                   read_after_store,
 )
 
 __all__ = [
@@ -54,6 +55,7 @@ __all__ = [
     "Value", "loads", "rebuild", "substitute_index", "walk", "FloorDiv", "ModularIndexing",
     "loop_var", "loop_vars", "size_var", "sympify", "var", "var_info", "var_kind", "VarKind",
     "REDUCTION_TYPES", "Buffer", "Extern", "Layout", "MemoryDep", "Node", "Pointwise", "Reduction",
-    "TensorArg", "FusedNode", "MixOrderNode", "members", "may_store_over_reads", "comm_kind",
+    "TensorArg", "FusedNode", "MixOrderNode", "members", "may_store_over_reads", "read_after_store",
+    "comm_kind",
     "IndirectSymbol", "indirect_var", "is_indirect", "Scatter", "SCATTER_MODES",
 ]

@@ -585,6 +585,15 @@ def may_store_over_reads(node) -> bool:
         isinstance(m, Scatter) or getattr(m, "in_place", False) for m in members(node))
 
 
+def read_after_store(node) -> frozenset:
+    """Buffers a kernel of `node` may read after storing its outputs, so never storage for one: a mix-order
+    node's column side (its members in the row loop, the finishing kernel's epilogues) reads its buffers in
+    another order than the row side stores."""
+    if isinstance(node, MixOrderNode):
+        return frozenset(b for g in node.column_groups for m in members(g) for b in m.read_names())
+    return frozenset()
+
+
 def _group_shape(node) -> tuple:
     """(outer sizes, reduction sizes) of a node or group, size-1 loops dropped."""
     if isinstance(node, FusedNode):

@@ -10,8 +10,9 @@ matmul last.
 The pass estimates an order's peak: a node's stored outputs are allocated as it starts (a mix-order node's
 partial sums too, for its run only), and a buffer is freed after the last node that reads or writes it. An
 output the size and dtype of a buffer dying at its node allocates nothing (codegen writes such a result over
-the dying input where the kernel reads it at the same offsets: the logits' gradient over the logits; an
-extern call, a mix-order kernel, and a kernel with a scatter or an in-place member always allocate). Graph
+the dying input where the kernel reads it at the same offsets: the logits' gradient over the logits, a GELU
+backward's dh over dy; an extern call and a kernel with a scatter or an in-place member always allocate, and a
+mix-order node's column side's reads are never taken: `ir.may_store_over_reads`, `ir.read_after_store`). Graph
 outputs live on. Graph inputs live on unless the caller gives them up (`SchedulerGraph.released`: for a
 backward, the saved activations and incoming gradients that aot_autograd hands over, which the call frees at
 their last use). It then builds an order greedily — least peak memory
@@ -32,7 +33,7 @@ from __future__ import annotations
 
 import heapq
 
-from ..ir import may_store_over_reads
+from ..ir import may_store_over_reads, read_after_store
 from ..lowering.sizes import at_hint
 from ..pipeline.registry import register_pass
 from .dce import draws_random, has_side_effects
@@ -55,6 +56,7 @@ class _Memory:
         self.uses: dict[str, list] = {}  # node -> the buffers whose lifetime it extends
         self.workspace: dict[str, int] = {}
         self.overwrites: dict[str, bool] = {}
+        self.late: dict[str, frozenset] = {}
         for name, node in graph.items():
             used = [*node.read_names(), *getattr(node, "mutates", ())]
             self.uses[name] = list(dict.fromkeys(b for b in used if b in self.nbytes))
@@ -63,6 +65,7 @@ class _Memory:
             # whether codegen may write an output over a dying input (the structural half of its rule,
             # `kernel.overwritable`, which also checks each load's index: an estimate, not a promise)
             self.overwrites[name] = may_store_over_reads(node)
+            self.late[name] = read_after_store(node)  # never a donor (a mix-order node's column side reads it)
             ws = getattr(node, "workspace_bytes", None)
             self.workspace[name] = _bytes(ws(), graph.hints) if ws is not None else 0
         for name, node in graph.items():
@@ -82,7 +85,7 @@ class _Memory:
         dying = [b for b in self.uses[name] if left.get(b) == 1 and b in self.freeable]
         freed = sum(self.nbytes[b] for b in dying)
         alloc = 0
-        donors = list(dying) if self.overwrites[name] else []
+        donors = [b for b in dying if b not in self.late[name]] if self.overwrites[name] else []
         for b in self.outputs[name]:
             donor = next((d for d in donors if self.nbytes[d] == self.nbytes[b]
                           and self.dtype[d] == self.dtype[b]), None)

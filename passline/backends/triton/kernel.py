@@ -27,6 +27,7 @@ from ...ir import (
     Scatter,
     may_store_over_reads,
     members,
+    read_after_store,
 )
 from ...ir.body import COMPARISONS, rebuild, walk
 from ...ir.index import (
@@ -1157,15 +1158,16 @@ def overwritable(node, graph) -> dict:
     to one program and each step of its loop over them the whole rows of the block, or in the tiled form one
     block of their columns: it loads that step's points, computes, and stores them there, and its pipelined
     loads (STAGES) run ahead only into later blocks. So the row side's own rule holds, for buffers the column
-    side does not read (its members, and the finishing kernel's epilogues, may read them after the store). A
-    GELU backward with its bias's column sum then writes dh over the matmul's dy (ViT-style's MLP backward:
-    a [tokens, 4d] buffer less at the step's peak), as Inductor's separate pointwise kernel does."""
+    side does not read (`ir.read_after_store`: its members, and the finishing kernel's epilogues, may read them
+    after the store). A GELU backward with its bias's column sum then writes dh over the matmul's dy or over h,
+    whichever dies there (ViT-style's MLP backward: a [tokens, 4d] buffer less at the step's peak), as
+    Inductor's separate pointwise kernel writes over dy."""
     if not may_store_over_reads(node):
         return {}
     if isinstance(node, MixOrderNode):
-        column_reads = {b for g in node.column_groups for m in members(g) for b in m.read_names()}
+        late = read_after_store(node)
         return {o: kept for o, bs in overwritable(node.row, graph).items()
-                if (kept := [b for b in bs if b not in column_reads])}
+                if (kept := [b for b in bs if b not in late])}
     nodes, outer, red = _group(node)
     w = KernelWriter("k", nodes, outer, red, _stored(node, graph), graph.buffers(), interpret=True)
     at: dict = {}  # buffer read from outside -> the indices of its loads (None: an indirect one)

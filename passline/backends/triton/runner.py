@@ -574,7 +574,10 @@ class MixKernel(Kernel):
             return super()._choose(args, xnumel, rnumel, stream)
         if self.autotune and not self.mutates:
             ckey = digest(self.key, xnumel, rnumel, _device_name(), "split", "with rule")
-            return self._remembered(ckey, lambda: self._pick_split(args, xnumel, rnumel, stream, after))
+            # timed on a private copy where an output shares a storage with an input it reads (`_private`): a
+            # mix-order kernel may write over a dying input, and every timing launch would read what the one
+            # before it wrote (a GELU backward's dh wrong in 99% of its elements, on a CPU simulation)
+            return self._remembered(ckey, lambda: self._pick_split(_private(args), xnumel, rnumel, stream, after))
         cands = self.uncertain(xnumel, rnumel, args)
         if cands:  # where no rule holds (configs.uncertain): timed with their splits, the finish after each
             best = self._timed_choice(xnumel, rnumel, lambda: self._fastest_split(cands, _private(args), xnumel,
