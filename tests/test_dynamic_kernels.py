@@ -10,6 +10,7 @@ from collections import Counter
 
 import pytest
 import torch
+from modules import MIXED
 
 import passline
 from passline.backends.reference import _Bindings, size_sources
@@ -24,7 +25,8 @@ from passline.ir import MixOrderNode
 def _training_reports(fn, x, dynamic: bool) -> list:
     """The compile reports (graphs captured, reference codegen) of fn's training step on x (its forward
     alone where x does not require grad)."""
-    be = passline.backend(codegen="reference", fallback="raise", capture=True)
+    # MIXED: a norm's backward mixed however few its rows, whichever target plans it (PASSLINE_TEST_TARGET)
+    be = passline.backend(codegen="reference", fallback="raise", capture=True, pipeline=MIXED)
     torch._dynamo.reset()
     out = torch.compile(fn, backend=be, dynamic=dynamic)(x)
     if x.requires_grad:
@@ -212,7 +214,7 @@ def test_torch_size_functions_are_python_arithmetic_in_the_call(monkeypatch):
 def _train_like_eager(make, shapes, dtype=torch.float32):
     torch.manual_seed(0)
     model = make()
-    be = passline.backend(codegen="triton", fallback="raise")
+    be = passline.backend(codegen="triton", fallback="raise", pipeline=MIXED)
     compiled = torch.compile(model, backend=be, dynamic=True)
     for shape in shapes:
         x = torch.randn(*shape, dtype=dtype)

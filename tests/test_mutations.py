@@ -2,6 +2,7 @@
 `copy_` in the graph and passline stores the new values from the kernel computing them (an in-place
 Pointwise, lowering/mutation.py), checked against eager step by step."""
 import copy
+import os
 
 import pytest
 import torch
@@ -251,7 +252,8 @@ def test_an_in_place_write_comes_after_every_loop_that_reads_the_old_value(fn, s
     be = passline.backend(codegen="triton", fallback="raise")
     torch._dynamo.reset()
     got = torch.compile(fn, backend=be)(*inputs)
-    if not passline.settings.test_device:  # (a GPU may split these few rows instead)
+    if not passline.settings.test_device and not os.environ.get("PASSLINE_TEST_TARGET"):  # (a GPU may split
+        # these few rows instead)
         assert [k.chosen for r in be.reports for k in r.kernel_info] == ["looped"]
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)  # sums of 70000 in another order
     for g, w in zip(inputs, want_inputs):

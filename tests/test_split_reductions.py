@@ -129,6 +129,7 @@ def test_row_tiles_of_pointwise_members_are_not_split():
     assert split_count(be) == 2  # the amax and the sum, still split
 
 
+@pytest.mark.cpu_target
 def test_cpu_target_splits_nothing_by_default():
     # on the CPU whatever PASSLINE_TEST_DEVICE says (on a GPU this very sum is split)
     be = assert_matches_eager(lambda x: x.sum(), [torch.randn(1 << 16)], codegen="reference", device="cpu")

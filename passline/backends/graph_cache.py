@@ -192,13 +192,14 @@ def _graph_text(gm: torch.fx.GraphModule) -> str | None:
 
 
 def _device(gm: torch.fx.GraphModule) -> str:
-    """The GPU the graph's tensors are on, by name and SM count (the passes plan for it), or "cpu"."""
-    for n in gm.graph.nodes:
-        v = n.meta.get("val")
-        if isinstance(v, torch.Tensor) and v.device.type == "cuda":
-            props = torch.cuda.get_device_properties(v.device)
-            return f"cuda {props.name} {props.multi_processor_count}"
-    return "cpu"
+    """The GPU the graph's tensors are on, by name, and the target the passes plan for (`Target.of_devices`:
+    its SM count), or "cpu"."""
+    from ..pipeline.target import Target
+
+    devices = {v.device for n in gm.graph.nodes if isinstance(v := n.meta.get("val"), torch.Tensor)}
+    target = Target.of_devices(devices)
+    gpu = next((d for d in devices if d.type == "cuda"), None)
+    return f"{torch.cuda.get_device_properties(gpu).name if gpu is not None else 'cpu'} {target}"
 
 
 def graph_key(gm: torch.fx.GraphModule, backend) -> str | None:
