@@ -191,10 +191,9 @@ class CallWriter:
             return self.name(donor) if _key(self.buffers[donor].layout) == key else \
                 f"as_strided({self.name(donor)}, {self.ints(lay.size)}, {self.ints(lay.stride)}, 0)"
 
-        # unconditionally only a buffer of this call's own that no earlier output's chain offered (that output
-        # may hold it now); a chain's donors stay offered to later chains, whose sole() sees such a holder
-        sure = next((d for d in donors if d in self.owned and d not in self.extern_read and d not in self.chained),
-                    None)
+        # a buffer of this call's own that no extern's result may view is taken outright; inputs and externs'
+        # results are offered in a chain, and stay offered to a later output's (whose sole() sees the holder)
+        sure = next((d for d in donors if d in self.owned and d not in self.extern_read), None)
         if dead:  # the storage of a buffer that died at the step before, same layout: no allocation
             old = dead.pop()
             self.emit(f"{self.name(buf)} = {self.name(old)}; del {self.name(old)}", indent)
@@ -210,7 +209,6 @@ class CallWriter:
             from .compat import sole
 
             self.ns["sole"] = sole
-            self.chained.update(donors)
             self.defined.add(buf)
             if any(d in self.maybe_misaligned for d in donors):  # an extern's result (else an input: aligned)
                 self.maybe_misaligned.add(buf)
@@ -462,9 +460,6 @@ class CallWriter:
                                           if kind == "extern" and _may_alias(node.op) for b in node.read_names()}
         self.reusable: dict = {}
         self.donated: set = set()  # buffers whose storage a later-defined buffer took (kernel.overwritable)
-        # buffers a later-defined buffer may have taken, at run time (`x if sole(x) else ...`): never lent or
-        # taken unconditionally (none is this call's own buffer that nothing else reads: those are taken outright)
-        self.chained: set = set()
         for i, (kind, node, data) in enumerate(runner.steps):
             self.emit(f"# {node.name}")
             self.dying = set(free.get(i, ()))
@@ -484,8 +479,7 @@ class CallWriter:
             if unused:
                 self.lines.insert(start, "    del " + ", ".join(self.name(b) for b in unused))
             dead = [b for b in free.get(i, ()) if b in self.defined]
-            lends = [b for b in dead if b in self.owned and b not in extern_read and b not in self.donated
-                     and b not in self.chained]
+            lends = [b for b in dead if b in self.owned and b not in extern_read and b not in self.donated]
             gone = [b for b in dead if b not in lends]
             if gone:
                 self.emit(f"del {', '.join(self.name(b) for b in gone)}")
