@@ -14,7 +14,8 @@ settings of its own, `passline:SETTING=VALUE[+SETTING=VALUE]`, each read as its 
 short). A run times the first step (the forward, compiled at the call, and `loss.backward()`, which compiles the
 backward), synchronized, then the median of `--steps` steady steps (10). For passline it also marks, in seconds
 from the step's start, where the time goes: `dynamo` (its tracing, until the backend has the graph), `aot`
-(aot_autograd's tracing and partitioning, until passline's compiler has the forward), and per graph passline's own
+(aot_autograd's tracing and partitioning, or the load of its cached result in a warm run, until passline has the
+forward), and per graph passline's own
 stages (`report.seconds`: lower, passes, codegen) and `precompile` (`TritonRunner.compile_seconds`: the kernels
 compiled and loaded before the graph's first call), and `forward` / `backward` (when each half of the step
 finished).
@@ -65,7 +66,7 @@ def child(model_name: str, contender: str, root: str, device: str, smoke: bool, 
         options = contender_settings(contender)
         with passline.settings(**options):
             backend = passline.backend(fallback="raise", cache_dir=os.path.join(root, "passline"))
-        entry, compile_aten = dynamo.Backend.__call__, dynamo.Backend.compile_aten
+        entry, compile_aten, load_aten = dynamo.Backend.__call__, dynamo.Backend.compile_aten, dynamo.Backend.load_aten
 
         def entered(self, gm, example_inputs):
             mark("dynamo")
@@ -74,7 +75,10 @@ def child(model_name: str, contender: str, root: str, device: str, smoke: bool, 
         def handed(self, gm, example_inputs, kind="graph", fx=None, **kw):
             mark("aot")
             return compile_aten(self, gm, example_inputs, kind, fx, **kw)
-        dynamo.Backend.__call__, dynamo.Backend.compile_aten = entered, handed
+        def loaded(self, gm, kind, fx, key):  # aot_autograd's cache gave the graph back: nothing traced
+            mark("aot")
+            return load_aten(self, gm, kind, fx, key)
+        dynamo.Backend.__call__, dynamo.Backend.compile_aten, dynamo.Backend.load_aten = entered, handed, loaded
     else:
         backend = "inductor"
     compiled = torch.compile(model, backend=backend)
@@ -104,6 +108,7 @@ def child(model_name: str, contender: str, root: str, device: str, smoke: bool, 
     out = {"first_call_s": first, "step_ms": round(statistics.median(times) * 1e3, 3), "marks": marks}
     if contender.startswith("passline"):
         out["graphs"] = [{"name": r.name, **{k: round(v, 3) for k, v in r.seconds.items()},
+                          "aot_cache_hit": bool(r.metrics.counters.get("aot_cache_hits")),
                           "precompile": round(getattr(r.runner, "compile_seconds", 0.0), 3)}
                          for r in backend.reports]
     return out

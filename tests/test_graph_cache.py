@@ -91,7 +91,8 @@ def test_tensor_constants_are_part_of_the_key(tmp_path):
             return x * torch.tensor([v, 1.0, v, 1.0])  # a constant of the graph (`_tensor_constant0`)
 
         be = assert_matches_eager(scale, [torch.randn(3, 4)], cache_dir=str(tmp_path))
-        assert "_tensor_constant0" in be.reports[0].gm.code and _counters(be, "graph_cache_hits") == hits
+        # (`_tensor_constant1` where aot_autograd's cache loaded the graph: a pickled GraphModule is traced again)
+        assert "_tensor_constant" in be.reports[0].gm.code and _counters(be, "graph_cache_hits") == hits
 
 
 def test_observed_pipelines_are_not_cached(tmp_path):

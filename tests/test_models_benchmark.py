@@ -80,10 +80,10 @@ def test_first_calls_runs_cold_then_warm_in_fresh_processes(tmp_path):
     out = tmp_path / "first.json"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     cmd = [sys.executable, str(ROOT / "benchmarks" / "first_calls.py"), "--device", "cpu", "--smoke", "--models",
-           "gpt2", "--contenders", "passline", "--rounds", "1", "--steps", "1", "--out", str(out)]
+           "gpt2", "--contenders", "passline:aot_cache=1", "--rounds", "1", "--steps", "1", "--out", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
     assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
-    assert "| gpt2 | passline |" in proc.stdout
+    assert "| gpt2 | passline:aot_cache=1 |" in proc.stdout
     runs = json.loads(out.read_text())["runs"]
     assert [r["state"] for r in runs] == ["cold", "warm"]
     for r in runs:
@@ -93,6 +93,9 @@ def test_first_calls_runs_cold_then_warm_in_fresh_processes(tmp_path):
     cold, warm = runs
     assert all(g["passes"] > 0 for g in cold["graphs"])  # lowered and scheduled
     assert all(g["passes"] == 0 for g in warm["graphs"])  # the graph cache's: nothing scheduled again
+    # aot_autograd's cache (backends/aot_cache.py, asked for): nothing traced again either
+    assert [g["aot_cache_hit"] for g in cold["graphs"]] == [False, False]
+    assert [g["aot_cache_hit"] for g in warm["graphs"]] == [True, True]
 
 
 def test_first_calls_reads_a_contenders_settings_as_passlines_variables():

@@ -29,7 +29,7 @@ from ..pipeline.metrics import Metrics
 from ..pipeline.report import CompileReport, set_last_report
 from ..pipeline.target import Target
 from ..pipeline.text import Pipeline
-from . import graph_cache
+from . import aot_cache, graph_cache
 from .check import checked
 from .choosing import TimedChooser
 from .layouts import conform_inputs
@@ -67,6 +67,8 @@ class Backend:
     where; cache_dir: kernel cache; autotune: time each kernel's candidate configurations at its first call
     (off: configurations by rule, nothing timed); graph_cache: reuse a graph's lowering and passes from an
     earlier compile of the same graph, in this process or another (backends/graph_cache.py; on by default);
+    aot_cache: with the graph cache, reuse aot_autograd's tracing and partitioning too (backends/aot_cache.py;
+    off by default);
     fallback: when passline fails on a graph, "eager" (the default for users) warns and runs that graph's
     aten code as it is, "raise" (what passline.testing uses) raises the error;
     check: the accuracy guard (off by default): the first call of each graph is also run
@@ -80,7 +82,7 @@ class Backend:
                  metric_tables=None, metric_dir=None, instruments=(), pass_limit=None, decision_limits=None,
                  capture: bool = False, kernel_variant: str = "auto", cache_dir=None, fallback=None,
                  check: bool | None = None, autotune: bool | None = None, cudagraphs: bool = False,
-                 choice_overrides=None, graph_cache: bool | None = None):
+                 choice_overrides=None, graph_cache: bool | None = None, aot_cache: bool | None = None):
         if codegen not in CODEGENS:
             raise ValueError(f"unknown codegen {codegen!r}; choose one of {', '.join(CODEGENS)}")
         if isinstance(pipeline, (list, tuple)) and all(isinstance(p, str) for p in pipeline):
@@ -96,7 +98,7 @@ class Backend:
         self.verify = verify
         self.settings = current_settings().evolve(
             dump_dir=dump_dir, metric_tables=metric_tables, metric_dir=metric_dir, cache_dir=cache_dir,
-            fallback=fallback, check=check, autotune=autotune, graph_cache=graph_cache)
+            fallback=fallback, check=check, autotune=autotune, graph_cache=graph_cache, aot_cache=aot_cache)
         self.dump_dir = self.settings.dump_dir
         if self.dump_dir and os.path.exists(self.dump_dir) and not os.path.isdir(self.dump_dir):
             raise ValueError(f"dump_dir {self.dump_dir!r} is a file, not a directory")
@@ -114,6 +116,7 @@ class Backend:
         self.kernel_variant = AUTO if kernel_variant == AUTO else KernelVariant(kernel_variant)
         self.autotune = self.settings.autotune
         self.graph_cache = self.settings.graph_cache  # scheduled graphs reused across processes (graph_cache.py)
+        self.aot_cache = self.settings.aot_cache  # and aot_autograd's results (aot_cache.py), on request
         self.chooser = TimedChooser(choice_overrides, self)  # checks the overrides' names
         self.choice_overrides = self.chooser.overrides
         self.cudagraphs = cudagraphs  # capture static-shape GPU graphs and replay them (backends/cudagraphs.py)
@@ -139,10 +142,17 @@ class Backend:
                           f"{_described(e)}", stacklevel=2)
             self.failures.append(("fx", e))
             return as_captured.forward
+        # aot_autograd's results kept on disk, where passline's scheduled graphs are (aot_cache.py)
+        key = graph_cache.backend_key(self, {x.device for x in example_inputs if isinstance(x, torch.Tensor)}) \
+            if self.aot_cache and aot_cache.available() and aot_cache.cacheable_inputs(example_inputs) else None
+        if key is not None:
+            aot_cache.share_triton_key(example_inputs, self.cache_dir)
+        compilers = {kind: self._compiler(kind, fx, cached=key is not None)
+                     for kind in ("forward", "backward", "inference")}
         compiler = aot_autograd(
-            fw_compiler=self._compiler("forward", fx),
-            bw_compiler=self._compiler("backward", fx),
-            inference_compiler=self._compiler("inference", fx),
+            fw_compiler=compilers["forward"],
+            bw_compiler=compilers["backward"],
+            inference_compiler=compilers["inference"],
             decompositions=decomposition_table(),
             # save few activations; recompute cheap pointwise work in the backward (as Inductor does);
             # max-pool indices saved as window offsets (backends/partition.py)
@@ -153,7 +163,8 @@ class Backend:
             keep_inference_input_mutations=True,
         )
         try:
-            return compiler(gm, example_inputs)
+            with aot_cache.caching(self, fx, key) if key is not None else contextlib.nullcontext():
+                return compiler(gm, example_inputs)
         except Exception as e:
             # aot_autograd traces the forward and backward (with passline's decompositions) before any
             # graph reaches passline's compiler: a failure there is a compile-time refusal too. Except
@@ -176,13 +187,13 @@ class Backend:
             _, records = self.manager.run_fx(gm, metrics, f"fx{next(self._fx_ids)}", Target.of_devices(devices))
         return FxStage(tuple(records), metrics)
 
-    def _compiler(self, kind: str, fx: FxStage):
+    def _compiler(self, kind: str, fx: FxStage, cached: bool = False):
+        """aot_autograd's compiler for `kind` graphs; `cached`: its results go to aot_autograd's cache."""
         def compile_graph(gm: torch.fx.GraphModule, example_inputs):
+            key = None
             try:
-                compiled = _boxed(self.compile_aten(gm, example_inputs, kind, fx))
-                if self.fallback == "raise":
-                    return compiled
-                return self._first_call_guarded(compiled, gm, kind, self.reports[-1].graph)
+                compiled = self._callable(self.compile_aten(gm, example_inputs, kind, fx), gm, kind)
+                key = self.reports[-1].graph_key
             except Exception as e:
                 if self.fallback == "raise":
                     raise
@@ -190,9 +201,32 @@ class Backend:
                 warnings.warn(f"passline could not compile a {kind} graph and runs it eagerly: "
                               f"{_described(e)}", stacklevel=2)
                 self.failures.append((kind, e))
-                return make_boxed_func(gm.forward)
+                compiled = make_boxed_func(gm.forward)
+            return aot_cache.output(compiled, gm, kind, key) if cached else compiled
 
-        return compile_graph
+        return aot_cache.serializable(compile_graph) if cached else compile_graph
+
+    def _callable(self, runner, gm: torch.fx.GraphModule, kind: str):
+        """A compiled graph's runner as aot_autograd calls it (boxed), guarded at its first call."""
+        compiled = _boxed(runner)
+        if self.fallback == "raise":
+            return compiled
+        return self._first_call_guarded(compiled, gm, kind, self.reports[-1].graph)
+
+    def load_aten(self, gm: torch.fx.GraphModule, kind: str, fx: FxStage, key: str):
+        """A graph aot_autograd's cache gave back (aot_cache.py), built from its scheduled form in the graph
+        cache under `key`: (the boxed callable, its report), or None where the graph cache no longer has it."""
+        with use_settings(self.settings), collector_paused():
+            t0 = time.perf_counter()
+            entry = graph_cache.GraphCache(self.cache_dir).load(key)
+            if entry is None:
+                return None
+            graph, nodes_before, metrics, records = self._from_graph_cache(entry, fx)
+            metrics.counters["aot_cache_hits"] += 1
+            t1 = time.perf_counter()
+            runner = self._run_side(f"{kind}{next(self._ids)}", gm, None, graph, nodes_before, metrics, records, fx,
+                                    key, (t0, t1, t1))
+            return self._callable(runner, gm, kind), self.reports[-1]
 
     def _first_call_guarded(self, compiled, gm: torch.fx.GraphModule, kind: str, graph):
         """`compiled`, whose first call falls back to `gm`'s aten code where passline refuses at run time
@@ -238,14 +272,9 @@ class Backend:
         cache = graph_cache.GraphCache(self.cache_dir) if graph_cache.enabled(self) else None
         key = graph_cache.graph_key(gm, self) if cache is not None else None
         entry = cache.load(key) if key is not None else None
+        stored = False
         if entry is not None:  # lowered and scheduled by an earlier compile of the same graph
-            graph, nodes_before, metrics = entry["graph"], entry["nodes_before"], entry["metrics"]
-            records = [*fx.records, *entry["records"]]
-            metrics.counters["graph_cache_hits"] += 1
-            for message, category in entry.get("warnings", ()):  # what lowering and the passes warned, again
-                warnings.warn(message, category, stacklevel=2)
-            # a choice timed by the compile that stored the graph was read back now, not timed
-            graph.choices = tuple(attrs.evolve(c, how="cached") if c.how == "timed" else c for c in graph.choices)
+            graph, nodes_before, metrics, records = self._from_graph_cache(entry, fx)
             t1 = t2 = time.perf_counter()
         else:
             # what lowering and the passes warn (a user's choice that raised) is kept for a later hit to repeat
@@ -269,6 +298,25 @@ class Backend:
                                      records=records[len(fx.records):],
                                      warnings=[(str(w.message), w.category) for w in warned])
                 metrics.counters["graph_cache_stores" if stored else "graph_cache_not_stored"] += 1
+        return self._run_side(name, gm, example_inputs, graph, nodes_before, metrics, records, fx,
+                              key if entry is not None or stored else None, (t0, t1, t2))
+
+    def _from_graph_cache(self, entry: dict, fx: FxStage):
+        """(graph, nodes_before, metrics, records) of a graph-cache entry, as a compile that made it would have."""
+        graph, nodes_before, metrics = entry["graph"], entry["nodes_before"], entry["metrics"]
+        records = [*fx.records, *entry["records"]]
+        metrics.counters["graph_cache_hits"] += 1
+        for message, category in entry.get("warnings", ()):  # what lowering and the passes warned, again
+            warnings.warn(message, category, stacklevel=3)
+        # a choice timed by the compile that stored the graph was read back now, not timed
+        graph.choices = tuple(attrs.evolve(c, how="cached") if c.how == "timed" else c for c in graph.choices)
+        return graph, nodes_before, metrics, records
+
+    def _run_side(self, name: str, gm, example_inputs, graph: SchedulerGraph, nodes_before: int, metrics: Metrics,
+                  records: list, fx: FxStage, key: str | None, times: tuple):
+        """The runner of a scheduled graph and its report (appended to `reports`). `key`: the graph cache's key it
+        is stored under (None: not stored); `times`: when lowering, the passes and codegen began."""
+        t0, t1, t2 = times
         fx.count_into(metrics)
         codegen, reason = choose_codegen(self.codegen, graph)
         if codegen == "triton":
@@ -283,7 +331,7 @@ class Backend:
         else:
             runner = ReferenceRunner(graph)
         report = CompileReport(name, graph, codegen, codegen_reason=reason, pipeline=str(self.pipeline), passes=records,
-                               nodes_before=nodes_before, metrics=metrics, gm=gm, runner=runner,
+                               nodes_before=nodes_before, metrics=metrics, gm=gm, runner=runner, graph_key=key,
                                seconds={"lower": t1 - t0, "passes": t2 - t1, "codegen": time.perf_counter() - t2})
         report.finish()
         if self.metric_tables:

@@ -191,12 +191,12 @@ def _graph_text(gm: torch.fx.GraphModule) -> str | None:
     return "\n".join(parts)
 
 
-def _device(gm: torch.fx.GraphModule) -> str:
-    """The GPU the graph's tensors are on, by name, and the target the passes plan for (`Target.of_devices`:
-    its SM count), or "cpu"."""
+def _device(devices) -> str:
+    """The GPU of `devices` (a graph's tensors'), by name, and the target the passes plan for
+    (`Target.of_devices`: its SM count), or "cpu"."""
     from ..pipeline.target import Target
 
-    devices = {v.device for n in gm.graph.nodes if isinstance(v := n.meta.get("val"), torch.Tensor)}
+    devices = set(devices)
     target = Target.of_devices(devices)
     gpu = next((d for d in devices if d.type == "cuda"), None)
     return f"{torch.cuda.get_device_properties(gpu).name if gpu is not None else 'cpu'} {target}"
@@ -206,24 +206,47 @@ def graph_key(gm: torch.fx.GraphModule, backend) -> str | None:
     """The key of `gm`'s scheduled graph under `backend` (see the module doc), or None: not to be cached."""
     from ..lowering.sizes import size_facts
 
-    if _edited_since_import() or _uncacheable(backend, gm):
+    if _uncacheable(backend, gm):
         return None
-    text = _graph_text(gm)
+    devices = {v.device for n in gm.graph.nodes if isinstance(v := n.meta.get("val"), torch.Tensor)}
+    settings = _settings_key(backend, devices)
+    text = _graph_text(gm) if settings is not None else None
     if text is None:
         return None
     bounds, hints = size_facts(gm)
     named = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", text))  # the ShapeEnv's symbols this graph uses
     bounds = {k: v for k, v in bounds.items() if str(k) in named}
     hints = {k: v for k, v in hints.items() if str(k) in named}
+    return _hash((settings, repr(sorted((str(k), str(v)) for k, v in bounds.items())),
+                  repr(sorted((str(k), str(v)) for k, v in hints.items())), text))
+
+
+def backend_key(backend, devices) -> str | None:
+    """What, besides a captured graph and torch's own state, decides the graphs `backend` makes of it on
+    `devices`: passline's part of aot_autograd's cache key (aot_cache.py), or None (not to be cached). Any
+    lowering or choice from outside passline refuses, the graph's ops being unknown before aot_autograd."""
+    if not enabled(backend) or _uncacheable(backend):
+        return None
+    settings = _settings_key(backend, set(devices))
+    return None if settings is None else _hash(("aot_autograd", settings))
+
+
+def _settings_key(backend, devices: set) -> str | None:
+    """The part of a key that is not the graph: passline's code, the pipeline, the backend's settings, the
+    device, torch's flags lowering reads; None where passline's files changed since import."""
+    if _edited_since_import():
+        return None
+    return _hash((_FORMAT, torch.__version__, platform.python_version(), package_hash(), backend.pipeline.cache_key(),
+                  repr(_registrations()), repr(sorted(backend.choice_overrides.items())), backend.codegen,
+                  backend.autotune, backend.cudagraphs, backend.verify, _device(devices),
+                  # lowering asks torch (indexing.scatter_into: no float atomic adds under deterministic algorithms)
+                  torch.are_deterministic_algorithms_enabled(),
+                  torch.get_float32_matmul_precision()))  # the chooser's agreement tolerance (choosing.agree)
+
+
+def _hash(parts) -> str:
     h = hashlib.sha256()
-    for part in (_FORMAT, torch.__version__, platform.python_version(), package_hash(), backend.pipeline.cache_key(),
-                 repr(_registrations()), repr(sorted(backend.choice_overrides.items())), backend.codegen,
-                 backend.autotune, backend.cudagraphs, backend.verify, _device(gm),
-                 # lowering asks torch (indexing.scatter_into: no float atomic adds under deterministic algorithms)
-                 torch.are_deterministic_algorithms_enabled(),
-                 torch.get_float32_matmul_precision(),  # the chooser's agreement tolerance (choosing.agree)
-                 repr(sorted((str(k), str(v)) for k, v in bounds.items())),
-                 repr(sorted((str(k), str(v)) for k, v in hints.items())), text):
+    for part in parts:
         h.update(repr(part).encode())
         h.update(b"\0")
     return h.hexdigest()

@@ -28,6 +28,7 @@ class CompileReport:
     runner: object = None  # what runs the graph (TritonRunner has .kernels: source, variant, bytes)
     check: object = None  # with backend(check=True): the accuracy guard's CheckReport, after the first call
     cudagraphs: str = ""  # with backend(cudagraphs=True): "on: ..." or "off: <why>"
+    graph_key: str | None = None  # the graph cache's key of the scheduled graph (None: not stored there)
 
     @property
     def choices(self) -> list:

@@ -1395,7 +1395,8 @@ def generate_mix(mix: MixOrderNode, graph, interpret: bool, blocks: dict,
 
     if tiled:  # the program's block of rows (`pid`: which split) and its block of columns
         w.emit(f"program = {pid}")
-        w.emit(f"column_blocks = tl.cdiv({w.numel('rnumel')}, RBLOCK)")
+        # not tl.cdiv: triton 3.6's interpreter refuses that @jit helper where both operands are ints
+        w.emit(f"column_blocks = ({w.numel('rnumel')} + RBLOCK - 1) // RBLOCK")
         w.emit("split_id = program // column_blocks")
         w._rindex("(program % column_blocks) * RBLOCK + ")
         pid = "split_id"

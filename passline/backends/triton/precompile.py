@@ -241,7 +241,9 @@ def _adopt_triton_key(key: str) -> None:
     it, Inductor's and a user's own kernels' too, which is right only because the key is this Triton's (the
     callers check: same files, `remembered_triton_key`; same package and version, `_serve`)."""
     for name, module in list(sys.modules.items()):
-        if (name == "triton" or name.startswith("triton.")) and callable(getattr(module, "triton_key", None)):
+        # (and torch's own import of it, which its caches' keys name: aot_cache.share_triton_key)
+        ours = name == "triton" or name.startswith("triton.") or name == "torch._inductor.runtime.triton_compat"
+        if ours and callable(getattr(module, "triton_key", None)):
             _ORIGINAL.setdefault(name, module.triton_key)
             module.triton_key = lambda: key
 

@@ -1,0 +1,200 @@
+"""aot_autograd's results on disk for passline's graphs: a second process skips its tracing and partitioning.
+
+A training script's first step, in a process after one that compiled the same model, spent most of passline's
+time in aot_autograd (GPT-2-style on an H200: 2.4 of 4.2 s; Inductor's whole warm first step was 2.0 s): it
+traces the joint forward and backward again, functionalizes, partitions, and only then hands passline the graphs
+whose scheduled forms the graph cache (graph_cache.py) already holds. torch keeps aot_autograd's results across
+processes (its AOTAutogradCache) where the compiler hands back an `OutputCode`, an object that can be pickled and
+loaded again; Inductor's warm compiles start there. passline hands it a `PasslineOutput`: the aten graph and the
+key of its scheduled form in the graph cache. On a hit torch unpickles the runtime metadata aot_autograd
+computed (inputs' mutations, aliases, what the backward saves) and calls `post_compile`, which builds the
+runner from the graph cache, as a compile whose graph-cache lookup hit does; if that entry is gone the load is a
+miss and the graph is compiled (and stored) again.
+
+torch's key names the captured graph, its inputs' metadata, torch's version and configuration. What else the
+result depends on is passline's (`graph_cache.backend_key`: the package's source, with its decomposition table and
+partition function, the pipeline, settings, device), which enters torch's key as the `uuid` of a custom graph
+pass set in Inductor's configuration for the call: torch hashes that configuration into the key, and a custom
+pass's uuid is the one slot of it meant for a caller's code, in torch 2.11 and 2.13 alike. The entry is written
+where aot_autograd has both graphs: for a training graph at the first backward, which compiles the backward
+(lazily, as before: a forward run without a backward compiles none), outside that call; aot_autograd writes it
+bundled (passline's OutputCode inside, not Inductor's keys) only while its `bundled_autograd_cache` setting is
+on, so the backward's compile turns it on and the backward's first call, which follows the write, restores it
+(`_bundled_until_called`). (Compiling the backward with the forward instead also made aot_autograd mark its
+saved tensors donated, and a `backward(retain_graph=True)` then raised.)
+
+Not cached: whatever the graph cache does not keep (graph_cache.enabled: off, or something observes the
+pipeline; passes, lowerings or choices from outside passline; passline files edited since import), graphs with
+sizes decided at run time (dynamic shapes: the graph cache keys them by their traced sizes, which a hit would
+not check), and any graph passline ran eagerly (a fallback): its OutputCode refuses to be saved, so the whole
+entry is not written. torch's `torch.compiler.config.force_disable_caches` and TORCHINDUCTOR_AUTOGRAD_CACHE=0
+turn it off too.
+
+This module is the only one that touches these interfaces of torch, which are not public (`OutputCode`,
+`SerializableAOTDispatchCompiler`, the cache's exceptions and configuration): where they are missing or
+differ, `available()` is False and every graph is traced as before.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+
+import torch
+
+try:
+    from torch._functorch._aot_autograd.autograd_cache import BypassAOTAutogradCache, FXGraphCacheMiss
+    from torch._functorch._aot_autograd.schemas import SerializableAOTDispatchCompiler
+    from torch._inductor.custom_graph_pass import CustomGraphPass
+    from torch._inductor.output_code import OutputCode
+
+    _IMPORTED = True
+except ImportError:  # another torch: graphs are traced at every compile
+    _IMPORTED = False
+    OutputCode = CustomGraphPass = object
+
+
+def available() -> bool:
+    import torch._functorch.config as functorch_config
+
+    return _IMPORTED and all(hasattr(functorch_config, name) for name in _FUNCTORCH_PATCH)
+
+
+# aot_autograd's settings for a call whose results may be cached: entries bundle passline's OutputCode (not
+# Inductor's FX graph cache keys)
+_FUNCTORCH_PATCH = {"bundled_autograd_cache": True}
+
+
+class _Loading:
+    """What a load inside one aot_autograd call needs: the backend and the FX stage of the captured graph, and
+    the reports of graphs loaded so far (withdrawn if a later graph of the same entry misses)."""
+
+    def __init__(self, backend, fx):
+        self.backend, self.fx, self.reports = backend, fx, []
+
+
+_LOADING: contextvars.ContextVar[_Loading | None] = contextvars.ContextVar("passline_aot_loading", default=None)
+
+
+class _PasslineKey(CustomGraphPass):
+    """Carries passline's part of the key into torch's (never run: Inductor is not called)."""
+
+    def __init__(self, key: str):
+        self.key = key
+
+    def __call__(self, graph) -> None:
+        return None
+
+    def uuid(self) -> str:
+        return f"passline {self.key}"
+
+
+@contextlib.contextmanager
+def caching(backend, fx, key: str):
+    """aot_autograd's cache for the call inside, under passline's `key` (graph_cache.backend_key)."""
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+
+    token = _LOADING.set(_Loading(backend, fx))
+    try:
+        with functorch_config.patch(_FUNCTORCH_PATCH), \
+                inductor_config.patch(post_grad_custom_post_pass=_PasslineKey(key)):
+            yield
+    finally:
+        _LOADING.reset(token)
+
+
+def share_triton_key(example_inputs, cache_dir) -> None:
+    """Hand torch's cache key the Triton key passline remembers (triton/precompile.py): torch's key names
+    Triton's, which hashing libtriton gives in 0.4-0.5 s of a warm first call. For graphs of GPU tensors."""
+    if not any(isinstance(x, torch.Tensor) and x.device.type == "cuda" for x in example_inputs):
+        return
+    from pathlib import Path
+
+    from .triton.precompile import remembered_triton_key
+
+    key = remembered_triton_key(Path(cache_dir))
+    if key is None:
+        return
+    with contextlib.suppress(Exception):  # torch 2.13's memo takes a value; 2.11's reads Triton's (adopted)
+        from torch._inductor import codecache
+
+        codecache.triton_key.set(key)
+
+
+def cacheable_inputs(example_inputs) -> bool:
+    """Whether the captured graph's inputs have static sizes (no SymInt, no symbolic size or stride)."""
+    for x in example_inputs:
+        if isinstance(x, torch.SymInt):
+            return False
+        if isinstance(x, torch.Tensor) and any(isinstance(s, torch.SymInt)
+                                               for s in (*x.shape, *x.stride(), x.storage_offset())):
+            return False
+    return True
+
+
+def _bundled_until_called(output: PasslineOutput) -> None:
+    """aot_autograd's `bundled_autograd_cache` on from a lazily compiled backward's return until its first call:
+    aot_autograd writes the entry in between, outside passline's `caching` (where the setting is on anyway)."""
+    import torch._functorch.config as functorch_config
+
+    if functorch_config.bundled_autograd_cache:
+        return
+    functorch_config.bundled_autograd_cache = True
+    fn = output.fn
+
+    def first(inputs):
+        functorch_config.bundled_autograd_cache = False
+        output.fn = fn
+        return fn(inputs)
+
+    output.fn = first
+
+
+def output(fn, gm: torch.fx.GraphModule, kind: str, graph_key: str | None) -> PasslineOutput:
+    """`fn`, a compiled `kind` graph, as aot_autograd's cache keeps it."""
+    out = PasslineOutput(fn, gm, kind, graph_key)
+    if kind == "backward" and graph_key is not None:
+        _bundled_until_called(out)
+    return out
+
+
+def serializable(compiler):
+    """`compiler` as aot_autograd's cache wants it: one that returns an OutputCode."""
+    return SerializableAOTDispatchCompiler(PasslineOutput, compiler)
+
+
+class PasslineOutput(OutputCode):
+    """A compiled aten graph as aot_autograd's cache keeps it: `fn` (the boxed callable) in this process; the
+    graph, its kind and its graph-cache key on disk (`graph_key` None: not to be saved)."""
+
+    def __init__(self, fn, gm: torch.fx.GraphModule, kind: str, graph_key: str | None):
+        self.fn, self.gm, self.kind, self.graph_key = fn, gm, kind, graph_key
+        # aot_autograd calls it with the argument list, which the runner takes over; an attribute of the
+        # instance, which the wrappers torch puts around a backward copy (functools.wraps), not of the class
+        self._boxed_call = True
+        self.meta = dict(gm.meta)  # (a pickled GraphModule keeps its code, not its meta: partition.SAVED_FROM)
+
+    def __call__(self, inputs):
+        return self.fn(inputs)
+
+    def prepare_for_serialization(self) -> None:
+        if self.graph_key is None:
+            raise BypassAOTAutogradCache(f"passline did not store its {self.kind} graph's scheduled form")
+        self.fn = None  # (on a copy: torch pickles it, the process keeps running the original)
+
+    def post_compile(self, example_inputs, constants, graph_kwargs) -> None:
+        loading = _LOADING.get()
+        if loading is None:  # unpickled outside passline's compile: nothing to build it with
+            raise BypassAOTAutogradCache("a passline graph loaded outside a passline backend")
+        self.gm.meta.update(self.meta)
+        loaded = loading.backend.load_aten(self.gm, self.kind, loading.fx, self.graph_key)
+        if loaded is None:  # the scheduled graph is no longer in the graph cache: compiled and stored again
+            for report in loading.reports:
+                loading.backend.reports.remove(report)
+            loading.reports.clear()
+            raise FXGraphCacheMiss(f"passline's graph cache has no {self.kind} graph {self.graph_key}")
+        self.fn, report = loaded
+        loading.reports.append(report)
+
+    def set_triton_bundle(self, triton_bundle) -> None:
+        return None

@@ -1,0 +1,230 @@
+"""aot_autograd's cache for passline's graphs (backends/aot_cache.py): a later compile of the same captured graph
+(another process, or this one after `torch._dynamo.reset()`) loads aot_autograd's result and the scheduled graphs
+instead of tracing, partitioning, lowering and scheduling again, and trains as eager does; what passline's result
+depends on makes another key; what cannot be rebuilt is not kept."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+import passline
+from passline.backends import aot_cache
+
+pytestmark = pytest.mark.skipif(not aot_cache.available(), reason="this torch lacks aot_autograd's bundled cache")
+
+
+@pytest.fixture(autouse=True)
+def _caches(tmp_path, monkeypatch):
+    """Empty caches of this test's own: aot_autograd's (under Inductor's directory) and passline's; the cache on
+    (it is off by default)."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    with passline.settings(graph_cache=True, aot_cache=True, cache_dir=str(tmp_path / "passline")):
+        yield
+
+
+class Block(torch.nn.Module):
+    """LayerNorm, a linear layer, GELU; BatchNorm's running statistics are written by the graph (a mutation)."""
+
+    def __init__(self, d=32):
+        super().__init__()
+        self.norm, self.fc, self.bn = torch.nn.LayerNorm(d), torch.nn.Linear(d, d), torch.nn.BatchNorm1d(d)
+
+    def forward(self, x):
+        return self.bn(torch.nn.functional.gelu(self.fc(self.norm(x)))).square().mean()
+
+
+def _step(model, x, **options):
+    """One training step compiled by a new passline backend: (backend, loss, gradients, aot_autograd's counts)."""
+    torch._dynamo.reset()
+    counters.clear()
+    be = passline.backend(fallback="raise", **options)
+    loss = torch.compile(model, backend=be)(x)
+    loss.backward()
+    grads = [p.grad.clone() for p in model.parameters()] + [x.grad.clone()]
+    model.zero_grad(set_to_none=True)
+    x.grad = None
+    return be, loss.detach(), grads, dict(counters["aot_autograd"])
+
+
+def _eager(model, x):
+    loss = model(x)
+    loss.backward()
+    grads = [p.grad.clone() for p in model.parameters()] + [x.grad.clone()]
+    model.zero_grad(set_to_none=True)
+    x.grad = None
+    return loss.detach(), grads
+
+
+def _hits(be) -> list:
+    return [r.metrics.counters.get("aot_cache_hits", 0) for r in be.reports]
+
+
+def _check(got, want):
+    torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-5)
+    for a, b in zip(got[1], want[1]):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_a_second_compile_loads_aot_autograds_result(monkeypatch):
+    torch.manual_seed(0)
+    model, x = Block(), torch.randn(16, 32, requires_grad=True)
+    twin = Block()
+    twin.load_state_dict(model.state_dict())
+    first, *result, seen = _step(model, x)
+    _check(result, _eager(twin, x))
+    assert seen.get("autograd_cache_saved") == 1 and _hits(first) == [0, 0]
+
+    # nothing is traced, partitioned, lowered or scheduled again: each would raise
+    import torch._functorch._aot_autograd.graph_compile as graph_compile
+
+    import passline.backends.dynamo as dynamo
+
+    def refuse(*a, **k):
+        raise AssertionError("traced or lowered again")
+
+    monkeypatch.setattr(dynamo, "lower_graph", refuse)
+    monkeypatch.setattr(graph_compile, "aot_stage2_compile", refuse)
+    second, *result, seen = _step(model, x)
+    assert seen.get("autograd_cache_hit") == 1 and _hits(second) == [1, 1]
+    assert [r.graph.format() for r in second.reports] == [r.graph.format() for r in first.reports]
+    assert [r.name for r in second.reports] == ["forward0", "backward1"]
+    _check(result, _eager(twin, x))  # the loss, every gradient, and BatchNorm's running statistics below
+    torch.testing.assert_close(model.bn.running_mean, twin.bn.running_mean)
+    torch.testing.assert_close(model.bn.running_var, twin.bn.running_var)
+
+
+def test_an_inference_graph_is_loaded_too():
+    torch.manual_seed(0)
+    f = torch.nn.Sequential(torch.nn.Linear(24, 24), torch.nn.LayerNorm(24), torch.nn.ReLU())
+    x = torch.randn(8, 24)
+    with torch.no_grad():
+        outs = []
+        for _ in range(2):
+            torch._dynamo.reset()
+            be = passline.backend(fallback="raise")
+            outs.append((torch.compile(f, backend=be)(x), _hits(be)))
+        torch.testing.assert_close(outs[1][0], f(x))
+    assert [hits for _, hits in outs] == [[0], [1]]
+
+
+def test_off_by_default_and_off_without_the_graph_cache():
+    torch.manual_seed(0)
+    model, x = Block(), torch.randn(16, 32, requires_grad=True)
+    assert not passline.config.Settings().aot_cache
+    assert passline.config.Settings.from_environ({"PASSLINE_AOT_CACHE": "1"}).aot_cache
+    _step(model, x)
+    for options in ({"aot_cache": False}, {"graph_cache": False}):
+        be, *_, seen = _step(model, x, **options)
+        assert "autograd_cache_hit" not in seen and "autograd_cache_saved" not in seen and _hits(be) == [0, 0]
+
+
+@pytest.mark.parametrize("change", ["pipeline", "codegen", "shape"])
+def test_what_passlines_result_depends_on_makes_another_key(change):
+    torch.manual_seed(0)
+    model, x = Block(), torch.randn(16, 32, requires_grad=True)
+    twin = Block()
+    twin.load_state_dict(model.state_dict())
+    _step(model, x)
+    options = {}
+    if change == "pipeline":
+        options["pipeline"] = passline.DEFAULT_PIPELINE.replace("mix_order_reduction",
+                                                                "mix_order_reduction(min_rows=9)")
+    elif change == "codegen":
+        options["codegen"] = "reference"
+    else:
+        x = torch.randn(17, 32, requires_grad=True)
+    be, *result, seen = _step(model, x, **options)
+    assert "autograd_cache_hit" not in seen and _hits(be) == [0, 0]
+    _check(result, _eager(twin, x))
+
+
+def test_a_graph_passline_ran_eagerly_is_not_kept(monkeypatch):
+    """A graph the fallback ran as aten code is not saved: a later compile, which passline may get right, traces
+    and compiles it again."""
+    import passline.backends.dynamo as dynamo
+
+    torch.manual_seed(0)
+    model, x = Block(), torch.randn(16, 32, requires_grad=True)
+    lower = dynamo.lower_graph
+
+    def fail_backward(gm, example_inputs, *a, **k):
+        if any(n.name.startswith("tangents") for n in gm.graph.nodes):
+            raise NotImplementedError("a refusal, for the test")
+        return lower(gm, example_inputs, *a, **k)
+
+    monkeypatch.setattr(dynamo, "lower_graph", fail_backward)
+    torch._dynamo.reset()
+    counters.clear()
+    be = passline.backend(fallback="eager")
+    with pytest.warns(UserWarning, match="runs it eagerly"):
+        torch.compile(model, backend=be)(x).backward()
+    assert "autograd_cache_saved" not in counters["aot_autograd"] and len(be.failures) == 1
+    monkeypatch.setattr(dynamo, "lower_graph", lower)
+    again, *_, seen = _step(model, x)
+    assert "autograd_cache_hit" not in seen and _hits(again) == [0, 0] and not again.failures
+
+
+def test_a_scheduled_graph_gone_from_the_graph_cache_is_compiled_again(tmp_path):
+    """aot_autograd's entry names a graph-cache entry; without it the load is a miss (no report of the half
+    loaded), and the compile stores both again."""
+    import shutil
+
+    torch.manual_seed(0)
+    model, x = Block(), torch.randn(16, 32, requires_grad=True)
+    twin = Block()
+    twin.load_state_dict(model.state_dict())
+    first, *_ = _step(model, x)
+    graphs = tmp_path / "passline" / "graphs"
+    assert len(list(graphs.glob("*.pkl"))) == 2
+    (graphs / f"{first.reports[1].graph_key}.pkl").unlink()  # the backward's: the forward loads, then this misses
+    be, *result, seen = _step(model, x)
+    assert seen.get("autograd_cache_miss") == 1 and seen.get("autograd_cache_saved") == 1
+    assert [r.name for r in be.reports] == ["forward1", "backward2"] and _hits(be) == [0, 0]
+    _check(result, _eager(twin, x))
+    shutil.rmtree(tmp_path / "passline" / "graphs")
+    be, *result, seen = _step(model, x)
+    assert seen.get("autograd_cache_miss") == 1 and _hits(be) == [0, 0]
+
+
+def test_dynamic_shapes_are_traced_each_time():
+    torch.manual_seed(0)
+    f = torch.nn.Sequential(torch.nn.Linear(24, 24), torch.nn.GELU())
+    for _ in range(2):
+        torch._dynamo.reset()
+        counters.clear()
+        be = passline.backend(fallback="raise")
+        compiled = torch.compile(f, backend=be, dynamic=True)
+        for rows in (8, 11):
+            x = torch.randn(rows, 24, requires_grad=True)
+            compiled(x).sum().backward()
+        assert "autograd_cache_hit" not in counters["aot_autograd"] and _hits(be) == [0, 0]
+
+
+def test_a_second_process_trains_from_the_cache(tmp_path):
+    script = textwrap.dedent("""
+        import torch, passline
+        from torch._dynamo.utils import counters
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.LayerNorm(64),
+                                    torch.nn.Linear(64, 8))
+        x = torch.randn(16, 32, requires_grad=True)
+        be = passline.backend(fallback="raise")
+        torch.compile(model, backend=be)(x).logsumexp(1).sum().backward()
+        grads = [p.grad.clone() for p in model.parameters()] + [x.grad.clone()]
+        model.zero_grad(); x.grad = None
+        model(x).logsumexp(1).sum().backward()
+        ok = all(torch.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in
+                 zip(grads, [p.grad for p in model.parameters()] + [x.grad]))
+        print(counters["aot_autograd"].get("autograd_cache_hit", 0),
+              [r.metrics.counters.get("aot_cache_hits", 0) for r in be.reports], ok)
+    """)
+    env = {**os.environ, "PASSLINE_CACHE_DIR": str(tmp_path / "p"), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "i"),
+           "TRITON_INTERPRET": "1", "PASSLINE_AOT_CACHE": "1"}
+    env.pop("PASSLINE_GRAPH_CACHE", None)  # on by default
+    runs = [subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+            for _ in range(2)]
+    assert [r.stdout.strip() for r in runs] == ["0 [0, 0] True", "1 [1, 1] True"], [r.stderr[-800:] for r in runs]
