@@ -20,7 +20,7 @@ pytestmark = pytest.mark.skipif(not aot_cache.available(), reason="this torch la
 @pytest.fixture(autouse=True)
 def _caches(tmp_path, monkeypatch):
     """Empty caches of this test's own: aot_autograd's (under Inductor's directory) and passline's; the cache on
-    (it is off by default)."""
+    (as by default, unless the environment turned it off)."""
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     with passline.settings(graph_cache=True, aot_cache=True, cache_dir=str(tmp_path / "passline")):
         yield
@@ -111,11 +111,11 @@ def test_an_inference_graph_is_loaded_too():
     assert [hits for _, hits in outs] == [[0], [1]]
 
 
-def test_off_by_default_and_off_without_the_graph_cache():
+def test_on_by_default_and_off_without_the_graph_cache():
     torch.manual_seed(0)
     model, x = Block(), torch.randn(16, 32, requires_grad=True)
-    assert not passline.config.Settings().aot_cache
-    assert passline.config.Settings.from_environ({"PASSLINE_AOT_CACHE": "1"}).aot_cache
+    assert passline.config.Settings().aot_cache and passline.config.Settings.from_environ({}).aot_cache
+    assert not passline.config.Settings.from_environ({"PASSLINE_AOT_CACHE": "0"}).aot_cache
     _step(model, x)
     for options in ({"aot_cache": False}, {"graph_cache": False}):
         be, *_, seen = _step(model, x, **options)
@@ -188,6 +188,29 @@ def test_a_scheduled_graph_gone_from_the_graph_cache_is_compiled_again(tmp_path)
     shutil.rmtree(tmp_path / "passline" / "graphs")
     be, *result, seen = _step(model, x)
     assert seen.get("autograd_cache_miss") == 1 and _hits(be) == [0, 0]
+
+
+def test_a_loaded_backward_may_retain_its_graph():
+    """The entry is written at an ordinary first backward; a later process whose first backward retains its
+    graph loads it and trains (aot_autograd refuses that for a backward with donated buffers: passline's have
+    none)."""
+    torch.manual_seed(0)
+    model, x = Block(), torch.randn(16, 32, requires_grad=True)
+    twin = Block()
+    twin.load_state_dict(model.state_dict())
+    _step(model, x)
+    torch._dynamo.reset()
+    be = passline.backend(fallback="raise")
+    loss = torch.compile(model, backend=be)(x)
+    loss.backward(retain_graph=True)
+    loss.backward()
+    assert _hits(be) == [1, 1]
+    want = twin(x)
+    want.backward(retain_graph=True)
+    want.backward()
+    for a, b in zip([*model.parameters(), x], [*twin.parameters(), x]):
+        if a is not x:
+            torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-5)
 
 
 def test_dynamic_shapes_are_traced_each_time():

@@ -339,3 +339,30 @@ def test_a_refusal_at_the_first_call_falls_back_like_one_at_compile_time(monkeyp
     mutating = torch.compile(lambda y: y.add_(1).sum(), backend=be)
     with pytest.raises(NotImplementedError, match="cannot evaluate"):
         mutating(torch.randn(3))
+
+
+@pytest.mark.parametrize("order", [("plain", "retain"), ("retain", "plain", "retain")])
+def test_a_backward_that_retains_its_graph_after_one_that_did_not(order):
+    """aot_autograd refuses `backward(retain_graph=True)` once a backward with donated buffers ran without it;
+    passline donates none (it writes over a saved tensor only where nothing else holds it), so training steps
+    may retain their graphs or not, in any order, and match eager (a step, then one that retains, raised)."""
+    import copy
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.LayerNorm(32))
+    twin = copy.deepcopy(model)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=passline.backend(codegen="triton", fallback="raise"))
+    x = torch.randn(8, 16)
+    for step in order:
+        grads = []
+        for fn, mod in ((compiled, model), (twin, twin)):
+            xi = x.clone().requires_grad_()
+            loss = fn(xi).square().sum()
+            if step == "retain":
+                loss.backward(retain_graph=True)
+            loss.backward()
+            grads.append([p.grad for p in mod.parameters()] + [xi.grad])
+            mod.zero_grad(set_to_none=True)
+        for a, b in zip(*grads):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)

@@ -20,8 +20,7 @@ where aot_autograd has both graphs: for a training graph at the first backward, 
 (lazily, as before: a forward run without a backward compiles none), outside that call; aot_autograd writes it
 bundled (passline's OutputCode inside, not Inductor's keys) only while its `bundled_autograd_cache` setting is
 on, so the backward's compile turns it on and the backward's first call, which follows the write, restores it
-(`_bundled_until_called`). (Compiling the backward with the forward instead also made aot_autograd mark its
-saved tensors donated, and a `backward(retain_graph=True)` then raised.)
+(`_bundled_until_called`).
 
 Not cached: whatever the graph cache does not keep (graph_cache.enabled: off, or something observes the
 pipeline; passes, lowerings or choices from outside passline; passline files edited since import), graphs with
@@ -31,8 +30,8 @@ entry is not written. torch's `torch.compiler.config.force_disable_caches` and T
 turn it off too.
 
 This module is the only one that touches these interfaces of torch, which are not public (`OutputCode`,
-`SerializableAOTDispatchCompiler`, the cache's exceptions and configuration): where they are missing or
-differ, `available()` is False and every graph is traced as before.
+`SerializableAOTDispatchCompiler`, the cache's exceptions and configuration, the tracing context's metadata:
+`donate_nothing`): where they are missing or differ, `available()` is False and every graph is traced as before.
 """
 from __future__ import annotations
 
@@ -101,6 +100,23 @@ def caching(backend, fx, key: str):
             yield
     finally:
         _LOADING.reset(token)
+
+
+def donate_nothing() -> None:
+    """Tell aot_autograd that the forward being compiled gives its backward no donated buffers.
+
+    aot_autograd marks the saved tensors a backward may reuse in place ("donated": Inductor's backward writes
+    into them), and then refuses a `backward(retain_graph=True)` once the backward was compiled by an ordinary
+    one — a step, then a step that retains its graph, raised. passline never reuses a saved tensor that way
+    (a kernel writes over an input only where no one else holds it, `sole()` at the call: a retained graph holds
+    its saved tensors), so its graphs donate nothing. Through the tracing context, where aot_autograd keeps the
+    forward's metadata while its compiler runs (a graph with tensor subclasses keeps another, left as it is)."""
+    with contextlib.suppress(Exception):
+        from torch._guards import TracingContext
+
+        meta = getattr(TracingContext.try_get(), "fw_metadata", None)
+        if getattr(meta, "bw_donated_idxs", None):
+            meta.bw_donated_idxs = []
 
 
 def share_triton_key(example_inputs, cache_dir) -> None:

@@ -68,7 +68,7 @@ class Backend:
     (off: configurations by rule, nothing timed); graph_cache: reuse a graph's lowering and passes from an
     earlier compile of the same graph, in this process or another (backends/graph_cache.py; on by default);
     aot_cache: with the graph cache, reuse aot_autograd's tracing and partitioning too (backends/aot_cache.py;
-    off by default);
+    on by default);
     fallback: when passline fails on a graph, "eager" (the default for users) warns and runs that graph's
     aten code as it is, "raise" (what passline.testing uses) raises the error;
     check: the accuracy guard (off by default): the first call of each graph is also run
@@ -116,7 +116,7 @@ class Backend:
         self.kernel_variant = AUTO if kernel_variant == AUTO else KernelVariant(kernel_variant)
         self.autotune = self.settings.autotune
         self.graph_cache = self.settings.graph_cache  # scheduled graphs reused across processes (graph_cache.py)
-        self.aot_cache = self.settings.aot_cache  # and aot_autograd's results (aot_cache.py), on request
+        self.aot_cache = self.settings.aot_cache  # and aot_autograd's results (aot_cache.py)
         self.chooser = TimedChooser(choice_overrides, self)  # checks the overrides' names
         self.choice_overrides = self.chooser.overrides
         self.cudagraphs = cudagraphs  # capture static-shape GPU graphs and replay them (backends/cudagraphs.py)
@@ -191,6 +191,8 @@ class Backend:
         """aot_autograd's compiler for `kind` graphs; `cached`: its results go to aot_autograd's cache."""
         def compile_graph(gm: torch.fx.GraphModule, example_inputs):
             key = None
+            if kind == "forward":
+                aot_cache.donate_nothing()  # a backward(retain_graph=True) after an ordinary one ran
             try:
                 compiled = self._callable(self.compile_aten(gm, example_inputs, kind, fx), gm, kind)
                 key = self.reports[-1].graph_key
