@@ -47,6 +47,7 @@ def main(argv=None) -> int:
     root = tempfile.mkdtemp(prefix="passline-firstcall-")
     os.environ["PASSLINE_CACHE_DIR"] = os.path.join(root, "passline")
     os.environ["TRITON_CACHE_DIR"] = os.path.join(root, "triton")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(root, "inductor")  # aot_autograd's cache: cold too
     try:
         return run(args, root)
     finally:
