@@ -251,3 +251,55 @@ def test_a_second_process_trains_from_the_cache(tmp_path):
     runs = [subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
             for _ in range(2)]
     assert [r.stdout.strip() for r in runs] == ["0 [0, 0] True", "1 [1, 1] True"], [r.stderr[-800:] for r in runs]
+
+
+class Broken(torch.nn.Module):
+    """Two captured graphs (a graph break between them), each with a forward and a backward."""
+
+    def __init__(self, d=32):
+        super().__init__()
+        self.b = torch.nn.Linear(d, d)
+
+    def forward(self, x):
+        h = torch.nn.functional.layer_norm(x, (x.shape[-1],)).relu()
+        torch._dynamo.graph_break()
+        return self.b(h).square().mean()
+
+
+def test_a_hit_reports_as_a_compile_does_and_its_graphs_lower_again():
+    """A loaded graph's report names it as a fresh compile would (backwards built at their first call, last graph
+    first) and holds the aten graph with its nodes' traced values, so it can be lowered again (`passline draw`)."""
+    from passline.lowering import lower_graph
+
+    torch.manual_seed(0)
+    model, x = Broken(), torch.randn(16, 32, requires_grad=True)
+    twin = Broken()
+    twin.load_state_dict(model.state_dict())
+    first, *_ = _step(model, x)
+    second, *result, seen = _step(model, x)
+    assert seen.get("autograd_cache_hit") == 2 and _hits(second) == [1, 1, 1, 1]
+    assert [r.name for r in second.reports] == [r.name for r in first.reports]
+    assert [r.graph.format() for r in second.reports] == [r.graph.format() for r in first.reports]
+    _check(result, _eager(twin, x))
+    for r in second.reports:
+        assert len(lower_graph(r.gm).nodes) > 0
+
+
+def test_a_backward_whose_scheduled_graph_went_after_the_load_is_compiled_from_its_graph(tmp_path):
+    torch.manual_seed(0)
+    model, x = Block(), torch.randn(16, 32, requires_grad=True)
+    twin = Block()
+    twin.load_state_dict(model.state_dict())
+    first, *_ = _step(model, x)
+    torch._dynamo.reset()
+    be = passline.backend(fallback="raise")
+    loss = torch.compile(model, backend=be)(x)  # both graphs loaded: the backward's is built at its call
+    (tmp_path / "passline" / "graphs" / f"{first.reports[1].graph_key}.pkl").unlink()
+    loss.backward()
+    assert _hits(be) == [1, 0] and be.reports[1].seconds["passes"] > 0
+    want = twin(x)
+    grads = [p.grad.clone() for p in model.parameters()] + [x.grad.clone()]
+    model.zero_grad(set_to_none=True)
+    x.grad = None
+    want.backward()
+    _check((loss.detach(), grads), (want.detach(), [p.grad for p in twin.parameters()] + [x.grad]))

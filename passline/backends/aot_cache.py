@@ -40,6 +40,9 @@ import contextvars
 
 import torch
 
+from ..lowering import retrace
+from . import graph_cache
+
 try:
     from torch._functorch._aot_autograd.autograd_cache import BypassAOTAutogradCache, FXGraphCacheMiss
     from torch._functorch._aot_autograd.schemas import SerializableAOTDispatchCompiler
@@ -181,7 +184,7 @@ def serializable(compiler):
 
 class PasslineOutput(OutputCode):
     """A compiled aten graph as aot_autograd's cache keeps it: `fn` (the boxed callable) in this process; the
-    graph, its kind and its graph-cache key on disk (`graph_key` None: not to be saved)."""
+    graph, its kind, its inputs' metadata and its graph-cache key on disk (`graph_key` None: not to be saved)."""
 
     def __init__(self, fn, gm: torch.fx.GraphModule, kind: str, graph_key: str | None):
         self.fn, self.gm, self.kind, self.graph_key = fn, gm, kind, graph_key
@@ -189,6 +192,8 @@ class PasslineOutput(OutputCode):
         # instance, which the wrappers torch puts around a backward copy (functools.wraps), not of the class
         self._boxed_call = True
         self.meta = dict(gm.meta)  # (a pickled GraphModule keeps its code, not its meta: partition.SAVED_FROM)
+        # nor its nodes' traced values: lowering makes them again from its inputs' (lowering/retrace.py)
+        self.inputs = retrace.input_values(gm)
 
     def __call__(self, inputs):
         return self.fn(inputs)
@@ -203,14 +208,46 @@ class PasslineOutput(OutputCode):
         if loading is None:  # unpickled outside passline's compile: nothing to build it with
             raise BypassAOTAutogradCache("a passline graph loaded outside a passline backend")
         self.gm.meta.update(self.meta)
-        loaded = loading.backend.load_aten(self.gm, self.kind, loading.fx, self.graph_key)
+        self.gm.meta[retrace.INPUT_VALUES] = self.inputs
+        backend, fx = loading.backend, loading.fx
+        if self.kind == "backward":
+            # built at its first call, as a compile builds it (the reports' order and names are a fresh
+            # compile's: a model with graph breaks runs its backwards last-first), once its scheduled graph
+            # is known to be there
+            if not graph_cache.GraphCache(backend.cache_dir).has(self.graph_key):
+                self._withdraw(loading)
+                raise FXGraphCacheMiss(f"passline's graph cache has no backward graph {self.graph_key}")
+            self.fn = self._built_at_first_call(backend, fx)
+            return
+        loaded = backend.load_aten(self.gm, self.kind, fx, self.graph_key)
         if loaded is None:  # the scheduled graph is no longer in the graph cache: compiled and stored again
-            for report in loading.reports:
-                loading.backend.reports.remove(report)
-            loading.reports.clear()
+            self._withdraw(loading)
             raise FXGraphCacheMiss(f"passline's graph cache has no {self.kind} graph {self.graph_key}")
         self.fn, report = loaded
         loading.reports.append(report)
+
+    @staticmethod
+    def _withdraw(loading: _Loading) -> None:
+        """The reports of graphs this entry loaded before one missed: the compile that follows makes them again."""
+        for report in loading.reports:
+            loading.backend.reports.remove(report)
+        loading.reports.clear()
+
+    def _built_at_first_call(self, backend, fx):
+        def first(inputs):
+            gm = self.gm
+            loaded = backend.load_aten(gm, self.kind, fx, self.graph_key)
+            if loaded is not None:
+                self.fn = loaded[0]
+            elif self.inputs is not None:  # gone from the graph cache since the load: lowered and scheduled
+                runner = backend.compile_aten(gm, retrace.fake_inputs(self.inputs), self.kind, fx)
+                self.fn = backend._callable(runner, gm, self.kind)
+            else:
+                raise RuntimeError(f"passline's scheduled backward graph {self.graph_key} went from the graph "
+                                   "cache after aot_autograd's cache loaded it, and its inputs' sizes are unknown")
+            return self.fn(inputs)
+
+        return first
 
     def set_triton_bundle(self, triton_bundle) -> None:
         return None

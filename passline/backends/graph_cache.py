@@ -295,6 +295,10 @@ class GraphCache:
             os.utime(path)
         return entry
 
+    def has(self, key: str) -> bool:
+        """Whether an entry is stored under `key` (it may still fail to load)."""
+        return (self.dir / f"{key}.pkl").is_file()
+
     def store(self, key: str, **entry) -> bool:
         """Store `entry` (graph, records, nodes_before, metrics); False where it cannot be pickled."""
         from ..ir.index import derived_definition, known_vars

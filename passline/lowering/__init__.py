@@ -19,6 +19,7 @@ from .context import GraphInput, LoweringContext, Program, dense_order, hint, st
 from .decompositions import decomposition_table
 from .extern import is_rng_state_op, lower_extern, lower_rng_state_op, touches_complex
 from .registry import LOWERINGS, lowering
+from .retrace import ensure_traced
 from .sizes import derived_hints, derived_sizes, is_size_node, size_facts, size_value
 from .tensor import TensorRef
 
@@ -34,6 +35,7 @@ def lower_graph(gm: torch.fx.GraphModule, example_inputs=None, chooser=None) -> 
     """`gm` as a Program. `chooser` decides how nodes whose op has registered choices are implemented
     (lowering/choices.py: `Rule`, or the dynamo backend's timing chooser); None: by the op itself, with no
     record."""
+    ensure_traced(gm)  # a graph aot_autograd's cache gave back has no traced values (lowering/retrace.py)
     ctx = LoweringContext()
     ctx.chooser = chooser
     env: dict[torch.fx.Node, object] = {}
