@@ -23,7 +23,9 @@ on, so the backward's compile turns it on and the backward's first call, which f
 (`_bundled_until_called`).
 
 Not cached: whatever the graph cache does not keep (graph_cache.enabled: off, or something observes the
-pipeline; passes, lowerings or choices from outside passline; passline files edited since import), graphs with
+pipeline; passes, lowerings or choices from outside passline; passline files edited since import), a captured
+graph holding a tensor of its own (a `get_attr`: torch's key names it by shape and dtype, not values; a review's
+worry, which torch 2.13 itself bypasses where it was tried, kept out here regardless), graphs with
 sizes decided at run time (dynamic shapes: the graph cache keys them by their traced sizes, which a hit would
 not check), and any graph passline ran eagerly (a fallback): its OutputCode refuses to be saved, so the whole
 entry is not written. torch's `torch.compiler.config.force_disable_caches` and TORCHINDUCTOR_AUTOGRAD_CACHE=0
@@ -140,8 +142,11 @@ def share_triton_key(example_inputs, cache_dir) -> None:
         codecache.triton_key.set(key)
 
 
-def cacheable_inputs(example_inputs) -> bool:
-    """Whether the captured graph's inputs have static sizes (no SymInt, no symbolic size or stride)."""
+def cacheable(gm: torch.fx.GraphModule, example_inputs) -> bool:
+    """Whether the captured graph may be cached: no tensor held by the graph itself (torch's key names such a
+    constant by its metadata, not its values) and inputs of static sizes (no SymInt, symbolic size or stride)."""
+    if any(isinstance(getattr(gm, str(n.target), None), torch.Tensor) for n in gm.graph.find_nodes(op="get_attr")):
+        return False
     for x in example_inputs:
         if isinstance(x, torch.SymInt):
             return False

@@ -144,7 +144,7 @@ class Backend:
             return as_captured.forward
         # aot_autograd's results kept on disk, where passline's scheduled graphs are (aot_cache.py)
         key = graph_cache.backend_key(self, {x.device for x in example_inputs if isinstance(x, torch.Tensor)}) \
-            if self.aot_cache and aot_cache.available() and aot_cache.cacheable_inputs(example_inputs) else None
+            if self.aot_cache and aot_cache.available() and aot_cache.cacheable(gm, example_inputs) else None
         if key is not None:
             aot_cache.share_triton_key(example_inputs, self.cache_dir)
         compilers = {kind: self._compiler(kind, fx, cached=key is not None)

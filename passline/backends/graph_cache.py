@@ -198,7 +198,8 @@ def _device(devices) -> str:
 
     devices = set(devices)
     target = Target.of_devices(devices)
-    gpu = next((d for d in devices if d.type == "cuda"), None)
+    # the device the target is of (the first CUDA one by index), not whichever a set yields first
+    gpu = min((d for d in devices if d.type == "cuda"), key=lambda d: d.index or 0, default=None)
     return f"{torch.cuda.get_device_properties(gpu).name if gpu is not None else 'cpu'} {target}"
 
 

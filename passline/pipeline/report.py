@@ -8,6 +8,7 @@ from __future__ import annotations
 import attrs
 
 from ..ir import Extern
+from ..lowering.retrace import ensure_traced
 from .graph import SchedulerGraph
 from .metrics import Metrics, _int, bytes_accessed, kernel_count, node_bytes
 
@@ -23,12 +24,21 @@ class CompileReport:
     nodes_before: int = 0  # scheduler nodes straight out of lowering
     seconds: dict = attrs.Factory(dict)  # phase -> wall seconds (lower, passes, codegen)
     metrics: Metrics = attrs.Factory(Metrics)
-    gm: object = None  # the aten FX graph this report compiled (for reproducers)
+    _gm: object = None  # (the `gm` property; given as `gm=`)
     inputs: list | None = None  # its first real inputs, when the backend captures them
     runner: object = None  # what runs the graph (TritonRunner has .kernels: source, variant, bytes)
     check: object = None  # with backend(check=True): the accuracy guard's CheckReport, after the first call
     cudagraphs: str = ""  # with backend(cudagraphs=True): "on: ..." or "off: <why>"
     graph_key: str | None = None  # the graph cache's key of the scheduled graph (None: not stored there)
+
+    @property
+    def gm(self):
+        """The aten FX graph this report compiled (for reproducers, `passline draw`). One that aot_autograd's cache
+        gave back was unpickled without its nodes' traced values (`meta["val"]`): they are made again here, at
+        the first look, not at the load (lowering/retrace.py)."""
+        if self._gm is not None:
+            ensure_traced(self._gm)
+        return self._gm
 
     @property
     def choices(self) -> list:
