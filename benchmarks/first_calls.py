@@ -11,14 +11,24 @@ order rotated from round to round), a cold run with a new, empty cache directory
 passline's), then a warm run with that same directory. A contender is `inductor`, `passline`, or passline with
 settings of its own, `passline:SETTING=VALUE[+SETTING=VALUE]`, each read as its `PASSLINE_*` variable would be
 (passline/config.py; `passline:compile_in=processes`: the compile workers, for which `passline:processes` is
-short). A run times the first step (the forward, compiled at the call, and `loss.backward()`, which compiles the
-backward), synchronized, then the median of `--steps` steady steps (10). For passline it also marks, in seconds
-from the step's start, where the time goes: `dynamo` (its tracing, until the backend has the graph), `aot`
+short). A run times the first call as a user waits for it: from the compiler's import (passline's package;
+Inductor imports its code generators in `torch.compile()`, ~0.7-0.9 s) through `torch.compile()` and the first
+step (the forward, compiled at the call, and `loss.backward()`, which compiles the backward), synchronized; the
+step alone is reported beside it (`first_step_s`; the figure of the sessions before the forty-third). Then the
+median of `--steps` steady steps (10). Marks, in seconds from the import: `compile()` (torch.compile returned),
+and for passline where the rest goes: `dynamo` (its tracing, until the backend has the graph), `aot`
 (aot_autograd's tracing and partitioning, or the load of its cached result in a warm run, until passline has the
 forward), and per graph passline's own
 stages (`report.seconds`: lower, passes, codegen) and `precompile` (`TritonRunner.compile_seconds`: the kernels
 compiled and loaded before the graph's first call), and `forward` / `backward` (when each half of the step
 finished).
+
+Before the rounds, each contender runs once at `--smoke` sizes, untimed (`--no-warmup` skips it): every module
+either imports is then in the OS's file cache and compiled to bytecode, as on a user's installation. Where Python
+finds no bytecode beside torch's sources and may not write it there (a read-only installation nothing compiled,
+or PYTHONDONTWRITEBYTECODE: the lent GPU host), each process would compile every module it imports from source
+(under cProfile, 1837 modules in Inductor's first call there and 544 in passline's), so the runs keep bytecode in
+a directory of their own (`PYTHONPYCACHEPREFIX`, `--pycache`), which the warm-up fills.
 
 The table gives the median over the rounds and each contender's ratio to Inductor's (below 1 is faster).
 On `--device cpu` passline runs its kernels under Triton's interpreter (and Inductor its C++ backend, slow to
@@ -54,7 +64,10 @@ def child(model_name: str, contender: str, root: str, device: str, smoke: bool, 
     master, dtype, inputs, fmt = M.build(model_name, cfg, device)
     model = M.place(master, device, dtype, fmt)
     marks: dict = {}
-    t0 = [0.0]
+    M.sync(device)
+    # the user's wait starts at the compiler's import: Inductor imports its code generators in torch.compile(),
+    # passline its own package (dynamo's import is in both)
+    t0 = [time.perf_counter()]
 
     def mark(what: str) -> None:
         marks.setdefault(what, round(time.perf_counter() - t0[0], 3))
@@ -82,12 +95,12 @@ def child(model_name: str, contender: str, root: str, device: str, smoke: bool, 
     else:
         backend = "inductor"
     compiled = torch.compile(model, backend=backend)
+    mark("compile()")
     step = M.make_step(compiled, inputs, device == "cuda")
 
     def sync():  # models.py's, for this device
         M.sync(device)
-    sync()
-    t0[0] = time.perf_counter()
+    t_step = time.perf_counter()
     model.zero_grad(set_to_none=True)
     loss = compiled(*inputs)  # the first step, in its two halves: the forward compiles here
     sync()
@@ -96,6 +109,7 @@ def child(model_name: str, contender: str, root: str, device: str, smoke: bool, 
     sync()
     mark("backward")
     first = marks["backward"]
+    first_step = round(marks["backward"] - (t_step - t0[0]), 3)  # the step alone, imports and compile() not
     for _ in range(min(3, steps)):
         step()
     sync()
@@ -105,7 +119,8 @@ def child(model_name: str, contender: str, root: str, device: str, smoke: bool, 
         step()
         sync()
         times.append(time.perf_counter() - t)
-    out = {"first_call_s": first, "step_ms": round(statistics.median(times) * 1e3, 3), "marks": marks}
+    out = {"first_call_s": first, "first_step_s": first_step, "step_ms": round(statistics.median(times) * 1e3, 3),
+           "marks": marks}
     if contender.startswith("passline"):
         out["graphs"] = [{"name": r.name, **{k: round(v, 3) for k, v in r.seconds.items()},
                           "aot_cache_hit": bool(r.metrics.counters.get("aot_cache_hits")),
@@ -137,12 +152,32 @@ def contender_settings(contender: str) -> dict:
     return {k: getattr(parsed, k) for k, _ in pairs}
 
 
-def run_child(model_name, contender, root, args) -> dict:
+def bytecode_kept() -> bool:
+    """Whether the modules' bytecode is there for a new process: an installed package's is (pip compiles it at
+    install, and Python writes what is missing beside the sources), so no module is compiled from source during
+    a user's first call. Where none was compiled and Python may not write it (a read-only installation,
+    PYTHONDONTWRITEBYTECODE), every process compiles each module it imports from source: seconds of a first
+    call, which `main` moves to a bytecode directory of its own, filled by the warm-up runs."""
+    import importlib.util
+
+    if os.environ.get("PYTHONPYCACHEPREFIX"):
+        return True
+    source = Path(importlib.util.find_spec("torch").origin).parent / "_inductor" / "compile_fx.py"
+    if Path(importlib.util.cache_from_source(str(source))).exists():
+        return True
+    pycache = source.parent / "__pycache__"
+    return not sys.flags.dont_write_bytecode and os.access(pycache if pycache.exists() else source.parent, os.W_OK)
+
+
+def run_child(model_name, contender, root, args, smoke=None) -> dict:
     cmd = [sys.executable, __file__, "--child", model_name, contender, root, "--device", args.device]
-    if args.smoke:
+    if args.smoke if smoke is None else smoke:
         cmd.append("--smoke")
     cmd += ["--steps", str(args.steps)]
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "PASSLINE_COMPILE_IN")}
+    if args.pycache:
+        env["PYTHONPYCACHEPREFIX"] = args.pycache
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.timeout)
     if out.returncode != 0:
         return {"error": (out.stderr or out.stdout)[-1500:]}
@@ -160,6 +195,10 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=int, default=300, help="seconds a run may take")
     ap.add_argument("--steps", type=int, default=10, help="steady steps timed after the first (their median)")
     ap.add_argument("--out", help="write every run as JSON")
+    ap.add_argument("--no-warmup", action="store_true",
+                    help="skip the untimed smoke-size run of each contender that first imports every module")
+    ap.add_argument("--pycache", help="PYTHONPYCACHEPREFIX for the runs (default: a temporary one where Python "
+                                      "cannot keep bytecode beside torch's sources)")
     ap.add_argument("--child", nargs=3, metavar=("MODEL", "CONTENDER", "ROOT"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
@@ -171,6 +210,17 @@ def main(argv=None) -> int:
             raise SystemExit(f"unknown contender {c!r}: inductor, passline, passline:SETTING=VALUE")
         contender_settings(c)  # a bad one stops here, before any run
     runs = []
+    scratch = tempfile.TemporaryDirectory(prefix="passline-pycache-")
+    if args.pycache is None and not bytecode_kept():
+        args.pycache = scratch.name
+        print(f"bytecode: none beside torch's sources and none to be written there; kept in {args.pycache}",
+              file=sys.stderr, flush=True)
+    if not args.no_warmup:  # a user's installation has every module's bytecode and its files in the OS's cache
+        for c in contenders:
+            with tempfile.TemporaryDirectory(prefix="passline-warmup-") as root:
+                res = run_child(models[0], c, root, args, smoke=True)
+                print(f"warm-up {c} (smoke sizes, untimed): " + ("ok" if "error" not in res else res["error"][-300:]),
+                      file=sys.stderr, flush=True)
     for r in range(args.rounds):
         order = contenders[r % len(contenders):] + contenders[:r % len(contenders)]
         for m in models:
@@ -179,31 +229,37 @@ def main(argv=None) -> int:
                     for state in ("cold", "warm"):
                         res = run_child(m, c, root, args)
                         runs.append({"round": r, "model": m, "contender": c, "state": state, **res})
-                        print(f"[{m}] {c} {state}: " + (f"{res['first_call_s']:.2f} s, step {res['step_ms']:.2f} ms"
+                        print(f"[{m}] {c} {state}: " + (f"{res['first_call_s']:.2f} s (the step alone "
+                              f"{res['first_step_s']:.2f}), step {res['step_ms']:.2f} ms"
                               f" {res.get('marks', '')}" if "error" not in res else "ERROR " + res["error"][-300:]),
                               file=sys.stderr, flush=True)
                         if args.out:  # after every run: a run cut short keeps what it measured
                             Path(args.out).write_text(json.dumps({"argv": sys.argv, "runs": runs}, indent=1))
     print(table(runs, models, contenders))
+    scratch.cleanup()
     return 1 if any("error" in r for r in runs) else 0
 
 
 def table(runs, models, contenders) -> str:
-    def median(m, c, state):
-        vals = [r["first_call_s"] for r in runs if (r["model"], r["contender"], r["state"]) == (m, c, state)
-                and "error" not in r]
+    """Medians over the rounds: the first call (from the compiler's import to the first backward's end) and,
+    after the slash, the first step alone (from its start), each with its ratio to Inductor's."""
+    def median(m, c, state, what):
+        vals = [r[what] for r in runs if (r["model"], r["contender"], r["state"]) == (m, c, state)
+                and "error" not in r and what in r]
         return statistics.median(vals) if vals else None
 
-    lines = ["| model | contender | cold s (median) | cold / Inductor | warm s (median) | warm / Inductor |",
+    lines = ["| model | contender | cold s: call / step | cold / Inductor | warm s: call / step | warm / Inductor |",
              "|---|---|---|---|---|---|"]
+    whats = ("first_call_s", "first_step_s")
     for m in models:
-        base = {s: median(m, "inductor", s) for s in ("cold", "warm")}
+        base = {(s, w): median(m, "inductor", s, w) for s in ("cold", "warm") for w in whats}
         for c in contenders:
             cells = []
             for s in ("cold", "warm"):
-                v = median(m, c, s)
-                cells += [f"{v:.2f}" if v is not None else "n/a",
-                          f"{v / base[s]:.2f}" if v is not None and base[s] else "n/a"]
+                v = {w: median(m, c, s, w) for w in whats}
+                cells.append(" / ".join(f"{v[w]:.2f}" if v[w] is not None else "n/a" for w in whats))
+                cells.append(" / ".join(f"{v[w] / base[s, w]:.2f}" if v[w] is not None and base[s, w] else "n/a"
+                                        for w in whats))
             lines.append(f"| {m} | {c} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

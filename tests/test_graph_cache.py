@@ -63,6 +63,37 @@ def test_a_second_compile_loads_the_scheduled_graph(tmp_path, monkeypatch):
         assert b.seconds["passes"] == 0
 
 
+def test_a_hit_builds_its_kernels_from_the_sources_kept_with_it(tmp_path, monkeypatch):
+    """What the Triton runner generated for a graph (each step's kernel sources and facts, runner.StepMade) is
+    kept beside its entry: a later compile builds its kernels from it without generating again, mix-order
+    steps included (LayerNorm's backward), and gets eager's results; a broken file is generated again."""
+    from passline.backends.triton import runner as triton_runner
+
+    first = assert_matches_eager(_ln_relu, _inputs(), cache_dir=str(tmp_path))
+    assert _counters(first, "sources_generated") == [1, 1]
+    assert any(m.kind == "mix" for m in first.reports[1].runner.made.values())  # the backward's column sums
+
+    def refuse(self, node):
+        raise AssertionError(f"{node.name} generated again")
+
+    with monkeypatch.context() as m:
+        m.setattr(triton_runner.TritonRunner, "_make", refuse)
+        second = assert_matches_eager(_ln_relu, _inputs(), cache_dir=str(tmp_path))
+    assert _counters(second, "sources_loaded") == [1, 1]
+    for a, b in zip(first.reports, second.reports):
+        assert [k.name for k in a.runner.kernels] == [k.name for k in b.runner.kernels]
+        assert [k.variants.keys() for k in a.runner.kernels] == [k.variants.keys() for k in b.runner.kernels]
+        assert a.runner.source == b.runner.source  # the same generated call
+
+    for f in (tmp_path / "graphs").glob("*.made"):
+        f.write_bytes(b"broken")
+    third = assert_matches_eager(_ln_relu, _inputs(), cache_dir=str(tmp_path))
+    assert _counters(third, "sources_generated") == [1, 1]
+    # what the sources depend on besides the graph: the target and a forced variant
+    keys = {triton_runner.made_key(i, v) for i in (True, False) for v in ("auto", "looped")}
+    assert len(keys) == 4
+
+
 @pytest.mark.parametrize("change", ["shape", "dtype", "strides", "pipeline", "overrides", "graph_cache_off"])
 def test_what_the_result_depends_on_makes_another_key(tmp_path, change):
     assert_matches_eager(_ln_relu, _inputs(), cache_dir=str(tmp_path))

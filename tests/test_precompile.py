@@ -814,3 +814,25 @@ def test_a_mix_order_timing_that_fails_leaves_the_rule_placed(tmp_path, monkeypa
     assert placed == rule.with_split(k.placements[rows, rule][0]) and placed.split != k.split
     assert [key for kk, key, *_ in launched if kk is k][-1] == placed
     assert all(r.metrics.counters["kernels_compiled_at_launch"] == 0 for r in reports)
+
+
+def test_a_second_process_hands_the_pool_only_what_none_compiled(tmp_path, monkeypatch, target):
+    """compile_in="processes": jobs recorded as compiled (into this Triton cache, for this target, by this
+    Triton) are not handed to the workers again — a warm first call loads them in the parent's threads
+    without waiting for the pool to boot; another target, Triton cache or Triton compiles them."""
+    from triton.backends.compiler import GPUTarget
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    monkeypatch.setattr(precompile, "remembered_triton_key", lambda d: "key-a")
+    jobs = [Job(str(tmp_path / f"k{i}.py"), "kernel", (("ptr", "float32"), 1024), (("num_warps", 4),))
+            for i in range(3)]
+    cache = tmp_path / "passline"
+    assert precompile.not_compiled_yet(jobs, target, cache) == jobs
+    precompile.mark_compiled(jobs[:2], target, cache)  # the third failed in the pool: compiled at its launch
+    assert precompile.not_compiled_yet(jobs, target, cache) == jobs[2:]
+    assert precompile.not_compiled_yet(jobs, GPUTarget("cuda", 80, 32), cache) == jobs
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "elsewhere"))
+    assert precompile.not_compiled_yet(jobs, target, cache) == jobs
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    monkeypatch.setattr(precompile, "remembered_triton_key", lambda d: "key-b")  # another Triton
+    assert precompile.not_compiled_yet(jobs, target, cache) == jobs

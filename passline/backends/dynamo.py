@@ -323,10 +323,20 @@ class Backend:
         codegen, reason = choose_codegen(self.codegen, graph)
         if codegen == "triton":
             from .triton.cache import KernelCache
-            from .triton.runner import TritonRunner
+            from .triton.runner import TritonRunner, made_key
 
-            runner = TritonRunner(graph, interpret=_on_cpu(graph), variant=self.kernel_variant,
-                                  cache=KernelCache(self.cache_dir), autotune=self.autotune, counters=metrics.counters)
+            interpret = _on_cpu(graph)
+            # a graph the graph cache holds: its kernels built from what an earlier process generated for it
+            kept = graph_cache.GraphCache(self.cache_dir) if key is not None else None
+            mkey = made_key(interpret, self.kernel_variant) if kept is not None else None
+            made = kept.load_made(key, mkey) if kept is not None else None
+            runner = TritonRunner(graph, interpret=interpret, variant=self.kernel_variant,
+                                  cache=KernelCache(self.cache_dir), autotune=self.autotune, counters=metrics.counters,
+                                  made=made)
+            if kept is not None:  # a graph-cache entry: the sources it made kept, or taken from there
+                metrics.counters["sources_loaded" if made is not None else "sources_generated"] += 1
+                if made is None:
+                    kept.store_made(key, mkey, runner.made)
             if runner.fallbacks:
                 reason += "; on the reference backend: " + "; ".join(
                     f"{n} ({why})" for n, why in runner.fallbacks.items())

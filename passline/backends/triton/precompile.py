@@ -499,6 +499,43 @@ def default_workers() -> int:
     return max(1, min(8, cores))
 
 
+def _triton_cache_dir() -> str:
+    """Where Triton keeps compiled binaries in this process (its knob, else its variable, else its default)."""
+    with contextlib.suppress(Exception):
+        from triton import knobs
+
+        return str(knobs.cache.dir)
+    return os.environ.get("TRITON_CACHE_DIR") or str(Path.home() / ".triton" / "cache")
+
+
+def _record(job: Job, target, directory: Path) -> Path:
+    # a job is its kernel file (named by the digest of what it was generated from) and its specialization;
+    # Triton's key, the target and Triton's cache directory make the binary's place
+    from .cache import digest
+
+    key = digest(job, tuple(target) if not hasattr(target, "arch") else (target.backend, target.arch,
+                                                                           target.warp_size),
+                 remembered_triton_key(directory), _triton_cache_dir())
+    return directory / "compiled" / f"j{key}"
+
+
+def not_compiled_yet(jobs: list, target, directory: Path) -> list:
+    """The `jobs` no process recorded as compiled into this Triton cache for `target` (`mark_compiled`): what a
+    second process hands the pool. Every binary of a graph compiled before is then loaded by the parent's
+    threads from Triton's cache without the workers (whose boot a warm first call would otherwise wait for).
+    A record whose binary went from Triton's cache since costs that binary's compile in the parent."""
+    return [j for j in jobs if not _record(j, target, Path(directory)).exists()]
+
+
+def mark_compiled(jobs: list, target, directory: Path) -> None:
+    """Record `jobs` as compiled into Triton's cache for `target` (empty files, in passline's cache)."""
+    with contextlib.suppress(OSError):
+        for j in jobs:
+            path = _record(j, target, Path(directory))
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.touch()
+
+
 def compile_jobs(jobs: list, how: str = "pool", workers: int | None = None, target=None, done=None) -> list:
     """Compile `jobs` for `target` (default: sm_90) `how`: "serial", "threads" (in this process) or
     "pool" (worker processes); [ok per job]."""

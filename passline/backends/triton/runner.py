@@ -762,6 +762,53 @@ class _Unplanned(Exception):
     """A launch whose arguments are not all static: left to the launch."""
 
 
+_KERNEL_CLASSES = {c.__name__: c for c in (Kernel, MixKernel, FinishKernel)}
+
+
+@attrs.frozen(eq=False)
+class KernelMade:
+    """What a Kernel is built from, derived from the graph alone (`TritonRunner._made_kernel`): the same for
+    the same scheduled graph in every process, so kept with the graph cache's entry. `cls`: the Kernel class's
+    name; `traffic`: bytes read and written (sympy where sizes are symbolic); `hinted`: bytes a row at the
+    size hints where symbolic; `same`: `_same_code`; `key`: the kernel cache's key; `extra`: the class's own
+    arguments (a mix-order kernel's split)."""
+
+    kind: str
+    cls: str
+    variants: dict
+    traffic: object
+    hinted: float | None
+    contiguous: bool
+    mutates: bool
+    same: str
+    key: str
+    extra: dict
+
+
+@attrs.frozen(eq=False)
+class StepMade:
+    """What a graph step's kernels are built from (`TritonRunner._make`): "kernel" (one kernel, its variants'
+    sources) or "mix" (the main and finishing kernels, the main kernel's source, the finishing node and
+    source, the workspaces' layouts)."""
+
+    kind: str
+    kernels: tuple
+    variants: dict | None = None
+    main: object = None
+    finish: object = None
+    finish_source: object = None
+    workspaces: dict | None = None
+
+
+def made_key(interpret: bool, variant) -> str:
+    """What a graph's `made` (kept with its graph-cache entry, whose key names the graph, the settings and
+    passline's sources) depends on besides: the target (interpreter or GPU), a forced variant, the generator's
+    source and Triton's version."""
+    import triton
+
+    return digest(__version__, interpret, str(variant), _SOURCE_HASH, triton.__version__)
+
+
 _NAME = re.compile(r"[A-Za-z_]\w*")
 
 
@@ -786,7 +833,7 @@ class TritonRunner:
     """Callable that runs the graph with generated Triton kernels: `runner(*inputs) -> outputs`."""
 
     def __init__(self, graph, interpret: bool, cache: KernelCache | None = None, variant: str = "auto",
-                 autotune: bool = False, counters: collections.Counter | None = None):
+                 autotune: bool = False, counters: collections.Counter | None = None, made: dict | None = None):
         from .wrapper import write_call
 
         self.graph = graph
@@ -804,6 +851,9 @@ class TritonRunner:
         self.kernels: list[KernelInfo] = []
         self.fallbacks: dict = {}  # node name -> why it runs on the reference backend
         self._by_code: dict = {}  # _same_code -> Kernel: steps of repeated layers launch one kernel
+        # node name -> StepMade: what each step was built from, `made` handed in by the caller (an earlier
+        # process's, for this graph: `made_key`) or derived here
+        self._loaded, self.made = dict(made or {}), {}
         self.steps = []
         for node in graph.nodes():
             if isinstance(node, Extern):
@@ -974,7 +1024,7 @@ class TritonRunner:
 
         from triton.runtime.driver import driver
 
-        from .precompile import compile_jobs, default_workers, remembered_triton_key
+        from .precompile import compile_jobs, default_workers, mark_compiled, not_compiled_yet, remembered_triton_key
 
         how = current_settings().compile_in
         steps = [s for s in self.steps if s[0] in ("kernel", "mix")] if how != "off" else []
@@ -1034,10 +1084,12 @@ class TritonRunner:
                 pass
 
         try:
-            if how == "processes":
-                jobs = self.precompile_jobs()
+            if how == "processes":  # what no process compiled before, in the workers; the threads load it all
+                target = driver.active.get_current_target()
+                jobs = not_compiled_yet(self.precompile_jobs(), target, self.cache.dir)
                 if jobs:
-                    compile_jobs(jobs, "pool", target=driver.active.get_current_target())
+                    ok = compile_jobs(jobs, "pool", target=target)
+                    mark_compiled([j for j, done_ in zip(jobs, ok) if done_], target, self.cache.dir)
             with ThreadPoolExecutor(max_workers=min(default_workers(), len(steps))) as pool:
                 list(pool.map(plan, steps))
         except Exception:  # noqa: BLE001 - no pool here: every kernel compiles at its first launch
@@ -1056,7 +1108,9 @@ class TritonRunner:
                       repr(getattr(node, "ranges", None)), repr(getattr(node, "reduction_ranges", None)),
                       sorted(stored), _SOURCE_HASH)
 
-    def _kernel(self, node, kind: str, variants: dict, stored, cls=Kernel, workspaces=None, **extra) -> Kernel:
+    def _made_kernel(self, node, kind: str, variants: dict, stored, cls=Kernel, workspaces=None,
+                     **extra) -> KernelMade:
+        """What a Kernel of `node` is built from, derived from the graph alone (`KernelMade`)."""
         first = next(iter(variants.values()))
         # every variant takes the same arguments (kernel.ordered_args), so the wrapper passes one list
         variants = {v: src for v, src in variants.items() if src.args == first.args}
@@ -1069,23 +1123,30 @@ class TritonRunner:
         # writes a graph input, or writes in place (a scatter's atomic adds): launched once a call, never timed
         mutates = bool(set(node.output_names()) & set(self.graph.input_buffers())) or bool(getattr(node, "mutates", ()))
         same = self._same_code(kind, cls, variants, extra, contiguous, mutates, r + w, hinted, workspaces or {})
-        k = self._by_code.get(same)
-        if k is not None:  # another layer's kernel: its binaries, choices and timings serve this step too
-            k.info.shared.append(node.name)
-            self.counters["kernels_shared"] += 1
-            return k
-        info = KernelInfo(first.name, node.name, kind, variants)
-        info.bytes = r + w
-        self.kernels.append(info)
         # the key names the sources themselves: the IR's repr omits dtypes a kernel's code depends on (a
         # scatter's float32 and float64 forms printed alike, and the float64 graph ran the cached float32
         # kernel: gradients at float32 precision)
         key = digest(self._key(node, stored), {str(v): src.source for v, src in variants.items()})
-        k = cls(info, self.cache, self.interpret, self.autotune, key, self.variant, self.device, contiguous, **extra)
-        k.hinted_row_bytes = hinted
+        return KernelMade(kind, cls.__name__, variants, r + w, hinted, contiguous, mutates, same, key, extra)
+
+    def _kernel(self, node, made: KernelMade) -> Kernel:
+        """`made`'s Kernel: a new one, or the one an equal kernel of an earlier step built (`_same_code`)."""
+        k = self._by_code.get(made.same)
+        if k is not None:  # another layer's kernel: its binaries, choices and timings serve this step too
+            k.info.shared.append(node.name)
+            self.counters["kernels_shared"] += 1
+            return k
+        first = next(iter(made.variants.values()))
+        info = KernelInfo(first.name, node.name, made.kind, made.variants)
+        info.bytes = made.traffic
+        self.kernels.append(info)
+        cls = _KERNEL_CLASSES[made.cls]
+        k = cls(info, self.cache, self.interpret, self.autotune, made.key, self.variant, self.device, made.contiguous,
+                **made.extra)
+        k.hinted_row_bytes = made.hinted
         k.counters = self.counters  # its launches' figures go in this compile's report
-        k.mutates = mutates
-        self._by_code[same] = k
+        k.mutates = made.mutates
+        self._by_code[made.same] = k
         return k
 
     def _same_code(self, kind, cls, variants, extra, contiguous, mutates, traffic, hinted, workspaces) -> str:
@@ -1105,6 +1166,21 @@ class TritonRunner:
         return digest(kind, cls.__name__, sorted(extra.items()), contiguous, mutates, str(traffic), hinted, code)
 
     def _compile(self, node):
+        """`node`'s step: its kernels built from what an earlier process derived from the same graph (`made`,
+        kept with the graph cache's entry), or derived now (and kept in `self.made` for the next process)."""
+        made = self._loaded.get(node.name)
+        if made is None:
+            made = self._make(node)
+        self.made[node.name] = made
+        if made.kind == "mix":
+            k_main = self._kernel(node, made.kernels[0])
+            k_fin = self._kernel(made.finish, made.kernels[1])
+            # each step keeps its own sources: their arguments are its buffers (the kernels may be shared)
+            return ("mix", node, (k_main, made.main, k_fin, made.finish_source, made.workspaces))
+        return ("kernel", node, (self._kernel(node, made.kernels[0]), made.variants))
+
+    def _make(self, node) -> StepMade:
+        """What `node`'s step is built from, derived from the graph (sources generated, kernels' facts)."""
         if isinstance(node, MixOrderNode):
             bad = [m.reduction_type for m in node.column_reductions() if m.reduction_type != "sum"]
             if bad:
@@ -1123,18 +1199,18 @@ class TritonRunner:
                 variants[form] = kgen.generate_mix(node, self.graph, self.interpret, blocks, form)[0]
             stored = kgen._stored(node, self.graph)
             workspaces = kgen.workspace_layouts(node)
-            k_main = self._kernel(node, "mix_order", variants, stored, MixKernel, workspaces,
-                                  split=int(node.split_rows), tune_split=node.tune_split)
+            k_main = self._made_kernel(node, "mix_order", variants, stored, MixKernel, workspaces,
+                                       split=int(node.split_rows), tune_split=node.tune_split)
             fin_stored = kgen._stored(finish, self.graph) & set(finish.output_names())
             # the splits it sums follow the main kernel's SPLIT, chosen at the first launch
             fin_variants = self._variants(finish, fin_stored, frozenset({"rnumel"}))
-            k_fin = self._kernel(finish, "mix_finish", fin_variants, fin_stored, FinishKernel, workspaces)
-            # each step keeps its own sources: their arguments are its buffers (the kernels may be shared)
-            return ("mix", node, (k_main, main, k_fin, next(iter(fin_variants.values())), workspaces))
+            k_fin = self._made_kernel(finish, "mix_finish", fin_variants, fin_stored, FinishKernel, workspaces)
+            return StepMade("mix", (k_main, k_fin), main=main, finish=finish,
+                            finish_source=next(iter(fin_variants.values())), workspaces=workspaces)
         stored = kgen._stored(node, self.graph)
         variants = self._variants(node, stored)
-        k = self._kernel(node, "pointwise" if Variant.POINTWISE in variants else "reduction", variants, stored)
-        return ("kernel", node, (k, variants))
+        kind = "pointwise" if Variant.POINTWISE in variants else "reduction"
+        return StepMade("kernel", (self._made_kernel(node, kind, variants, stored),), variants=variants)
 
     def _variants(self, node, stored, runtime: frozenset = frozenset()) -> dict:
         # the generator's own loop nest: a reduction over no dims (a 0-dim tensor's sum) still has one
