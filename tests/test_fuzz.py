@@ -383,3 +383,19 @@ def test_token_programs_merged_into_reductions_match_eager(batch, tokens, width,
               for shape in ((batch, tokens, width), (1, 9, width), (batch, width))]
     inputs.append((torch.randn(width, generator=g) + 1).to(dtype).requires_grad_())
     assert_matches_eager(fn, inputs, codegen="reference")
+
+
+def test_the_strategies_are_public_and_imported_at_their_first_use():
+    """`passline.testing`'s strategies (programs, pipelines, LAYOUTS, ...) are there for a user's `from ... import`,
+    while `import passline` (a training script's) does not import hypothesis: compile-time code imports
+    passline.testing for its tolerances, and hypothesis cost every process's first call ~0.06 s."""
+    import subprocess
+    import sys
+
+    code = ("import sys, passline; assert 'hypothesis' not in sys.modules\n"
+            "from passline.testing import Input, TensorProgram, programs; assert 'hypothesis' in sys.modules\n"
+            "import passline.testing as t; assert {'LAYOUTS', 'pipelines'} <= set(dir(t))\n"
+            "try:\n    t.nothing\nexcept AttributeError as e:\n    assert 'nothing' in str(e)\nprint('ok')")
+    env = {**os.environ, "PYTHONPATH": str(pathlib.Path(passline.__file__).resolve().parents[1])}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.stdout.strip() == "ok", out.stderr[-2000:]

@@ -357,7 +357,8 @@ def test_precompile_never_fails_the_call(tmp_path, monkeypatch, compile_in):
     with passline.settings(compile_in=compile_in):
         runner._precompile()
     assert runner.compile_seconds >= 0
-    assert asked == [runner.cache.dir]  # the key from passline's cache, before anything is compiled
+    # the key from passline's cache (remembered there: asked again by the record of compiled jobs, not hashed)
+    assert asked and set(asked) == {runner.cache.dir}
 
 
 class _FakeDriver:

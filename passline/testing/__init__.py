@@ -15,7 +15,22 @@ from typing import Callable, Sequence
 import torch
 from torch.utils._pytree import tree_flatten
 
-from .strategies import LAYOUTS, Input, TensorProgram, pipelines, programs  # noqa: F401  (public: fuzz your passes)
+# the hypothesis strategies (public: fuzz your passes) are imported at their first use: the compile-time code
+# that imports this module for `tolerance` (the accuracy guard, bisection) would otherwise import hypothesis
+# with passline, ~0.06 s of every process's first call
+_STRATEGIES = ("LAYOUTS", "Input", "TensorProgram", "pipelines", "programs")
+
+
+def __getattr__(name: str):
+    if name in _STRATEGIES:
+        from . import strategies
+
+        return getattr(strategies, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list:
+    return sorted([*globals(), *_STRATEGIES])
 
 TOLERANCES = {
     torch.float32: dict(atol=1e-4, rtol=1e-4),
