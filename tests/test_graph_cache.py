@@ -86,12 +86,80 @@ def test_a_hit_builds_its_kernels_from_the_sources_kept_with_it(tmp_path, monkey
         assert a.runner.source == b.runner.source  # the same generated call
 
     for f in (tmp_path / "graphs").glob("*.made"):
-        f.write_bytes(b"broken")
+        f.write_bytes(b"broken")  # (named by the entry's id: `test_two_compiles_that_missed_at_once...`)
     third = assert_matches_eager(_ln_relu, _inputs(), cache_dir=str(tmp_path))
     assert _counters(third, "sources_generated") == [1, 1]
     # what the sources depend on besides the graph: the target and a forced variant
     keys = {triton_runner.made_key(i, v) for i in (True, False) for v in ("auto", "looped")}
     assert len(keys) == 4
+
+
+def _mm_and_sum(x, w):
+    return (x @ w).sum(0), x @ w
+
+
+def test_two_compiles_that_missed_at_once_each_keep_their_own_sources(tmp_path, monkeypatch):
+    """Two processes that miss one key at once may schedule different graphs (a choice timed on each GPU before
+    either stored its pick): the later stores its graph over the earlier's. The runners' sources are named by
+    the entry they were built for (its id), so neither that process nor a later hit builds one graph with the
+    other's kernels (they did, when named by the key: node `buf1` of one graph wrote 16 elements into the
+    other's 4-element `buf1` — wrong results and a corrupted heap). Simulated in one process: the chooser's
+    timing decided by hand, the second compile's lookup made to miss."""
+    from passline.backends import choosing
+    from passline.lowering.choices import ATEN
+
+    def pick(aten: bool):
+        def time(self, node, op, cands, args, kwargs):
+            return next(c for c in cands if (c.name == ATEN) == aten), {}, "timed"
+        return time
+
+    def inputs():
+        g = torch.Generator().manual_seed(0)
+        return [torch.randn(4, 512, generator=g), torch.randn(512, 4, generator=g)]
+
+    def compile_(patches=()):
+        with monkeypatch.context() as m:
+            for obj, name, value in patches:
+                m.setattr(obj, name, value)
+            return assert_matches_eager(_mm_and_sum, inputs(), cache_dir=str(tmp_path), aot_cache=False)
+
+    # the first graph's nodes (aten's mm) are named as some of the second's (decompose-K's chunks): a runner
+    # cannot tell the first's sources from its own by their names
+    first = compile_([(choosing.TimedChooser, "time", pick(aten=True))])
+    second = compile_([(choosing.TimedChooser, "time", pick(aten=False)),
+                       (graph_cache.GraphCache, "load", lambda self, key: None)])
+    assert set(first.reports[0].runner.made) < set(second.reports[0].runner.made)
+    assert first.reports[0].graph_key == second.reports[0].graph_key
+    assert [c.chosen for c in first.reports[0].graph.choices] != [c.chosen for c in second.reports[0].graph.choices]
+    assert _counters(second, "sources_generated") == [1]  # not the first compile's kernels
+    third = compile_()  # a plain hit: the second compile's graph, and its sources
+    assert _counters(third, "graph_cache_hits") == [1] and _counters(third, "sources_loaded") == [1]
+    assert third.reports[0].runner.source == second.reports[0].runner.source
+    # sources naming a node the graph lacks were made for another graph: not used
+    from passline.backends.triton.runner import TritonRunner
+
+    made = dict(first.reports[0].runner.made)
+    made["not_a_node"] = next(iter(made.values()))
+    runner = TritonRunner(third.reports[0].graph, interpret=True, made=made)
+    assert not runner.made_loaded and runner.source == third.reports[0].runner.source
+
+
+def test_an_entry_and_its_sources_go_together(tmp_path, monkeypatch):
+    """Each store gives an entry an id of its own (`load` gives it back); sources are kept per entry; eviction
+    removes an entry's sources with it, and sources whose entry is gone, from one listing of the directory."""
+    cache = graph_cache.GraphCache(tmp_path)
+    a = cache.store("k", graph=1, records=[], nodes_before=0, metrics=None)
+    assert cache.store_made("k", a, "m", {"buf0": 1}) and cache.load_made("k", a, "m") == {"buf0": 1}
+    b = cache.store("k", graph=2, records=[], nodes_before=0, metrics=None)  # another process's graph, same key
+    assert a != b and cache.load("k")["id"] == b
+    assert cache.load_made("k", b, "m") is None and cache.load_made("k", a, "m") == {"buf0": 1}
+    monkeypatch.setattr(graph_cache, "MAX_ENTRIES", 4)
+    for k in range(1, 5):
+        i = cache.store(f"k{k}", graph=k, records=[], nodes_before=0, metrics=None)
+        cache.store_made(f"k{k}", i, "m", {"buf0": k})
+    # 5 entries > 4: down to 3 — "k" and "k1" gone, with their sources (the orphaned one of entry `a` too)
+    names = sorted(p.name.split(".")[0] for p in (tmp_path / "graphs").iterdir())
+    assert names == ["k2", "k2", "k3", "k3", "k4", "k4"], names
 
 
 @pytest.mark.parametrize("change", ["shape", "dtype", "strides", "pipeline", "overrides", "graph_cache_off"])

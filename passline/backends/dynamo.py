@@ -227,7 +227,7 @@ class Backend:
             metrics.counters["aot_cache_hits"] += 1
             t1 = time.perf_counter()
             runner = self._run_side(f"{kind}{next(self._ids)}", gm, None, graph, nodes_before, metrics, records, fx,
-                                    key, (t0, t1, t1))
+                                    key, (t0, t1, t1), entry.get("id"))
             return self._callable(runner, gm, kind), self.reports[-1]
 
     def _first_call_guarded(self, compiled, gm: torch.fx.GraphModule, kind: str, graph):
@@ -274,7 +274,7 @@ class Backend:
         cache = graph_cache.GraphCache(self.cache_dir) if graph_cache.enabled(self) else None
         key = graph_cache.graph_key(gm, self) if cache is not None else None
         entry = cache.load(key) if key is not None else None
-        stored = False
+        stored = None  # the id of the entry this compile stores
         if entry is not None:  # lowered and scheduled by an earlier compile of the same graph
             graph, nodes_before, metrics, records = self._from_graph_cache(entry, fx)
             t1 = t2 = time.perf_counter()
@@ -301,7 +301,8 @@ class Backend:
                                      warnings=[(str(w.message), w.category) for w in warned])
                 metrics.counters["graph_cache_stores" if stored else "graph_cache_not_stored"] += 1
         return self._run_side(name, gm, example_inputs, graph, nodes_before, metrics, records, fx,
-                              key if entry is not None or stored else None, (t0, t1, t2))
+                              key if entry is not None or stored else None, (t0, t1, t2),
+                              entry.get("id") if entry is not None else stored)
 
     def _from_graph_cache(self, entry: dict, fx: FxStage):
         """(graph, nodes_before, metrics, records) of a graph-cache entry, as a compile that made it would have."""
@@ -315,9 +316,11 @@ class Backend:
         return graph, nodes_before, metrics, records
 
     def _run_side(self, name: str, gm, example_inputs, graph: SchedulerGraph, nodes_before: int, metrics: Metrics,
-                  records: list, fx: FxStage, key: str | None, times: tuple):
+                  records: list, fx: FxStage, key: str | None, times: tuple, entry_id: str | None = None):
         """The runner of a scheduled graph and its report (appended to `reports`). `key`: the graph cache's key it
-        is stored under (None: not stored); `times`: when lowering, the passes and codegen began."""
+        is stored under (None: not stored); `times`: when lowering, the passes and codegen began; `entry_id`: the
+        id of the graph-cache entry `graph` is (loaded, or stored by this compile), which the runner's sources
+        kept beside it are named by."""
         t0, t1, t2 = times
         fx.count_into(metrics)
         codegen, reason = choose_codegen(self.codegen, graph)
@@ -326,17 +329,18 @@ class Backend:
             from .triton.runner import TritonRunner, made_key
 
             interpret = _on_cpu(graph)
-            # a graph the graph cache holds: its kernels built from what an earlier process generated for it
-            kept = graph_cache.GraphCache(self.cache_dir) if key is not None else None
+            # a graph-cache entry (this very graph, by its id): its kernels built from what an earlier compile
+            # generated for it, or what is generated now kept for a later one
+            kept = graph_cache.GraphCache(self.cache_dir) if key is not None and entry_id else None
             mkey = made_key(interpret, self.kernel_variant) if kept is not None else None
-            made = kept.load_made(key, mkey) if kept is not None else None
+            made = kept.load_made(key, entry_id, mkey) if kept is not None else None
             runner = TritonRunner(graph, interpret=interpret, variant=self.kernel_variant,
                                   cache=KernelCache(self.cache_dir), autotune=self.autotune, counters=metrics.counters,
                                   made=made)
-            if kept is not None:  # a graph-cache entry: the sources it made kept, or taken from there
-                metrics.counters["sources_loaded" if made is not None else "sources_generated"] += 1
-                if made is None:
-                    kept.store_made(key, mkey, runner.made)
+            if kept is not None:
+                metrics.counters["sources_loaded" if runner.made_loaded else "sources_generated"] += 1
+                if not runner.made_loaded:
+                    kept.store_made(key, entry_id, mkey, runner.made)
             if runner.fallbacks:
                 reason += "; on the reference backend: " + "; ".join(
                     f"{n} ({why})" for n, why in runner.fallbacks.items())

@@ -46,6 +46,7 @@ import pickle
 import platform
 import re
 import tempfile
+import uuid
 from pathlib import Path
 
 import torch
@@ -296,38 +297,42 @@ class GraphCache:
             os.utime(path)
         return entry
 
-    def load_made(self, key: str, made_key: str) -> dict | None:
-        """What the Triton runner built the kernels of graph `key` from, for `made_key` (`runner.made_key`:
-        target, generator), as an earlier process kept it (`store_made`); None where there is none or it fails
-        to load. Loaded after the graph itself (`load`), whose symbols it names."""
+    def load_made(self, key: str, entry_id: str, made_key: str) -> dict | None:
+        """What the Triton runner built the kernels of the graph stored under `key` as entry `entry_id` (the id
+        `store` gave it) from, for `made_key` (`runner.made_key`: target, generator), as an earlier process kept
+        it (`store_made`); None where there is none or it fails to load. Named by the entry, not the key alone:
+        two processes that missed at once may each store their own graph under one key (a choice timed on each
+        GPU before either stored its pick), and one's graph must never meet the other's kernels."""
         try:
-            with (self.dir / f"{key}.{made_key}.made").open("rb") as f, unset_fake_temporarily():
+            with (self.dir / f"{key}.{entry_id}.{made_key}.made").open("rb") as f, unset_fake_temporarily():
                 made = pickle.load(f)
         except Exception:  # noqa: BLE001 - none, truncated or stale: generated again (and stored again)
             return None
         return made if isinstance(made, dict) else None
 
-    def store_made(self, key: str, made_key: str, made: dict) -> bool:
-        """Keep `made` (node name -> runner.StepMade) beside graph `key`'s entry: a second process builds the
-        graph's kernels from it instead of generating their sources again (~0.2-0.6 s a graph on the H200 host).
-        Removed with the entry (`_evict`)."""
-        return self._write(f"{key}.{made_key}.made", made)
+    def store_made(self, key: str, entry_id: str, made_key: str, made: dict) -> bool:
+        """Keep `made` (node name -> runner.StepMade) beside entry `entry_id` of graph `key`: a later compile
+        builds the graph's kernels from it instead of generating their sources again (0.07-0.43 s a graph on
+        the H200 host). Removed with the entry (`_evict`)."""
+        return self._write(f"{key}.{entry_id}.{made_key}.made", made)
 
     def has(self, key: str) -> bool:
         """Whether an entry is stored under `key` (it may still fail to load)."""
         return (self.dir / f"{key}.pkl").is_file()
 
-    def store(self, key: str, **entry) -> bool:
-        """Store `entry` (graph, records, nodes_before, metrics); False where it cannot be pickled."""
+    def store(self, key: str, **entry) -> str | None:
+        """Store `entry` (graph, records, nodes_before, metrics) under `key`, with an id of its own (which `load`
+        gives back as `entry["id"]`); the id, or None where it cannot be pickled or written."""
         from ..ir.index import derived_definition, known_vars
 
         entry["derived"] = [(sym.name, derived_definition(sym)) for sym in getattr(entry.get("graph"), "derived", ())]
         entry["vars"] = known_vars()
-        if not self._write(f"{key}.pkl", {"format": _FORMAT, **entry}):
-            return False
+        entry_id = uuid.uuid4().hex
+        if not self._write(f"{key}.pkl", {"format": _FORMAT, **entry, "id": entry_id}):
+            return None
         with contextlib.suppress(OSError):
             self._evict()
-        return True
+        return entry_id
 
     def _write(self, name: str, obj) -> bool:
         buf = io.BytesIO()
@@ -348,19 +353,26 @@ class GraphCache:
         return True
 
     def _evict(self) -> None:
-        """Past MAX_ENTRIES, remove the least recently used quarter (by modification time: `load` touches)."""
-        entries = list(self.dir.glob("*.pkl"))
+        """Past MAX_ENTRIES, remove the least recently used quarter (by modification time: `load` touches), with
+        what runners built from them (`store_made`) and what was built from entries gone before."""
+        files = list(self.dir.iterdir())
+        entries = [p for p in files if p.suffix == ".pkl"]
         if len(entries) <= MAX_ENTRIES:
             return
+        made: dict = {}  # graph key -> its .made files (one directory listing: a glob per entry took ~10 s)
+        for p in files:
+            if p.suffix == ".made":
+                made.setdefault(p.name.split(".", 1)[0], []).append(p)
         def mtime(p):
             try:
                 return p.stat().st_mtime
             except OSError:  # removed by another process meanwhile
                 return 0.0
-        for p in sorted(entries, key=mtime)[:len(entries) - MAX_ENTRIES * 3 // 4]:
-            for q in (p, *self.dir.glob(f"{p.stem}.*.made")):  # and what runners built from it
-                with contextlib.suppress(OSError):
-                    q.unlink()
+        gone = sorted(entries, key=mtime)[:len(entries) - MAX_ENTRIES * 3 // 4]
+        kept = {p.stem for p in entries} - {p.stem for p in gone}
+        for p in [*gone, *(q for k, qs in made.items() if k not in kept for q in qs)]:
+            with contextlib.suppress(OSError):
+                p.unlink()
 
 
 def enabled(backend) -> bool:

@@ -852,8 +852,11 @@ class TritonRunner:
         self.fallbacks: dict = {}  # node name -> why it runs on the reference backend
         self._by_code: dict = {}  # _same_code -> Kernel: steps of repeated layers launch one kernel
         # node name -> StepMade: what each step was built from, `made` handed in by the caller (an earlier
-        # process's, for this graph: `made_key`) or derived here
-        self._loaded, self.made = dict(made or {}), {}
+        # compile's, for this very graph: `made_key`) or derived here; one naming a node this graph lacks was made
+        # for another graph, and is not used at all
+        names = {n.name for n in graph.nodes()}
+        self._loaded = dict(made) if made and set(made) <= names else {}
+        self.made_loaded, self.made = bool(self._loaded), {}
         self.steps = []
         for node in graph.nodes():
             if isinstance(node, Extern):
