@@ -23,10 +23,11 @@ stages (`report.seconds`: lower, passes, codegen) and `precompile` (`TritonRunne
 compiled and loaded before the graph's first call), and `forward` / `backward` (when each half of the step
 finished).
 
-Before the rounds, each contender runs once at `--smoke` sizes, untimed (`--no-warmup` skips it): every module
-either imports is then in the OS's file cache and compiled to bytecode, as on a user's installation. Where Python
-finds no bytecode beside torch's sources and may not write it there (a read-only installation nothing compiled,
-or PYTHONDONTWRITEBYTECODE: the lent GPU host), each process would compile every module it imports from source
+Before the rounds, each model runs once through each contender at `--smoke` sizes, untimed (`--no-warmup` skips
+it): every module they import is then in the OS's file cache and compiled to bytecode, as on a user's
+installation. Where Python finds no bytecode beside torch's sources and may not write it there (a read-only
+installation nothing compiled, or PYTHONDONTWRITEBYTECODE: the lent GPU host), each process would compile every
+module it imports from source
 (under cProfile, 1837 modules in Inductor's first call there and 544 in passline's), so the runs keep bytecode in
 a directory of their own (`PYTHONPYCACHEPREFIX`, `--pycache`), which the warm-up fills.
 
@@ -216,11 +217,12 @@ def main(argv=None) -> int:
         print(f"bytecode: none beside torch's sources and none to be written there; kept in {args.pycache}",
               file=sys.stderr, flush=True)
     if not args.no_warmup:  # a user's installation has every module's bytecode and its files in the OS's cache
-        for c in contenders:
-            with tempfile.TemporaryDirectory(prefix="passline-warmup-") as root:
-                res = run_child(models[0], c, root, args, smoke=True)
-                print(f"warm-up {c} (smoke sizes, untimed): " + ("ok" if "error" not in res else res["error"][-300:]),
-                      file=sys.stderr, flush=True)
+        for m in models:  # (each model: a convolution imports what a transformer does not)
+            for c in contenders:
+                with tempfile.TemporaryDirectory(prefix="passline-warmup-") as root:
+                    res = run_child(m, c, root, args, smoke=True)
+                    print(f"warm-up [{m}] {c} (smoke sizes, untimed): "
+                          + ("ok" if "error" not in res else res["error"][-300:]), file=sys.stderr, flush=True)
     for r in range(args.rounds):
         order = contenders[r % len(contenders):] + contenders[:r % len(contenders)]
         for m in models:

@@ -326,3 +326,30 @@ def test_a_captured_graph_holding_a_tensor_is_not_kept():
         (out,) = passline.backend(fallback="raise")(gm, [x])(x)
         torch.testing.assert_close(out, x * v)
         assert not {"autograd_cache_saved", "autograd_cache_hit"} & set(counters["aot_autograd"])
+
+
+def test_a_hits_graph_lowers_again_with_its_choices():
+    """A graph aot_autograd's cache gives back is its code re-traced, with other node names (`mm` comes back as
+    `mm_default`); `Replay` takes a report's choices in order, op by op, so lowering `report.gm` again (`passline
+    draw`) makes the graph the compile made: here, decompose-K's bmm, not aten's mm (it drew aten's on a hit)."""
+    from passline.lowering import lower_graph
+    from passline.lowering.choices import Replay
+
+    def fn(a, b):
+        return (a @ b).relu()
+
+    a, b = torch.randn(4, 1024, requires_grad=True), torch.randn(1024, 8)
+    reports = []
+    for _ in range(2):
+        torch._dynamo.reset()
+        be = passline.backend(fallback="raise", codegen="reference", choice_overrides={"mm": "decompose_k"})
+        torch.compile(fn, backend=be)(a, b).sum().backward()
+        reports.append(be.reports[0])
+    first, hit = reports
+    assert hit.metrics.counters.get("aot_cache_hits") == 1
+    assert {n.name for n in first.gm.graph.nodes} != {n.name for n in hit.gm.graph.nodes}  # (why by order)
+    for r in (first, hit):
+        program = lower_graph(r.gm, chooser=Replay(r.choices))
+        externs = [str(n.op) for n in program.nodes if hasattr(n, "op")]
+        assert [c.chosen for c in program.choices] == ["decompose_k(chunks=8)"], program.choices
+        assert "aten.bmm.default" in " ".join(externs) and "aten.mm.default" not in " ".join(externs), externs

@@ -23,6 +23,7 @@ Choices need static sizes: a node with a symbolic size or stride keeps the op it
 """
 from __future__ import annotations
 
+import collections
 import difflib
 import hashlib
 import inspect
@@ -244,13 +245,23 @@ class Rule:
 
 
 class Replay:
-    """A chooser that repeats the decisions of `records` (ChoiceRecords of an earlier lowering of the graph)."""
+    """A chooser that repeats the decisions of `records` (ChoiceRecords of an earlier lowering of the graph).
+
+    A record names its node, but a graph loaded from aot_autograd's cache is the same graph with other node
+    names (torch re-traces a pickled GraphModule's code: `mm` comes back as `mm_default`), so the decisions are
+    taken in order, op by op: lowering meets the nodes with choices in the graph's order, which the names'
+    change keeps (the n-th `mm` node asked gets the n-th `mm` record)."""
 
     def __init__(self, records):
-        self.chosen = {r.node: r.chosen for r in records}
+        self.chosen: dict = {}
+        for r in records:
+            self.chosen.setdefault(r.op, []).append(r.chosen)
+        self.asked = collections.Counter()
 
     def __call__(self, node, op, cands, args, kwargs):
-        want = self.chosen.get(node.name, ATEN)
+        mine = self.chosen.get(op, ())
+        n, self.asked[op] = self.asked[op], self.asked[op] + 1
+        want = mine[n] if n < len(mine) else ATEN
         return next((c for c in cands if c.name == want), OP), {}, "replayed"
 
 
