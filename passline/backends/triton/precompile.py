@@ -449,8 +449,8 @@ class Pool:
         return ok
 
     def run(self, jobs: list, target, done=None) -> list:
-        with contextlib.suppress(AttributeError):  # workers started from here on warm up for it
-            self.target = self.target or (target.backend, target.arch, target.warp_size)
+        with contextlib.suppress(AttributeError, TypeError):  # workers started from here on warm up for it
+            self.target = self.target or _as_tuple(target)
         results = [False] * len(jobs)
         with ThreadPoolExecutor(max_workers=min(self.size, len(jobs)) or 1) as ex:
             futures = {ex.submit(self._one, j, target): i for i, j in enumerate(jobs)}
@@ -508,15 +508,20 @@ def _triton_cache_dir() -> str:
     return os.environ.get("TRITON_CACHE_DIR") or str(Path.home() / ".triton" / "cache")
 
 
-def _record(job: Job, target, directory: Path) -> Path:
-    # a job is its kernel file (named by the digest of what it was generated from) and its specialization;
-    # Triton's key, the target and Triton's cache directory make the binary's place
+def _as_tuple(target) -> tuple:
+    """A compile target as (backend, arch, warp size): a GPUTarget's fields, or such a tuple as it is."""
+    return (target.backend, target.arch, target.warp_size) if hasattr(target, "arch") else tuple(target)
+
+
+def _records(jobs: list, target, directory: Path) -> list:
+    """Where `mark_compiled` records each of `jobs`: a job is its kernel file (named by the digest of what it was
+    generated from) and its specialization; Triton's key, the target and Triton's cache directory, the same for
+    every job, make the binary's place."""
     from .cache import digest
 
-    key = digest(job, tuple(target) if not hasattr(target, "arch") else (target.backend, target.arch,
-                                                                           target.warp_size),
-                 remembered_triton_key(directory), _triton_cache_dir())
-    return directory / "compiled" / f"j{key}"
+    directory = Path(directory)
+    where = digest(_as_tuple(target), remembered_triton_key(directory), _triton_cache_dir())
+    return [directory / "compiled" / f"j{digest(j, where)}" for j in jobs]
 
 
 def not_compiled_yet(jobs: list, target, directory: Path) -> list:
@@ -524,14 +529,13 @@ def not_compiled_yet(jobs: list, target, directory: Path) -> list:
     second process hands the pool. Every binary of a graph compiled before is then loaded by the parent's
     threads from Triton's cache without the workers (whose boot a warm first call would otherwise wait for).
     A record whose binary went from Triton's cache since costs that binary's compile in the parent."""
-    return [j for j in jobs if not _record(j, target, Path(directory)).exists()]
+    return [j for j, path in zip(jobs, _records(jobs, target, directory)) if not path.exists()]
 
 
 def mark_compiled(jobs: list, target, directory: Path) -> None:
     """Record `jobs` as compiled into Triton's cache for `target` (empty files, in passline's cache)."""
     with contextlib.suppress(OSError):
-        for j in jobs:
-            path = _record(j, target, Path(directory))
+        for path in _records(jobs, target, directory):
             path.parent.mkdir(parents=True, exist_ok=True)
             path.touch()
 
