@@ -197,7 +197,8 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=10, help="steady steps timed after the first (their median)")
     ap.add_argument("--out", help="write every run as JSON")
     ap.add_argument("--no-warmup", action="store_true",
-                    help="skip the untimed smoke-size run of each contender that first imports every module")
+                    help="skip the untimed smoke-size runs (each model through each contender) that first "
+                         "import every module")
     ap.add_argument("--pycache", help="PYTHONPYCACHEPREFIX for the runs (default: a temporary one where Python "
                                       "cannot keep bytecode beside torch's sources)")
     ap.add_argument("--child", nargs=3, metavar=("MODEL", "CONTENDER", "ROOT"), help=argparse.SUPPRESS)
