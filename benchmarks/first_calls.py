@@ -125,7 +125,9 @@ def child(model_name: str, contender: str, root: str, device: str, smoke: bool, 
     if contender.startswith("passline"):
         out["graphs"] = [{"name": r.name, **{k: round(v, 3) for k, v in r.seconds.items()},
                           "aot_cache_hit": bool(r.metrics.counters.get("aot_cache_hits")),
-                          "precompile": round(getattr(r.runner, "compile_seconds", 0.0), 3)}
+                          "precompile": round(getattr(r.runner, "compile_seconds", 0.0), 3),
+                          "binaries": r.metrics.counters.get("kernels_precompiled", 0),
+                          "by_record": r.metrics.counters.get("binaries_loaded_by_record", 0)}
                          for r in backend.reports]
     return out
 

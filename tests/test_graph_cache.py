@@ -68,6 +68,7 @@ def test_a_hit_builds_its_kernels_from_the_sources_kept_with_it(tmp_path, monkey
     kept beside its entry: a later compile builds its kernels from it without generating again, mix-order
     steps included (LayerNorm's backward), and gets eager's results; a broken file is generated again."""
     from passline.backends.triton import runner as triton_runner
+    from passline.pipeline import metrics
 
     first = assert_matches_eager(_ln_relu, _inputs(), cache_dir=str(tmp_path))
     assert _counters(first, "sources_generated") == [1, 1]
@@ -76,10 +77,15 @@ def test_a_hit_builds_its_kernels_from_the_sources_kept_with_it(tmp_path, monkey
     def refuse(self, node):
         raise AssertionError(f"{node.name} generated again")
 
+    def uncounted(graph, node):
+        raise AssertionError(f"{node.name}'s bytes counted again")
+
     with monkeypatch.context() as m:
         m.setattr(triton_runner.TritonRunner, "_make", refuse)
+        m.setattr(metrics, "_node_bytes", uncounted)  # the report's figures come with the sources
         second = assert_matches_eager(_ln_relu, _inputs(), cache_dir=str(tmp_path))
     assert _counters(second, "sources_loaded") == [1, 1]
+    assert _counters(second, "num_bytes_accessed") == _counters(first, "num_bytes_accessed") != [0, 0]
     for a, b in zip(first.reports, second.reports):
         assert [k.name for k in a.runner.kernels] == [k.name for k in b.runner.kernels]
         assert [k.variants.keys() for k in a.runner.kernels] == [k.variants.keys() for k in b.runner.kernels]

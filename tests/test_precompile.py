@@ -1,5 +1,6 @@
 """Compiling a graph's kernels ahead of the first launch in worker processes (backends/triton/precompile.py),
 for an H100/H200 (sm_90) on this machine: Triton compiles without a GPU."""
+import json
 import os
 import pathlib
 import textwrap
@@ -8,7 +9,7 @@ import pytest
 import torch
 
 import passline
-from passline.backends.triton import precompile
+from passline.backends.triton import compat, precompile
 from passline.backends.triton.cache import KernelCache
 from passline.backends.triton.precompile import Job, Pool, compile_job, offline
 from passline.backends.triton.runner import TritonRunner, _spec
@@ -837,3 +838,96 @@ def test_a_second_process_hands_the_pool_only_what_none_compiled(tmp_path, monke
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
     monkeypatch.setattr(precompile, "remembered_triton_key", lambda d: "key-b")  # another Triton
     assert precompile.not_compiled_yet(jobs, target, cache) == jobs
+
+
+# a process's precompile of LayerNorm's forward for sm_90, on this CPU (Triton's stand-in driver: compiles, cannot
+# load): each binary handed to a stand-in loader; Triton's key a fixed string (not hashed, nor adopted process-wide
+# as `remembered_triton_key` would); with "record only", a load through JITFunction.warmup fails the run
+_RECORDED = """
+import hashlib, json, sys
+import torch, passline
+from triton.backends.compiler import GPUTarget
+from passline.backends.triton import compat, precompile
+from passline.backends.triton.cache import KernelCache
+from passline.backends.triton.precompile import offline
+from passline.backends.triton.runner import TritonRunner
+real = TritonRunner._precompile
+TritonRunner._precompile = lambda self: None
+ln = torch.nn.LayerNorm(64)
+be = passline.backend(codegen="reference", fallback="raise")
+torch.compile(lambda x: ln(x).exp(), backend=be)(torch.randn(32, 64))
+runner = TritonRunner(be.reports[0].graph, interpret=False, cache=KernelCache(sys.argv[1]))
+loaded = []
+precompile.remembered_triton_key = lambda directory: "this triton"
+compat.load_binary = lambda compiled: loaded.append(compiled) or (lambda *args: None)
+if sys.argv[2] == "record only":
+    def no_warmup(*args, **kwargs):
+        raise AssertionError("loaded through JITFunction.warmup")
+    compat.compile_for_launch = no_warmup
+with offline(GPUTarget("cuda", 90, 32)):
+    real(runner)
+def seen(c):
+    s = c.src
+    return repr((c.hash, c.name, hashlib.sha256(c.kernel).hexdigest(), c.metadata, s.name, sorted(s.signature.items()),
+                 sorted(s.constants.items()), list(s.fn.arg_names)))
+print(json.dumps({"jobs": len(runner.precompile_jobs()), "counters": dict(runner.counters),
+                  "loaded": sorted(map(seen, loaded))}))
+"""
+
+
+def _recorded_run(cache, triton_cache, how: str) -> dict:
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"TRITON_CACHE_DIR": str(triton_cache)}
+    env["PYTHONPATH"] = str(Path(passline.__file__).resolve().parents[1])
+    out = subprocess.run([sys.executable, "-c", _RECORDED, str(cache), how], capture_output=True, text=True, env=env,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.splitlines()[-1])
+
+
+def test_a_binary_compiled_once_is_loaded_by_its_record_in_a_later_process(tmp_path, triton_cache):
+    first = _recorded_run(tmp_path / "passline", triton_cache, "compile")
+    if not first["loaded"]:
+        pytest.skip("Triton cannot compile for CUDA here (no ptxas?)")
+    assert first["counters"]["kernels_precompiled"] == first["jobs"] == len(first["loaded"])
+    assert first["counters"].get("binaries_loaded_by_record", 0) == 0
+    assert len(list((tmp_path / "passline").glob("b*.json"))) == first["jobs"]
+    # a later process: every binary from its record, none through JITFunction.warmup, the same binaries with
+    # the same launch signature, constants and parameters
+    second = _recorded_run(tmp_path / "passline", triton_cache, "record only")
+    assert second["counters"]["binaries_loaded_by_record"] == second["counters"]["kernels_precompiled"] == first["jobs"]
+    assert second["loaded"] == first["loaded"]
+    # an entry gone from Triton's cache (evicted; another cache directory): loaded as without a record
+    records = [json.loads(p.read_text()) for p in (tmp_path / "passline").glob("b*.json")]
+    assert all(compat.load_recorded(r) is not None for r in records)
+    for f in triton_cache.rglob("*.cubin"):
+        f.unlink()
+    assert all(compat.load_recorded(r) is None for r in records)
+    assert compat.load_recorded(None) is None
+    third = _recorded_run(tmp_path / "passline", triton_cache, "compile")
+    assert third["counters"].get("binaries_loaded_by_record", 0) == 0 and third["loaded"] == first["loaded"]
+
+def test_the_record_of_a_binary_is_keyed_by_every_setting_of_the_compile(monkeypatch, target):
+    from triton import knobs
+
+    stamp = compat.binary_stamp(target, "this triton")
+    assert stamp is not None and stamp == compat.binary_stamp(target, "this triton")
+    assert compat.binary_stamp(target, "another triton") != stamp
+    assert compat.binary_stamp(attrs_tuple_target(80), "this triton") != stamp
+    monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "0")  # a compile option's default
+    assert compat.binary_stamp(target, "this triton") not in (None, stamp)
+    monkeypatch.delenv("TRITON_DEFAULT_FP_FUSION")
+    monkeypatch.setenv("TRITON_DEBUG", "1")  # not one of Triton's cache-invalidating variables, yet an option
+    assert compat.binary_stamp(target, "this triton") not in (None, stamp)
+    monkeypatch.delenv("TRITON_DEBUG")
+    assert compat.binary_stamp(target, "this triton") == stamp
+    # a knob set from Python; a listener or hook that sees compiles: Triton's own path
+    monkeypatch.setattr(knobs.nvidia, "ptxas_options", "-v")
+    assert compat.binary_stamp(target, "this triton") not in (None, stamp)
+    monkeypatch.undo()
+    monkeypatch.setattr(knobs.compilation, "listener", lambda **kw: None)
+    assert compat.binary_stamp(target, "this triton") is None

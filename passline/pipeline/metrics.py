@@ -80,6 +80,12 @@ def node_bytes(graph, node) -> tuple:
     return graph.cached(("node_bytes", node), lambda: _node_bytes(graph, node))
 
 
+def known_node_bytes(graph, node, rw: tuple) -> None:
+    """Tell `graph` `node`'s (bytes read, bytes written) as a compile of this very graph counted them before (a
+    graph-cache hit's kept sources), so that `node_bytes` does not count them again."""
+    graph.cached(("node_bytes", node), lambda: rw)
+
+
 def _node_bytes(graph, node) -> tuple:
     from ..ir import FusedNode, MixOrderNode
 

@@ -82,6 +82,18 @@ class KernelCache:
     def put_choice(self, key: str, choice: dict) -> None:
         self._write(self.dir / f"c{key}.json", json.dumps(choice))
 
+    def get_binary(self, key: str) -> dict | None:
+        """The record of a compiled binary's place in Triton's cache (`compat.binary_record`), or None."""
+        try:
+            record = json.loads((self.dir / f"b{key}.json").read_text())
+        except (OSError, ValueError):
+            return None
+        return record if isinstance(record, dict) else None
+
+    def put_binary(self, key: str, record: dict) -> None:
+        with contextlib.suppress(OSError):  # a read-only cache: loaded through Triton's own path next time
+            self._write(self.dir / f"b{key}.json", json.dumps(record))
+
 
 def interpreting(on: bool):
     """Within: Triton runs kernels in its CPU interpreter (it reads TRITON_INTERPRET both when a kernel

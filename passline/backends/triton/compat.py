@@ -7,11 +7,15 @@ then every argument of the kernel's signature in order, constexprs included (the
 """
 from __future__ import annotations
 
+import json
+import os
 import sys
 import threading
 
 import torch
 import triton
+
+from .cache import digest
 
 try:  # triton >= 3.4: launch hooks are chains in knobs (empty unless a profiler adds one)
     from triton import knobs as _knobs
@@ -76,6 +80,97 @@ def compile_for_launch(fn, args: list, kwargs: dict):
     launch's keyword arguments (constexprs, num_warps), for the current device: the CompiledKernel its
     launch with such arguments would compile (`JITFunction.warmup`, the same specialization and cache key)."""
     return fn.warmup(*args, grid=(1,), **kwargs)
+
+
+# -- binaries loaded by record -----------------------------------------------------------------------------
+# A warm process's first call loads every binary its graph launches from Triton's cache. Through
+# `compile_for_launch` (JITFunction.warmup) each load imports the kernel's module (Triton reads its source
+# back with `inspect`), specializes the arguments, hashes the function's source and its dependencies' ASTs for
+# the cache key, and only then finds the binary: ~3 ms a kernel on this CPU and ~25 under cProfile on the H200
+# host, where building the CompiledKernel from its cache entry takes 0.5. So after a binary is built, its cache
+# entry is recorded (`binary_record`: Triton's hash of the key, and the signature and constants the launcher
+# needs), under passline's own key for that very compile (`binary_stamp`, plus the kernel's source and
+# arguments), and the next process builds the CompiledKernel straight from it (`load_recorded`).
+
+_CACHE_ENV = ("TRITON_", "MLIR_", "LLVM_")  # Triton's knobs read their variables under these prefixes
+
+
+def binary_stamp(target, key: str | None) -> str | None:
+    """Everything Triton's cache key of a compile holds besides the kernel's source and arguments, for `target`
+    and Triton key `key` (`precompile.remembered_triton_key`): Triton's version, the backend's hash (ptxas's
+    version, the architecture), every TRITON_/MLIR_/LLVM_ variable (a superset of the cache-invalidating ones
+    and of what sets the compile options' defaults: TRITON_DEBUG, TRITON_DEFAULT_FP_FUSION...) and each knob set
+    from Python (a knob holds such a value in its instance dict). None — no binary loaded by record — where
+    this Triton differs from what this module knows, or a hook, listener, override or dump would see or change
+    a compile (a profiler's launch hooks, `always_compile`): those go through Triton's own path."""
+    try:
+        from triton.compiler.compiler import make_backend
+
+        groups = {n: getattr(_knobs, n) for n in ("runtime", "compilation", "cache", "nvidia", "language")}
+        hooks = [getattr(groups["runtime"], h, None) for h in (
+            "jit_cache_hook", "jit_post_compile_hook", "add_stages_inspection_hook", "kernel_load_start_hook",
+            "kernel_load_end_hook")]
+        if any(getattr(h, "calls", h) for h in hooks) or groups["compilation"].listener is not None or hooks_active():
+            return None
+        c = groups["compilation"]
+        if c.always_compile or c.override or c.dump_ir:
+            return None
+        env = sorted((k, v) for k, v in os.environ.items() if k.startswith(_CACHE_ENV))
+        knobs_set = sorted((n, sorted((k, repr(v)) for k, v in vars(g).items())) for n, g in groups.items())
+        return digest(triton.__version__, key, make_backend(target).hash(), repr(target), env, knobs_set)
+    except Exception:  # noqa: BLE001 - a Triton laid out otherwise: every binary through compile_for_launch
+        return None
+
+
+def binary_record(compiled) -> dict | None:
+    """What `load_recorded` needs to build `compiled` again from Triton's cache, as JSON-able values: the
+    cache entry (Triton's hash of the key, the kernel's name) and what the launcher reads of the source (its
+    signature, constants and parameter names); None where `compiled` does not have them."""
+    try:
+        src = compiled.src
+        record = {"hash": compiled.hash, "name": src.name[:150], "signature": dict(src.signature),
+                  "constants": [[list(k), v] for k, v in src.constants.items()], "arg_names": list(src.fn.arg_names)}
+        json.dumps(record)  # only plain values: a constant Triton keeps as an object is not recorded
+        return record
+    except Exception:  # noqa: BLE001 - not recorded: the next process loads it through compile_for_launch
+        return None
+
+
+class _RecordedFn:
+    """What a CompiledKernel and its launcher read of the jitted function: its parameters' names (and no
+    launch-metadata function: only an ASTSource's is ever called)."""
+
+    launch_metadata = None
+
+    def __init__(self, arg_names: list):
+        self.arg_names = arg_names
+
+
+class _RecordedSource:
+    """What a CompiledKernel and its launcher read of the ASTSource it was compiled from (`binary_record`)."""
+
+    def __init__(self, record: dict):
+        self.name = record["name"]
+        self.signature = record["signature"]
+        self.constants = {tuple(k): v for k, v in record["constants"]}
+        self.fn = _RecordedFn(record["arg_names"])
+
+
+def load_recorded(record: dict | None):
+    """The CompiledKernel `record` names, from Triton's cache as Triton's own cache hit builds it; None where
+    there is no record or the entry is gone (evicted, another cache directory) or unreadable."""
+    if not record:
+        return None
+    try:
+        from triton.compiler.compiler import CompiledKernel
+        from triton.runtime.cache import get_cache_manager
+
+        group = get_cache_manager(record["hash"]).get_group(f"{record['name']}.json")
+        if not group or f"{record['name']}.json" not in group:
+            return None
+        return CompiledKernel(_RecordedSource(record), group, record["hash"])
+    except Exception:  # noqa: BLE001 - loaded through compile_for_launch instead
+        return None
 
 
 _LOADING: dict = {}  # a compiled kernel's signature -> the lock of the thread building its launcher

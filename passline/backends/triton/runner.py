@@ -12,6 +12,7 @@ A node the generator cannot handle runs on the reference backend, and the report
 from __future__ import annotations
 
 import collections
+import contextlib
 import math
 import re
 import threading
@@ -25,7 +26,7 @@ from ...config import current_settings
 from ...ir import Extern, FusedNode, MixOrderNode, members
 from ...lowering.sizes import at_hint
 from ...passes.mix_order_reduction import MIN_SPLIT, TILED_MIN_SPLIT
-from ...pipeline.metrics import node_bytes
+from ...pipeline.metrics import known_node_bytes, node_bytes
 from ..reference import ReferenceRunner, _Bindings
 from . import compat
 from . import kernel as kgen
@@ -769,20 +770,25 @@ _KERNEL_CLASSES = {c.__name__: c for c in (Kernel, MixKernel, FinishKernel)}
 class KernelMade:
     """What a Kernel is built from, derived from the graph alone (`TritonRunner._made_kernel`): the same for
     the same scheduled graph in every process, so kept with the graph cache's entry. `cls`: the Kernel class's
-    name; `traffic`: bytes read and written (sympy where sizes are symbolic); `hinted`: bytes a row at the
-    size hints where symbolic; `same`: `_same_code`; `key`: the kernel cache's key; `extra`: the class's own
+    name; `rw`: bytes read and bytes written (`node_bytes`; sympy where sizes are symbolic); `hinted`: bytes a
+    row at the size hints where symbolic; `same`: `_same_code`; `key`: the kernel cache's key; `extra`: the class's own
     arguments (a mix-order kernel's split)."""
 
     kind: str
     cls: str
     variants: dict
-    traffic: object
+    rw: tuple
     hinted: float | None
     contiguous: bool
     mutates: bool
     same: str
     key: str
     extra: dict
+
+    @property
+    def traffic(self):
+        """Bytes read and written."""
+        return self.rw[0] + self.rw[1]
 
 
 @attrs.frozen(eq=False)
@@ -1016,7 +1022,9 @@ class TritonRunner:
         this GPU, in threads of this process (Triton's compiler, LLVM and ptxas spend most of their time
         outside the GIL): each binary's launcher is built there too (`compat.load_binary`, the C launcher
         a cold Triton 3.6 builds with gcc) and handed to its kernel under the key its launch looks up, so
-        the first launch neither compiles nor goes through `JITFunction.run`. With
+        the first launch neither compiles nor goes through `JITFunction.run`. A binary an earlier process
+        compiled or loaded here is built straight from its Triton cache entry, which that process recorded
+        (`compat.binary_record`, `load_recorded`): no import of its module, no cache key hashed again. With
         `compile_in="processes"` a pool of worker processes (backends/triton/precompile.py) first compiles
         what `precompile_jobs` lists into Triton's disk cache, where the threads then find it. A progress
         line on stderr once it takes more than a second. Anything that fails here is left to its first
@@ -1034,7 +1042,10 @@ class TritonRunner:
         if not steps:
             return
         t0 = time.perf_counter()
-        remembered_triton_key(self.cache.dir)  # Triton's key from an earlier process, not hashed again
+        tkey = remembered_triton_key(self.cache.dir)  # Triton's key from an earlier process, not hashed again
+        stamp = None  # what keys the records of binaries this Triton compiles here (compat.binary_stamp)
+        with contextlib.suppress(Exception):
+            stamp = compat.binary_stamp(driver.active.get_current_target(), tkey) if tkey else None
         done, shown = [0], [0.0]
         lock = threading.Lock()
         built: dict = {}  # Job -> (compiled, launch): each compiled and loaded once, whoever asks
@@ -1057,9 +1068,20 @@ class TritonRunner:
                 one = building.setdefault(p.job, threading.Lock())
             with one:  # two steps needing the same binary (equal kernels): compiled once
                 if p.job not in built:
-                    fn = p.kernel.fn(p.variant)
-                    compiled = compat.compile_for_launch(fn, [getattr(torch, a[1]) if isinstance(a, tuple) else a
-                                                              for a in p.job.args], dict(p.job.kwargs))
+                    # where an earlier process recorded this very compile's binary, built from its cache entry
+                    rkey = stamp and digest(stamp, p.kernel.info.variants[p.variant].source, p.job.fn_name,
+                                            p.job.args, p.job.kwargs)
+                    compiled = compat.load_recorded(self.cache.get_binary(rkey)) if rkey else None
+                    if compiled is not None:
+                        with lock:
+                            self.counters["binaries_loaded_by_record"] += 1
+                    else:
+                        fn = p.kernel.fn(p.variant)
+                        compiled = compat.compile_for_launch(fn, [getattr(torch, a[1]) if isinstance(a, tuple)
+                                                                  else a for a in p.job.args], dict(p.job.kwargs))
+                        record = compat.binary_record(compiled) if rkey else None
+                        if record is not None:
+                            self.cache.put_binary(rkey, record)
                     built[p.job] = compiled, compat.load_binary(compiled)
                     progress("kernels")
                     if built[p.job][1] is not None:
@@ -1130,7 +1152,7 @@ class TritonRunner:
         # scatter's float32 and float64 forms printed alike, and the float64 graph ran the cached float32
         # kernel: gradients at float32 precision)
         key = digest(self._key(node, stored), {str(v): src.source for v, src in variants.items()})
-        return KernelMade(kind, cls.__name__, variants, r + w, hinted, contiguous, mutates, same, key, extra)
+        return KernelMade(kind, cls.__name__, variants, (r, w), hinted, contiguous, mutates, same, key, extra)
 
     def _kernel(self, node, made: KernelMade) -> Kernel:
         """`made`'s Kernel: a new one, or the one an equal kernel of an earlier step built (`_same_code`)."""
@@ -1174,6 +1196,8 @@ class TritonRunner:
         made = self._loaded.get(node.name)
         if made is None:
             made = self._make(node)
+        else:  # its bytes as the compile that made it counted them (`node_bytes`: sympy), for the report
+            known_node_bytes(self.graph, node, made.kernels[0].rw)
         self.made[node.name] = made
         if made.kind == "mix":
             k_main = self._kernel(node, made.kernels[0])
