@@ -158,9 +158,9 @@ def test_a_worker_starts_without_torch_and_the_pool_can_start_early(tmp_path, ta
     try:
         pool.start()
         assert pool.started == 2 and pool.idle.qsize() == 2
-        booted = {w.proc.pid for w in list(pool.idle.queue)}
+        booted = {w.pid for w in list(pool.idle.queue)}
         ok = pool.run(jobs, target)
-        assert {w.proc.pid for w in list(pool.idle.queue)} == booted  # the jobs ran on those workers
+        assert {w.pid for w in list(pool.idle.queue)} == booted  # the jobs ran on those workers
     finally:
         pool.close()
     later = Pool(1)  # as dynamo starts it: in a thread of its own, which returns at once
@@ -931,3 +931,54 @@ def test_the_record_of_a_binary_is_keyed_by_every_setting_of_the_compile(monkeyp
     monkeypatch.undo()
     monkeypatch.setattr(knobs.compilation, "listener", lambda **kw: None)
     assert compat.binary_stamp(target, "this triton") is None
+
+
+_ROUTED = """
+import json, sys
+import torch, passline
+from triton import knobs
+from triton.backends.compiler import GPUTarget
+from passline.backends.triton import compat, precompile
+from passline.backends.triton.cache import KernelCache
+from passline.backends.triton.precompile import offline
+from passline.backends.triton.runner import TritonRunner
+real = TritonRunner._precompile
+TritonRunner._precompile = lambda self: None
+ln = torch.nn.LayerNorm(64)
+be = passline.backend(codegen="reference", fallback="raise")
+x = torch.randn(65536, 64, requires_grad=True)  # tall: its mix-order backward is timed (configs.uncertain)
+torch.compile(lambda x: ln(x).exp().sum(), backend=be)(x).backward()
+runner = TritonRunner(be.reports[-1].graph, interpret=False, cache=KernelCache(sys.argv[1]))
+precompile.remembered_triton_key = lambda directory: "this triton"
+compat.load_binary = lambda compiled: (lambda *args: None)
+seen, by_worker = [], []
+knobs.compilation.listener = lambda **kw: seen.append(kw["cache_hit"])
+pool = precompile.pool(2)
+one = pool.compile
+pool.compile = lambda job, target: by_worker.append(job) or one(job, target)
+with passline.settings(compile_in="processes"), offline(GPUTarget("cuda", 90, 32)):
+    real(runner)
+print(json.dumps({"listed": len(runner.precompile_jobs()), "built": runner.counters["kernels_precompiled"],
+                  "by_worker": len(set(by_worker)),
+                  "hits": seen.count(True), "misses": seen.count(False)}))
+"""
+
+
+def test_with_compile_in_processes_every_binary_is_compiled_by_a_worker(tmp_path, triton_cache):
+    # each precompile thread hands its compile to a worker (forked by the pool's zygote) and finds the binary in
+    # Triton's cache: the plan's later stages included (a timed mix-order kernel's candidates placed from their
+    # first binaries' registers, the finishing kernels), which the pool never saw when it compiled the
+    # `precompile_jobs` list alone (5 of the 13 binaries here)
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"TRITON_CACHE_DIR": str(triton_cache)}
+    env["PYTHONPATH"] = str(Path(passline.__file__).resolve().parents[1])
+    out = subprocess.run([sys.executable, "-c", _ROUTED, str(tmp_path / "passline")], capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.splitlines()[-1])
+    if not got["built"]:
+        pytest.skip("Triton cannot compile for CUDA here (no ptxas?)")
+    assert got["by_worker"] == got["built"] > got["listed"] and got["misses"] == 0

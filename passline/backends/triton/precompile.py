@@ -290,17 +290,25 @@ def target_of(device) -> tuple | None:
 
 
 # -- the worker ------------------------------------------------------------------------------------------
-def _serve() -> None:
-    """A worker's loop: (a job's fields, target) in on stdin, (ok, seconds, error) out on the protocol pipe."""
-    out = os.fdopen(os.dup(1), "wb")
-    os.dup2(2, 1)  # anything printed while compiling goes to stderr, never into the protocol
-    inp = sys.stdin.buffer
+def _boot() -> None:
+    """What every worker needs before its first job, imported (and Triton's key adopted) once."""
     import triton
     import triton.compiler  # noqa: F401 - the compiler's modules, loaded while the parent is still tracing
 
     given = os.environ.get(_KEY_ENV, "").split("\n")
     if len(given) == 3 and given[:2] == [triton.__file__, triton.__version__]:
         _adopt_triton_key(given[2])  # the parent's Triton is this one: its key is this one's
+
+
+def _serve(inp=None, out=None) -> None:
+    """A worker's loop: (a job's fields, target) in on `inp`, (ok, seconds, error) out on `out`: stdin and the
+    protocol pipe (stdout as the process started) for a worker of its own, a socket's two ends for one forked
+    by the zygote (`_zygote`, which booted already)."""
+    if out is None:
+        out = os.fdopen(os.dup(1), "wb")
+        os.dup2(2, 1)  # anything printed while compiling goes to stderr, never into the protocol
+        inp = sys.stdin.buffer
+        _boot()
     from triton.backends.compiler import GPUTarget
 
     backend, arch, warp = os.environ.get(_TARGET_ENV, "cuda,90,32").split(",")
@@ -332,36 +340,150 @@ _BOOT = ("import importlib.util, sys; s = importlib.util.spec_from_file_location
          "s.loader.exec_module(m); m._serve()")
 
 
+def _zygote() -> None:
+    """The process the pool's workers are forked from: it boots once what each worker would boot on its own
+    (Triton's compiler and its key; torch, which Triton 3.6 imports at a process's first compile), then forks a
+    worker per request — a line on stdin naming the parent's socket, which the worker connects to — and answers
+    its pid. Eight workers each booting by itself kept eight cores busy for seconds while the parent traced
+    its graph, and every phase of the first call ran slower beside them (GPT-2-style's aot_autograd phase 3.3 s
+    against 2.7 on the H200 host); a fork shares the booted process's memory. The zygote runs no compile (no
+    thread of LLVM's or MLIR's exists when it forks: a worker warms up after the fork, `_warm_up`); it and its
+    workers leave when the parent closes their pipe or socket, or dies."""
+    import signal
+    import socket
+
+    out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    _boot()
+    with contextlib.suppress(ImportError):
+        import torch  # noqa: F401 - Triton 3.6's argument specializer imports it at a process's first compile
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # a worker that ends is reaped by the system, not waited for
+    for line in sys.stdin.buffer:
+        path = line.decode().strip()
+        pid = os.fork()
+        if pid == 0:  # the worker: its own socket to the parent, nothing of the zygote's pipes
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            code = 0
+            try:
+                os.close(0)
+                out.close()
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                sock.connect(path)
+                _serve(sock.makefile("rb"), sock.makefile("wb"))
+            except BaseException:  # noqa: BLE001 - the parent sees the connection end, and replaces the worker
+                code = 1
+            finally:
+                os._exit(code)
+        out.write(f"{pid}\n".encode())
+        out.flush()
+
+
+_ZYGOTE_BOOT = _BOOT.replace("m._serve()", "m._zygote()")
+
+
 _KEY_ENV = "PASSLINE_TRITON_KEY"
 _TARGET_ENV = "PASSLINE_COMPILE_TARGET"
+_NO_ZYGOTE = "PASSLINE_NO_ZYGOTE"  # "1": every worker boots by itself (as before the zygote; for A/B runs)
 
 
-class _Worker:
-    def __init__(self, key: str | None = None, target: tuple | None = None):
-        env = dict(os.environ)
-        env.pop("TRITON_INTERPRET", None)  # workers compile for the GPU
-        env.pop(_KEY_ENV, None)  # never a value this process itself inherited
-        env.pop(_TARGET_ENV, None)
-        if key:  # with the parent's Triton package and version: a worker importing another ignores it
-            import triton
+def _worker_env(key: str | None, target: tuple | None) -> dict:
+    env = dict(os.environ)
+    env.pop("TRITON_INTERPRET", None)  # workers compile for the GPU
+    env.pop(_KEY_ENV, None)  # never a value this process itself inherited
+    env.pop(_TARGET_ENV, None)
+    if key:  # with the parent's Triton package and version: a worker importing another ignores it
+        import triton
 
-            env[_KEY_ENV] = "\n".join((triton.__file__, triton.__version__, key))
-        if target:  # what the worker warms up for (`_warm_up`)
-            env[_TARGET_ENV] = ",".join(map(str, target))
-        self.proc = subprocess.Popen([sys.executable, "-c", _BOOT, str(Path(__file__).resolve())],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+        env[_KEY_ENV] = "\n".join((triton.__file__, triton.__version__, key))
+    if target:  # what the worker warms up for (`_warm_up`)
+        env[_TARGET_ENV] = ",".join(map(str, target))
+    return env
 
-    def compile(self, job: Job, target) -> tuple:
-        pickle.dump((attrs.astuple(job, recurse=False), target), self.proc.stdin)
-        self.proc.stdin.flush()
-        return pickle.load(self.proc.stdout)
 
-    def close(self, timeout: float = 5.0) -> None:
+FORK_TIMEOUT = 60.0  # seconds a forked worker may take to connect once the zygote answered its pid
+
+
+class _Zygote:
+    """The pool's zygote process (`_zygote`): `fork()` -> (a socket to a new worker, its pid)."""
+
+    def __init__(self, key: str | None, target: tuple | None):
+        self.proc = subprocess.Popen([sys.executable, "-c", _ZYGOTE_BOOT, str(Path(__file__).resolve())],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                     env=_worker_env(key, target))
+        self.lock = threading.Lock()
+
+    def fork(self):
+        import socket
+        import tempfile
+
+        d = tempfile.mkdtemp(prefix="passline-")  # the socket's path, private to this user (mode 0700)
+        path = os.path.join(d, "w")
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            listener.bind(path)
+            listener.listen(1)
+            with self.lock:  # one request at a time: the answer read is this request's
+                self.proc.stdin.write(f"{path}\n".encode())
+                self.proc.stdin.flush()
+                pid = int(self.proc.stdout.readline())  # (after the zygote's boot; "" where it died: an error)
+            listener.settimeout(FORK_TIMEOUT)
+            conn, _ = listener.accept()
+        finally:
+            listener.close()
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+                os.rmdir(d)
+        conn.settimeout(None)
+        return conn, pid
+
+    def close(self, timeout: float = 2.0) -> None:
         try:
             self.proc.stdin.close()
             self.proc.wait(timeout=timeout)
-        except Exception:  # noqa: BLE001 - a worker that will not stop is killed
+        except Exception:  # noqa: BLE001 - a zygote that will not stop is killed
             self.proc.kill()
+
+
+class _Worker:
+    """A compile worker: forked by the pool's zygote (a socket to it), else a process of its own (its pipes)."""
+
+    def __init__(self, key: str | None = None, target: tuple | None = None, zygote: _Zygote | None = None):
+        self.proc = self.conn = None
+        if zygote is not None:
+            self.conn, self.pid = zygote.fork()
+            self.to, self.back = self.conn.makefile("wb"), self.conn.makefile("rb")
+        else:
+            self.proc = subprocess.Popen([sys.executable, "-c", _BOOT, str(Path(__file__).resolve())],
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                         env=_worker_env(key, target))
+            self.pid, self.to, self.back = self.proc.pid, self.proc.stdin, self.proc.stdout
+
+    def compile(self, job: Job, target) -> tuple:
+        pickle.dump((attrs.astuple(job, recurse=False), target), self.to)
+        self.to.flush()
+        return pickle.load(self.back)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Told to stop (the end of its input), then waited for where it is this process's child."""
+        try:
+            self.to.close()
+            if self.proc is not None:
+                self.proc.wait(timeout=timeout)
+            else:
+                self.back.close()
+                self.conn.close()
+        except Exception:  # noqa: BLE001 - a worker that will not stop is killed
+            self.kill()
+
+    def kill(self) -> None:
+        with contextlib.suppress(Exception):
+            if self.proc is not None:
+                self.proc.kill()
+            else:
+                import signal
+
+                os.kill(self.pid, signal.SIGKILL)
+                self.conn.close()
 
 
 class Pool:
@@ -376,6 +498,8 @@ class Pool:
         self.key: str | None = None
         self.target: tuple | None = None  # (backend, arch, warp size) the workers warm up for (`_warm_up`)
         self.key_dir: Path | None = None  # passline's cache, where the key may be kept (`remembered_triton_key`)
+        self.zygote: _Zygote | None | bool = None  # started at the first worker's start; False: none can be
+        self.zygote_lock = threading.Lock()
 
     def triton_key(self) -> str | None:
         """The parent's Triton key, handed to every worker (`_adopt_triton_key`): from passline's cache where
@@ -410,14 +534,35 @@ class Pool:
             self.idle.put(self._new())
 
     def _new(self) -> _Worker:
-        """A new worker, counted in `started` by the caller; a process that cannot start is not counted (a
-        count without a worker would leave `_take` waiting for it forever) and the error is the caller's."""
+        """A new worker, counted in `started` by the caller: forked by the zygote, else (no fork or Unix sockets
+        here, or a zygote that failed) a process of its own. One that cannot start is not counted (a count
+        without a worker would leave `_take` waiting for it forever) and the error is the caller's."""
         try:
+            zygote = self._zygote()
+            if zygote:
+                try:
+                    return _Worker(zygote=zygote)
+                except Exception:  # noqa: BLE001 - the zygote died or cannot fork: workers of their own from now
+                    self.zygote = False
+                    zygote.close(timeout=0.1)
             return _Worker(self.triton_key(), self.target)
         except Exception:
             with self.lock:
                 self.started -= 1
             raise
+
+    def _zygote(self) -> _Zygote | None:
+        """The pool's zygote, started at the first call (with the parent's key and the workers' target); None
+        where this system cannot fork (or it failed before)."""
+        import socket
+
+        with self.zygote_lock:
+            if self.zygote is None:
+                self.zygote = False
+                if hasattr(os, "fork") and hasattr(socket, "AF_UNIX") and os.environ.get(_NO_ZYGOTE) != "1":
+                    with contextlib.suppress(Exception):
+                        self.zygote = _Zygote(self.triton_key(), self.target)
+            return self.zygote or None
 
     def _take(self) -> _Worker:
         while True:
@@ -441,12 +586,18 @@ class Pool:
         try:
             ok, _, _ = w.compile(job, target)
         except Exception:  # noqa: BLE001 - the worker died: replaced at the next job
-            w.proc.kill()
+            w.kill()
             with self.lock:
                 self.started -= 1
             return False
         self.idle.put(w)
         return ok
+
+    def compile(self, job: Job, target) -> bool:
+        """Compile `job` for `target` on a worker (started, or waited for, as needed); whether it did."""
+        with contextlib.suppress(AttributeError, TypeError):  # workers started from here on warm up for it
+            self.target = self.target or _as_tuple(target)
+        return self._one(job, target)
 
     def run(self, jobs: list, target, done=None) -> list:
         with contextlib.suppress(AttributeError, TypeError):  # workers started from here on warm up for it
@@ -471,10 +622,14 @@ class Pool:
                 break
         for w in workers:
             with contextlib.suppress(Exception):
-                w.proc.stdin.close()
+                w.to.close()
         end = time.perf_counter() + 2.0
         for w in workers:
             w.close(timeout=max(0.0, end - time.perf_counter()))
+        with self.zygote_lock:
+            if self.zygote:
+                self.zygote.close(timeout=max(0.0, end - time.perf_counter()))
+            self.zygote = None
 
 
 _POOL: Pool | None = None

@@ -1025,8 +1025,11 @@ class TritonRunner:
         the first launch neither compiles nor goes through `JITFunction.run`. A binary an earlier process
         compiled or loaded here is built straight from its Triton cache entry, which that process recorded
         (`compat.binary_record`, `load_recorded`): no import of its module, no cache key hashed again. With
-        `compile_in="processes"` a pool of worker processes (backends/triton/precompile.py) first compiles
-        what `precompile_jobs` lists into Triton's disk cache, where the threads then find it. A progress
+        `compile_in="processes"` each thread hands every compile to a worker process of the pool
+        (backends/triton/precompile.py), which compiles it into Triton's disk cache, where the thread then
+        finds it: the plan's later stages too (a timed mix-order kernel's placements, built from the
+        registers of its first binaries), 70 of GPT-2-style's backward's binaries against the 20-odd
+        `precompile_jobs` lists. A progress
         line on stderr once it takes more than a second. Anything that fails here is left to its first
         launch, which compiles it there and reports any error."""
         import sys
@@ -1035,7 +1038,8 @@ class TritonRunner:
 
         from triton.runtime.driver import driver
 
-        from .precompile import compile_jobs, default_workers, mark_compiled, not_compiled_yet, remembered_triton_key
+        from . import precompile
+        from .precompile import default_workers, mark_compiled, not_compiled_yet, remembered_triton_key
 
         how = current_settings().compile_in
         steps = [s for s in self.steps if s[0] in ("kernel", "mix")] if how != "off" else []
@@ -1076,6 +1080,8 @@ class TritonRunner:
                         with lock:
                             self.counters["binaries_loaded_by_record"] += 1
                     else:
+                        if workers is not None:  # compiled into Triton's cache by a worker: found there below
+                            elsewhere(p.job)
                         fn = p.kernel.fn(p.variant)
                         compiled = compat.compile_for_launch(fn, [getattr(torch, a[1]) if isinstance(a, tuple)
                                                                   else a for a in p.job.args], dict(p.job.kwargs))
@@ -1091,6 +1097,16 @@ class TritonRunner:
             if launch is not None:
                 p.kernel.install(p.key, launch, p.consts, p.nfull, p.variant)
             return compiled
+
+        workers = target = None
+        if how == "processes":  # every compile in a worker process, outside this process's GIL
+            with contextlib.suppress(Exception):
+                target = driver.active.get_current_target()
+                workers = precompile.pool()
+
+        def elsewhere(job):  # what no process compiled into this Triton cache before, by a worker
+            if not_compiled_yet([job], target, self.cache.dir) and workers.compile(job, target):
+                mark_compiled([job], target, self.cache.dir)
 
         def on_device(fn, *args):  # a launcher is loaded into the graph's device's context, from its thread
             if device is None:
@@ -1109,12 +1125,6 @@ class TritonRunner:
                 pass
 
         try:
-            if how == "processes":  # what no process compiled before, in the workers; the threads load it all
-                target = driver.active.get_current_target()
-                jobs = not_compiled_yet(self.precompile_jobs(), target, self.cache.dir)
-                if jobs:
-                    ok = compile_jobs(jobs, "pool", target=target)
-                    mark_compiled([j for j, done_ in zip(jobs, ok) if done_], target, self.cache.dir)
             with ThreadPoolExecutor(max_workers=min(default_workers(), len(steps))) as pool:
                 list(pool.map(plan, steps))
         except Exception:  # noqa: BLE001 - no pool here: every kernel compiles at its first launch
