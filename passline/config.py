@@ -19,8 +19,8 @@ compiles every graph under those (`Backend.settings`). passline never writes an 
 | | | | process too (backends/aot_cache.py; needs `graph_cache`) |
 | `autotune` | `PASSLINE_AUTOTUNE` | off | time kernel candidates on a GPU (off: by rule, but for the |
 | | | | rows `configs.uncertain` names, whose few candidates are timed) |
-| `compile_in` | `PASSLINE_COMPILE_IN` | `threads` | static kernels compiled before the first call in `threads`, |
-| | | | `processes` (a worker pool) or `off` (each at its first launch) |
+| `compile_in` | `PASSLINE_COMPILE_IN` | `processes` | static kernels compiled before the first call by |
+| | | | `processes` (a worker pool), in `threads` or `off` (each at its first launch) |
 | `check` | `PASSLINE_CHECK` | off | the accuracy guard (docs/debugging.md) |
 | `dump_dir` | `PASSLINE_DUMP_DIR` | none | graph dumps around each pass that changed the graph |
 | `fallback` | `PASSLINE_FALLBACK` | `eager` | `eager`: run a graph passline fails on as it is; `raise` |
@@ -114,9 +114,10 @@ class Settings:
     # aot_autograd's results on disk (backends/aot_cache.py); warm first steps measured 10-30% shorter
     aot_cache: bool = attrs.field(default=True, converter=lambda v: as_bool(v, "aot_cache"))
     check: bool = attrs.field(default=False, converter=lambda v: as_bool(v, "check"))
-    # threads: measured fastest on a 16-core H200 host (LLaMA's 35 kernels: 1.8 s, serial 3.8, a pool of 8
-    # processes 12.4 with its start-up), as Triton's compiler spends most of its time outside the GIL
-    compile_in: str = attrs.field(default="threads", validator=_compile_in)
+    # processes: workers forked from one booted zygote, each compile of the plan handed to one; cold first calls
+    # on an H200 host 1.03x Inductor's for GPT-2-style (threads 1.26x), 1.10x for LLaMA-style (1.20x), warm ones
+    # as threads' (docs/benchmarks.md, forty-fourth session). Threads share the GIL with Triton's front end
+    compile_in: str = attrs.field(default="processes", validator=_compile_in)
     dump_dir: str | None = attrs.field(default=None, converter=_optional_path)
     fallback: str = attrs.field(default="eager", validator=_fallback)
     metric_dir: str = attrs.field(default="passline_metrics", converter=_path)

@@ -32,6 +32,7 @@ import importlib.util
 import os
 import pickle
 import queue
+import select
 import subprocess
 import sys
 import threading
@@ -401,6 +402,7 @@ def _worker_env(key: str | None, target: tuple | None) -> dict:
 
 
 FORK_TIMEOUT = 60.0  # seconds a forked worker may take to connect once the zygote answered its pid
+BOOT_TIMEOUT = 300.0  # seconds the zygote may take to boot (import Triton and torch) and answer a request
 
 
 class _Zygote:
@@ -425,7 +427,11 @@ class _Zygote:
             with self.lock:  # one request at a time: the answer read is this request's
                 self.proc.stdin.write(f"{path}\n".encode())
                 self.proc.stdin.flush()
-                pid = int(self.proc.stdout.readline())  # (after the zygote's boot; "" where it died: an error)
+                # answered once the zygote has booted; one that does not within BOOT_TIMEOUT is given up (the
+                # pool's workers then boot by themselves), and "" (it died) is an error too
+                if not select.select([self.proc.stdout], [], [], BOOT_TIMEOUT)[0]:
+                    raise TimeoutError("the compile workers' zygote did not answer")
+                pid = int(self.proc.stdout.readline())
             listener.settimeout(FORK_TIMEOUT)
             conn, _ = listener.accept()
         finally:
