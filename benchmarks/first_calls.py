@@ -1,27 +1,28 @@
 """First training steps in fresh processes: cold (empty caches) and warm (a second process, the same caches),
 passline against Inductor, with where passline's time goes.
 
-    python benchmarks/first_calls.py [--models gpt2,llama] [--contenders inductor,passline,passline:processes]
+    python benchmarks/first_calls.py [--models gpt2,llama] [--contenders inductor,passline,passline:threads]
                                      [--rounds 2] [--device cuda|cpu] [--smoke] [--out FILE.json]
 
 Issue 14 asks for a first call no slower than Inductor's, cold and warm. In one process (benchmarks/models.py) the
 contender that goes first pays what every compiler shares once a process (dynamo's and aot_autograd's imports,
 cuBLAS's start), so here each first step runs in a process of its own: for each round, model and contender (the
-order rotated from round to round), a cold run with a new, empty cache directory (Triton's, Inductor's,
-passline's), then a warm run with that same directory. A contender is `inductor`, `passline`, or passline with
-settings of its own, `passline:SETTING=VALUE[+SETTING=VALUE]`, each read as its `PASSLINE_*` variable would be
-(passline/config.py; `passline:compile_in=processes`: the compile workers, for which `passline:processes` is
-short). A run times the first call as a user waits for it: from the compiler's import (passline's package;
-Inductor imports its code generators in `torch.compile()`, ~0.7-0.9 s) through `torch.compile()` and the first
-step (the forward, compiled at the call, and `loss.backward()`, which compiles the backward), synchronized; the
-step alone is reported beside it (`first_step_s`; the figure of the sessions before the forty-third). Then the
-median of `--steps` steady steps (10). Marks, in seconds from the import: `compile()` (torch.compile returned),
-and for passline where the rest goes: `dynamo` (its tracing, until the backend has the graph), `aot`
-(aot_autograd's tracing and partitioning, or the load of its cached result in a warm run, until passline has the
-forward), and per graph passline's own
-stages (`report.seconds`: lower, passes, codegen) and `precompile` (`TritonRunner.compile_seconds`: the kernels
-compiled and loaded before the graph's first call), and `forward` / `backward` (when each half of the step
-finished).
+order rotated from round to round), a cold run with a new, empty cache directory (Triton's, Inductor's, passline's),
+then a warm run with that same directory. A contender is `inductor`, `passline`, or passline with settings of its
+own, `passline:SETTING=VALUE[+SETTING=VALUE]`, each read as its `PASSLINE_*` variable would be (passline/config.py;
+`passline:compile_in=threads`: the kernels compiled in the parent's threads instead of the compile workers, the
+default since the forty-fourth session, for which `passline:threads` is short, as `passline:processes` is for the
+workers). A run times the first call as a user waits for it: from the compiler's import (passline's package;
+Inductor imports its code generators in `torch.compile()`, ~0.7-0.9 s) through `torch.compile()` and the first step
+(the forward, compiled at the call, and `loss.backward()`, which compiles the backward), synchronized; the step
+alone is reported beside it (`first_step_s`; the figure of the sessions before the forty-third). Then the median of
+`--steps` steady steps (10). Marks, in seconds from the import: `compile()` (torch.compile returned), and for
+passline where the rest goes: `dynamo` (its tracing, until the backend has the graph), `aot` (aot_autograd's tracing
+and partitioning, or the load of its cached result in a warm run, until passline has the forward), and per graph
+passline's own stages (`report.seconds`: lower, passes, codegen) and `precompile` (`TritonRunner.compile_seconds`:
+the kernels compiled and loaded before the graph's first call; `binaries`, how many, and `by_record`, how many of
+them were built straight from their Triton cache entries), and `forward` / `backward` (when each half of the
+step finished).
 
 Before the rounds, each model runs once through each contender at `--smoke` sizes, untimed (`--no-warmup` skips
 it): every module they import is then in the OS's file cache and compiled to bytecode, as on a user's
@@ -141,7 +142,7 @@ def contender_settings(contender: str) -> dict:
     from passline.config import Settings
 
     _, _, spec = contender.partition(":")
-    spec = "compile_in=processes" if spec == "processes" else spec
+    spec = {"processes": "compile_in=processes", "threads": "compile_in=threads"}.get(spec, spec)
     pairs = [p.split("=", 1) for p in spec.split("+") if p]
     names = {f.name for f in attrs.fields(Settings)}
     for p in pairs:
@@ -190,8 +191,8 @@ def run_child(model_name, contender, root, args, smoke=None) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="gpt2,llama")
-    ap.add_argument("--contenders", default="inductor,passline,passline:processes",
-                    help="inductor, passline, passline:SETTING=VALUE[+SETTING=VALUE] (e.g. compile_in=processes)")
+    ap.add_argument("--contenders", default="inductor,passline,passline:threads",
+                    help="inductor, passline, passline:SETTING=VALUE[+SETTING=VALUE] (e.g. compile_in=threads)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--smoke", action="store_true", help="tiny sizes (models.py's), for checking the script")

@@ -104,11 +104,12 @@ def test_first_calls_runs_cold_then_warm_in_fresh_processes(tmp_path):
 
 def test_first_calls_reads_a_contenders_settings_as_passlines_variables():
     """`passline:SETTING=VALUE[+...]`: each value read as its PASSLINE_* variable is (a flag's "0" is off, not a
-    true string), `passline:processes` short for compile_in=processes; an unknown setting or a bad value stops
-    the script before any run, naming it."""
+    true string), `passline:processes` and `passline:threads` short for compile_in=...; an unknown setting or a
+    bad value stops the script before any run, naming it."""
     fc = benchmark_script("first_calls")
     assert fc.contender_settings("passline") == {}
     assert fc.contender_settings("passline:processes") == {"compile_in": "processes"}
+    assert fc.contender_settings("passline:threads") == {"compile_in": "threads"}
     assert fc.contender_settings("passline:autotune=0+compile_in=off") == {"autotune": False, "compile_in": "off"}
     with pytest.raises(SystemExit, match="a setting among"):
         fc.contender_settings("passline:turbo=1")

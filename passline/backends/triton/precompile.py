@@ -1,28 +1,30 @@
 """Compiling a graph's kernels ahead of their first launch, in worker processes.
 
 `triton.compile` needs no GPU, only the target (`GPUTarget("cuda", 90, 32)` for an H100/H200): what
-needs one is the launch. So before a graph's first call the runner hands every kernel whose
-configuration is known (static sizes, the rule's configuration) to a pool of worker processes, which
-compile them for the parent's target into Triton's on-disk cache (`$TRITON_CACHE_DIR`, default
-`~/.triton/cache`). The parent's precompile threads (TritonRunner._precompile), which load each binary
-and hand it to its kernel, then find it there: they build the same cache key, because the worker runs the
-same code path — the kernel's own `JITFunction.warmup` with the same arguments — under a stand-in driver
-that answers the parent's target (`offline`). Nothing is compiled twice (tests/test_precompile.py checks
-the key with Triton's compilation listener).
+needs one is the launch. So before a graph's first call the runner's precompile threads
+(TritonRunner._precompile) hand each kernel whose configuration is known (static sizes, the rule's
+configuration, a timed kernel's candidates) to a pool of worker processes (`Pool.compile`), which compile it
+for the parent's target into Triton's on-disk cache (`$TRITON_CACHE_DIR`, default `~/.triton/cache`); the
+thread then loads the binary from there and hands it to its kernel. The worker builds the same cache key as
+the parent's launch, because it runs the same code path — the kernel's own `JITFunction.warmup` with the same
+arguments — under a stand-in driver that answers the parent's target (`offline`). Nothing is compiled twice
+(tests/test_precompile.py checks the key with Triton's compilation listener).
 
-Why processes: Triton's compile holds the GIL for much of its time (the MLIR passes are driven from
-Python, and LLVM's and ptxas's parts are short for small kernels), so threads hardly overlap
-(docs/backends.md has the figures). A worker is a plain `python -c` subprocess, not a multiprocessing
-child, so a user's script without an `if __name__ == "__main__"` guard is never re-run in it and nothing
-forks a process that holds CUDA or locks; it imports Triton, not torch (pointer arguments travel as dtype
-names; Triton 3.6 itself imports torch at a process's first compile). As it boots a worker takes the parent's
-Triton key (where it imports the same Triton) and compiles a one-line kernel (`_warm_up`), so that what a
-fresh process pays before its first compile is paid then. The pool is started once per process, by the first
-graph that has kernels to compile — or, with `compile_in="processes"`, as dynamo hands over a graph of GPU
-tensors (`Pool.start_soon`, so that the workers boot while it is traced) — and reused.
+Why processes: Triton's compile holds the GIL for much of its time (the front end and the MLIR and LLVM passes
+are driven from Python; ptxas, a subprocess, does not), so threads hardly overlap (docs/backends.md has the
+figures). The workers are forked from one zygote (`_zygote`): a plain `python -c` subprocess, not a
+multiprocessing child, so a user's script without an `if __name__ == "__main__"` guard is never re-run in it and
+nothing forks a process that holds CUDA or locks. It imports Triton's compiler, adopts the parent's Triton key
+and imports torch (Triton 3.6's argument specializer imports it at a process's first compile) once, then forks a
+worker per request; a worker connects to a Unix socket the parent listens on, compiles a one-line kernel for the
+graph's target (`_warm_up`) and serves jobs as plain tuples (pointer arguments as dtype names). Eight workers
+each booting by itself slowed the parent's whole first call while they booted; a fork shares the booted memory.
+Where no zygote can run, each worker boots by itself (`_serve`; also with PASSLINE_NO_ZYGOTE=1). The pool is
+started once per process, as dynamo hands over a graph of GPU tensors (`Pool.start_soon`, so that the zygote
+boots while the graph is traced), and reused.
 
 Failures never reach the user's call: a job that fails, a worker that dies, a pool that cannot start —
-each leaves that kernel to be compiled at its first launch, in the parent, as without the pool.
+each leaves that kernel to be compiled in the parent, as without the pool.
 """
 from __future__ import annotations
 
