@@ -924,6 +924,9 @@ def test_the_record_of_a_binary_is_keyed_by_every_setting_of_the_compile(monkeyp
     monkeypatch.setenv("TRITON_DEBUG", "1")  # not one of Triton's cache-invalidating variables, yet an option
     assert compat.binary_stamp(target, "this triton") not in (None, stamp)
     monkeypatch.delenv("TRITON_DEBUG")
+    monkeypatch.setenv("DISABLE_PTXAS_OPT", "1")  # one of Triton's cache-invalidating variables without its prefix
+    assert compat.binary_stamp(target, "this triton") not in (None, stamp)
+    monkeypatch.delenv("DISABLE_PTXAS_OPT")
     assert compat.binary_stamp(target, "this triton") == stamp
     # a knob set from Python; a listener or hook that sees compiles: Triton's own path
     monkeypatch.setattr(knobs.nvidia, "ptxas_options", "-v")
@@ -964,7 +967,8 @@ print(json.dumps({"listed": len(runner.precompile_jobs()), "built": runner.count
 """
 
 
-def test_with_compile_in_processes_every_binary_is_compiled_by_a_worker(tmp_path, triton_cache):
+@pytest.mark.parametrize("workers", ["start", "cannot start"])
+def test_with_compile_in_processes_every_binary_is_compiled_by_a_worker(tmp_path, triton_cache, workers):
     # each precompile thread hands its compile to a worker (forked by the pool's zygote) and finds the binary in
     # Triton's cache: the plan's later stages included (a timed mix-order kernel's candidates placed from their
     # first binaries' registers, the finishing kernels), which the pool never saw when it compiled the
@@ -975,10 +979,60 @@ def test_with_compile_in_processes_every_binary_is_compiled_by_a_worker(tmp_path
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"TRITON_CACHE_DIR": str(triton_cache)}
     env["PYTHONPATH"] = str(Path(passline.__file__).resolve().parents[1])
-    out = subprocess.run([sys.executable, "-c", _ROUTED, str(tmp_path / "passline")], capture_output=True, text=True,
+    script = _ROUTED
+    if workers == "cannot start":  # (fork failing for want of memory or processes): each compiled in its thread
+        script = script.replace("pool.compile = lambda job, target: by_worker.append(job) or one(job, target)",
+                                "def broken(job, target):\n    raise OSError(11, 'Resource temporarily unavailable')\n"
+                                "pool.compile = broken")
+    out = subprocess.run([sys.executable, "-c", script, str(tmp_path / "passline")], capture_output=True, text=True,
                          env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     got = json.loads(out.stdout.splitlines()[-1])
     if not got["built"]:
         pytest.skip("Triton cannot compile for CUDA here (no ptxas?)")
-    assert got["by_worker"] == got["built"] > got["listed"] and got["misses"] == 0
+    if workers == "start":
+        assert got["by_worker"] == got["built"] > got["listed"] and got["misses"] == 0
+    else:
+        assert got["by_worker"] == got["hits"] == 0 and got["misses"] and got["built"] > got["listed"]
+
+
+def test_a_worker_that_hangs_is_given_up_and_a_closed_pool_takes_no_job(tmp_path, monkeypatch, target):
+    # a job whose worker does not answer within COMPILE_TIMEOUT is the caller's again (compiled in its thread),
+    # the worker killed (never by a pid the system may have reused: its pidfd); after `close` (the process's
+    # exit) a job runs nowhere, at once
+    import time
+
+    hangs = tmp_path / "hangs.py"
+    hangs.write_text("import time\ntime.sleep(600)\n")  # the worker imports it to compile its kernel
+    monkeypatch.setattr(precompile, "COMPILE_TIMEOUT", 3.0)
+    pool = Pool(1)
+    try:
+        t0 = time.perf_counter()
+        assert pool.compile(Job(str(hangs), "f", (), ()), target) is False
+        assert time.perf_counter() - t0 < 120 and pool.started == 0
+    finally:
+        pool.close()
+    t0 = time.perf_counter()
+    assert pool.compile(Job(str(hangs), "f", (), ()), target) is False
+    assert pool.run([Job("p", "f", (), ())], target) == [False]
+    assert time.perf_counter() - t0 < 1.0
+
+
+def test_a_worker_compiles_in_the_environment_of_its_job(tmp_path, monkeypatch, target):
+    # workers are forked from a zygote started with the environment of its time; each job carries the caller's
+    # (a TRITON_CACHE_DIR set later, as Inductor sets one where none is): the binary goes where the caller's
+    # launch looks for it
+    kernel = tmp_path / "k.py"
+    kernel.write_text(_DOUBLE.format(name="k"))
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "first"))
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    pool = Pool(1)
+    try:
+        pool.start()
+        monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "later"))
+        ok = pool.compile(Job(str(kernel), "k", (("ptr", "float32"), 100), (("XBLOCK", 64), ("num_warps", 4))), target)
+    finally:
+        pool.close()
+    if not ok:
+        pytest.skip("Triton cannot compile for CUDA here (no ptxas?)")
+    assert list((tmp_path / "later").rglob("k.cubin")) and not list((tmp_path / "first").rglob("k.cubin"))

@@ -98,11 +98,12 @@ _CACHE_ENV = ("TRITON_", "MLIR_", "LLVM_")  # Triton's knobs read their variable
 def binary_stamp(target, key: str | None) -> str | None:
     """Everything Triton's cache key of a compile holds besides the kernel's source and arguments, for `target`
     and Triton key `key` (`precompile.remembered_triton_key`): Triton's version, the backend's hash (ptxas's
-    version, the architecture), every TRITON_/MLIR_/LLVM_ variable (a superset of the cache-invalidating ones
-    and of what sets the compile options' defaults: TRITON_DEBUG, TRITON_DEFAULT_FP_FUSION...) and each knob set
-    from Python (a knob holds such a value in its instance dict). None — no binary loaded by record — where
-    this Triton differs from what this module knows, or a hook, listener, override or dump would see or change
-    a compile (a profiler's launch hooks, `always_compile`): those go through Triton's own path."""
+    version, the architecture), the cache-invalidating variables Triton names, every TRITON_/MLIR_/LLVM_
+    variable (what sets the compile options' defaults: TRITON_DEBUG, TRITON_DEFAULT_FP_FUSION...), the default
+    options' own hash, and each knob set from Python (a knob holds such a value in its instance dict). None — no
+    binary loaded by record — where this Triton differs from what this module knows, or a hook, listener,
+    override or dump would see or change a compile (a profiler's launch hooks, `always_compile`): those go
+    through Triton's own path."""
     try:
         from triton.compiler.compiler import make_backend
 
@@ -117,7 +118,15 @@ def binary_stamp(target, key: str | None) -> str | None:
             return None
         env = sorted((k, v) for k, v in os.environ.items() if k.startswith(_CACHE_ENV))
         knobs_set = sorted((n, sorted((k, repr(v)) for k, v in vars(g).items())) for n, g in groups.items())
-        return digest(triton.__version__, key, make_backend(target).hash(), repr(target), env, knobs_set)
+        backend = make_backend(target)
+        # Triton's own list of the variables its key holds (some without those prefixes: DISABLE_PTXAS_OPT,
+        # DISABLE_MMA_V3...), and the compile options' defaults as this process would take them (PTXAS_OPTIONS
+        # read into them at import, fp fusion, libdevice's path and contents): both parts of Triton's key
+        from triton._C.libtriton import get_cache_invalidating_env_vars
+
+        invalidating = sorted(get_cache_invalidating_env_vars().items())
+        return digest(triton.__version__, key, backend.hash(), repr(target), env, knobs_set, invalidating,
+                      backend.parse_options({}).hash())
     except Exception:  # noqa: BLE001 - a Triton laid out otherwise: every binary through compile_for_launch
         return None
 

@@ -318,9 +318,12 @@ def _serve(inp=None, out=None) -> None:
     _warm_up(GPUTarget(backend, int(arch), int(warp)))
     while True:
         try:
-            fields, target = pickle.load(inp)
+            fields, target, env = pickle.load(inp)
         except EOFError:
             return
+        if env != os.environ:  # the parent's variables as of this job (`_compile_env`)
+            os.environ.clear()
+            os.environ.update(env)
         job = Job(*fields)
         t0 = time.perf_counter()
         try:
@@ -346,39 +349,43 @@ _BOOT = ("import importlib.util, sys; s = importlib.util.spec_from_file_location
 def _zygote() -> None:
     """The process the pool's workers are forked from: it boots once what each worker would boot on its own
     (Triton's compiler and its key; torch, which Triton 3.6 imports at a process's first compile), then forks a
-    worker per request — a line on stdin naming the parent's socket, which the worker connects to — and answers
-    its pid. Eight workers each booting by itself kept eight cores busy for seconds while the parent traced
-    its graph, and every phase of the first call ran slower beside them (GPT-2-style's aot_autograd phase 3.3 s
+    worker per request and answers its pid. A request is one end of a socket pair the parent made, passed over
+    the control socket it started the zygote with (`_Zygote`): no path, no listening socket anyone else could
+    reach. Eight workers each booting by itself kept eight cores busy for seconds while the parent traced its
+    graph, and every phase of the first call ran slower beside them (GPT-2-style's aot_autograd phase 3.3 s
     against 2.7 on the H200 host); a fork shares the booted process's memory. The zygote runs no compile (no
-    thread of LLVM's or MLIR's exists when it forks: a worker warms up after the fork, `_warm_up`); it and its
-    workers leave when the parent closes their pipe or socket, or dies."""
+    thread of LLVM's or MLIR's exists when it forks: a worker warms up after the fork, `_warm_up`); it leaves when
+    the parent closes the control socket or dies, a worker when its socket's other end closes."""
     import signal
     import socket
 
-    out = os.fdopen(os.dup(1), "wb")
-    os.dup2(2, 1)
+    os.dup2(2, 1)  # anything printed goes to stderr
+    ctl = socket.socket(fileno=int(os.environ.pop(_CONTROL_ENV)))
     _boot()
     with contextlib.suppress(ImportError):
         import torch  # noqa: F401 - Triton 3.6's argument specializer imports it at a process's first compile
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # a worker that ends is reaped by the system, not waited for
-    for line in sys.stdin.buffer:
-        path = line.decode().strip()
+    while True:
+        try:
+            msg, fds, _, _ = socket.recv_fds(ctl, 16, 1)
+        except OSError:
+            return
+        if not msg or not fds:
+            return
         pid = os.fork()
-        if pid == 0:  # the worker: its own socket to the parent, nothing of the zygote's pipes
+        if pid == 0:  # the worker: its own socket to the parent, not the control socket
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             code = 0
             try:
-                os.close(0)
-                out.close()
-                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                sock.connect(path)
+                ctl.close()
+                sock = socket.socket(fileno=fds[0])
                 _serve(sock.makefile("rb"), sock.makefile("wb"))
             except BaseException:  # noqa: BLE001 - the parent sees the connection end, and replaces the worker
                 code = 1
             finally:
                 os._exit(code)
-        out.write(f"{pid}\n".encode())
-        out.flush()
+        os.close(fds[0])
+        ctl.sendall(f"{pid}\n".encode())
 
 
 _ZYGOTE_BOOT = _BOOT.replace("m._serve()", "m._zygote()")
@@ -403,62 +410,83 @@ def _worker_env(key: str | None, target: tuple | None) -> dict:
     return env
 
 
-FORK_TIMEOUT = 60.0  # seconds a forked worker may take to connect once the zygote answered its pid
 BOOT_TIMEOUT = 300.0  # seconds the zygote may take to boot (import Triton and torch) and answer a request
+COMPILE_TIMEOUT = 600.0  # seconds a worker may take over one job before it is killed (and the job compiled here)
+_CONTROL_ENV = "PASSLINE_ZYGOTE_CONTROL"  # the zygote's end of its control socket (a file descriptor)
 
 
 class _Zygote:
     """The pool's zygote process (`_zygote`): `fork()` -> (a socket to a new worker, its pid)."""
 
     def __init__(self, key: str | None, target: tuple | None):
-        self.proc = subprocess.Popen([sys.executable, "-c", _ZYGOTE_BOOT, str(Path(__file__).resolve())],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                     env=_worker_env(key, target))
+        import socket
+
+        self.ctl, theirs = socket.socketpair()
+        try:
+            env = _worker_env(key, target) | {_CONTROL_ENV: str(theirs.fileno())}
+            self.proc = subprocess.Popen([sys.executable, "-c", _ZYGOTE_BOOT, str(Path(__file__).resolve())],
+                                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                         stderr=subprocess.DEVNULL, env=env, pass_fds=(theirs.fileno(),))
+        except Exception:
+            self.ctl.close()
+            raise
+        finally:
+            theirs.close()
+        self.ctl.settimeout(BOOT_TIMEOUT)  # answered once the zygote has booted: one that does not is given up
         self.lock = threading.Lock()
 
     def fork(self):
         import socket
-        import tempfile
 
-        d = tempfile.mkdtemp(prefix="passline-")  # the socket's path, private to this user (mode 0700)
-        path = os.path.join(d, "w")
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        mine, theirs = socket.socketpair()
         try:
-            listener.bind(path)
-            listener.listen(1)
             with self.lock:  # one request at a time: the answer read is this request's
-                self.proc.stdin.write(f"{path}\n".encode())
-                self.proc.stdin.flush()
-                # answered once the zygote has booted; one that does not within BOOT_TIMEOUT is given up (the
-                # pool's workers then boot by themselves), and "" (it died) is an error too
-                if not select.select([self.proc.stdout], [], [], BOOT_TIMEOUT)[0]:
-                    raise TimeoutError("the compile workers' zygote did not answer")
-                pid = int(self.proc.stdout.readline())
-            listener.settimeout(FORK_TIMEOUT)
-            conn, _ = listener.accept()
+                socket.send_fds(self.ctl, [b"f"], [theirs.fileno()])
+                answer = b""
+                while not answer.endswith(b"\n"):
+                    part = self.ctl.recv(64)
+                    if not part:
+                        raise ConnectionError("the compile workers' zygote is gone")
+                    answer += part
+        except Exception:
+            mine.close()
+            raise
         finally:
-            listener.close()
-            with contextlib.suppress(OSError):
-                os.unlink(path)
-                os.rmdir(d)
-        conn.settimeout(None)
-        return conn, pid
+            theirs.close()
+        return mine, int(answer)
 
-    def close(self, timeout: float = 2.0) -> None:
-        try:
-            self.proc.stdin.close()
-            self.proc.wait(timeout=timeout)
-        except Exception:  # noqa: BLE001 - a zygote that will not stop is killed
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def close(self) -> None:
+        """Gone at once: the zygote writes nothing (its workers, which may, leave when their sockets close)."""
+        with contextlib.suppress(Exception):
+            self.ctl.close()
+        with contextlib.suppress(Exception):
             self.proc.kill()
+            self.proc.wait(timeout=1.0)
+
+
+def _compile_env() -> dict:
+    """The environment a worker compiles a job in: this process's now (less TRITON_INTERPRET), handed over with
+    each job, so that a variable set since the worker started (a TRITON_CACHE_DIR set later, as Inductor does
+    where none is; a Triton knob's variable) reaches its compile as it would reach one here."""
+    env = dict(os.environ)
+    env.pop("TRITON_INTERPRET", None)
+    return env
 
 
 class _Worker:
-    """A compile worker: forked by the pool's zygote (a socket to it), else a process of its own (its pipes)."""
+    """A compile worker: forked by the pool's zygote (a socket to it), else a process of its own (its pipes).
+    A job not answered within COMPILE_TIMEOUT is an error (the worker is then killed and replaced)."""
 
     def __init__(self, key: str | None = None, target: tuple | None = None, zygote: _Zygote | None = None):
-        self.proc = self.conn = None
+        self.proc = self.conn = self.pidfd = None
         if zygote is not None:
             self.conn, self.pid = zygote.fork()
+            with contextlib.suppress(Exception):  # to kill it later without naming a pid the system may reuse
+                self.pidfd = os.pidfd_open(self.pid)
+            self.conn.settimeout(COMPILE_TIMEOUT)
             self.to, self.back = self.conn.makefile("wb"), self.conn.makefile("rb")
         else:
             self.proc = subprocess.Popen([sys.executable, "-c", _BOOT, str(Path(__file__).resolve())],
@@ -467,8 +495,13 @@ class _Worker:
             self.pid, self.to, self.back = self.proc.pid, self.proc.stdin, self.proc.stdout
 
     def compile(self, job: Job, target) -> tuple:
-        pickle.dump((attrs.astuple(job, recurse=False), target), self.to)
+        pickle.dump((attrs.astuple(job, recurse=False), target, _compile_env()), self.to)
         self.to.flush()
+        if self.proc is not None:  # a pipe has no timeout of its own
+            poll = select.poll()
+            poll.register(self.back.fileno(), select.POLLIN)
+            if not poll.poll(COMPILE_TIMEOUT * 1000):
+                raise TimeoutError(f"a compile worker took more than {COMPILE_TIMEOUT:.0f} s over one job")
         return pickle.load(self.back)
 
     def close(self, timeout: float = 5.0) -> None:
@@ -480,18 +513,29 @@ class _Worker:
             else:
                 self.back.close()
                 self.conn.close()
+                if self.pidfd is not None:
+                    os.close(self.pidfd)
         except Exception:  # noqa: BLE001 - a worker that will not stop is killed
             self.kill()
 
     def kill(self) -> None:
+        """Killed where it can be named safely (a child of this process; a forked worker through its pidfd, never
+        by a pid the system may have given another process since), and its end of the connection closed, so a
+        worker that cannot be killed leaves when its job ends."""
+        import signal
+
         with contextlib.suppress(Exception):
             if self.proc is not None:
                 self.proc.kill()
-            else:
-                import signal
-
-                os.kill(self.pid, signal.SIGKILL)
+            elif self.pidfd is not None:
+                signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+        with contextlib.suppress(Exception):
+            if self.conn is not None:
                 self.conn.close()
+        with contextlib.suppress(Exception):
+            if self.pidfd is not None:
+                os.close(self.pidfd)
+                self.pidfd = None
 
 
 class Pool:
@@ -508,6 +552,7 @@ class Pool:
         self.key_dir: Path | None = None  # passline's cache, where the key may be kept (`remembered_triton_key`)
         self.zygote: _Zygote | None | bool = None  # started at the first worker's start; False: none can be
         self.zygote_lock = threading.Lock()
+        self.closed = False  # after `close` (at the process's exit): no job runs, each is the caller's to compile
 
     def triton_key(self) -> str | None:
         """The parent's Triton key, handed to every worker (`_adopt_triton_key`): from passline's cache where
@@ -550,9 +595,11 @@ class Pool:
             if zygote:
                 try:
                     return _Worker(zygote=zygote)
-                except Exception:  # noqa: BLE001 - the zygote died or cannot fork: workers of their own from now
-                    self.zygote = False
-                    zygote.close(timeout=0.1)
+                except Exception:  # noqa: BLE001 - the zygote died, did not boot in time or cannot fork (its
+                    with self.zygote_lock:  # answers would no longer match the requests): workers of their own
+                        if self.zygote is zygote:
+                            self.zygote = False
+                    zygote.close()
             return _Worker(self.triton_key(), self.target)
         except Exception:
             with self.lock:
@@ -590,15 +637,20 @@ class Pool:
                 continue
 
     def _one(self, job: Job, target) -> bool:
+        if self.closed:
+            return False
         w = self._take()
         try:
             ok, _, _ = w.compile(job, target)
-        except Exception:  # noqa: BLE001 - the worker died: replaced at the next job
+        except Exception:  # noqa: BLE001 - the worker died or hung (COMPILE_TIMEOUT): replaced at the next job
             w.kill()
             with self.lock:
                 self.started -= 1
             return False
-        self.idle.put(w)
+        if self.closed:  # closed meanwhile: this worker is not kept either
+            w.close(timeout=0.0)
+        else:
+            self.idle.put(w)
         return ok
 
     def compile(self, job: Job, target) -> bool:
@@ -621,7 +673,9 @@ class Pool:
 
     def close(self) -> None:
         """Stop the idle workers: every one told at once, then waited for together (2 s at most, then killed:
-        Triton writes its cache atomically), so a process exits without waiting on each in turn."""
+        Triton writes its cache atomically), so a process exits without waiting on each in turn; the zygote at
+        once (it writes nothing). A job asked for later runs nowhere (`compile` answers False)."""
+        self.closed = True
         workers = []
         while True:
             try:
@@ -636,8 +690,8 @@ class Pool:
             w.close(timeout=max(0.0, end - time.perf_counter()))
         with self.zygote_lock:
             if self.zygote:
-                self.zygote.close(timeout=max(0.0, end - time.perf_counter()))
-            self.zygote = None
+                self.zygote.close()
+            self.zygote = False
 
 
 _POOL: Pool | None = None

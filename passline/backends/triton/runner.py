@@ -1105,8 +1105,9 @@ class TritonRunner:
                 workers = precompile.pool()
 
         def elsewhere(job):  # what no process compiled into this Triton cache before, by a worker
-            if not_compiled_yet([job], target, self.cache.dir) and workers.compile(job, target):
-                mark_compiled([job], target, self.cache.dir)
+            with contextlib.suppress(Exception):  # no worker could take it: compiled in this thread, as with threads
+                if not_compiled_yet([job], target, self.cache.dir) and workers.compile(job, target):
+                    mark_compiled([job], target, self.cache.dir)
 
         def on_device(fn, *args):  # a launcher is loaded into the graph's device's context, from its thread
             if device is None:
