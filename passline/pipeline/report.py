@@ -92,13 +92,16 @@ class CompileReport:
                 f"on {self.codegen}{self._compiled()}{' — ' + self.codegen_reason if self.codegen_reason else ''}")
 
     def _compiled(self) -> str:
-        """Where a GPU graph's binaries were compiled: before the first call (`kernels_precompiled`) or
+        """Where a GPU graph's binaries were compiled: before the first call (`kernels_precompiled`; of them,
+        `binaries_loaded_by_record` built straight from the Triton cache entries an earlier process recorded) or
         at a launch that found none (`kernels_compiled_at_launch`: 0 for a static graph's first call)."""
         if self.runner is None or getattr(self.runner, "interpret", True) or not hasattr(self.runner, "counters"):
             return ""
         c = self.metrics.counters
-        return (f", {c['kernels_precompiled']} binaries compiled ahead, "
-                f"{c['kernels_compiled_at_launch']} at launch")
+        recorded = c["binaries_loaded_by_record"]
+        return (f", {c['kernels_precompiled']} binaries compiled ahead"
+                + (f" ({recorded} loaded by record)" if recorded else "")
+                + f", {c['kernels_compiled_at_launch']} at launch")
 
 
 class _Latest:
