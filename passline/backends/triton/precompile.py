@@ -16,8 +16,9 @@ figures). The workers are forked from one zygote (`_zygote`): a plain `python -c
 multiprocessing child, so a user's script without an `if __name__ == "__main__"` guard is never re-run in it and
 nothing forks a process that holds CUDA or locks. It imports Triton's compiler, adopts the parent's Triton key
 and imports torch (Triton 3.6's argument specializer imports it at a process's first compile) once, then forks a
-worker per request; a worker connects to a Unix socket the parent listens on, compiles a one-line kernel for the
-graph's target (`_warm_up`) and serves jobs as plain tuples (pointer arguments as dtype names). Eight workers
+worker per request; a worker talks to the parent over a socket pair the parent passed through the zygote,
+compiles a one-line kernel for the graph's target (`_warm_up`) and serves jobs as plain tuples (pointer arguments
+as dtype names), each with the parent's environment. Eight workers
 each booting by itself slowed the parent's whole first call while they booted; a fork shares the booted memory.
 Where no zygote can run, each worker boots by itself (`_serve`; also with PASSLINE_NO_ZYGOTE=1). The pool is
 started once per process, as dynamo hands over a graph of GPU tensors (`Pool.start_soon`, so that the zygote
@@ -397,8 +398,9 @@ _NO_ZYGOTE = "PASSLINE_NO_ZYGOTE"  # "1": every worker boots by itself (as befor
 
 
 def _worker_env(key: str | None, target: tuple | None) -> dict:
-    env = dict(os.environ)
-    env.pop("TRITON_INTERPRET", None)  # workers compile for the GPU
+    """The environment a worker (or the zygote) starts in: the jobs' (`_compile_env`), with the parent's key and
+    the target it warms up for."""
+    env = _compile_env()
     env.pop(_KEY_ENV, None)  # never a value this process itself inherited
     env.pop(_TARGET_ENV, None)
     if key:  # with the parent's Triton package and version: a worker importing another ignores it
@@ -454,9 +456,6 @@ class _Zygote:
         finally:
             theirs.close()
         return mine, int(answer)
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
 
     def close(self) -> None:
         """Gone at once: the zygote writes nothing (its workers, which may, leave when their sockets close)."""
@@ -653,15 +652,18 @@ class Pool:
             self.idle.put(w)
         return ok
 
+    def _aim(self, target) -> None:
+        """Workers started from here on warm up for `target` (where none was named before)."""
+        with contextlib.suppress(AttributeError, TypeError):
+            self.target = self.target or _as_tuple(target)
+
     def compile(self, job: Job, target) -> bool:
         """Compile `job` for `target` on a worker (started, or waited for, as needed); whether it did."""
-        with contextlib.suppress(AttributeError, TypeError):  # workers started from here on warm up for it
-            self.target = self.target or _as_tuple(target)
+        self._aim(target)
         return self._one(job, target)
 
     def run(self, jobs: list, target, done=None) -> list:
-        with contextlib.suppress(AttributeError, TypeError):  # workers started from here on warm up for it
-            self.target = self.target or _as_tuple(target)
+        self._aim(target)
         results = [False] * len(jobs)
         with ThreadPoolExecutor(max_workers=min(self.size, len(jobs)) or 1) as ex:
             futures = {ex.submit(self._one, j, target): i for i, j in enumerate(jobs)}

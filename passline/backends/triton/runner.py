@@ -1019,19 +1019,18 @@ class TritonRunner:
 
     def _precompile(self) -> None:
         """Compile and load, before the first call, every binary its launches use (`_first_launches`), for
-        this GPU, in threads of this process (Triton's compiler, LLVM and ptxas spend most of their time
-        outside the GIL): each binary's launcher is built there too (`compat.load_binary`, the C launcher
-        a cold Triton 3.6 builds with gcc) and handed to its kernel under the key its launch looks up, so
-        the first launch neither compiles nor goes through `JITFunction.run`. A binary an earlier process
-        compiled or loaded here is built straight from its Triton cache entry, which that process recorded
-        (`compat.binary_record`, `load_recorded`): no import of its module, no cache key hashed again. With
-        `compile_in="processes"` each thread hands every compile to a worker process of the pool
-        (backends/triton/precompile.py), which compiles it into Triton's disk cache, where the thread then
-        finds it: the plan's later stages too (a timed mix-order kernel's placements, built from the
-        registers of its first binaries), 70 of GPT-2-style's backward's binaries against the 20-odd
-        `precompile_jobs` lists. A progress
-        line on stderr once it takes more than a second. Anything that fails here is left to its first
-        launch, which compiles it there and reports any error."""
+        this GPU, from threads of this process: each binary's launcher is built there too
+        (`compat.load_binary`, the C launcher a cold Triton 3.6 builds with gcc) and handed to its kernel
+        under the key its launch looks up, so the first launch neither compiles nor goes through
+        `JITFunction.run`. A binary an earlier process compiled or loaded here is built straight from its
+        Triton cache entry, which that process recorded (`compat.binary_record`, `load_recorded`): no import
+        of its module, no cache key hashed again. With `compile_in="processes"` each thread hands every
+        compile to a worker process of the pool (backends/triton/precompile.py), which compiles it into
+        Triton's disk cache, where the thread then finds it: the plan's later stages too (a timed mix-order
+        kernel's placements, built from the registers of its first binaries), 70 of GPT-2-style's backward's
+        binaries against the 20-odd `precompile_jobs` lists. A progress line on stderr once it takes more
+        than a second. Anything that fails here is left to its first launch, which compiles it there and
+        reports any error."""
         import sys
         import time
         from concurrent.futures import ThreadPoolExecutor
@@ -1047,9 +1046,12 @@ class TritonRunner:
             return
         t0 = time.perf_counter()
         tkey = remembered_triton_key(self.cache.dir)  # Triton's key from an earlier process, not hashed again
-        stamp = None  # what keys the records of binaries this Triton compiles here (compat.binary_stamp)
+        target = stamp = workers = None  # stamp: what keys the records of the binaries (compat.binary_stamp)
         with contextlib.suppress(Exception):
-            stamp = compat.binary_stamp(driver.active.get_current_target(), tkey) if tkey else None
+            target = driver.active.get_current_target()
+            stamp = compat.binary_stamp(target, tkey) if tkey else None
+            if how == "processes":  # every compile in a worker process, outside this process's GIL
+                workers = precompile.pool()
         done, shown = [0], [0.0]
         lock = threading.Lock()
         built: dict = {}  # Job -> (compiled, launch): each compiled and loaded once, whoever asks
@@ -1097,12 +1099,6 @@ class TritonRunner:
             if launch is not None:
                 p.kernel.install(p.key, launch, p.consts, p.nfull, p.variant)
             return compiled
-
-        workers = target = None
-        if how == "processes":  # every compile in a worker process, outside this process's GIL
-            with contextlib.suppress(Exception):
-                target = driver.active.get_current_target()
-                workers = precompile.pool()
 
         def elsewhere(job):  # what no process compiled into this Triton cache before, by a worker
             with contextlib.suppress(Exception):  # no worker could take it: compiled in this thread, as with threads
