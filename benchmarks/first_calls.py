@@ -22,7 +22,8 @@ and partitioning, or the load of its cached result in a warm run, until passline
 passline's own stages (`report.seconds`: lower, passes, codegen) and `precompile` (`TritonRunner.compile_seconds`:
 the kernels compiled and loaded before the graph's first call; `binaries`, how many, and `by_record`, how many of
 them were built straight from their Triton cache entries), and `forward` / `backward` (when each half of the
-step finished).
+step finished); `compile_workers`: how many compile workers the process started (none in a warm run whose
+graphs all come from the caches).
 
 Before the rounds, each model runs once through each contender at `--smoke` sizes, untimed (`--no-warmup` skips
 it): every module they import is then in the OS's file cache and compiled to bytecode, as on a user's
@@ -130,6 +131,10 @@ def child(model_name: str, contender: str, root: str, device: str, smoke: bool, 
                           "binaries": r.metrics.counters.get("kernels_precompiled", 0),
                           "by_record": r.metrics.counters.get("binaries_loaded_by_record", 0)}
                          for r in backend.reports]
+        from passline.backends.triton import precompile
+
+        pool = precompile._POOL  # the compile workers forked in this process (none where nothing was compiled)
+        out["compile_workers"] = pool.started if pool is not None else 0
     return out
 
 

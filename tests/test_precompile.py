@@ -13,6 +13,7 @@ from passline.backends.triton import compat, precompile
 from passline.backends.triton.cache import KernelCache
 from passline.backends.triton.precompile import Job, Pool, compile_job, offline
 from passline.backends.triton.runner import TritonRunner, _spec
+from passline.testing import assert_matches_eager
 
 
 @pytest.fixture
@@ -165,7 +166,9 @@ def test_a_worker_starts_without_torch_and_the_pool_can_start_early(tmp_path, ta
         pool.close()
     later = Pool(1)  # as dynamo starts it: in a thread of its own, which returns at once
     try:
-        later.start_soon().join(timeout=120)
+        later.start_soon(workers=False).join(timeout=120)  # the zygote alone (dynamo's handover)
+        assert later.started == 0 and later.zygote is not None
+        later.start_soon().join(timeout=120)  # the workers (a graph-cache miss)
         assert later.started == 1 and later.idle.qsize() == 1
     finally:
         later.close()
@@ -315,8 +318,8 @@ def test_dynamo_starts_the_workers_for_a_gpu_graph_with_compile_in_processes(mon
     started = []
 
     class Stub:
-        def start_soon(self, target=None, key_dir=None):  # Pool.start in a thread of its own
-            started.append((target, key_dir))
+        def start_soon(self, target=None, key_dir=None, workers=True):  # Pool.start in a thread of its own
+            started.append((target, key_dir, workers))
             if len(started) > 2:
                 raise OSError("no processes left")
     monkeypatch.setattr(precompile, "pool", lambda workers=None: Stub())
@@ -331,11 +334,38 @@ def test_dynamo_starts_the_workers_for_a_gpu_graph_with_compile_in_processes(mon
     for be, inputs in ((on, cpu), (ref, gpu), (tuned, gpu), (threads, gpu)):
         _start_compile_workers(be, inputs)
     assert started == []
-    _start_compile_workers(on, gpu)
+    _start_compile_workers(on, gpu, workers=False)
     _start_compile_workers(on, gpu)
     _start_compile_workers(on, gpu)  # raises inside: kept from the caller
     # what the workers warm up for (the graph device's target), and where their key is kept (passline's cache)
-    assert started == [(("target of", "cuda:0"), pathlib.Path(on.cache_dir))] * 3
+    where = (("target of", "cuda:0"), pathlib.Path(on.cache_dir))
+    assert started == [(*where, False), (*where, True), (*where, True)]
+
+
+def test_the_workers_start_at_a_graph_cache_miss_only(tmp_path, monkeypatch):
+    # dynamo's handover boots the zygote alone; the workers are forked once a graph must be lowered and
+    # scheduled: a process whose graphs all come from the graph cache forks none
+    import passline.backends.dynamo as dynamo
+
+    calls = []
+    real = dynamo._start_compile_workers
+    monkeypatch.setattr(dynamo, "_start_compile_workers",
+                        lambda be, inputs, workers=True: (calls.append(workers), real(be, inputs, workers)))
+
+    def f(x, w):
+        return torch.nn.functional.layer_norm(x, (x.shape[-1],), w).relu()
+
+    def inputs():
+        torch.manual_seed(0)
+        return [torch.randn(8, 16, requires_grad=True), torch.randn(16, requires_grad=True)]
+
+    with passline.settings(graph_cache=True, aot_cache=False):
+        assert_matches_eager(f, inputs(), cache_dir=str(tmp_path))
+        assert calls == [False, True, True]  # the handover; the forward's and the backward's misses
+        calls.clear()
+        hit = assert_matches_eager(f, inputs(), cache_dir=str(tmp_path))
+    assert [r.metrics.counters.get("graph_cache_hits", 0) for r in hit.reports] == [1, 1]
+    assert calls == [False]
 
 
 @pytest.mark.parametrize("compile_in", ["processes", "threads"])

@@ -128,7 +128,7 @@ class Backend:
         # so the aten graphs' names (forward0, backward1) do not depend on the pipeline having FX passes
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs):
-        _start_compile_workers(self, example_inputs)
+        _start_compile_workers(self, example_inputs, workers=False)  # the zygote; the workers at a cache miss
         replace_wrong_decompositions(gm)
         # the FX stage rewrites gm in place: keep a copy to run as captured, should a pass fail half-way
         as_captured = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph)) if self.pipeline.fx_calls() else gm
@@ -279,6 +279,7 @@ class Backend:
             graph, nodes_before, metrics, records = self._from_graph_cache(entry, fx)
             t1 = t2 = time.perf_counter()
         else:
+            _start_compile_workers(self, example_inputs)  # forked as the graph is lowered and scheduled
             # what lowering and the passes warn (a user's choice that raised) is kept for a later hit to repeat
             with warnings.catch_warnings(record=True) as warned:
                 warnings.simplefilter("always")
@@ -437,12 +438,15 @@ def backend(pipeline=None, codegen: str = "auto", **options) -> Backend:
     return Backend(pipeline=pipeline, codegen=codegen, **_checked_options(options))
 
 
-def _start_compile_workers(backend: Backend, example_inputs) -> None:
-    """With compile_in="processes", start the compile workers as dynamo hands over a graph of GPU tensors:
-    they boot while it is traced, partitioned and scheduled, and its first compile finds them waiting. Not
-    where nothing is compiled ahead (the reference codegen; autotune=True, which compiles each candidate
-    where it times it). A pool that cannot start is the first compile's to find (it then compiles in the
-    parent), never the user's call's."""
+def _start_compile_workers(backend: Backend, example_inputs, workers: bool = True) -> None:
+    """With compile_in="processes", start the compile pool for a graph of GPU tensors: its zygote as dynamo
+    hands the graph over (`workers=False`: it boots while aot_autograd traces the graph), its workers once
+    the graph cache has missed (forked from the booted zygote while the graph is lowered and scheduled, so
+    its first compile finds them waiting). Not the workers before: a graph loaded from aot_autograd's cache
+    or the graph cache, with binaries loaded by record, compiles nothing, and eight workers warming up beside
+    its first call and the steps after it are only in their way. Not at all where nothing is compiled ahead
+    (the reference codegen; autotune=True, which compiles each candidate where it times it). A pool that
+    cannot start is the first compile's to find (it then compiles in the parent), never the user's call's."""
     if backend.codegen == "reference" or backend.autotune or backend.settings.compile_in != "processes":
         return
     gpu = next((t.device for t in example_inputs if isinstance(t, torch.Tensor) and t.device.type == "cuda"), None)
@@ -450,7 +454,7 @@ def _start_compile_workers(backend: Backend, example_inputs) -> None:
         from .triton.precompile import pool, target_of
 
         with contextlib.suppress(Exception):
-            pool().start_soon(target_of(gpu), Path(backend.cache_dir))
+            pool().start_soon(target_of(gpu), Path(backend.cache_dir), workers=workers)
 
 
 def released_inputs(graph: SchedulerGraph) -> frozenset:

@@ -21,8 +21,9 @@ compiles a one-line kernel for the graph's target (`_warm_up`) and serves jobs a
 as dtype names), each with the parent's environment. Eight workers
 each booting by itself slowed the parent's whole first call while they booted; a fork shares the booted memory.
 Where no zygote can run, each worker boots by itself (`_serve`; also with PASSLINE_NO_ZYGOTE=1). The pool is
-started once per process, as dynamo hands over a graph of GPU tensors (`Pool.start_soon`, so that the zygote
-boots while the graph is traced), and reused.
+started once per process: its zygote as dynamo hands over a graph of GPU tensors (`Pool.start_soon`, so that it
+boots while the graph is traced), its workers once a graph misses the graph cache (a warm process that loads
+every graph from the caches forks none), and reused.
 
 Failures never reach the user's call: a job that fails, a worker that dies, a pool that cannot start —
 each leaves that kernel to be compiled in the parent, as without the pool.
@@ -562,22 +563,25 @@ class Pool:
                 self.key = remembered_triton_key(self.key_dir) if self.key_dir is not None else triton_key()
             return self.key
 
-    def start_soon(self, target: tuple | None = None, key_dir: Path | None = None) -> threading.Thread:
+    def start_soon(self, target: tuple | None = None, key_dir: Path | None = None,
+                   workers: bool = True) -> threading.Thread:
         """`start()` in a thread of its own: the Triton key's hashing (hashlib lets go of the GIL) and the
         workers' starts overlap what the caller does next (dynamo's graph traced by aot_autograd). `target`:
-        what the workers warm up for (`target_of`); `key_dir`: passline's cache (`triton_key`)."""
+        what the workers warm up for (`target_of`); `key_dir`: passline's cache (`triton_key`). `workers=False`:
+        the zygote alone, the workers forked later (`start`) or as jobs come (`_take`): for a graph whose
+        compiled form may be loaded from a cache, where nothing may be compiled at all."""
         self.target = self.target or target
         self.key_dir = self.key_dir or key_dir
         def start():
             with contextlib.suppress(Exception):  # a pool that cannot start: the first compile finds out
-                self.start()
+                self.start() if workers else self._zygote()
         thread = threading.Thread(target=start, name="passline-compile-pool", daemon=True)
         thread.start()
         return thread
 
     def start(self) -> None:
         """Start every worker now (each imports Triton's compiler and warms up), so that a graph's first
-        compile finds them running (`start_soon` calls it as dynamo hands over a graph)."""
+        compile finds them running (`start_soon` calls it as a graph misses the graph cache)."""
         while True:
             with self.lock:
                 if self.started >= self.size:
