@@ -399,8 +399,10 @@ class _FakeDriver:
         return GPUTarget("cuda", 90, 32)
 
 
-def test_workers_default_to_the_cores_at_most_eight():
-    assert 1 <= precompile.default_workers() <= min(8, os.cpu_count() or 1)
+def test_workers_default_to_the_cores_but_the_parents_at_most_32(monkeypatch):
+    for cores, workers, threads in ((1, 1, 1), (2, 1, 2), (16, 15, 8), (128, 32, 8)):
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid, n=cores: set(range(n)))
+        assert (precompile.default_workers(), precompile.default_threads()) == (workers, threads)
 
 
 # -- the plan: what is compiled ahead is what the first call's launches use --------------------------------

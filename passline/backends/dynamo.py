@@ -443,7 +443,7 @@ def _start_compile_workers(backend: Backend, example_inputs, workers: bool = Tru
     hands the graph over (`workers=False`: it boots while aot_autograd traces the graph), its workers once
     the graph cache has missed (forked from the booted zygote while the graph is lowered and scheduled, so
     its first compile finds them waiting). Not the workers before: a graph loaded from aot_autograd's cache
-    or the graph cache, with binaries loaded by record, compiles nothing, and eight workers warming up beside
+    or the graph cache, with binaries loaded by record, compiles nothing, and a worker a core warming up beside
     its first call and the steps after it are only in their way. Not at all where nothing is compiled ahead
     (the reference codegen; autotune=True, which compiles each candidate where it times it). A pool that
     cannot start is the first compile's to find (it then compiles in the parent), never the user's call's."""

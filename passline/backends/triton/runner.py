@@ -1038,7 +1038,7 @@ class TritonRunner:
         from triton.runtime.driver import driver
 
         from . import precompile
-        from .precompile import default_workers, mark_compiled, not_compiled_yet, remembered_triton_key
+        from .precompile import default_threads, default_workers, mark_compiled, not_compiled_yet, remembered_triton_key
 
         how = current_settings().compile_in
         steps = [s for s in self.steps if s[0] in ("kernel", "mix")] if how != "off" else []
@@ -1122,7 +1122,9 @@ class TritonRunner:
                 pass
 
         try:
-            with ThreadPoolExecutor(max_workers=min(default_workers(), len(steps))) as pool:
+            # a thread per worker (each mostly waits on its compile), else per core (compiling, GIL-bound)
+            threads = default_workers() if workers is not None else default_threads()
+            with ThreadPoolExecutor(max_workers=min(threads, len(steps))) as pool:
                 list(pool.map(plan, steps))
         except Exception:  # noqa: BLE001 - no pool here: every kernel compiles at its first launch
             pass
