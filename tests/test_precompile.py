@@ -400,9 +400,20 @@ class _FakeDriver:
 
 
 def test_workers_default_to_the_cores_but_the_parents_at_most_32(monkeypatch):
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     for cores, workers, threads in ((1, 1, 1), (2, 1, 2), (16, 15, 8), (128, 32, 8)):
         monkeypatch.setattr(os, "sched_getaffinity", lambda pid, n=cores: set(range(n)))
         assert (precompile.default_workers(), precompile.default_threads()) == (workers, threads)
+    # ranks of one host (torchrun) share its cores, unless the launcher pinned each to its own
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))
+    assert precompile.default_workers() == 15
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))  # pinned: 16 of its own
+    assert precompile.default_workers() == 15
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))
+    assert precompile.default_workers() == 7
 
 
 # -- the plan: what is compiled ahead is what the first call's launches use --------------------------------

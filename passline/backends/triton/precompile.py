@@ -729,11 +729,21 @@ def default_threads() -> int:
 
 
 def _cores() -> int:
-    """The cores this process may run on."""
+    """The cores this process may use: those it may run on, shared with the other ranks of this host where a
+    launcher started several (torchrun's LOCAL_WORLD_SIZE) and left each the whole machine, so that eight
+    ranks do not start 8 × 32 workers; a launcher that pinned each rank to cores of its own has shared them."""
+    total = os.cpu_count() or 1
     try:
-        return len(os.sched_getaffinity(0))
+        cores = len(os.sched_getaffinity(0))
     except AttributeError:
-        return os.cpu_count() or 1
+        cores = total
+    try:
+        ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    except ValueError:
+        ranks = 1
+    if ranks > 1 and cores >= total:
+        cores //= ranks
+    return max(1, cores)
 
 
 def _triton_cache_dir() -> str:
