@@ -309,3 +309,41 @@ def test_a_zero_tensor_is_zeros_in_memory(codegen):
     step(ex, ew).backward()
     torch.testing.assert_close(x.grad, ex.grad)
     torch.testing.assert_close(w.grad, ew.grad)
+
+
+MIXED_NORMS = {  # a bfloat16 activation into a norm whose parameters are float32 (eager's "mixed type")
+    "batch_norm": lambda: torch.nn.BatchNorm2d(6),
+    "batch_norm_channels_last": lambda: torch.nn.BatchNorm2d(6).to(memory_format=torch.channels_last),
+    "group_norm": lambda: torch.nn.GroupNorm(3, 6),
+    "instance_norm": lambda: torch.nn.InstanceNorm2d(6, affine=True),
+    "layer_norm": lambda: torch.nn.LayerNorm([7, 5]),
+}
+
+
+@pytest.mark.parametrize("codegen", ["reference", "triton"])
+@pytest.mark.parametrize("norm", sorted(MIXED_NORMS))
+def test_mixed_type_norms_keep_their_statistics_in_float32(norm, codegen):
+    # eager's kernels keep the saved mean and inverse std float32 when the input is bfloat16 and a parameter
+    # float32; torch's decompositions rounded them to bfloat16, and the float32 weight's gradient carried
+    # bfloat16's error (BatchNorm: 6.8e-2 off eager, which is 1.8e-6 off float64)
+    torch.manual_seed(0)
+    x = (torch.randn(4, 6, 7, 5) * 3 + 1).bfloat16()
+    if norm.endswith("channels_last"):
+        x = x.contiguous(memory_format=torch.channels_last)
+    assert_matches_eager(MIXED_NORMS[norm](), [x.requires_grad_()], codegen=codegen)
+
+
+@pytest.mark.parametrize("codegen", ["reference", "triton"])
+def test_autocast_conv_batchnorm_trains_like_eager(codegen):
+    # autocast hands the BatchNorm after a convolution a bfloat16 activation, its parameters float32
+    class ConvBN(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.bn = torch.nn.Conv2d(3, 6, 3, padding=1), torch.nn.BatchNorm2d(6)
+
+        def forward(self, x):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return torch.relu(self.bn(self.conv(x))).float().mean((2, 3))
+
+    torch.manual_seed(1)
+    assert_matches_eager(ConvBN(), [torch.randn(4, 3, 7, 5, requires_grad=True)], codegen=codegen)
