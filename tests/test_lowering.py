@@ -347,3 +347,26 @@ def test_autocast_conv_batchnorm_trains_like_eager(codegen):
 
     torch.manual_seed(1)
     assert_matches_eager(ConvBN(), [torch.randn(4, 3, 7, 5, requires_grad=True)], codegen=codegen)
+
+
+@pytest.mark.parametrize("codegen", ["reference", "triton"])
+def test_linalg_checks_run_and_raise_as_eager(codegen):
+    # torch.linalg's solve, inv and cholesky check their results with _linalg_check_errors, which aot_autograd
+    # orders with an effect token (with_effects): the graph compiles (no fallback), trains as eager, and a
+    # singular matrix raises eager's LinAlgError
+    def f(a, b):
+        m = a.mT @ a + torch.eye(4)
+        return torch.linalg.solve(m, b).tanh().sum() + torch.linalg.inv(m).sum() + torch.linalg.cholesky(m).sum()
+
+    torch.manual_seed(0)
+    be = assert_matches_eager(f, [torch.randn(6, 4, requires_grad=True), torch.randn(4, 3, requires_grad=True)],
+                              codegen=codegen)
+    assert not be.failures
+
+    def g(m):
+        return torch.linalg.inv(m) * 2
+
+    compiled = torch.compile(g, backend=passline.backend(codegen=codegen, fallback="raise"))
+    assert torch.allclose(compiled(torch.eye(3) * 4), torch.eye(3) / 2)
+    with pytest.raises(torch.linalg.LinAlgError, match="singular"):
+        compiled(torch.zeros(3, 3))

@@ -29,9 +29,10 @@ pipeline; passes, lowerings or choices from outside passline; passline files edi
 graph holding a tensor of its own (a `get_attr`: torch's key names it by shape and dtype, not values; a review's
 worry, which torch 2.13 itself bypasses where it was tried, kept out here regardless), graphs with
 sizes decided at run time (dynamic shapes: the graph cache keys them by their traced sizes, which a hit would
-not check), and any graph passline ran eagerly (a fallback): its OutputCode refuses to be saved, so the whole
-entry is not written. torch's `torch.compiler.config.force_disable_caches` and TORCHINDUCTOR_AUTOGRAD_CACHE=0
-turn it off too.
+not check), graphs that order effects with a token (`with_effects`: torch.linalg's checks; a loaded entry called
+the graph without the token's slot), and any graph passline ran eagerly (a fallback): its OutputCode refuses to be
+saved, so the whole entry is not written. torch's `torch.compiler.config.force_disable_caches` and
+TORCHINDUCTOR_AUTOGRAD_CACHE=0 turn it off too.
 
 This module is the only one that touches these interfaces of torch, which are not public (`OutputCode`,
 `SerializableAOTDispatchCompiler`, the cache's exceptions and configuration, the tracing context's metadata:
@@ -208,6 +209,10 @@ class PasslineOutput(OutputCode):
     def prepare_for_serialization(self) -> None:
         if self.graph_key is None:
             raise BypassAOTAutogradCache(f"passline did not store its {self.kind} graph's scheduled form")
+        if self.gm.graph.find_nodes(op="call_function", target=torch.ops.higher_order.with_effects):
+            # effect tokens (torch.linalg's checks): a loaded entry called the graph without the token's slot
+            # in its arguments (every input one place off: "size of tensor a (6) must match ... (4)")
+            raise BypassAOTAutogradCache(f"passline's {self.kind} graph orders effects with a token")
         self.fn = None  # (on a copy: torch pickles it, the process keeps running the original)
 
     def post_compile(self, example_inputs, constants, graph_kwargs) -> None:

@@ -40,7 +40,8 @@ aten = torch.ops.aten
 # passes must keep them though nothing reads them (passes/dce.py)
 ASSERTIONS = {aten._assert_async.default, aten._assert_async.msg, aten._assert_scalar.default,
               aten._assert_tensor_metadata.default, aten.sym_constrain_range.default,
-              aten.sym_constrain_range_for_size.default}
+              aten.sym_constrain_range_for_size.default,
+              aten._linalg_check_errors.default}  # torch.linalg's LinAlgError (a singular matrix, ...)
 
 
 def _free_symbols(x) -> set:

@@ -8,7 +8,8 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from ..ir import Extern, comm_kind
-from .context import LoweringContext
+from .context import ASSERTIONS, LoweringContext
+from .registry import lowering
 from .tensor import TensorRef
 
 
@@ -35,6 +36,21 @@ def mutated_args(op) -> list[int]:
 # it eagerly) rather than found out while running.
 META_DISAGREES = {"_embedding_bag", "_embedding_bag_forward_only", "_embedding_bag_backward",
                   "_embedding_bag_dense_backward", "_embedding_bag_per_sample_weights_backward"}
+
+
+@lowering(torch.ops.higher_order.with_effects)
+def lower_with_effects(ctx: LoweringContext, node: torch.fx.Node, token, op, *args, **kwargs):
+    """An op aot_autograd orders by a token threaded through the graph (`with_effects(token, op, *args)` ->
+    `(token, *op's results)`): torch.linalg's `_linalg_check_errors`, which raises LinAlgError for a singular
+    matrix, is one. An assertion (`ASSERTIONS`: it raises or returns nothing, so it checks the same wherever it
+    runs) is an Extern the passes keep; the token out is None (aot_autograd passes None for the token in and
+    drops the one out). Any other effect
+    (printing, an opaque object's method) is refused: its order is not kept, and the fallback runs the graph
+    eagerly."""
+    if op not in ASSERTIONS:
+        raise NotImplementedError(f"passline cannot order the effects of {op} (under with_effects)")
+    ctx.extern(op, _to_arg(ctx, args), {k: _to_arg(ctx, v) for k, v in kwargs.items()}, None)
+    return (None,)
 
 
 def lower_extern(ctx: LoweringContext, node: torch.fx.Node, args, kwargs):
