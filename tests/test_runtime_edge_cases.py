@@ -307,6 +307,38 @@ def test_data_dependent_sizes_are_refused_when_compiled(codegen):
     torch._dynamo.reset()
 
 
+@pytest.mark.parametrize("codegen", ["reference", "triton"])
+def test_a_captured_item_returned_or_compared_is_refused_when_compiled(codegen):
+    """`if x.max().item() > 0.5:` with capture_scalar_outputs: the graph returns `item > 0.5` (and an int item
+    returned as it is) for dynamo to branch on, a value no runner binds; the call failed evaluating it
+    ("float() argument must be ... not 'StrictGreaterThan'"), past the fallback. Refused when compiled."""
+    def branch(x):
+        h = torch.tanh(x)
+        if h.abs().max().item() > 0.5:
+            h = h * 0.5
+        return h * 2
+
+    def count(x):
+        return x.argmax().item(), x * 2
+
+    x = torch.randn(4, 6)
+    with torch._dynamo.config.patch(capture_scalar_outputs=True):
+        for fn in (branch, count):
+            torch._dynamo.reset()
+            with pytest.raises(Exception, match="known only at run time"):
+                torch.compile(fn, backend=passline.backend(fallback="raise", codegen=codegen))(x)
+            torch._dynamo.reset()
+            be = passline.backend(codegen=codegen)
+            with pytest.warns(UserWarning, match="known only at run time"):
+                got = torch.compile(fn, backend=be)(x)
+            want = fn(x)
+            if fn is count:
+                assert got[0] == want[0]
+                got, want = got[1], want[1]
+            torch.testing.assert_close(got, want)
+    torch._dynamo.reset()
+
+
 def test_a_refusal_at_the_first_call_falls_back_like_one_at_compile_time(monkeypatch):
     """With the default fallback, a graph passline compiled but cannot run (a NotImplementedError at its
     first call: once, sizes computed through floats) runs its aten code instead, with a warning and a

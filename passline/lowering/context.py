@@ -110,14 +110,14 @@ class LoweringContext:
     def extern(self, op, args: tuple, kwargs: dict, out_val: Any, mutates=(), after=()) -> Any:
         """An Extern node calling `op` (after the buffers `after`, see Extern); returns TensorRefs shaped
         like the op's result `out_val`. An assertion on a value no input binds at run time (`torch._check`
-        of an `.item()`, as `_refuse_unbacked` finds such values) cannot be evaluated: it is left out,
+        of an `.item()`, as `refuse_unbacked` finds such values) cannot be evaluated: it is left out,
         unchecked, and None returned (its result: assertions return nothing)."""
         if op in ASSERTIONS and not _free_symbols((args, kwargs)) <= self.bound_symbols:
             return None
         name = self.new_name()
         vals = out_val if isinstance(out_val, (tuple, list)) else (out_val,)
         multi = isinstance(out_val, (tuple, list))
-        self._refuse_unbacked(op, vals)
+        self.refuse_unbacked(op, vals)
         outputs = []
         for k, v in enumerate(vals):
             if isinstance(v, torch.Tensor):
@@ -130,7 +130,7 @@ class LoweringContext:
         refs = tuple(TensorRef.of(b) if b is not None else None for b in outputs)
         return refs if multi else refs[0]
 
-    def _refuse_unbacked(self, op, vals) -> None:
+    def refuse_unbacked(self, op, vals) -> None:
         """An op whose result's size (or value: `.item()`) is known only once it has run (`nonzero`,
         `masked_select`, `_local_scalar_dense`: an unbacked symbol u0 of dynamo's) is refused when the graph
         is compiled, and the backend's fallback runs the graph eagerly. Both runners give size symbols their
