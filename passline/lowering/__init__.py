@@ -182,9 +182,9 @@ def _output(ctx: LoweringContext, value, val, storages: dict):
     if isinstance(value, TensorRef):
         return _eager_strided(ctx, value, val, storages)
     if isinstance(value, sympy.Basic):
-        # not a value only the run knows (an `.item()` dynamo captured with capture_scalar_outputs, or what is
-        # computed from it: `x.max().item() > 0.5`), which no runner binds: the call failed evaluating it
-        # ("float() argument must be ... not 'StrictGreaterThan'"). Refused, as an op returning one is
+        # a value only the run knows (an `.item()` dynamo captured with capture_scalar_outputs, or what is
+        # computed from it: `x.max().item() > 0.5`) is refused, as an op returning one is: no runner binds it,
+        # and the call failed evaluating it ("float() argument must be ... not 'StrictGreaterThan'")
         ctx.refuse_unbacked("a graph output", (val,))
     if isinstance(value, (sympy.Basic, int, float, bool)) or value is None:
         return value  # a size (dynamic shapes): the runner returns its value as eager does

@@ -44,9 +44,8 @@ def lower_with_effects(ctx: LoweringContext, node: torch.fx.Node, token, op, *ar
     `(token, *op's results)`): torch.linalg's `_linalg_check_errors`, which raises LinAlgError for a singular
     matrix, is one. An assertion (`ASSERTIONS`: it raises or returns nothing, so it checks the same wherever it
     runs) is an Extern the passes keep; the token out is None (aot_autograd passes None for the token in and
-    drops the one out). Any other effect
-    (printing, an opaque object's method) is refused: its order is not kept, and the fallback runs the graph
-    eagerly."""
+    drops the one out). Any other effect (printing, an opaque object's method) is refused: its order is not
+    kept, and the fallback runs the graph eagerly."""
     if op not in ASSERTIONS:
         raise NotImplementedError(f"passline cannot order the effects of {op} (under with_effects)")
     ctx.extern(op, _to_arg(ctx, args), {k: _to_arg(ctx, v) for k, v in kwargs.items()}, None)
