@@ -915,8 +915,12 @@ def seen(c):
     s = c.src
     return repr((c.hash, c.name, hashlib.sha256(c.kernel).hexdigest(), c.metadata, s.name, sorted(s.signature.items()),
                  sorted(s.constants.items()), list(s.fn.arg_names)))
+from passline.backends.triton.runner import Kernel
+tails = sorted(repr((k.key, v[1])) for s in runner.steps if s[0] in ("kernel", "mix") for k in s[2]
+               if isinstance(k, Kernel) for v in k.binaries.values())
+imported = sorted(m for m in sys.modules if m.startswith("passline_kernels."))
 print(json.dumps({"jobs": len(runner.precompile_jobs()), "counters": dict(runner.counters),
-                  "loaded": sorted(map(seen, loaded))}))
+                  "loaded": sorted(map(seen, loaded)), "tails": tails, "imported": imported}))
 """
 
 
@@ -946,6 +950,10 @@ def test_a_binary_compiled_once_is_loaded_by_its_record_in_a_later_process(tmp_p
     second = _recorded_run(tmp_path / "passline", triton_cache, "record only")
     assert second["counters"]["binaries_loaded_by_record"] == second["counters"]["kernels_precompiled"] == first["jobs"]
     assert second["loaded"] == first["loaded"]
+    # ... installed with the same constexprs after the signature, and no kernel module imported (Triton reads and
+    # hashes a jitted function's source when its module is: a warm process needs none of them)
+    assert second["tails"] == first["tails"] and len(first["tails"]) >= first["jobs"]
+    assert first["imported"] and not second["imported"]
     # an entry gone from Triton's cache (evicted; another cache directory): loaded as without a record
     records = [json.loads(p.read_text()) for p in (tmp_path / "passline").glob("b*.json")]
     assert all(compat.load_recorded(r) is not None for r in records)

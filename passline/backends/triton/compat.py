@@ -75,6 +75,13 @@ def binary_launcher(compiled):
     return launch
 
 
+def arg_names(compiled) -> list | None:
+    """The parameter names of the function `compiled` was built from (a binary loaded by record keeps them in
+    its record), or None where it does not say."""
+    names = getattr(getattr(getattr(compiled, "src", None), "fn", None), "arg_names", None)
+    return list(names) if isinstance(names, (list, tuple)) else None
+
+
 def compile_for_launch(fn, args: list, kwargs: dict):
     """`fn` compiled, not launched, for arguments like `args` (a pointer as its torch dtype: aligned) and the
     launch's keyword arguments (constexprs, num_warps), for the current device: the CompiledKernel its

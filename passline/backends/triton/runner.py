@@ -16,6 +16,7 @@ import contextlib
 import math
 import re
 import threading
+from pathlib import Path
 
 import attrs
 import sympy
@@ -161,12 +162,17 @@ class Kernel:
         return {Variant(v): src.constants.get("SPLIT") for v, src in self.info.variants.items()}
 
     def fn(self, variant: str):
+        """The jitted function of `variant`, its module imported at the first ask (Triton reads its source and
+        hashes it: a warm process whose binaries all load by record never asks)."""
         if variant not in self.fns:
-            src = self.info.variants[variant]
-            ckey = digest(self.key, variant)
-            path = self.cache.get_source(ckey) or self.cache.put_source(ckey, src.source)
-            self.fns[variant] = load_kernel(path, src.fn_name, self.interpret)
+            self.fns[variant] = load_kernel(self.source_file(variant), self.info.variants[variant].fn_name,
+                                            self.interpret)
         return self.fns[variant]
+
+    def source_file(self, variant: str) -> Path:
+        """The kernel cache's file of `variant`'s module, written there if it is not (or is corrupted)."""
+        ckey = digest(self.key, variant)
+        return self.cache.get_source(ckey) or self.cache.put_source(ckey, self.info.variants[variant].source)
 
     @staticmethod
     def bucket(xnumel: int, rnumel: int | None) -> tuple:
@@ -337,10 +343,12 @@ class Kernel:
             return cfg, consts.get("INT64"), tuple(_spec(full[i]) for i in self.check)
         return cfg
 
-    def install(self, key, launch, consts: dict, nfull: int, variant) -> None:
+    def install(self, key, launch, consts: dict, nfull: int, variant, compiled=None) -> None:
         """Keep `launch` (compat.binary_launcher's) as the binary for `key`: later launches pass the rest
-        of the signature after the `nfull` arguments — SPLIT and the constexprs, by name — themselves."""
-        self.binaries[key] = launch, tuple(consts[n] for n in self.fn(variant).arg_names[nfull:])
+        of the signature after the `nfull` arguments — SPLIT and the constexprs, by name — themselves. The
+        names are read off `compiled` (the binary `launch` runs) where it has them, else off the function."""
+        names = compat.arg_names(compiled) or self.fn(variant).arg_names
+        self.binaries[key] = launch, tuple(consts[n] for n in names[nfull:])
 
     def launch(self, cfg: Config, stream, args: tuple, xnumel: int, rnumel: int | None):
         """Launch `cfg` on `args` (the kernel's buffers and sizes in signature order); returns the compiled
@@ -371,7 +379,7 @@ class Kernel:
             self.counters["kernels_unpipelined"] += 1
         launch = compat.binary_launcher(compiled)
         if launch is not None:
-            self.install(spec, launch, consts, len(full), cfg.variant)
+            self.install(spec, launch, consts, len(full), cfg.variant, compiled)
         return compiled
 
     def __call__(self, stream, args: tuple, xnumel: int, rnumel: int | None = None, wide: bool = False) -> None:
@@ -890,6 +898,7 @@ class TritonRunner:
 
         def listed(p: Planned | None):
             if p is not None:
+                p.kernel.source_file(p.variant)  # its module at the job's path
                 jobs.setdefault(p.job, None)
             return None  # nothing compiled: a mix-order kernel keeps the IR's split
         for step in self.steps:
@@ -1010,7 +1019,7 @@ class TritonRunner:
         full += [xnumel] if rnumel is None else [xnumel, rnumel]
         args += [xnumel] if rnumel is None else [xnumel, rnumel]
         consts = k.constexprs(cfg, xnumel, rnumel, wide)
-        k.fn(cfg.variant)  # its source file, written to the cache
+        # where its module will be (written there, and imported, only if the binary is compiled: `build`)
         path = self.cache.source_path(digest(k.key, cfg.variant))
         # the launch's keyword arguments (Kernel.launch): constexprs (SPLIT, INT64 too) and warps
         kwargs = tuple(sorted({**consts, "num_warps": cfg.warps}.items()))
@@ -1082,6 +1091,7 @@ class TritonRunner:
                         with lock:
                             self.counters["binaries_loaded_by_record"] += 1
                     else:
+                        p.kernel.source_file(p.variant)  # the module at the job's path, for a worker too
                         if workers is not None:  # compiled into Triton's cache by a worker: found there below
                             elsewhere(p.job)
                         fn = p.kernel.fn(p.variant)
@@ -1097,7 +1107,7 @@ class TritonRunner:
                             self.counters["kernels_precompiled"] += 1
             compiled, launch = built[p.job]
             if launch is not None:
-                p.kernel.install(p.key, launch, p.consts, p.nfull, p.variant)
+                p.kernel.install(p.key, launch, p.consts, p.nfull, p.variant, compiled)
             return compiled
 
         def elsewhere(job):  # what no process compiled into this Triton cache before, by a worker
