@@ -242,15 +242,23 @@ def test_a_second_process_trains_from_the_cache(tmp_path):
         model(x).logsumexp(1).sum().backward()
         ok = all(torch.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in
                  zip(grads, [p.grad for p in model.parameters()] + [x.grad]))
+        from passline.lowering import decompositions
+        from torch._inductor import codecache
+        from torch._inductor.codegen import common
+        assert codecache.init_backend_registration is common.init_backend_registration  # as it was
         print(counters["aot_autograd"].get("autograd_cache_hit", 0),
-              [r.metrics.counters.get("aot_cache_hits", 0) for r in be.reports], ok)
+              [r.metrics.counters.get("aot_cache_hits", 0) for r in be.reports], ok,
+              decompositions._table.cache_info().currsize, common.init_backend_registration.cache_info().currsize)
     """)
     env = {**os.environ, "PASSLINE_CACHE_DIR": str(tmp_path / "p"), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "i"),
            "TRITON_INTERPRET": "1", "PASSLINE_AOT_CACHE": "1"}
     env.pop("PASSLINE_GRAPH_CACHE", None)  # on by default
     runs = [subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
             for _ in range(2)]
-    assert [r.stdout.strip() for r in runs] == ["0 [0, 0] True", "1 [1, 1] True"], [r.stderr[-800:] for r in runs]
+    # (the last figures: whether passline's decomposition table was built, and Inductor's code generators registered
+    # (an import of all of them, which torch's key asks for): a process that traces nothing does neither)
+    assert [r.stdout.strip() for r in runs][1] == "1 [1, 1] True 0 0", [r.stderr[-800:] for r in runs]
+    assert runs[0].stdout.strip().startswith("0 [0, 0] True 1 "), [r.stderr[-800:] for r in runs]
 
 
 class Broken(torch.nn.Module):
@@ -379,3 +387,18 @@ def test_a_graph_ordering_effects_with_a_token_is_not_kept():
     again, *got, seen = _step(model, x)
     _check(got, want)
     assert "autograd_cache_hit" not in seen and _hits(again) == [0, 0]
+
+
+def test_inductors_code_generators_are_unregistered_only_inside_passlines_calls():
+    """torch's key registers all of Inductor's code generators (an import of them); inside passline's calls it does
+    not, however they nest or overlap, and the registration is torch's own again after them."""
+    from torch._inductor import codecache
+
+    real = codecache.init_backend_registration
+    with aot_cache._inductor_backends_unregistered():
+        with aot_cache._inductor_backends_unregistered():
+            assert codecache.init_backend_registration is not real
+            assert codecache.init_backend_registration() is None
+        assert codecache.init_backend_registration is not real
+    assert codecache.init_backend_registration is real
+

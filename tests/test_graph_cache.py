@@ -420,3 +420,30 @@ def test_a_users_choice_keeps_the_cache_off_only_for_graphs_of_its_op(tmp_path):
         assert graph_cache.graph_key(make_fx(torch.exp)(torch.randn(3)), be) is not None
     finally:
         unregister_choice(ops.aten.mm, "user_mm")
+
+
+def test_min_and_max_are_stored_as_they_are_and_loaded_without_evaluation(tmp_path, monkeypatch):
+    """sympy rebuilds a loaded Max or Min through its constructor, which compares every pair of arguments again
+    (most of a warm process's graph load); the cache stores them as built: the same expressions come back, equal
+    and with the same hash, and nothing is evaluated."""
+    import sympy
+
+    i, j = sympy.symbols("i j", integer=True, nonnegative=True)
+    n = sympy.Symbol("s0", integer=True, positive=True)
+    exprs = [sympy.Min(sympy.Max(i - 1, 0), n - 1), 3 * sympy.Max(i + j, 2 * n) + sympy.Min(i, 7)]
+    assert graph_cache.GraphCache(tmp_path).store("k", graph=exprs, records=[], nodes_before=0, metrics=None)
+    evaluated = []
+    real = sympy.Max._collapse_arguments.__func__
+
+    def collapse(cls, args, **kw):
+        evaluated.append(cls)
+        return real(cls, args, **kw)
+    monkeypatch.setattr(sympy.Max, "_collapse_arguments", classmethod(collapse))
+    monkeypatch.setattr(sympy.Min, "_collapse_arguments", classmethod(collapse))
+    loaded = graph_cache.GraphCache(tmp_path).load("k")["graph"]
+    assert loaded == exprs and [hash(e) for e in loaded] == [hash(e) for e in exprs]
+    assert [sympy.srepr(e) for e in loaded] == [sympy.srepr(e) for e in exprs]
+    assert not evaluated
+    # (what it stands for: the constructor would have evaluated them)
+    sympy.Max(i, n)
+    assert evaluated

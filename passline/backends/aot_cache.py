@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import threading
 
 import torch
 
@@ -104,10 +105,50 @@ def caching(backend, fx, key: str):
     token = _LOADING.set(_Loading(backend, fx))
     try:
         with functorch_config.patch(_FUNCTORCH_PATCH), \
-                inductor_config.patch(post_grad_custom_post_pass=_PasslineKey(key)):
+                inductor_config.patch(post_grad_custom_post_pass=_PasslineKey(key)), _inductor_backends_unregistered():
             yield
     finally:
         _LOADING.reset(token)
+
+
+# torch's key (Inductor's FxGraphHashDetails, which aot_autograd's cache details extend) registers Inductor's
+# code generators for every device before it reads their custom passes (`init_backend_registration`): an import
+# of all of Inductor's codegen, 0.4 s of a warm ResNet-style first call on this CPU (2.2 against 2.6 s), that a
+# passline process needs for nothing else. What the registration adds to the key is a None per device (Inductor's
+# own backends carry no custom pass) and passline's key holds everything passline's results depend on
+# (`_PasslineKey`), so while passline's call computes the key the registration is skipped. A pass another library
+# registered for a device stays in the key (it is registered already); Inductor registers its backends itself
+# wherever it compiles, and a key Inductor computes meanwhile in another thread is at worst a miss of its cache.
+_UNREGISTERED = threading.Lock()
+_unregistered = [0, None]  # the calls inside, and the function they replaced
+
+
+def _registered_nothing() -> None:
+    return None
+
+
+@contextlib.contextmanager
+def _inductor_backends_unregistered():
+    try:
+        from torch._inductor import codecache
+    except ImportError:  # pragma: no cover - another torch
+        yield
+        return
+    if not callable(getattr(codecache, "init_backend_registration", None)):
+        yield  # a torch whose key does not register them here
+        return
+    with _UNREGISTERED:
+        if _unregistered[0] == 0:
+            _unregistered[1] = codecache.init_backend_registration
+            codecache.init_backend_registration = _registered_nothing
+        _unregistered[0] += 1
+    try:
+        yield
+    finally:
+        with _UNREGISTERED:
+            _unregistered[0] -= 1
+            if _unregistered[0] == 0:
+                codecache.init_backend_registration = _unregistered[1]
 
 
 def donate_nothing() -> None:

@@ -21,8 +21,8 @@ from functorch.compile import make_boxed_func
 from torch._dynamo.backends.common import aot_autograd
 
 from ..config import as_bool, current_settings, use_settings
-from ..lowering import decomposition_table, lower_graph
-from ..lowering.decompositions import replace_wrong_decompositions
+from ..lowering import lower_graph
+from ..lowering.decompositions import DeferredTable, replace_wrong_decompositions
 from ..pipeline.graph import SchedulerGraph
 from ..pipeline.manager import PassManager, collector_paused
 from ..pipeline.metrics import Metrics
@@ -153,7 +153,7 @@ class Backend:
             fw_compiler=compilers["forward"],
             bw_compiler=compilers["backward"],
             inference_compiler=compilers["inference"],
-            decompositions=decomposition_table(),
+            decompositions=DeferredTable(),  # built only if aot_autograd traces (not at a hit of its cache)
             # save few activations; recompute cheap pointwise work in the backward (as Inductor does);
             # max-pool indices saved as window offsets (backends/partition.py)
             partition_fn=partition,
