@@ -402,3 +402,39 @@ def test_inductors_code_generators_are_unregistered_only_inside_passlines_calls(
         assert codecache.init_backend_registration is not real
     assert codecache.init_backend_registration is real
 
+
+def test_a_graph_traced_under_one_autocast_dtype_is_not_loaded_under_another(monkeypatch):
+    """aot_autograd traces under the caller's autocast, which dynamo's graph does not show; torch 2.11's key held only
+    whether autocast is on, so a float16 step could load the graphs a bfloat16 step stored. passline's part of the key
+    holds each device's autocast dtype: checked here with torch's own part made blind to it, as 2.11's was."""
+    from torch._functorch._aot_autograd import autograd_cache
+
+    details = autograd_cache.AOTAutogradCacheDetails
+    real_init = details.__init__
+
+    def blind(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        if isinstance(getattr(self, "autocast_state", None), dict):
+            self.autocast_state = {device: "on" for device in self.autocast_state}  # on or off, no dtype
+    monkeypatch.setattr(details, "__init__", blind)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.GELU(), torch.nn.Linear(32, 8))
+    x = torch.randn(16, 32, requires_grad=True)
+    for dtype in (torch.bfloat16, torch.float16):
+        torch._dynamo.reset()
+        counters.clear()
+        be = passline.backend(fallback="raise")
+        with torch.autocast("cpu", dtype=dtype):
+            out = torch.compile(model, backend=be)(x)
+            want = model(x)
+        assert out.dtype == want.dtype == dtype
+        torch.testing.assert_close(out, want, rtol=0, atol=0)
+        out.float().square().sum().backward()  # (the entry is written at the first backward)
+        assert "autograd_cache_hit" not in counters["aot_autograd"] and _hits(be) == [0, 0]
+    # and the same dtype again is a hit
+    torch._dynamo.reset()
+    counters.clear()
+    be = passline.backend(fallback="raise")
+    with torch.autocast("cpu", dtype=torch.float16):
+        assert torch.compile(model, backend=be)(x).dtype == torch.float16
+    assert counters["aot_autograd"].get("autograd_cache_hit") == 1

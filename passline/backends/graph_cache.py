@@ -231,7 +231,23 @@ def backend_key(backend, devices) -> str | None:
     if not enabled(backend) or _uncacheable(backend):
         return None
     settings = _settings_key(backend, set(devices))
-    return None if settings is None else _hash(("aot_autograd", settings))
+    return None if settings is None else _hash(("aot_autograd", settings, _ambient_state()))
+
+
+def _ambient_state() -> tuple:
+    """What aot_autograd traces under that dynamo's graph does not show: the autocast dtype of each device where
+    autocast is on (a `torch.autocast` around the compiled call), and the default dtype (a factory call without
+    one). torch 2.11's key holds only whether any autocast is on: an entry traced under bfloat16's autocast was
+    loaded for float16's (on the H200, a float16 training step after a bfloat16 one, the same cache, came out as
+    far from float64 as bfloat16's). torch 2.13 keys both itself; passline's part of the key holds them on every
+    torch."""
+    devices = getattr(torch._C, "_autocast_supported_devices", lambda: ["cpu", "cuda"])()
+    state = [str(torch.get_default_dtype())]
+    for device in devices:
+        with contextlib.suppress(Exception):  # a device type this torch cannot ask about
+            if torch.is_autocast_enabled(device):
+                state.append((device, str(torch.get_autocast_dtype(device))))
+    return tuple(state)
 
 
 def _settings_key(backend, devices: set) -> str | None:
