@@ -438,3 +438,58 @@ def test_a_graph_traced_under_one_autocast_dtype_is_not_loaded_under_another(mon
     with torch.autocast("cpu", dtype=torch.float16):
         assert torch.compile(model, backend=be)(x).dtype == torch.float16
     assert counters["aot_autograd"].get("autograd_cache_hit") == 1
+
+
+def test_the_key_is_the_same_whether_or_not_inductor_registered_its_backends(tmp_path):
+    """Inductor's registration of its code generators (done by any Inductor compile in the process) adds a None per
+    device to the custom passes torch's key reads: a process that had registered them stored entries a plain one then
+    missed, and the other way round. Either order hits."""
+    script = textwrap.dedent("""
+        import sys, torch, passline
+        from torch._dynamo.utils import counters
+        if sys.argv[1] == "registered":  # as an Inductor compile earlier in the process would have
+            from torch._inductor.codegen.common import init_backend_registration
+            init_backend_registration()
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
+        torch.compile(model, backend=passline.backend(fallback="raise"))(torch.randn(8, 16)).sum().backward()
+        print(counters["aot_autograd"].get("autograd_cache_hit", 0))
+    """)
+    for order in (["registered", "plain"], ["plain", "registered"]):
+        env = {**os.environ, "PASSLINE_CACHE_DIR": str(tmp_path / order[0] / "p"),
+               "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / order[0] / "i"), "TRITON_INTERPRET": "1",
+               "PASSLINE_AOT_CACHE": "1", "PASSLINE_GRAPH_CACHE": "1"}
+        runs = [subprocess.run([sys.executable, "-c", script, how], env=env, capture_output=True, text=True,
+                               timeout=300) for how in order]
+        assert [r.stdout.strip() for r in runs] == ["0", "1"], (order, [r.stderr[-800:] for r in runs])
+
+
+def test_sdpas_switches_are_part_of_the_key():
+    """Which implementation of scaled_dot_product_attention aot_autograd decomposes, and whether its math path keeps
+    bfloat16 reductions, follow torch.backends.cuda's switches, which dynamo does not guard and torch's key does not
+    hold: a graph traced with reduced-precision reductions allowed was loaded where they were not (three times eager's
+    error). Each setting gets its own entry and matches eager."""
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 16, 8, dtype=torch.bfloat16) for _ in range(3))
+    w = torch.nn.Parameter(torch.randn(8, 8, dtype=torch.bfloat16) * 0.2)
+
+    def attend(q, k, v):
+        return F.scaled_dot_product_attention(q @ w, k, v)
+    cuda = torch.backends.cuda
+    saved = cuda.flash_sdp_enabled(), cuda.fp16_bf16_reduction_math_sdp_allowed()
+    try:
+        cuda.enable_flash_sdp(False)  # the math path, on the CPU too
+        for allowed in (True, False):
+            cuda.allow_fp16_bf16_reduction_math_sdp(allowed)
+            torch._dynamo.reset()
+            counters.clear()
+            be = passline.backend(fallback="raise")
+            out = torch.compile(attend, backend=be)(q, k, v)
+            out.float().sum().backward()
+            torch.testing.assert_close(out, attend(q, k, v), rtol=0, atol=1e-3)
+            assert "autograd_cache_hit" not in counters["aot_autograd"]
+    finally:
+        cuda.enable_flash_sdp(saved[0])
+        cuda.allow_fp16_bf16_reduction_math_sdp(saved[1])

@@ -116,11 +116,13 @@ def caching(backend, fx, key: str):
 # of all of Inductor's codegen, 0.4 s of a warm ResNet-style first call on this CPU (2.2 against 2.6 s), that a
 # passline process needs for nothing else. What the registration adds to the key is a None per device (Inductor's
 # own backends carry no custom pass) and passline's key holds everything passline's results depend on
-# (`_PasslineKey`), so while passline's call computes the key the registration is skipped. A pass another library
-# registered for a device stays in the key (it is registered already); Inductor registers its backends itself
+# (`_PasslineKey`), so while passline's call computes the key the registration is skipped, and the key reads the
+# devices' custom passes without those Nones: the same key whether or not Inductor registered its backends in this
+# process (a process that had run an Inductor graph first otherwise keyed passline's graphs apart, and missed).
+# A pass another library registered for a device stays in the key; Inductor registers its backends itself
 # wherever it compiles, and a key Inductor computes meanwhile in another thread is at worst a miss of its cache.
 _UNREGISTERED = threading.Lock()
-_unregistered = [0, None]  # the calls inside, and the function they replaced
+_unregistered: dict = {"calls": 0}  # the calls inside, and what they replaced in codecache's namespace
 
 
 def _registered_nothing() -> None:
@@ -134,21 +136,23 @@ def _inductor_backends_unregistered():
     except ImportError:  # pragma: no cover - another torch
         yield
         return
-    if not callable(getattr(codecache, "init_backend_registration", None)):
+    passes = getattr(codecache, "custom_backend_passes", None)
+    if not callable(getattr(codecache, "init_backend_registration", None)) or not isinstance(passes, dict):
         yield  # a torch whose key does not register them here
         return
     with _UNREGISTERED:
-        if _unregistered[0] == 0:
-            _unregistered[1] = codecache.init_backend_registration
+        if _unregistered["calls"] == 0:
+            _unregistered["saved"] = codecache.init_backend_registration, passes
             codecache.init_backend_registration = _registered_nothing
-        _unregistered[0] += 1
+            codecache.custom_backend_passes = {d: p for d, p in passes.items() if p is not None}
+        _unregistered["calls"] += 1
     try:
         yield
     finally:
         with _UNREGISTERED:
-            _unregistered[0] -= 1
-            if _unregistered[0] == 0:
-                codecache.init_backend_registration = _unregistered[1]
+            _unregistered["calls"] -= 1
+            if _unregistered["calls"] == 0:
+                codecache.init_backend_registration, codecache.custom_backend_passes = _unregistered.pop("saved")
 
 
 def donate_nothing() -> None:

@@ -234,19 +234,33 @@ def backend_key(backend, devices) -> str | None:
     return None if settings is None else _hash(("aot_autograd", settings, _ambient_state()))
 
 
+# torch.backends.cuda's switches of scaled_dot_product_attention, read where aot_autograd decomposes it: which
+# implementation the graph calls, and whether the math path keeps bfloat16/float16 reductions or upcasts them
+_SDPA_SWITCHES = ("flash_sdp_enabled", "mem_efficient_sdp_enabled", "math_sdp_enabled", "cudnn_sdp_enabled",
+                  "fp16_bf16_reduction_math_sdp_allowed")
+
+
 def _ambient_state() -> tuple:
-    """What aot_autograd traces under that dynamo's graph does not show: the autocast dtype of each device where
-    autocast is on (a `torch.autocast` around the compiled call), and the default dtype (a factory call without
-    one). torch 2.11's key holds only whether any autocast is on: an entry traced under bfloat16's autocast was
-    loaded for float16's (on the H200, a float16 training step after a bfloat16 one, the same cache, came out as
-    far from float64 as bfloat16's). torch 2.13 keys both itself; passline's part of the key holds them on every
-    torch."""
+    """What aot_autograd traces under that neither dynamo's graph shows nor dynamo guards: the autocast dtype of
+    each device where autocast is on (a `torch.autocast` around the compiled call), the default dtype (a factory
+    call without one), SDPA's backend switches and opt_einsum's (the contraction order einsum is decomposed in).
+    torch 2.11's key holds only whether any autocast is on: an entry traced under bfloat16's autocast was loaded
+    for float16's (on the H200, a float16 training step after a bfloat16 one, the same cache, came out as far from
+    float64 as bfloat16's). torch 2.13 keys autocast and the default dtype itself, neither torch the switches (a
+    bfloat16 attention traced with reduced-precision math reductions allowed was loaded where they were not:
+    three times eager's error). passline's part of the key holds them all, on every torch."""
     devices = getattr(torch._C, "_autocast_supported_devices", lambda: ["cpu", "cuda"])()
     state = [str(torch.get_default_dtype())]
     for device in devices:
         with contextlib.suppress(Exception):  # a device type this torch cannot ask about
             if torch.is_autocast_enabled(device):
                 state.append((device, str(torch.get_autocast_dtype(device))))
+    for name in _SDPA_SWITCHES:
+        with contextlib.suppress(Exception):  # a switch this torch does not have
+            state.append((name, bool(getattr(torch.backends.cuda, name)())))
+    with contextlib.suppress(Exception):
+        einsum = torch.backends.opt_einsum
+        state.append(("opt_einsum", bool(einsum.enabled), str(einsum.strategy) if einsum.enabled else None))
     return tuple(state)
 
 
