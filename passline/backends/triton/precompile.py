@@ -132,12 +132,19 @@ def import_kernel(path: Path, fn_name: str, around=None):
     import runs in (cache.load_kernel: the interpreter's environment), entered only when it imports."""
     name = f"passline_kernels.{path.stem}"
     if name not in sys.modules:
-        with around() if around is not None else contextlib.nullcontext():
-            spec = importlib.util.spec_from_file_location(name, path)
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-        sys.modules[name] = module
+        # one import a module, whichever of the precompile threads asks first: two threads importing it at once
+        # made two jitted functions, the second compiling again what the first had (a hit in Triton's disk cache)
+        with _IMPORTING:
+            if name not in sys.modules:
+                with around() if around is not None else contextlib.nullcontext():
+                    spec = importlib.util.spec_from_file_location(name, path)
+                    module = importlib.util.module_from_spec(spec)
+                    spec.loader.exec_module(module)
+                sys.modules[name] = module
     return getattr(sys.modules[name], fn_name)
+
+
+_IMPORTING = threading.Lock()
 
 
 def compile_job(job: Job, target) -> None:
