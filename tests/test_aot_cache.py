@@ -493,3 +493,60 @@ def test_sdpas_switches_are_part_of_the_key():
     finally:
         cuda.enable_flash_sdp(saved[0])
         cuda.allow_fp16_bf16_reduction_math_sdp(saved[1])
+
+
+def test_inputs_sharing_memory_are_traced_each_time():
+    """torch's key holds each input's metadata but not which inputs share memory: an entry traced for distinct inputs,
+    one written in place, was loaded for a view of the other, the write unseen (the forty-sixth session's campaign;
+    Inductor's entries as wrong). Such a graph is not cached; the distinct one still is."""
+    def f(a, b):
+        a.mul_(2)
+        return a + b
+    torch.manual_seed(0)
+    base = torch.randn(8, 32)
+    for aliased in (False, True, False):
+        torch._dynamo.reset()
+        counters.clear()
+        a = base.clone()
+        b = a.view(8, 32) if aliased else base.clone()
+        a2 = base.clone()
+        b2 = a2.view(8, 32) if aliased else base.clone()
+        out = torch.compile(f, backend=passline.backend(fallback="raise"))(a, b)
+        torch.testing.assert_close(out, f(a2, b2), rtol=0, atol=0)
+        seen = counters["aot_autograd"]
+        if aliased:
+            assert not any(k.startswith("autograd_cache") for k in seen), seen
+        else:
+            assert seen.get("autograd_cache_hit", 0) + seen.get("autograd_cache_saved", 0) == 1, seen
+
+
+def test_a_graph_calling_a_librarys_op_is_traced_each_time():
+    """torch's key names a library's op but not its code: aot_autograd traces its autograd formula into the backward,
+    and an edited formula's gradients came from the old one. Graphs calling ops from outside torch and passline are
+    not cached."""
+    scale = [2.0]
+
+    @torch.library.custom_op("passline_test_aot::twice", mutates_args=())
+    def twice(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    @twice.register_fake
+    def _(x):
+        return torch.empty_like(x)
+
+    twice.register_autograd(lambda ctx, g: g * scale[0])  # the library's gradient formula, edited below
+
+    def f(x, w):
+        return torch.ops.passline_test_aot.twice(x @ w).square().mean()
+    torch.manual_seed(0)
+    x, w = torch.randn(4, 8), torch.randn(8, 8, requires_grad=True)
+    for s in (2.0, 3.0):
+        scale[0] = s
+        torch._dynamo.reset()
+        counters.clear()
+        torch.compile(f, backend=passline.backend(fallback="raise"))(x, w).backward()
+        got, w.grad = w.grad, None
+        f(x, w).backward()
+        torch.testing.assert_close(got, w.grad, rtol=1e-5, atol=1e-6)
+        w.grad = None
+        assert not any(k.startswith("autograd_cache") for k in counters["aot_autograd"])

@@ -30,8 +30,10 @@ graph holding a tensor of its own (a `get_attr`: torch's key names it by shape a
 worry, which torch 2.13 itself bypasses where it was tried, kept out here regardless), graphs with
 sizes decided at run time (dynamic shapes: the graph cache keys them by their traced sizes, which a hit would
 not check), graphs that order effects with a token (`with_effects`: torch.linalg's checks; a loaded entry called
-the graph without the token's slot), and any graph passline ran eagerly (a fallback): its OutputCode refuses to be
-saved, so the whole entry is not written. torch's `torch.compiler.config.force_disable_caches` and
+the graph without the token's slot), graphs whose tensor inputs share memory (torch's key does not say which
+do), graphs calling an op from outside torch and passline (torch's key names it, not its code: its autograd
+formula is traced into the backward), and any graph passline ran eagerly (a fallback): its OutputCode refuses to
+be saved, so the whole entry is not written. torch's `torch.compiler.config.force_disable_caches` and
 TORCHINDUCTOR_AUTOGRAD_CACHE=0 turn it off too.
 
 This module is the only one that touches these interfaces of torch, which are not public (`OutputCode`,
@@ -190,17 +192,44 @@ def share_triton_key(example_inputs, cache_dir) -> None:
         codecache.triton_key.set(key)
 
 
+# ops whose definitions torch's key covers (torch's own: its version is in the key) or passline's does (its source)
+_KEYED_NAMESPACES = frozenset({"aten", "prims", "higher_order", "_c10d_functional", "c10d_functional", "_dtensor",
+                               "profiler", "passline"})
+
+
+def _namespace(op) -> str:
+    name = op._qualified_op_name if isinstance(op, torch._ops.OpOverloadPacket) else op.name()
+    return name.split("::")[0]
+
+
 def cacheable(gm: torch.fx.GraphModule, example_inputs) -> bool:
     """Whether the captured graph may be cached: no tensor held by the graph itself (torch's key names such a
-    constant by its metadata, not its values) and inputs of static sizes (no SymInt, symbolic size or stride)."""
+    constant by its metadata, not its values), inputs of static sizes (no SymInt, symbolic size or stride), no two
+    tensor inputs sharing memory, and no op from outside torch and passline. torch's key holds each input's metadata
+    but not which inputs alias (an entry traced for distinct inputs, one written in place, was loaded for a view of
+    the other: the write unseen), and names a library's op but not its code (its autograd formula or decomposition,
+    which aot_autograd traces into the graphs: an edited formula's gradients came from the old one). Found by the
+    forty-sixth session's campaign, with Inductor's entries as wrong; such graphs are traced at every compile."""
     if any(isinstance(getattr(gm, str(n.target), None), torch.Tensor) for n in gm.graph.find_nodes(op="get_attr")):
         return False
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and isinstance(n.target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)) \
+                and _namespace(n.target) not in _KEYED_NAMESPACES:
+            return False
+    storages = set()
     for x in example_inputs:
         if isinstance(x, torch.SymInt):
             return False
-        if isinstance(x, torch.Tensor) and any(isinstance(s, torch.SymInt)
-                                               for s in (*x.shape, *x.stride(), x.storage_offset())):
-            return False
+        if isinstance(x, torch.Tensor):
+            if any(isinstance(s, torch.SymInt) for s in (*x.shape, *x.stride(), x.storage_offset())):
+                return False
+            try:
+                storage = x.untyped_storage()._cdata
+            except Exception:  # noqa: BLE001 - a tensor without storage of its own (a subclass): not cached
+                return False
+            if storage in storages:
+                return False
+            storages.add(storage)
     return True
 
 
