@@ -28,6 +28,7 @@ import torch
 import triton  # (this module is imported when the op first runs, not with passline)
 import triton.language as tl
 
+from ..backends.triton.compat import COMPILE_OPTIONS
 from ..config import environment_variable
 
 Tensor = torch.Tensor
@@ -181,7 +182,8 @@ def _rows_triton(z, target, ignore_index, eps, losses, scale):
     args = (z, z.stride(0), target, loss_arg, scale_arg, 0 if scale_arg.numel() == 1 else 1,
             int(ignore_index), float(eps))
     meta = dict(VOCAB=vocab, HAS_LOSS=losses is not None, HAS_GRAD=scale is not None, SMOOTH=bool(eps),
-                BLOCK=block_for(vocab), ROUND_BF16=interpret and z.dtype == torch.bfloat16, num_warps=WARPS)
+                BLOCK=block_for(vocab), ROUND_BF16=interpret and z.dtype == torch.bfloat16, num_warps=WARPS,
+                **COMPILE_OPTIONS)
     with environment_variable("TRITON_INTERPRET", "1" if interpret else None):
         if interpret:
             kernel[(n,)](*args, **meta)

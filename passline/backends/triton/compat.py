@@ -46,6 +46,21 @@ def _checked_options() -> dict | None:
 
 CHECKED_OPTIONS = _checked_options()
 
+
+def _compile_options() -> dict:
+    """Compile options every kernel is compiled with: floating-point contraction (a multiply and an add fused into
+    one FMA, one rounding) asked for, not left to Triton's default. Triton 3.9 warns at each process's first
+    compile that its default turns to off in 3.10; eager's CUDA kernels contract (nvcc's default), and passline's
+    kernels were written and checked with it on. Empty where this Triton has no such option."""
+    try:
+        from triton.backends.nvidia.compiler import CUDAOptions
+    except ImportError:  # pragma: no cover - a Triton without the NVIDIA backend
+        return {}
+    return {"enable_fp_fusion": True} if "enable_fp_fusion" in CUDAOptions.__dataclass_fields__ else {}
+
+
+COMPILE_OPTIONS = _compile_options()
+
 try:  # a kernel needing more shared memory (or registers) than the GPU has, raised when it is compiled
     from triton.runtime.errors import OutOfResources
 except ImportError:  # pragma: no cover - older Triton
@@ -133,7 +148,7 @@ def binary_stamp(target, key: str | None) -> str | None:
 
         invalidating = sorted(get_cache_invalidating_env_vars().items())
         return digest(triton.__version__, key, backend.hash(), repr(target), env, knobs_set, invalidating,
-                      backend.parse_options({}).hash())
+                      backend.parse_options(dict(COMPILE_OPTIONS)).hash())
     except Exception:  # noqa: BLE001 - a Triton laid out otherwise: every binary through compile_for_launch
         return None
 

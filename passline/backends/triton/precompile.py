@@ -284,7 +284,8 @@ def _warm_up(target) -> None:
         path = Path(d) / "passline_warm_up.py"
         path.write_text(_WARM)
         with offline(target):
-            compile_job(Job(str(path), "passline_warm_up", (("ptr", "float32"),), (("num_warps", 1),)), target)
+            compile_job(Job(str(path), "passline_warm_up", (("ptr", "float32"),),
+                            (("enable_fp_fusion", True), ("num_warps", 1))), target)  # (compat.COMPILE_OPTIONS)
 
 
 def target_of(device) -> tuple | None:

@@ -319,13 +319,13 @@ class Kernel:
 
     # -- launching --------------------------------------------------------------------------------------
     def constexprs(self, cfg: Config, xnumel: int, rnumel: int | None, wide: bool | None = None) -> dict:
-        """The launch's constexprs (and SPLIT) by name, with a checked variant's compile options
-        (compat.CHECKED_OPTIONS): `cfg`'s blocks and, where the variant's index width
+        """The launch's constexprs (and SPLIT) by name, with the compile options (compat.COMPILE_OPTIONS, and a
+        checked variant's compat.CHECKED_OPTIONS): `cfg`'s blocks and, where the variant's index width
         is chosen per launch, INT64: set when a buffer spans past int32 (`wide`, default this call's) or the
         points the programs reach do — the counts rounded up to whole blocks, since masked-off lanes compute
         offsets too and must not wrap into the mask — else int32 offsets, as a static kernel of these sizes
         has."""
-        blocks = cfg.blocks()
+        blocks = {**cfg.blocks(), **compat.COMPILE_OPTIONS}
         if cfg.variant in self.checked:
             blocks.update(compat.CHECKED_OPTIONS)
         if cfg.variant in self.per_launch:
