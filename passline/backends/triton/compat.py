@@ -16,6 +16,7 @@ import torch
 import triton
 
 from .cache import digest
+from .precompile import cuda_options
 
 try:  # triton >= 3.4: launch hooks are chains in knobs (empty unless a profiler adds one)
     from triton import knobs as _knobs
@@ -30,36 +31,18 @@ except ImportError:  # pragma: no cover - older Triton
         return _CK.launch_enter_hook is not None or _CK.launch_exit_hook is not None
 
 
-def _checked_options() -> dict | None:
-    """Compile options of a kernel with device asserts (an indirect index checked at run time). Triton
-    keeps `tl.device_assert` only with debug=True, which also checks every int32 add, sub and mul for
-    overflow, an assert each (`sanitize_overflow`, on by default): a checked kernel with int32 offsets
-    paid one per index operation. Where this Triton has the option, it is turned off: the index checks
-    stay, the offsets stay 32-bit. None where it has not (the kernel then takes int64 offsets, which are
-    never checked for overflow)."""
-    try:
-        from triton.backends.nvidia.compiler import CUDAOptions
-    except ImportError:  # pragma: no cover - a Triton without the NVIDIA backend
-        return None
-    return {"sanitize_overflow": False} if "sanitize_overflow" in CUDAOptions.__dataclass_fields__ else None
+# Compile options of a kernel with device asserts (an indirect index checked at run time). Triton keeps
+# `tl.device_assert` only with debug=True, which also checks every int32 add, sub and mul for overflow, an assert
+# each (`sanitize_overflow`, on by default): a checked kernel with int32 offsets paid one per index operation.
+# Where this Triton has the option, it is turned off: the index checks stay, the offsets stay 32-bit. None where
+# it has not (the kernel then takes int64 offsets, which are never checked for overflow).
+CHECKED_OPTIONS = cuda_options(sanitize_overflow=False) or None
 
-
-CHECKED_OPTIONS = _checked_options()
-
-
-def _compile_options() -> dict:
-    """Compile options every kernel is compiled with: floating-point contraction (a multiply and an add fused into
-    one FMA, one rounding) asked for, not left to Triton's default. Triton 3.9 warns at each process's first
-    compile that its default turns to off in 3.10; eager's CUDA kernels contract (nvcc's default), and passline's
-    kernels were written and checked with it on. Empty where this Triton has no such option."""
-    try:
-        from triton.backends.nvidia.compiler import CUDAOptions
-    except ImportError:  # pragma: no cover - a Triton without the NVIDIA backend
-        return {}
-    return {"enable_fp_fusion": True} if "enable_fp_fusion" in CUDAOptions.__dataclass_fields__ else {}
-
-
-COMPILE_OPTIONS = _compile_options()
+# Compile options every kernel is compiled with: floating-point contraction (a multiply and an add fused into one
+# FMA, one rounding) asked for, not left to Triton's default. Triton 3.9 warns at each process's first compile
+# that its default turns to off in 3.10; eager's CUDA kernels contract (nvcc's default), and passline's kernels
+# were written and checked with it on. Empty where this Triton has no such option.
+COMPILE_OPTIONS = cuda_options(enable_fp_fusion=True)
 
 try:  # a kernel needing more shared memory (or registers) than the GPU has, raised when it is compiled
     from triton.runtime.errors import OutOfResources

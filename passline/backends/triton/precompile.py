@@ -119,6 +119,17 @@ class offline:
         driver._active = self.saved
 
 
+def cuda_options(**wanted) -> dict:
+    """Those of the compile options `wanted` that this Triton's NVIDIA backend has (a field of its CUDAOptions:
+    Triton refuses a launch's keyword it does not know); none without that backend. (Here, not in compat.py, which
+    imports torch: a worker's warm-up asks too.)"""
+    try:
+        from triton.backends.nvidia.compiler import CUDAOptions
+    except ImportError:  # pragma: no cover - a Triton without the NVIDIA backend
+        return {}
+    return {k: v for k, v in wanted.items() if k in CUDAOptions.__dataclass_fields__}
+
+
 def _args(job: Job) -> list:
     from triton.runtime.jit import MockTensor
 
@@ -284,8 +295,9 @@ def _warm_up(target) -> None:
         path = Path(d) / "passline_warm_up.py"
         path.write_text(_WARM)
         with offline(target):
-            compile_job(Job(str(path), "passline_warm_up", (("ptr", "float32"),),
-                            (("enable_fp_fusion", True), ("num_warps", 1))), target)  # (compat.COMPILE_OPTIONS)
+            options = {**cuda_options(enable_fp_fusion=True), "num_warps": 1}  # as compat.COMPILE_OPTIONS
+            compile_job(Job(str(path), "passline_warm_up", (("ptr", "float32"),), tuple(sorted(options.items()))),
+                        target)
 
 
 def target_of(device) -> tuple | None:
