@@ -133,6 +133,7 @@ class Kernel:
         self.only = only  # force one variant (persistent, looped, or a mix-order form) where it exists
         self.device, self.rows_contiguous = device, rows_contiguous
         self.fns: dict = {}
+        self.files: dict = {}  # variant -> its module's file in the kernel cache (source_file)
         self.choices: dict = {}  # size bucket -> Config
         self.binaries: dict = {}  # Config, or (Config, INT64, specialization) -> (launch, constexpr tail)
         self.check: tuple = ()  # positions of arguments that may change between calls (set by the wrapper)
@@ -170,9 +171,13 @@ class Kernel:
         return self.fns[variant]
 
     def source_file(self, variant: str) -> Path:
-        """The kernel cache's file of `variant`'s module, written there if it is not (or is corrupted)."""
-        ckey = digest(self.key, variant)
-        return self.cache.get_source(ckey) or self.cache.put_source(ckey, self.info.variants[variant].source)
+        """The kernel cache's file of `variant`'s module, written there if it is not (or is corrupted): read and
+        checked once (a cold compile asks for the job's path, then imports it)."""
+        if variant not in self.files:
+            ckey = digest(self.key, variant)
+            self.files[variant] = self.cache.get_source(ckey) or self.cache.put_source(
+                ckey, self.info.variants[variant].source)
+        return self.files[variant]
 
     @staticmethod
     def bucket(xnumel: int, rnumel: int | None) -> tuple:
