@@ -1,6 +1,7 @@
 """The scheduling passes: dce, inline_pointwise, fuse, reorder_loops, mix_order_reduction — on hand-built graphs and
 on real forward/backward graphs, always checked against eager."""
 import pytest
+import sympy
 import torch
 from modules import MIXED, RMSNorm
 
@@ -302,6 +303,74 @@ def test_fuse_retries_a_pair_whose_path_closes_later(upcast):
     rows = [n for n in graph.nodes() if tuple(getattr(n, "reduction_ranges", ())) == (100,)]
     assert len(rows) == 1 and be.reports[0].kernels == 2, graph.format()
     assert any(ld.indirect for m in rows[0].nodes for ld in walk(m.body) if isinstance(ld, Load)), graph.format()
+
+
+def test_fuse_joins_independent_one_point_nodes_and_only_those():
+    """Nodes of one point each that share nothing join one kernel (launches saved: `small`); one reading
+    another's result through an extern call does not (a cycle), nor do nodes of more points than `small`."""
+    from passline.pipeline.metrics import Metrics
+
+    def one(name, src, index=0):
+        return pw(name, src, size=(1,), index=sympy.Integer(index))
+
+    ext = Extern("e", torch.ops.aten.cumsum.default, (TensorArg("c", (1,), (1,)), 0), (),
+                 (Buffer("e", Layout.contiguous([1], F32)),))
+    g = graph(one("a", "x"), one("b", "x", 5), one("c", "x", 9), ext, one("d", "e"), one("w", "x", 3),
+              outputs=["a", "b", "d", "w"])
+    g.outputs = tuple(TensorArg(n, (1,), (1,)) for n in ("a", "b", "d", "w"))
+    m = Metrics()
+    out, _ = passline.PassManager("fuse(horizontal=false)").run(g.copy(), m)
+    groups = sorted(sorted(n.member_names() if isinstance(n, FusedNode) else [n.name]) for n in out.nodes()
+                    if not isinstance(n, Extern))
+    # a, b, c and w share no buffer and none depends on another; d reads c through the extern
+    assert groups == [["a", "b", "c", "w"], ["d"]], groups
+    assert "cycle" in {r.reason for r in m.refusals}
+    out, _ = passline.PassManager("fuse(horizontal=false, small=0)").run(g.copy())
+    assert len(out) == 6
+    # four points each: not small at small=1, small at small=4
+    g4 = graph(pw("a", "x", size=(4,), index=i0), pw("b", "x", size=(4,), index=i0 + 4), outputs=[])
+    g4.outputs = tuple(TensorArg(n, (4,), (1,)) for n in "ab")
+    assert len(passline.PassManager("fuse(horizontal=false)").run(g4.copy())[0]) == 2
+    assert len(passline.PassManager("fuse(horizontal=false, small=4)").run(g4.copy())[0]) == 1
+
+
+@pytest.mark.parametrize("codegen", ["triton", "reference"])
+def test_batchnorm_counters_are_bumped_in_one_kernel(codegen):
+    """Each training BatchNorm adds one to its `num_batches_tracked`, a one-point kernel of its own: with
+    fuse's `small`, a model's counters are one kernel. The counters, running statistics, outputs and
+    gradients stay eager's, with a norm used twice (two bumps of one counter, in order)."""
+    import copy
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c1, self.c2 = torch.nn.Conv2d(3, 4, 3), torch.nn.Conv2d(4, 4, 3)
+            self.b1, self.b2 = torch.nn.BatchNorm2d(4), torch.nn.BatchNorm2d(4)
+            self.b3 = torch.nn.BatchNorm2d(4)
+
+        def forward(self, x):
+            y = self.b1(self.c1(x)).relu()
+            y = self.b2(self.c2(y))
+            return self.b1(self.b3(y) * 2)  # b1 again: its counter bumped twice
+
+    torch.manual_seed(0)
+    net = Net()
+    ref = copy.deepcopy(net)
+    be = passline.backend(codegen=codegen, fallback="raise")
+    f = torch.compile(net, backend=be)
+    for _ in range(2):
+        x = torch.randn(2, 3, 10, 10)
+        f(x).square().sum().backward()
+        ref(x).square().sum().backward()
+    graph = be.reports[0].graph
+    bumps = [n for n in graph.nodes() if not isinstance(n, Extern) and shape(n) == ((), ())]
+    # three counters (b1's bumped twice, one after the other in the kernel): one kernel
+    assert len(bumps) == 1 and len(bumps[0].nodes) >= 4, graph.format()
+    assert len(bumps[0].mutates) == 3, graph.format()  # each counter written back once
+    for (name, a), b in zip(net.state_dict().items(), ref.state_dict().values()):
+        torch.testing.assert_close(a, b, msg=name)
+    for (name, a), b in zip(net.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-4, msg=name)
 
 
 @pytest.mark.parametrize("n", [1000, 10000])

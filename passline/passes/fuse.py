@@ -4,10 +4,15 @@ Vertical: a producer into its consumer — pointwise into pointwise, a pointwise
 reduction (computed inside the reduction loop), a pointwise epilogue after a reduction over the same
 rows, a reduction into a reduction over the same rows (LayerNorm's mean, then variance).
 Horizontal: independent nodes with the same iteration space that read a common buffer.
+Small: independent nodes of at most `small` points each (outer times reduced) with the same iteration space,
+whatever they read. They save no memory traffic, only launches: a kernel that small is one program whose
+time is its launch, and a training step made of such kernels is bound by the host issuing them (every
+BatchNorm's `num_batches_tracked += 1`, one point each: 20 launches of a ResNet-18's forward, now one).
 
 Candidates are pairs that share a buffer (horizontal ones within `window` consumers of each other in
-program order). They are tried best first — most bytes of memory traffic saved, then closest in program
-order — and each fusion is a counted decision. Groups keep growing within a round (a chain fuses in
+program order), and small nodes within `window` small nodes of each other in program order. They are
+tried best first — most bytes of memory traffic saved (none, for small ones: last), then closest in
+program order — and each fusion is a counted decision. Groups keep growing within a round (a chain fuses in
 one round); rounds repeat until nothing fuses, at most `max_rounds`. A pair refused only because a path
 between them runs through other nodes is tried again after each later fusion of the round (those nodes
 may have joined the producer's group), ahead of the pairs ranked below it: cross-entropy's gather of the
@@ -26,7 +31,7 @@ from typing import Annotated
 import sympy
 
 from ..ir import Extern, FusedNode
-from ..ir.index import VarKind, contiguous_strides, flat_walk, substitute
+from ..ir.index import VarKind, contiguous_strides, flat_walk, product, substitute
 from ..ir.loops import canon_var, canonical_map, members, shape
 from ..pipeline.registry import AtLeast, register_pass
 from .legality import accesses_agree, can_fuse, fixed_layouts, fuse_nodes, merge_group, refuse, saved_bytes, split_group
@@ -54,11 +59,26 @@ def _find(alias: dict, n: str) -> str:
     return root
 
 
-def _candidates(graph, vertical: bool, horizontal: bool, window: int, dirty):
-    """Pairs sharing a buffer; after the first round only pairs with a node made in the last round
-    (`dirty`): the verdict on two unchanged nodes cannot have changed."""
+def _points(node) -> int | None:
+    """A node's points (outer times reduced sizes), or None where a size is not a number."""
+    outer, red = shape(node)
+    n = sympy.sympify(product(tuple(outer) + tuple(red)))
+    return int(n) if n.is_Integer else None
+
+
+def _candidates(graph, vertical: bool, horizontal: bool, window: int, dirty, small: int = 0):
+    """Pairs sharing a buffer, and pairs of small nodes (at most `small` points); after the first round only
+    pairs with a node made in the last round (`dirty`): the verdict on two unchanged nodes cannot have
+    changed."""
     order = graph.orders()
     pairs = set()
+    if small:
+        tiny = sorted((n for n, node in graph.items() if not isinstance(node, Extern)
+                       and (p := _points(node)) is not None and p <= small), key=order.__getitem__)
+        for i, a in enumerate(tiny):
+            for b in tiny[i + 1:i + 1 + window]:
+                if dirty is None or a in dirty or b in dirty:
+                    pairs.add((a, b))
     if vertical:
         for u, v in graph.edges(dirty):
             pairs.add((u, v) if order[u] <= order[v] else (v, u))
@@ -295,15 +315,17 @@ def fuse(graph, ctx, *,
          max_nodes: Annotated[int, "most nodes in one fused kernel", AtLeast(1)] = 64,
          vertical: Annotated[bool, "fuse producers into consumers"] = True,
          horizontal: Annotated[bool, "fuse independent nodes that share an input"] = True,
-         window: Annotated[int, "horizontal candidates: how many later readers of a buffer to pair with",
-                                AtLeast(0)] = 4,
+         window: Annotated[int, "horizontal candidates: how many later readers of a buffer (or small nodes) to "
+                                "pair with", AtLeast(0)] = 4,
+         small: Annotated[int, "fuse independent nodes of at most this many points (launches saved; 0: none)",
+                               AtLeast(0)] = 1,
          max_rounds: Annotated[int, "rounds of candidate collection", AtLeast(0)] = 10):
     """Fuse producer/consumer and sibling nodes into single kernels, best memory savings first."""
     refused: set = set()
     dirty = None
     fixed = fixed_layouts(graph)
     for _ in range(max_rounds):
-        pairs, order = _candidates(graph, vertical, horizontal, window, dirty)
+        pairs, order = _candidates(graph, vertical, horizontal, window, dirty, small)
         outputs = graph.output_names()
         nbytes = {name: buf.nbytes for name, buf in graph.buffers().items()}
         io = {n: (set(node.read_names()), node.output_names()) for n, node in graph.items()
