@@ -1,6 +1,7 @@
 """CPU cost of a step where the CPU bounds the time: tiny training steps, eager vs Inductor vs passline.
 
     python benchmarks/launch.py [--steps 300] [--dtype bfloat16]
+    python benchmarks/launch.py --per-launch [--launches 2000]
 
 Each case is a training step (forward, `loss.backward()`) on tensors so small that the GPU finishes each
 kernel before the host has issued the next: the time per step is the host's time to run the compiled
@@ -9,11 +10,19 @@ table gives µs per step and, for passline, the kernels and extern calls it laun
 µs per launch (step time / launches, an upper bound: the step also runs autograd and the compiled
 region's wrappers); then the same with CUDA graphs: Inductor's `mode="reduce-overhead"` against
 `passline.backend(cudagraphs=True)`.
+
+With `--per-launch`, one launch's host time alone, Inductor's against passline's in one process: each
+contender's step runs once with its launcher recorded (Inductor's `CachingAutotuner.run`, passline's
+`Kernel.__call__`: the path from the generated call to the driver), then every recorded launch is replayed
+`--launches` times in a row, the contenders interleaved over five rounds; the figure is µs a launch, the
+median of the rounds of the mean over the step's kernels.
 """
 from __future__ import annotations
 
 import argparse
 import copy
+import functools
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -86,15 +95,89 @@ def per_step_us(step, x, steps: int) -> float:
     return best
 
 
+def recorded_launches(run_step, x) -> dict:
+    """{"inductor": [...], "passline": [...]}: (function, args, kwargs) of every kernel launch one step makes,
+    through each compiler's launcher (Inductor's CachingAutotuner.run, passline's Kernel.__call__)."""
+    from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+
+    from passline.backends.triton.runner import Kernel
+
+    seen = {"inductor": [], "passline": []}
+    originals = CachingAutotuner.run, Kernel.__call__
+
+    def inductor_run(self, *args, **kwargs):
+        seen["inductor"].append((functools.partial(originals[0], self), args, kwargs))
+        return originals[0](self, *args, **kwargs)
+
+    def passline_call(self, *args, **kwargs):
+        seen["passline"].append((functools.partial(originals[1], self), args, kwargs))
+        return originals[1](self, *args, **kwargs)
+
+    CachingAutotuner.run, Kernel.__call__ = inductor_run, passline_call
+    try:
+        for step in run_step:
+            step(x)
+        torch.cuda.synchronize()
+    finally:
+        CachingAutotuner.run, Kernel.__call__ = originals
+    return seen
+
+
+def per_launch_us(launches: list, n: int) -> float:
+    """Mean host µs of one launch over `launches`, each replayed n times back to back."""
+    total = 0.0
+    for fn, args, kwargs in launches:
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn(*args, **kwargs)
+        total += (time.perf_counter() - t0) / n
+        torch.cuda.synchronize()
+    return total / len(launches) * 1e6
+
+
+def main_per_launch(a, dtype) -> int:
+    print("| case | Inductor launches a step | passline launches a step | Inductor µs a launch | passline µs a launch "
+          "| passline / Inductor (rounds) |")
+    print("|---|---|---|---|---|---|")
+    for name in a.cases.split(","):
+        make, shape = CASES[name]
+        base = make(shape[-1]).to("cuda", dtype)
+        x = torch.randn(*shape, device="cuda", dtype=dtype, requires_grad=True)
+        steps = []
+        for backend in ("inductor", passline.backend(fallback="raise")):
+            torch._dynamo.reset()
+            step = step_fn(torch.compile(copy.deepcopy(base), backend=backend))
+            for _ in range(3):
+                step(x)
+            steps.append(step)
+        seen = recorded_launches(steps, x)
+        times = {k: [] for k in seen}
+        for r in range(5):
+            for k in (list(seen) if r % 2 else list(reversed(list(seen)))):
+                times[k].append(per_launch_us(seen[k], a.launches))
+        ratios = sorted(p / i for p, i in zip(times["passline"], times["inductor"]))
+        med = {k: statistics.median(v) for k, v in times.items()}
+        print(f"| {name} {tuple(shape)} | {len(seen['inductor'])} | {len(seen['passline'])} | {med['inductor']:.2f} "
+              f"| {med['passline']:.2f} | {statistics.median(ratios):.3f} ({ratios[0]:.3f}–{ratios[-1]:.3f}) |",
+              flush=True)
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--cases", default=",".join(CASES))
+    p.add_argument("--per-launch", action="store_true",
+                   help="one launch's host time, Inductor's launcher against passline's (replayed launches)")
+    p.add_argument("--launches", type=int, default=2000, help="with --per-launch: replays of each launch a round")
     a = p.parse_args(argv)
     dtype = getattr(torch, a.dtype)
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton "
           f"{__import__('triton').__version__}, {a.dtype}, {a.steps} steps")
+    if a.per_launch:
+        return main_per_launch(a, dtype)
     print("| case | eager µs | Inductor µs | passline µs | passline / Inductor | passline launches | µs per launch "
           "| Inductor reduce-overhead µs | passline cudagraphs µs | ratio |")
     print("|---|---|---|---|---|---|---|---|---|---|")
