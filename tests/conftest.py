@@ -18,6 +18,20 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 
 
+# A function compiled more often than dynamo's recompile limit (8 guards failing in turn) is run eagerly from then
+# on, silently: a test comparing it with eager would compare eager with eager and pass whatever passline does (a
+# parametrized test compiling nn.EmbeddingBag.forward for 18 cases did, until it reset dynamo per case). Hitting the
+# limit is an error here, and each test starts from a reset dynamo, so that no test's compiles count against
+# another's (xdist's workers run them in any order).
+torch._dynamo.config.fail_on_recompile_limit_hit = True
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+
+
 # PASSLINE_TEST_TARGET=cuda:132 — the passes plan every graph for a GPU of that many SMs while the kernels still
 # run here (Triton's interpreter, the reference backend): the schedules a GPU run (PASSLINE_TEST_DEVICE=cuda)
 # makes, on a machine without one. A test whose expected schedule is the CPU target's then fails here as it would

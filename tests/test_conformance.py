@@ -52,7 +52,8 @@ SLICE = (
     "rsqrt", "new_zeros", "roll", "nn.functional.celu", "nn.functional.prelu", "nn.functional.bilinear",
     "_native_batch_norm_legit", "logspace", "signal.windows.hann",
     # once crashed at run time: 0-dim operands, bool results, reductions of a 0-dim tensor, an extern whose
-    # CPU kernel disagrees with its meta function (dtype; shapes: refused)
+    # CPU kernel disagrees with its meta function (dtype; shapes: embedding_bag, once refused, now replaced in
+    # dynamo's graph by a gather and reductions per bag)
     "logical_or", "logical_xor", "logical_not", "pow", "float_power", "sum", "argmax", "any",
     "_batch_norm_with_update", "nn.functional.embedding_bag",
     # pointwise math, NaN/inf, integer and bool results

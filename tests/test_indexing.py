@@ -764,3 +764,77 @@ def test_position_embedding_at_an_arange_is_proven_in_range():
     (fw,) = [r for r in be.reports if r.name.startswith("forward")]
     indirect = [b for n in fw.graph.nodes() for m in members(n) for ld in loads(m.body) for b in ld.indirect]
     assert indirect and all(b.proven for b in indirect)
+
+
+# -- EmbeddingBag: replaced in dynamo's graph by a gather and a reduction per bag ------------------------
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
+@pytest.mark.parametrize("bags", ["rows", "offsets", "offsets_last"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_embedding_bag_trains_as_eager(mode, bags, dtype):
+    """nn.EmbeddingBag compiles (fallback="raise": its aten op used to be refused, the whole graph run eagerly)
+    and trains as eager: outputs, the weight's and the per-sample weights' gradients; a padding index left
+    out of sums, means and maxima, empty bags zeros, a bag's repeated row (a tie) and all-zero rows for max
+    (eager's gradient goes to the bag's first maximum). (Entries past an include_last_offset's last offset
+    are not tested: eager's own kernels disagree there, its CPU sum leaving them out of the output but not of
+    the gradient, its mean out of the sum but not of the count.)"""
+    import copy
+
+    torch._dynamo.reset()  # each case compiles EmbeddingBag.forward again: past dynamo's limit it runs eagerly
+    torch.manual_seed(0)
+    eb = torch.nn.EmbeddingBag(20, 6, mode=mode, padding_idx=3, include_last_offset=bags == "offsets_last")
+    with torch.no_grad():
+        eb.weight[10:14] = 0.0  # equal rows: ties a max resolves to the first entry
+    eb = eb.to(dtype)
+    ref = copy.deepcopy(eb)
+    if bags == "rows":
+        idx, off = torch.tensor([[1, 5, 5, 3], [3, 3, 3, 3], [10, 11, 12, 0], [19, 2, 7, 12]]), None
+    else:  # bags [0, 3) [3, 3) [3, 7) [7, 9) [9, ...): an empty one, one of padding only
+        idx = torch.tensor([4, 4, 9, 3, 3, 3, 3, 11, 10, 0, 13, 12])
+        off = torch.tensor([0, 3, 3, 7, 9] + ([12] if bags == "offsets_last" else []))
+    psw = torch.rand(idx.shape, dtype=dtype, requires_grad=True) if mode == "sum" else None
+    psw_ref = psw.detach().clone().requires_grad_(True) if psw is not None else None
+    f = torch.compile(eb, backend=passline.backend(fallback="raise"))
+    y, y_ref = f(idx, off, per_sample_weights=psw), ref(idx, off, per_sample_weights=psw_ref)
+    cot = torch.randn(y_ref.shape).to(dtype)
+    (y * cot).sum().backward()
+    (y_ref * cot).sum().backward()
+    tol = {} if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(y, y_ref, **tol)
+    torch.testing.assert_close(eb.weight.grad, ref.weight.grad, **tol)
+    if psw is not None:
+        torch.testing.assert_close(psw.grad, psw_ref.grad, **tol)
+
+
+@pytest.mark.parametrize("mode", ["sum", "max"])
+def test_embedding_bag_indices_out_of_range_raise(mode):
+    torch._dynamo.reset()
+    eb = torch.nn.EmbeddingBag(8, 4, mode=mode)
+    f = torch.compile(eb, backend=passline.backend(fallback="raise"))
+    for bad in (-1, 8):
+        with pytest.raises(Exception, match=f"index {bad} is out of bounds"):
+            f(torch.tensor([1, bad, 2]), torch.tensor([0, 2]))
+
+
+@pytest.mark.parametrize("two_d", [False, True])
+def test_embedding_bag_max_takes_a_nan_only_as_a_bags_first_entry(two_d):
+    """Eager's max keeps a running maximum from a bag's first entry, replaced only by a greater one: a NaN
+    first entry is the result (and gets the gradient), a later NaN is passed over, -inf ties go to the first."""
+    import copy
+
+    torch._dynamo.reset()
+    nan, inf = float("nan"), float("inf")
+    eb = torch.nn.EmbeddingBag(6, 2, mode="max", padding_idx=4)
+    with torch.no_grad():
+        eb.weight.copy_(torch.tensor([[nan, 1.0], [2.0, nan], [3.0, -inf], [-inf, -inf], [0.5, 0.5], [nan, nan]]))
+    ref = copy.deepcopy(eb)
+    if two_d:
+        idx, off = torch.tensor([[0, 1], [1, 0], [2, 3], [3, 3], [4, 0], [4, 5], [5, 2]]), None
+    else:
+        idx, off = torch.tensor([0, 1, 2, 1, 0, 3, 4, 0, 5, 2, 3, 3]), torch.tensor([0, 2, 4, 6, 8, 10])
+    f = torch.compile(eb, backend=passline.backend(fallback="raise"))
+    y, y_ref = f(idx, off), ref(idx, off)
+    cot = torch.arange(1.0, y_ref.numel() + 1).reshape(y_ref.shape)
+    (y * cot).sum().backward()
+    (y_ref * cot).sum().backward()
+    torch.testing.assert_close(y, y_ref, equal_nan=True)
+    torch.testing.assert_close(eb.weight.grad, ref.weight.grad, equal_nan=True)

@@ -97,13 +97,104 @@ def _multilabel_margin_loss(input, target, size_average=None, reduce=None, reduc
     return loss.mean() if reduction == "mean" else loss.sum() if reduction == "sum" else loss
 
 
+def _embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2.0, scale_grad_by_freq=False,
+                   mode="mean", sparse=False, per_sample_weights=None, include_last_offset=False, padding_idx=None):
+    """F.embedding_bag in torch ops: the rows `weight[input]` gathered, then summed, averaged or maxed per bag,
+    so that aot_autograd differentiates ops passline lowers (a gather; a reduction over each row of a 2-D input,
+    whose bags are its rows; an index_add or scatter_reduce over bags given by offsets). Sums accumulate in
+    float32 as eager's kernels do; a mean divides by the bag's entries that are not `padding_idx`; an empty
+    bag is zeros; a max takes, per column, the first entry of the bag holding the maximum, or a NaN that is the
+    bag's first entry (eager's kernels keep a running maximum from the first entry, replaced by a later one
+    only if greater), and the gradient goes to that entry alone. What this does not cover — sparse
+    gradients, gradients scaled by frequency, nested inputs, arguments eager refuses — is F.embedding_bag's
+    own call, as before (its aten op is then refused by the lowering: the graph runs eagerly)."""
+    fn = torch.nn.functional.embedding_bag
+    plain = (not sparse and not scale_grad_by_freq and mode in ("sum", "mean", "max") and weight.dim() == 2
+             and weight.is_floating_point() and input.dim() in (1, 2) and not input.is_nested
+             and not input.is_floating_point()
+             and (per_sample_weights is None or (mode == "sum" and per_sample_weights.shape == input.shape
+                                                 and per_sample_weights.dtype == weight.dtype))
+             and ((input.dim() == 2 and offsets is None)
+                  or (input.dim() == 1 and offsets is not None and offsets.dim() == 1
+                      and not offsets.is_floating_point()))
+             and (padding_idx is None or -weight.shape[0] <= padding_idx < weight.shape[0])
+             and (input.dim() == 1 or input.shape[1] > 0))
+    if not plain or (include_last_offset and input.dim() == 1 and offsets.shape[0] < 1):
+        return fn(input, weight, offsets, max_norm, norm_type, scale_grad_by_freq, mode, sparse,
+                  per_sample_weights, include_last_offset, padding_idx)
+    if max_norm is not None:
+        with torch.no_grad():
+            torch.embedding_renorm_(weight, input, max_norm, norm_type)
+    acc = torch.float32 if weight.dtype in (torch.float16, torch.bfloat16) else weight.dtype
+    keep = None if padding_idx is None else input != (padding_idx % weight.shape[0])
+    vals = torch.embedding(weight, input)  # [bags, entries, dim] or [entries, dim]; a negative index raises
+    if mode != "max":
+        vals = vals.to(acc)
+        if per_sample_weights is not None:
+            vals = vals * per_sample_weights.to(acc).unsqueeze(-1)
+    if input.dim() == 2:  # bags are rows
+        if mode == "max":
+            v = vals.detach() if keep is None else torch.where(keep.unsqueeze(-1), vals.detach(), float("-inf"))
+            v = torch.where(torch.isnan(v), float("-inf"), v)
+            first = (v == v.amax(1, keepdim=True)).to(torch.int8).argmax(1, keepdim=True)  # [bags, 1, dim]
+            # eager's running max starts at the bag's first entry and takes a later one only if greater: a NaN
+            # wins as the first entry (not padding), and only then
+            lead = torch.zeros_like(first) if keep is None else \
+                keep.to(torch.int8).argmax(1).view(-1, 1, 1).expand_as(first)
+            first = torch.where(torch.isnan(torch.gather(vals.detach(), 1, lead)), lead, first)
+            out = torch.gather(vals, 1, first).squeeze(1)
+            if keep is not None:
+                out = torch.where(keep.any(1, keepdim=True), out, 0)
+            return out
+        if keep is not None:
+            vals = torch.where(keep.unsqueeze(-1), vals, 0)
+        out = vals.sum(1)
+        if mode == "mean":
+            count = input.shape[1] if keep is None else keep.sum(1, keepdim=True).clamp_min(1)
+            out = out / count
+        return out.to(weight.dtype)
+    n, bags = input.shape[0], offsets.shape[0] - (1 if include_last_offset else 0)
+    # each entry's bag: the last offset at or before it; past the last bag (include_last_offset) and the
+    # padding entries go to a bag of their own, `bags`, dropped at the end
+    bag = torch.searchsorted(offsets.to(torch.int64), torch.arange(n, device=input.device), right=True) - 1
+    if keep is not None:
+        bag = torch.where(keep, bag, bags)
+    bag = torch.where(bag >= bags, bags, bag)
+    dim = weight.shape[1]
+    if mode == "max":
+        if n == 0:  # zeros, still a function of the weight (its gradient, zeros, is asked for)
+            return weight[:0].sum(0).expand(bags, dim).contiguous()
+        index = bag.unsqueeze(1).expand(n, dim)
+        v = torch.where(torch.isnan(vals.detach()), float("-inf"), vals.detach())
+        top = torch.zeros(bags + 1, dim, dtype=v.dtype, device=v.device).scatter_reduce(
+            0, index, v, "amax", include_self=False)
+        pos = torch.arange(n, device=input.device)
+        hit = torch.where(v == top.gather(0, index), pos.unsqueeze(1), n)
+        first = torch.full((bags + 1, dim), n, dtype=torch.int64, device=input.device).scatter_reduce(
+            0, index, hit, "amin", include_self=True)
+        # a NaN wins as the bag's first entry (as in eager's running max), and only then
+        lead = torch.full((bags + 1,), n, dtype=torch.int64, device=input.device).scatter_reduce(
+            0, bag, pos, "amin", include_self=True).clamp_max(n - 1)
+        first = torch.where(torch.isnan(vals.detach()[lead]) & (first < n), lead.unsqueeze(1), first)[:bags]
+        return torch.where(first < n, torch.gather(vals, 0, first.clamp_max(n - 1)), 0)
+    out = torch.zeros(bags + 1, dim, dtype=acc, device=vals.device).index_add(0, bag, vals)[:bags]
+    if mode == "mean":
+        count = torch.zeros(bags + 1, dtype=acc, device=vals.device).index_add(
+            0, bag, torch.ones(n, dtype=acc, device=vals.device))[:bags]
+        out = out / count.clamp_min(1).unsqueeze(1)
+    return out.to(weight.dtype)
+
+
 # Functions of dynamo's graphs replaced before aot_autograd traces them, where torch's decomposition is
 # wrong and runs at the autograd key (`py_impl(DispatchKey.Autograd)`), before any decomposition table:
 # aten.multilabel_margin_loss_forward's sums the hinge over the positions after a target row's -1 too
 # (wrong losses and gradients; aot_eager's as well; pytorch/pytorch PR #189552). Only the public function
 # (nn.MultiLabelMarginLoss calls it): the private binding torch._C._nn.multilabel_margin_loss takes the
-# reduction as an enum, with a default of its own, and is left to torch.
-FX_REPLACEMENTS = {torch.nn.functional.multilabel_margin_loss: _multilabel_margin_loss}
+# reduction as an enum, with a default of its own, and is left to torch. Or where torch has no decomposition
+# and its op cannot be an extern call: `_embedding_bag`'s CPU kernel returns other shapes than its meta
+# function (lowering/extern.py, META_DISAGREES), so a graph with an EmbeddingBag used to run eagerly whole.
+FX_REPLACEMENTS = {torch.nn.functional.multilabel_margin_loss: _multilabel_margin_loss,
+                   torch.nn.functional.embedding_bag: _embedding_bag}
 
 
 def replace_wrong_decompositions(gm: torch.fx.GraphModule) -> None:
