@@ -95,6 +95,13 @@ def per_step_us(step, x, steps: int) -> float:
     return best
 
 
+def case_inputs(name: str, dtype):
+    """(the case's module on the GPU, an input requiring grad, its shape)."""
+    make, shape = CASES[name]
+    base = make(shape[-1]).to("cuda", dtype)
+    return base, torch.randn(*shape, device="cuda", dtype=dtype, requires_grad=True), shape
+
+
 def recorded_launches(run_step, x) -> dict:
     """{"inductor": [...], "passline": [...]}: (function, args, kwargs) of every kernel launch one step makes,
     through each compiler's launcher (Inductor's CachingAutotuner.run, passline's Kernel.__call__)."""
@@ -141,9 +148,7 @@ def main_per_launch(a, dtype) -> int:
           "| passline / Inductor (rounds) |")
     print("|---|---|---|---|---|---|")
     for name in a.cases.split(","):
-        make, shape = CASES[name]
-        base = make(shape[-1]).to("cuda", dtype)
-        x = torch.randn(*shape, device="cuda", dtype=dtype, requires_grad=True)
+        base, x, shape = case_inputs(name, dtype)
         steps = []
         for backend in ("inductor", passline.backend(fallback="raise")):
             torch._dynamo.reset()
@@ -182,9 +187,7 @@ def main(argv=None) -> int:
           "| Inductor reduce-overhead µs | passline cudagraphs µs | ratio |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for name in a.cases.split(","):
-        make, shape = CASES[name]
-        base = make(shape[-1]).to("cuda", dtype)
-        x = torch.randn(*shape, device="cuda", dtype=dtype, requires_grad=True)
+        base, x, shape = case_inputs(name, dtype)
         eager = per_step_us(step_fn(copy.deepcopy(base)), x, a.steps)
         torch._dynamo.reset()
         ind = per_step_us(step_fn(torch.compile(copy.deepcopy(base))), x, a.steps)
