@@ -417,3 +417,21 @@ def test_run_time_reduced_ranges_split_by_the_rule_at_the_traced_size():
     # 4 column blocks want 66 chunks for 2 programs per SM; 40000 rows of the trace allow 39 (min_chunk 1024)
     assert p.ranges == (39, 64) and not p.reduction_ranges[0].is_number
     assert len(be.reports) == 1
+
+
+@pytest.mark.parametrize("codegen", ["reference", "triton"])
+def test_a_group_whose_split_could_not_be_ordered_stays_whole(codegen):
+    """A fused group reducing `c` whose in-loop member reads both the finished minimum and `s`'s old value,
+    while its epilogue overwrites `s` in place: split, the member kept outside would run after the finishing
+    node (the minimum) and before it (the old `s`) — a cycle the verifier named split_reductions for (found by
+    fuzzing). The group stays whole (`split_reductions_refused`), and the results are eager's."""
+
+    def f(s, c):
+        low = c.amin(0) * 3
+        out = (c * low) * 3 - (s + c)
+        s.copy_(low)
+        return out, s.clone()
+
+    be = assert_matches_eager(f, [torch.randn(()).half(), torch.randn(4).double()],
+                              pipeline="dce, fuse, split_reductions(splits=2)", codegen=codegen)
+    assert be.reports[0].metrics.counters["split_reductions_refused"] == 1

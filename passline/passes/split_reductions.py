@@ -70,8 +70,9 @@ A run-time R (dynamic shapes: BatchNorm's rows over a varying batch) is split to
 by the rule with R taken at the size dynamo traced the graph at (`SchedulerGraph.hints`), and the chunks
 are ceil(R / S) points, all masked, so one kernel serves every size; below S * (S - 1) points the last
 chunks hold none (their partials are the identity; the variance's combination skips them, as 0 / 0 would
-carry a NaN into it). Left alone: MixOrderNodes, pointwise and extern nodes, argmax/argmin, and a
-symbolic X (the count of outputs decides the programs: S would have to be chosen per call). Stats:
+carry a NaN into it). Left alone: MixOrderNodes, pointwise and extern nodes, argmax/argmin, a group whose
+pieces could not be ordered (a kept in-loop member reading a finished result and an input the finishing node
+overwrites), and a symbolic X (the count of outputs decides the programs: S would have to be chosen per call). Stats:
 `num_split_reductions` (reductions split), `split_reductions_refused` (groups the rule chose but that
 cannot be split).
 """
@@ -404,10 +405,10 @@ def _levels(members, reduced: dict, n_outer: int, R: int) -> tuple[dict, dict]:
     return level, pairs
 
 
-def _split_group(graph, node, members, outer, red, splits: int, column: bool, bodies) -> list:
+def _split_group(graph, node, members, outer, red, splits: int, column: bool, bodies) -> list | None:
     """The nodes replacing `node`: kept inner members, then per level (see `_levels`) one partial node
     holding the partial reductions of that level and one finishing node holding their finishing
-    reductions and the epilogue members that read them."""
+    reductions and the epilogue members that read them; None where the pieces could not be ordered."""
     pointwise, reduced = bodies
     sp = _Split(outer, red, splits, column)
     n = len(outer)
@@ -463,6 +464,14 @@ def _split_group(graph, node, members, outer, red, splits: int, column: bool, bo
             L = max((at_level[b] for b in m.read_names() if b in at_level), default=0)
             at_level[m.output.name] = L
             stages[L].append(m)
+    # a kept in-loop member reading both a finished result and a buffer the finishing node overwrites in place
+    # (an input's old value) would have to run after that node and before it: such a group stays whole
+    for k in inner_kept:
+        reads = set(k.read_names())
+        for stage in stages:
+            finished = {m.output.name for m in stage}
+            if reads & finished and any(reads & set(m.mutates) for m in stage):
+                return None
     out = list(inner_kept)
     first = True
     for L in range(top + 1):
@@ -603,6 +612,9 @@ def split_reductions(graph, ctx, *,
         if not ctx.decide("split", node):
             continue
         new = _split_group(graph, node, members, outer, red, S, column, bodies)
+        if new is None:
+            ctx.count("split_reductions_refused")
+            continue
         position = graph.order(node.name)
         graph.remove_node(node.name)
         for k, n in enumerate(new):
