@@ -435,3 +435,26 @@ def test_a_group_whose_split_could_not_be_ordered_stays_whole(codegen):
     be = assert_matches_eager(f, [torch.randn(()).half(), torch.randn(4).double()],
                               pipeline="dce, fuse, split_reductions(splits=2)", codegen=codegen)
     assert be.reports[0].metrics.counters["split_reductions_refused"] == 1
+
+
+@pytest.mark.parametrize("small", [0, 1])
+def test_split_pieces_keep_their_side_of_an_in_place_write(small):
+    """A group whose one-point epilogue writes an input in place (`scale.mul_(0.9)`, joined to a sum's division
+    by fuse's `small`, or the sum's own result copied into `c`) sits at its first member's program position,
+    before a node reading the input's old value. Split, its pieces were added back by program order and the
+    write ran before that read (y = z + 1.8 for eager's z + 2.0; found by the session's fuzz campaign): each
+    piece now keeps the group's side of the read."""
+
+    def f(x, z, scale, c):
+        loss = x.sum() / 7
+        y = z + scale                    # scale's old value
+        e = torch.cumsum(c.view(1), 0)   # c's old value, through an extern call
+        scale.mul_(0.9)
+        c.copy_(loss)
+        return loss, y, e
+
+    args = [torch.randn(4096), torch.randn(300), torch.tensor(2.0), torch.tensor(5.0)]
+    pipeline = f"dce, fuse(small={small}), split_reductions(splits=2)"
+    for codegen in ("reference", "triton"):
+        be = assert_matches_eager(f, args, pipeline=pipeline, codegen=codegen)
+        assert be.reports[0].metrics.counters["num_split_reductions"] == 1

@@ -615,9 +615,6 @@ def split_reductions(graph, ctx, *,
         if new is None:
             ctx.count("split_reductions_refused")
             continue
-        position = graph.order(node.name)
-        graph.remove_node(node.name)
-        for k, n in enumerate(new):
-            graph.add_node(n, order=position + k / (len(new) + 1))
+        graph.replace_nodes(node.name, new)
         ctx.count("num_split_reductions", len(reductions))
     return graph

@@ -265,6 +265,27 @@ class SchedulerGraph:
         self.remove_node(name)
         self.add_node(new, order=order, before=before, after=after)
 
+    def replace_nodes(self, name: str, new: list) -> None:
+        """Put the nodes `new`, in this order, where `name` was (`replace_node` for a node that becomes several:
+        a split reduction's pieces). Each keeps the old node's side of every node an in-place write ordered it
+        with: a piece holding the group's write into an input still runs after a reader of the input's old
+        value that came before the group, whatever their program positions (the group's is its first
+        member's, which may be earlier than that reader's)."""
+        order = self.nx.nodes[name]["order"]
+        partners = self._in_place_partners(self.node(name))
+        for n in new:
+            partners |= self._in_place_partners(n)
+        before, after = set(), set()
+        for v in partners:
+            if v != name and v in self.nx:
+                if nx.has_path(self.nx, v, name):
+                    before.add(v)
+                elif nx.has_path(self.nx, name, v):
+                    after.add(v)
+        self.remove_node(name)
+        for k, n in enumerate(new):
+            self.add_node(n, order=order + k / (len(new) + 1), before=before, after=after)
+
     def _in_place_partners(self, node) -> set:
         """The nodes an in-place write orders `node` with: the writers of what it reads, and the readers
         and other writers of what it writes in place."""
