@@ -250,20 +250,10 @@ class SchedulerGraph:
         self.nx.remove_node(name)
 
     def replace_node(self, name: str, new) -> None:
-        """Put `new` where `name` was (same program position); edges are recomputed from reads."""
-        order = self.nx.nodes[name]["order"]
-        # the nodes ordered with it around an in-place write keep their side of it (program order cannot
-        # tell: a fused group's order is its first member's, which says nothing of where its later
-        # members read a buffer a scatter writes in place)
-        before, after = set(), set()
-        for v in self._in_place_partners(self.node(name)) | self._in_place_partners(new):
-            if v != name and v in self.nx:
-                if nx.has_path(self.nx, v, name):
-                    before.add(v)
-                elif nx.has_path(self.nx, name, v):
-                    after.add(v)
-        self.remove_node(name)
-        self.add_node(new, order=order, before=before, after=after)
+        """Put `new` where `name` was (same program position); edges are recomputed from reads. The nodes ordered
+        with it around an in-place write keep their side of it (program order cannot tell: a fused group's order is
+        its first member's, which says nothing of where its later members read a buffer a scatter writes in place)."""
+        self.replace_nodes(name, [new])
 
     def replace_nodes(self, name: str, new: list) -> None:
         """Put the nodes `new`, in this order, where `name` was (`replace_node` for a node that becomes several:
