@@ -22,7 +22,7 @@ from passline.ir import (
     loop_vars,
     walk,
 )
-from passline.ir.loops import shape
+from passline.ir.loops import members, shape
 from passline.lowering import GraphInput, Program
 from passline.pipeline import SchedulerGraph
 from passline.testing import assert_matches_eager
@@ -332,6 +332,28 @@ def test_fuse_joins_independent_one_point_nodes_and_only_those():
     g4.outputs = tuple(TensorArg(n, (4,), (1,)) for n in "ab")
     assert len(passline.PassManager("fuse(horizontal=false)").run(g4.copy())[0]) == 2
     assert len(passline.PassManager("fuse(horizontal=false, small=4)").run(g4.copy())[0]) == 1
+
+
+def test_small_pairs_do_not_ride_a_grown_group():
+    """A pair that is a candidate only for being small is judged by its groups when its turn comes: the sum's
+    one-point division has by then joined the sum (a vertical fusion, ranked first), so the in-place bumps,
+    one point each, join each other and not the sum's kernel (no saving there; a kernel holding an in-place
+    write is neither timed nor mixed)."""
+    def f(x, scale, count):
+        s = x.sum() / 7
+        scale.mul_(0.9)
+        count.add_(1)
+        return s
+
+    be = passline.backend(codegen="reference", fallback="raise")
+    x, scale, count = torch.randn(1000), torch.ones(()), torch.zeros((), dtype=torch.long)
+    out = torch.compile(f, backend=be)(x, scale, count)
+    torch.testing.assert_close(out, x.sum() / 7)
+    assert scale.item() == pytest.approx(0.9) and count.item() == 1
+    graph = be.reports[0].graph
+    writes = [n for n in graph.nodes() if getattr(n, "mutates", ())]
+    assert len(writes) == 1 and shape(writes[0]) == ((), ()), graph.format()
+    assert len(members(writes[0])) >= 2, graph.format()  # the two bumps: one kernel
 
 
 @pytest.mark.parametrize("codegen", ["triton", "reference"])

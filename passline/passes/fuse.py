@@ -69,16 +69,17 @@ def _points(node) -> int | None:
 def _candidates(graph, vertical: bool, horizontal: bool, window: int, dirty, small: int = 0):
     """Pairs sharing a buffer, and pairs of small nodes (at most `small` points); after the first round only
     pairs with a node made in the last round (`dirty`): the verdict on two unchanged nodes cannot have
-    changed."""
+    changed. Also returns the pairs that are candidates only for being small."""
     order = graph.orders()
     pairs = set()
+    tiny_pairs = set()
     if small:
         tiny = sorted((n for n, node in graph.items() if not isinstance(node, Extern)
                        and (p := _points(node)) is not None and p <= small), key=order.__getitem__)
         for i, a in enumerate(tiny):
             for b in tiny[i + 1:i + 1 + window]:
                 if dirty is None or a in dirty or b in dirty:
-                    pairs.add((a, b))
+                    tiny_pairs.add((a, b))
     if vertical:
         for u, v in graph.edges(dirty):
             pairs.add((u, v) if order[u] <= order[v] else (v, u))
@@ -95,7 +96,7 @@ def _candidates(graph, vertical: bool, horizontal: bool, window: int, dirty, sma
                 for b in users[i + 1:i + 1 + window]:
                     if dirty is None or a in dirty or b in dirty:
                         pairs.add((a, b))
-    return pairs, order
+    return pairs | tiny_pairs, tiny_pairs - pairs, order
 
 
 def _quotient(big, small):
@@ -237,9 +238,12 @@ def _lined_up(graph, na, nb, fixed: set):
     return both if both[1].ok or first is None else first
 
 
-def _round(graph, ctx, ranked, fixed, refused: set, max_nodes: int) -> set:
+def _round(graph, ctx, ranked, fixed, refused: set, max_nodes: int, small: int) -> set:
     """Fuse `ranked` pairs, best first; the groups made (`refused` collects the pairs whose refusal is
-    recorded)."""
+    recorded). A pair that is a candidate only for being small fuses only while both its groups still are
+    (at most `small` points): by its turn one side may have joined a large reduction's group, which a
+    one-point write would then ride as an epilogue for no saving — and a kernel holding an in-place write
+    is neither timed nor mixed."""
     alias: dict[str, str] = {}
     made: set = set()
     # pairs refused only for a path between them through other nodes, in rank order: once those nodes
@@ -248,7 +252,7 @@ def _round(graph, ctx, ranked, fixed, refused: set, max_nodes: int) -> set:
     # it subtracts being one group, and would otherwise fuse for less, wherever the cast order put it)
     blocked: list = []
 
-    def attempt(a, b, first_try: bool) -> str | None:
+    def attempt(a, b, first_try: bool, only_small: bool = False) -> str | None:
         """The group made of a's and b's, or None (refused: recorded on the first try)."""
         a, b = _find(alias, a), _find(alias, b)
         if a == b:
@@ -256,6 +260,8 @@ def _round(graph, ctx, ranked, fixed, refused: set, max_nodes: int) -> set:
         na, nb = graph.node(a), graph.node(b)
         if len(members(na)) + len(members(nb)) > max_nodes:
             return None  # the cap: not worth a refusal record per pair
+        if only_small and not all((p := _points(n)) is not None and p <= small for n in (na, nb)):
+            return None  # a side grew past small this round: no longer a candidate
         verdict = can_fuse(graph, na, nb, max_nodes)
         # other loops: a split (or a merge into a reduction's nest) may line them up. Sizes that are a
         # permutation of each other look like a transpose ((2, 3, 6) against (6, 2, 3)) yet may be two merges
@@ -295,8 +301,8 @@ def _round(graph, ctx, ranked, fixed, refused: set, max_nodes: int) -> set:
         ctx.count("fusions")
         return group.name
 
-    for _, _, _, a, b in ranked:
-        group = attempt(a, b, True)
+    for _, _, _, a, b, only_small in ranked:
+        group = attempt(a, b, True, only_small)
         while group and blocked:
             # the path of a blocked pair closes only when its nodes join one side's group: retry those
             # pairs that have a side in the new group, best first
@@ -325,15 +331,15 @@ def fuse(graph, ctx, *,
     dirty = None
     fixed = fixed_layouts(graph)
     for _ in range(max_rounds):
-        pairs, order = _candidates(graph, vertical, horizontal, window, dirty, small)
+        pairs, tiny_only, order = _candidates(graph, vertical, horizontal, window, dirty, small)
         outputs = graph.output_names()
         nbytes = {name: buf.nbytes for name, buf in graph.buffers().items()}
         io = {n: (set(node.read_names()), node.output_names()) for n, node in graph.items()
               if not isinstance(node, Extern)}
-        ranked = [(-saved_bytes(graph, a, b, io, nbytes, outputs), abs(order[a] - order[b]), order[a], a, b)
-                  for a, b in pairs if a in io and b in io]
+        ranked = [(-saved_bytes(graph, a, b, io, nbytes, outputs), abs(order[a] - order[b]), order[a], a, b,
+                   (a, b) in tiny_only) for a, b in pairs if a in io and b in io]
         ranked.sort()
-        made = _round(graph, ctx, ranked, fixed, refused, max_nodes)
+        made = _round(graph, ctx, ranked, fixed, refused, max_nodes, small)
         if not made:
             break
         dirty = made

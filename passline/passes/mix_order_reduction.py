@@ -488,10 +488,7 @@ def mix_order_reduction(graph, ctx, *,
                     split = split_rows or (TILED_SPLIT if tiled else _auto_split(shape(group)[0], graph.hints))
                     new = MixOrderNode(f"mix_{row.name}", group, (col,), split, tune_split=not split_rows,
                                        tiled=tiled)
-                position = min(graph.order(row.name), graph.order(col.name))
-                graph.remove_node(row.name)
-                graph.remove_node(col.name)
-                graph.add_node(new, order=position)
+                graph.merge([row.name, col.name], new)  # their edges move to it (none recomputed by position)
                 ctx.count("codegen_mix_order_reduction")
                 changed = True
                 break
