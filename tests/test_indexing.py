@@ -832,9 +832,51 @@ def test_embedding_bag_max_takes_a_nan_only_as_a_bags_first_entry(two_d):
     else:
         idx, off = torch.tensor([0, 1, 2, 1, 0, 3, 4, 0, 5, 2, 3, 3]), torch.tensor([0, 2, 4, 6, 8, 10])
     f = torch.compile(eb, backend=passline.backend(fallback="raise"))
+    with torch.no_grad():  # the value alone: one reduction of the rows, the first entry's NaN taken apart
+        torch.testing.assert_close(f(idx, off), ref(idx, off), equal_nan=True)
     y, y_ref = f(idx, off), ref(idx, off)
     cot = torch.arange(1.0, y_ref.numel() + 1).reshape(y_ref.shape)
     (y * cot).sum().backward()
     (y_ref * cot).sum().backward()
     torch.testing.assert_close(y, y_ref, equal_nan=True)
     torch.testing.assert_close(eb.weight.grad, ref.weight.grad, equal_nan=True)
+
+
+@pytest.mark.parametrize("last", [False, True])
+def test_embedding_bag_mean_counts_a_bags_entries_from_its_offsets(last):
+    """Without a padding index a bag's count is the distance to the next offset (the last bag's to the end,
+    or to the last offset with include_last_offset): empty bags, a bag of one, inference and training."""
+    import copy
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    eb = torch.nn.EmbeddingBag(10, 3, mode="mean", include_last_offset=last)
+    ref = copy.deepcopy(eb)
+    idx = torch.tensor([1, 2, 3, 9, 9, 0, 4, 5])
+    off = torch.tensor([0, 0, 3, 4, 4] + ([8] if last else []))  # bags of 0, 3, 1, 0 and 4 entries
+    f = torch.compile(eb, backend=passline.backend(fallback="raise"))
+    with torch.no_grad():
+        torch.testing.assert_close(f(idx, off), ref(idx, off))
+    y, y_ref = f(idx, off), ref(idx, off)
+    cot = torch.randn(y_ref.shape)
+    (y * cot).sum().backward()
+    (y_ref * cot).sum().backward()
+    torch.testing.assert_close(y, y_ref)
+    torch.testing.assert_close(eb.weight.grad, ref.weight.grad)
+
+
+def test_embedding_bag_offsets_on_a_gpu_run_atens_kernel_where_it_is_faster():
+    """The rule that sends bags given by offsets to aten's kernel (measured on an H200: a max, or a forward
+    without gradients) and keeps ours elsewhere — always on the CPU, whose aten kernel disagrees with its
+    meta function's shapes."""
+    from types import SimpleNamespace
+
+    from passline.lowering.decompositions import _aten_bags
+
+    def w(device, dtype=torch.float32):
+        return SimpleNamespace(device=torch.device(device), dtype=dtype)
+
+    assert not any(_aten_bags(w("cpu"), mode, grad) for mode in ("sum", "mean", "max") for grad in (False, True))
+    assert all(_aten_bags(w("cuda"), mode, False) for mode in ("sum", "mean", "max"))
+    assert _aten_bags(w("cuda"), "max", True) and not _aten_bags(w("cuda", torch.bfloat16), "max", True)
+    assert not _aten_bags(w("cuda"), "sum", True) and not _aten_bags(w("cuda"), "mean", True)

@@ -107,7 +107,8 @@ def _embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2.0, sc
     bag's first entry (eager's kernels keep a running maximum from the first entry, replaced by a later one
     only if greater), and the gradient goes to that entry alone. What this does not cover — sparse
     gradients, gradients scaled by frequency, nested inputs, arguments eager refuses — is F.embedding_bag's
-    own call, as before (its aten op is then refused by the lowering: the graph runs eagerly)."""
+    own call, as before (its aten op is then refused by the lowering on the CPU: the graph runs eagerly).
+    So is a 1-D input with offsets on a GPU where `_aten_bags` says aten's kernel is the faster."""
     fn = torch.nn.functional.embedding_bag
     plain = (not sparse and not scale_grad_by_freq and mode in ("sum", "mean", "max") and weight.dim() == 2
              and weight.is_floating_point() and input.dim() in (1, 2) and not input.is_nested
@@ -119,7 +120,10 @@ def _embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2.0, sc
                       and not offsets.is_floating_point()))
              and (padding_idx is None or -weight.shape[0] <= padding_idx < weight.shape[0])
              and (input.dim() == 1 or input.shape[1] > 0))
-    if not plain or (include_last_offset and input.dim() == 1 and offsets.shape[0] < 1):
+    grad = torch.is_grad_enabled() and (weight.requires_grad or (per_sample_weights is not None
+                                                                 and per_sample_weights.requires_grad))
+    if not plain or (include_last_offset and input.dim() == 1 and offsets.shape[0] < 1) \
+            or (input.dim() == 1 and _aten_bags(weight, mode, grad)):
         return fn(input, weight, offsets, max_norm, norm_type, scale_grad_by_freq, mode, sparse,
                   per_sample_weights, include_last_offset, padding_idx)
     if max_norm is not None:
@@ -133,6 +137,15 @@ def _embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2.0, sc
         if per_sample_weights is not None:
             vals = vals * per_sample_weights.to(acc).unsqueeze(-1)
     if input.dim() == 2:  # bags are rows
+        if mode == "max" and not grad:  # the value alone: one row reduction (no first maximum to find)
+            v = vals if keep is None else torch.where(keep.unsqueeze(-1), vals, float("-inf"))
+            # the first entry gathered again from the weight: read from `vals`, the gathered rows would be
+            # stored whole for two readers instead of summed as they are loaded
+            lead = input[:, :1] if keep is None else torch.gather(input, 1, keep.to(torch.int8).argmax(1, True))
+            lead = torch.embedding(weight, lead.squeeze(1))
+            out = torch.where(torch.isnan(v), float("-inf"), v).amax(1)
+            out = torch.where(torch.isnan(lead), lead, out)
+            return out if keep is None else torch.where(keep.any(1, keepdim=True), out, 0)
         if mode == "max":
             v = vals.detach() if keep is None else torch.where(keep.unsqueeze(-1), vals.detach(), float("-inf"))
             v = torch.where(torch.isnan(v), float("-inf"), v)
@@ -179,10 +192,27 @@ def _embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2.0, sc
         return torch.where(first < n, torch.gather(vals, 0, first.clamp_max(n - 1)), 0)
     out = torch.zeros(bags + 1, dim, dtype=acc, device=vals.device).index_add(0, bag, vals)[:bags]
     if mode == "mean":
-        count = torch.zeros(bags + 1, dtype=acc, device=vals.device).index_add(
-            0, bag, torch.ones(n, dtype=acc, device=vals.device))[:bags]
+        if keep is None:  # a bag's entries run from its offset to the next (the last bag's to the end)
+            ends = torch.cat([offsets[1:bags + 1], offsets.new_full((1,), n)])[:bags].clamp(0, n)
+            count = (ends - offsets[:bags].clamp(0, n)).to(acc)
+        else:
+            count = torch.zeros(bags + 1, dtype=acc, device=vals.device).index_add(0, bag, keep.to(acc))[:bags]
         out = out / count.clamp_min(1).unsqueeze(1)
     return out.to(weight.dtype)
+
+
+def _aten_bags(weight, mode: str, grad: bool) -> bool:
+    """Whether bags given by offsets run aten's `_embedding_bag` (an extern call) rather than the gather and
+    the scatter over bags. The scatter adds every entry into its bag's row with an atomic add (a max: an
+    atomic compare-and-swap loop, three scatters to find the first maximum), where aten's GPU kernel reduces
+    each bag's entries in one program: on an H200 at 4096 bags the forward was 1.1–9× aten's time for a sum
+    or mean, 3–30× for a max, and a max's training step 1.5–13×; a sum's or mean's training step was
+    0.65–1.03× (aten's dense backward sorts the indices, the gather's backward is one scatter). So on a GPU,
+    aten's for a max and for a forward without gradients; ours where it trains a sum or a mean, and a max
+    of bfloat16 (aten has no CUDA kernel for its backward; eager raises). On the CPU always ours: aten's CPU
+    kernel returns other shapes than its meta function (lowering/extern.py)."""
+    return weight.device.type == "cuda" and (mode == "max" or not grad) \
+        and not (mode == "max" and grad and weight.dtype == torch.bfloat16)  # (no such kernel in aten: ours)
 
 
 # Functions of dynamo's graphs replaced before aot_autograd traces them, where torch's decomposition is

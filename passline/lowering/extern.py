@@ -33,7 +33,9 @@ def mutated_args(op) -> list[int]:
 # `_embedding_bag` returns an empty offset2bag / bag_size where the meta says one per index or bag. The
 # buffers the IR allocates and indexes would not fit what the op returns (nor, in the backward graph, what
 # its backward ops are given), so the graph is refused when it is compiled (the backend's fallback runs
-# it eagerly) rather than found out while running.
+# it eagerly) rather than found out while running. On a GPU the meta function gives the CUDA kernel's shapes
+# (its own branch for devices other than the CPU): there the ops are extern calls like any other (the
+# decomposition of F.embedding_bag leaves bags given by offsets to them where they are faster).
 META_DISAGREES = {"_embedding_bag", "_embedding_bag_forward_only", "_embedding_bag_backward",
                   "_embedding_bag_dense_backward", "_embedding_bag_per_sample_weights_backward"}
 
@@ -52,9 +54,16 @@ def lower_with_effects(ctx: LoweringContext, node: torch.fx.Node, token, op, *ar
     return (None,)
 
 
+def _on_cpu(node: torch.fx.Node) -> bool:
+    """Whether any tensor the node takes or returns is on the CPU (or none says where it is)."""
+    vals = [a.meta.get("val") for a in node.all_input_nodes] + list(tree_leaves(node.meta.get("val")))
+    devices = {v.device.type for v in vals if isinstance(v, torch.Tensor)}
+    return not devices or "cpu" in devices
+
+
 def lower_extern(ctx: LoweringContext, node: torch.fx.Node, args, kwargs):
     name = getattr(getattr(node.target, "_schema", None), "name", "").removeprefix("aten::")
-    if name in META_DISAGREES:
+    if name in META_DISAGREES and _on_cpu(node):
         raise NotImplementedError(f"aten.{name}: its CPU kernel's output shapes differ from its meta function's")
     kind = comm_kind(node.target)
     after = _wait_after(ctx, args) if kind == "wait" else ()  # before any copy of the argument is made
