@@ -842,6 +842,42 @@ def test_embedding_bag_max_takes_a_nan_only_as_a_bags_first_entry(two_d):
     torch.testing.assert_close(eb.weight.grad, ref.weight.grad, equal_nan=True)
 
 
+def test_embedding_bag_padding_is_never_a_maximum_nor_a_nan_gradient():
+    """Padding entries, masked to -inf, tie a column whose other entries are all -inf: the maximum is still
+    the first non-padding entry's (and its gradient), never the padding row's. A padding row holding inf or
+    NaN gives its per-sample weight a zero gradient, not inf times zero (found by the session's fuzzing)."""
+    torch._dynamo.reset()
+    inf, nan = float("inf"), float("nan")
+    w = torch.tensor([[5.0, 1.0], [-inf, 2.0], [nan, -inf]])
+    fmax = lambda i, w: F.embedding_bag(i, w, mode="max", padding_idx=0)  # noqa: E731
+    idx = torch.tensor([[0, 1], [1, 0], [0, 2]])  # padding first, last; a NaN first non-padding entry
+    we, wc = w.clone().requires_grad_(), w.clone().requires_grad_()
+    ye, yc = fmax(idx, we), torch.compile(fmax, backend=passline.backend(fallback="raise"))(idx, wc)
+    ye.sum().backward()
+    yc.sum().backward()
+    torch.testing.assert_close(yc, ye, equal_nan=True)
+    torch.testing.assert_close(wc.grad, we.grad)
+    torch._dynamo.reset()
+    wi = torch.tensor([[1.0, inf], [2.0, 3.0], [nan, 5.0]])
+    fsum = lambda i, w, o, p: F.embedding_bag(i, w, o, mode="sum", per_sample_weights=p, padding_idx=2)  # noqa: E731
+    f = torch.compile(fsum, backend=passline.backend(fallback="raise"))
+    for i, o in ((torch.tensor([2, 1, 0, 2]), torch.tensor([0, 2])), (torch.tensor([[0, 2], [2, 1]]), None)):
+        pe, pc = torch.ones(i.shape, requires_grad=True), torch.ones(i.shape, requires_grad=True)
+        fsum(i, wi, o, pe).sum().backward()
+        f(i, wi, o, pc).sum().backward()
+        torch.testing.assert_close(pc.grad, pe.grad)
+
+
+@pytest.mark.parametrize("offsets", [[0, 2, 9], [0, 3, 2], [1, 3]])
+def test_embedding_bag_offsets_eager_refuses_raise(offsets):
+    """Offsets past the input's end, decreasing, or not starting at 0: eager's kernels raise, and so does
+    passline (where its scatter over bags would otherwise have returned values)."""
+    torch._dynamo.reset()
+    f = torch.compile(lambda i, w, o: F.embedding_bag(i, w, o, mode="sum"), backend=passline.backend(fallback="raise"))
+    with pytest.raises(RuntimeError, match="offsets"):
+        f(torch.tensor([1, 2, 3, 4]), torch.randn(6, 3), torch.tensor(offsets))
+
+
 @pytest.mark.parametrize("last", [False, True])
 def test_embedding_bag_mean_counts_a_bags_entries_from_its_offsets(last):
     """Without a padding index a bag's count is the distance to the next offset (the last bag's to the end,

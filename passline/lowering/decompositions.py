@@ -134,6 +134,8 @@ def _embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2.0, sc
     vals = torch.embedding(weight, input)  # [bags, entries, dim] or [entries, dim]; a negative index raises
     if mode != "max":
         vals = vals.to(acc)
+        if keep is not None:  # before the product: a padding row's inf times its weight's zero gradient is NaN
+            vals = torch.where(keep.unsqueeze(-1), vals, 0)
         if per_sample_weights is not None:
             vals = vals * per_sample_weights.to(acc).unsqueeze(-1)
     if input.dim() == 2:  # bags are rows
@@ -149,7 +151,10 @@ def _embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2.0, sc
         if mode == "max":
             v = vals.detach() if keep is None else torch.where(keep.unsqueeze(-1), vals.detach(), float("-inf"))
             v = torch.where(torch.isnan(v), float("-inf"), v)
-            first = (v == v.amax(1, keepdim=True)).to(torch.int8).argmax(1, keepdim=True)  # [bags, 1, dim]
+            hit = v == v.amax(1, keepdim=True)
+            if keep is not None:  # padding, masked to -inf, ties a column of -inf entries: never the maximum
+                hit = hit & keep.unsqueeze(-1)
+            first = hit.to(torch.int8).argmax(1, keepdim=True)  # [bags, 1, dim]
             # eager's running max starts at the bag's first entry and takes a later one only if greater: a NaN
             # wins as the first entry (not padding), and only then
             lead = torch.zeros_like(first) if keep is None else \
@@ -159,14 +164,16 @@ def _embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2.0, sc
             if keep is not None:
                 out = torch.where(keep.any(1, keepdim=True), out, 0)
             return out
-        if keep is not None:
-            vals = torch.where(keep.unsqueeze(-1), vals, 0)
         out = vals.sum(1)
         if mode == "mean":
             count = input.shape[1] if keep is None else keep.sum(1, keepdim=True).clamp_min(1)
             out = out / count
         return out.to(weight.dtype)
     n, bags = input.shape[0], offsets.shape[0] - (1 if include_last_offset else 0)
+    if offsets.shape[0]:  # eager's checks (its CPU kernels'), here where a scatter would otherwise go on
+        torch._assert_async((offsets[0] == 0) & (offsets[-1] <= n) & (offsets[1:] >= offsets[:-1]).all(),
+                            "embedding_bag: offsets must start at 0, never decrease, and not exceed the input's "
+                            "length")
     # each entry's bag: the last offset at or before it; past the last bag (include_last_offset) and the
     # padding entries go to a bag of their own, `bags`, dropped at the end
     bag = torch.searchsorted(offsets.to(torch.int64), torch.arange(n, device=input.device), right=True) - 1
