@@ -7,7 +7,9 @@ Horizontal: independent nodes with the same iteration space that read a common b
 Small: independent nodes of at most `small` points each (outer times reduced) with the same iteration space,
 whatever they read. They save no memory traffic, only launches: a kernel that small is one program whose
 time is its launch, and a training step made of such kernels is bound by the host issuing them (every
-BatchNorm's `num_batches_tracked += 1`, one point each: 20 launches of a ResNet-18's forward, now one).
+BatchNorm's `num_batches_tracked += 1`, one point each: 20 launches of a ResNet-18's forward, now one). Such a
+pair fuses only while both its groups are still that small when its turn comes (not into a large sum's kernel
+as an epilogue, which would save nothing).
 
 Candidates are pairs that share a buffer (horizontal ones within `window` consumers of each other in
 program order), and small nodes within `window` small nodes of each other in program order. They are
