@@ -151,16 +151,17 @@ def _embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2.0, sc
         if mode == "max":
             v = vals.detach() if keep is None else torch.where(keep.unsqueeze(-1), vals.detach(), float("-inf"))
             v = torch.where(torch.isnan(v), float("-inf"), v)
-            hit = v == v.amax(1, keepdim=True)
-            if keep is not None:  # padding, masked to -inf, ties a column of -inf entries: never the maximum
-                hit = hit & keep.unsqueeze(-1)
-            first = hit.to(torch.int8).argmax(1, keepdim=True)  # [bags, 1, dim]
+            top, first = v.max(1, keepdim=True)  # [bags, 1, dim]: the maximum and its first entry, one reduction
             # eager's running max starts at the bag's first entry and takes a later one only if greater: a NaN
-            # wins as the first entry (not padding), and only then
+            # wins as the first entry (not padding), and only then; a column of -inf (padding, masked to -inf,
+            # ties it: never the maximum) keeps its first entry
             lead = torch.zeros_like(first) if keep is None else \
                 keep.to(torch.int8).argmax(1).view(-1, 1, 1).expand_as(first)
-            first = torch.where(torch.isnan(torch.gather(vals.detach(), 1, lead)), lead, first)
-            out = torch.gather(vals, 1, first).squeeze(1)
+            # (the first entry's value gathered from the weight: from `vals`, the gathered rows would be stored)
+            lead_nan = torch.isnan(torch.embedding(weight.detach(), torch.gather(input, 1, lead[:, :, 0]))
+                                   ).view(first.shape)
+            first = torch.where(lead_nan | (top == float("-inf")), lead, first)
+            out = _columns_of_rows(weight, torch.gather(input, 1, first.squeeze(1)))
             if keep is not None:
                 out = torch.where(keep.any(1, keepdim=True), out, 0)
             return out
@@ -196,7 +197,7 @@ def _embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2.0, sc
         lead = torch.full((bags + 1,), n, dtype=torch.int64, device=input.device).scatter_reduce(
             0, bag, pos, "amin", include_self=True).clamp_max(n - 1)
         first = torch.where(torch.isnan(vals.detach()[lead]) & (first < n), lead.unsqueeze(1), first)[:bags]
-        return torch.where(first < n, torch.gather(vals, 0, first.clamp_max(n - 1)), 0)
+        return torch.where(first < n, _columns_of_rows(weight, input[first.clamp_max(n - 1)]), 0)
     out = torch.zeros(bags + 1, dim, dtype=acc, device=vals.device).index_add(0, bag, vals)[:bags]
     if mode == "mean":
         if keep is None:  # a bag's entries run from its offset to the next (the last bag's to the end)
@@ -206,6 +207,13 @@ def _embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2.0, sc
             count = torch.zeros(bags + 1, dtype=acc, device=vals.device).index_add(0, bag, keep.to(acc))[:bags]
         out = out / count.clamp_min(1).unsqueeze(1)
     return out.to(weight.dtype)
+
+
+def _columns_of_rows(weight, rows):
+    """out[b, c] = weight[rows[b, c], c]: a max's value gathered from the weight at the row of each column's first
+    maximum. (Gathered from the bag's gathered rows instead, its backward wrote a gradient for every entry of every
+    bag, zeros but one a column, and scattered them all into the weight: pooling × more atomic adds.)"""
+    return torch.gather(weight, 0, rows)
 
 
 def _aten_bags(weight, mode: str, grad: bool) -> bool:
