@@ -866,16 +866,37 @@ def test_embedding_bag_padding_is_never_a_maximum_nor_a_nan_gradient():
         fsum(i, wi, o, pe).sum().backward()
         f(i, wi, o, pc).sum().backward()
         torch.testing.assert_close(pc.grad, pe.grad)
+        # a padding entry's own weight inf or NaN (1 / length with inf at the padding slots) is skipped too
+        p = torch.where(i == 2, torch.tensor([inf, nan])[torch.arange(i.numel()) % 2].view(i.shape), 1.0)
+        finite = torch.arange(6.0).view(3, 2)
+        torch.testing.assert_close(f(i, finite, o, p), fsum(i, finite, o, p))
 
 
-@pytest.mark.parametrize("offsets", [[0, 2, 9], [0, 3, 2], [1, 3]])
-def test_embedding_bag_offsets_eager_refuses_raise(offsets):
-    """Offsets past the input's end, decreasing, or not starting at 0: eager's kernels raise, and so does
-    passline (where its scatter over bags would otherwise have returned values)."""
+@pytest.mark.parametrize("offsets", [[0, 2, 9], [0, 3, 2], [1, 3], "last"])
+def test_embedding_bag_invalid_offsets_raise(offsets):
+    """Offsets past the input's end, decreasing, or not starting at 0 (eager's CPU sum and mean raise; what its max
+    returns there is no bag's value), or with include_last_offset a last offset short of the input's length (the
+    CSR form the option means; eager's kernels disagree there, its sum's output leaving the entries after it out,
+    its gradient and its max taking them in): passline raises, where its scatter over bags would have gone on."""
     torch._dynamo.reset()
-    f = torch.compile(lambda i, w, o: F.embedding_bag(i, w, o, mode="sum"), backend=passline.backend(fallback="raise"))
+    last = offsets == "last"
+    f = torch.compile(lambda i, w, o: F.embedding_bag(i, w, o, mode="sum", include_last_offset=last),
+                      backend=passline.backend(fallback="raise"))
     with pytest.raises(RuntimeError, match="offsets"):
-        f(torch.tensor([1, 2, 3, 4]), torch.randn(6, 3), torch.tensor(offsets))
+        f(torch.tensor([1, 2, 3, 4]), torch.randn(6, 3), torch.tensor([0, 2, 3] if last else offsets))
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean"])
+def test_embedding_bag_without_offsets_is_empty(mode):
+    """No offsets at all (no bags) with entries: eager's sum and mean return a [0, dim] result, and so does passline
+    (its scatter had put every entry in bag -1)."""
+    torch._dynamo.reset()
+    w = torch.randn(6, 3, requires_grad=True)
+    f = torch.compile(lambda i, w, o: F.embedding_bag(i, w, o, mode=mode), backend=passline.backend(fallback="raise"))
+    y = f(torch.tensor([1, 2, 3]), w, torch.tensor([], dtype=torch.long))
+    assert y.shape == (0, 3)
+    y.sum().backward()
+    torch.testing.assert_close(w.grad, torch.zeros(6, 3))
 
 
 @pytest.mark.parametrize("last", [False, True])

@@ -134,10 +134,12 @@ def _embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2.0, sc
     vals = torch.embedding(weight, input)  # [bags, entries, dim] or [entries, dim]; a negative index raises
     if mode != "max":
         vals = vals.to(acc)
-        if keep is not None:  # before the product: a padding row's inf times its weight's zero gradient is NaN
-            vals = torch.where(keep.unsqueeze(-1), vals, 0)
-        if per_sample_weights is not None:
-            vals = vals * per_sample_weights.to(acc).unsqueeze(-1)
+        psw = None if per_sample_weights is None else per_sample_weights.to(acc)
+        if keep is not None:  # both, before the product: a padding entry's inf or NaN (a row's, or its weight's)
+            vals = torch.where(keep.unsqueeze(-1), vals, 0)  # would make NaN of the product or of its gradient
+            psw = None if psw is None else torch.where(keep, psw, 0)
+        if psw is not None:
+            vals = vals * psw.unsqueeze(-1)
     if input.dim() == 2:  # bags are rows
         if mode == "max" and not grad:  # the value alone: one row reduction (no first maximum to find)
             v = vals if keep is None else torch.where(keep.unsqueeze(-1), vals, float("-inf"))
@@ -171,16 +173,17 @@ def _embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2.0, sc
             out = out / count
         return out.to(weight.dtype)
     n, bags = input.shape[0], offsets.shape[0] - (1 if include_last_offset else 0)
-    if offsets.shape[0]:  # eager's checks (its CPU kernels'), here where a scatter would otherwise go on
-        torch._assert_async((offsets[0] == 0) & (offsets[-1] <= n) & (offsets[1:] >= offsets[:-1]).all(),
+    if offsets.shape[0]:  # what offsets mean (eager's CPU kernels check most of it), where a scatter would go on
+        last = offsets[-1] == n if include_last_offset else offsets[-1] <= n  # CSR: the last offset ends the input
+        torch._assert_async((offsets[0] == 0) & last & (offsets[1:] >= offsets[:-1]).all(),
                             "embedding_bag: offsets must start at 0, never decrease, and not exceed the input's "
-                            "length")
+                            "length (with include_last_offset, the last one is the input's length)")
     # each entry's bag: the last offset at or before it; past the last bag (include_last_offset) and the
     # padding entries go to a bag of their own, `bags`, dropped at the end
     bag = torch.searchsorted(offsets.to(torch.int64), torch.arange(n, device=input.device), right=True) - 1
     if keep is not None:
         bag = torch.where(keep, bag, bags)
-    bag = torch.where(bag >= bags, bags, bag)
+    bag = torch.where((bag < 0) | (bag >= bags), bags, bag)  # (< 0: no offsets at all, no bags)
     dim = weight.shape[1]
     if mode == "max":
         if n == 0:  # zeros, still a function of the weight (its gradient, zeros, is asked for)
