@@ -141,32 +141,23 @@ def _embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2.0, sc
         if psw is not None:
             vals = vals * psw.unsqueeze(-1)
     if input.dim() == 2:  # bags are rows
-        if mode == "max" and not grad:  # the value alone: one row reduction (no first maximum to find)
-            v = vals if keep is None else torch.where(keep.unsqueeze(-1), vals, float("-inf"))
-            # the first entry gathered again from the weight: read from `vals`, the gathered rows would be
-            # stored whole for two readers instead of summed as they are loaded
-            lead = input[:, :1] if keep is None else torch.gather(input, 1, keep.to(torch.int8).argmax(1, True))
-            lead = torch.embedding(weight, lead.squeeze(1))
-            out = torch.where(torch.isnan(v), float("-inf"), v).amax(1)
-            out = torch.where(torch.isnan(lead), lead, out)
-            return out if keep is None else torch.where(keep.any(1, keepdim=True), out, 0)
         if mode == "max":
+            # eager's running max starts at the bag's first entry (not padding) and takes a later one only if
+            # greater: a NaN wins as that first entry, and only then; a column of -inf (padding, masked to -inf,
+            # ties it: never the maximum) keeps that entry. Its value is gathered again from the weight: read from
+            # `vals`, the gathered rows would be stored whole for two readers instead of reduced as they load
+            pos = input.new_zeros(input.shape[0], 1, dtype=torch.int64) if keep is None \
+                else keep.to(torch.int8).argmax(1, keepdim=True)  # [bags, 1]: the first entry not padding
+            lead = torch.embedding(weight.detach(), torch.gather(input, 1, pos).squeeze(1))  # [bags, dim]
             v = vals.detach() if keep is None else torch.where(keep.unsqueeze(-1), vals.detach(), float("-inf"))
             v = torch.where(torch.isnan(v), float("-inf"), v)
-            top, first = v.max(1, keepdim=True)  # [bags, 1, dim]: the maximum and its first entry, one reduction
-            # eager's running max starts at the bag's first entry and takes a later one only if greater: a NaN
-            # wins as the first entry (not padding), and only then; a column of -inf (padding, masked to -inf,
-            # ties it: never the maximum) keeps its first entry
-            lead = torch.zeros_like(first) if keep is None else \
-                keep.to(torch.int8).argmax(1).view(-1, 1, 1).expand_as(first)
-            # (the first entry's value gathered from the weight: from `vals`, the gathered rows would be stored)
-            lead_nan = torch.isnan(torch.embedding(weight.detach(), torch.gather(input, 1, lead[:, :, 0]))
-                                   ).view(first.shape)
-            first = torch.where(lead_nan | (top == float("-inf")), lead, first)
-            out = _columns_of_rows(weight, torch.gather(input, 1, first.squeeze(1)))
-            if keep is not None:
-                out = torch.where(keep.any(1, keepdim=True), out, 0)
-            return out
+            if not grad:  # the value alone: one row reduction, no first maximum to find
+                out = torch.where(torch.isnan(lead), lead, v.amax(1))
+            else:  # the maximum and its first entry in one reduction; the gradient goes to that entry alone
+                top, first = v.max(1)  # [bags, dim]
+                first = torch.where(torch.isnan(lead) | (top == float("-inf")), pos, first)
+                out = _columns_of_rows(weight, torch.gather(input, 1, first))
+            return out if keep is None else torch.where(keep.any(1, keepdim=True), out, 0)
         out = vals.sum(1)
         if mode == "mean":
             count = input.shape[1] if keep is None else keep.sum(1, keepdim=True).clamp_min(1)
