@@ -1049,11 +1049,14 @@ class KernelWriter:
         g = _group_expr(group)
         masked = f'tl.where(xmask & rmask, {val}, float("-inf"))'
         self.emit(f"{v} = {_as_block(masked, mx.body.dtype)}")
-        # can_reorder: any lanes may form a group (the max and the sum of a step use the same groups, and
-        # groups meet only in the max and sum after the loop), so Triton groups each thread's own lanes
-        # whatever its loads' layout: kept in order, a load Triton could not vectorize (an input not
-        # 16-byte aligned) made the reshape shuffle lanes between threads (48 shfl a step)
-        self.emit(f"{vg} = tl.reshape({v}, [XBLOCK, RBLOCK // {g}, {g}], can_reorder=True)")
+        # can_reorder for one row a program: any lanes of the row may form a group (the max and the sum of a
+        # step use the same groups, and groups meet only in the max and sum after the loop), so Triton groups
+        # each thread's own lanes whatever its loads' layout: kept in order, a load Triton could not vectorize
+        # (an input not 16-byte aligned) made the reshape shuffle lanes between threads (48 shfl a step). With
+        # several rows a program the lanes must stay in their rows, and a thread holding lanes of two rows may
+        # group them together when reordering is allowed: on an H200 a bfloat16 cross-entropy forward at
+        # 838861 x 160 in blocks of 64 rows (the timed band's looped candidate) had wrong maxima and sums.
+        self.emit(f"{vg} = tl.reshape({v}, [XBLOCK, RBLOCK // {g}, {g}], can_reorder=XBLOCK == 1)")
         self.emit(f"{new} = _max_combine({acc_m}, tl.reduce({vg}, 2, _max_combine))")
         lost = f'{new} == float("-inf")'
         terms = f'tl.where(({lost})[:, :, None], 0.0, _exp_term({vg} - {new}[:, :, None]))'
