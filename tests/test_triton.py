@@ -1070,6 +1070,44 @@ def test_kernel_probe_compiles_for_sm90_cross_entropy_rows_in_16_byte_loads():
     assert "[4 x 1025]" in partial and "XBLOCK=1 " in partial, partial
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU runs the script itself (gpu_check.sh); set in a process "
+                    "that imported Triton compiled, the interpreter fails on a loop's helper functions")
+def test_config_check_launches_each_candidate_beside_the_rules(monkeypatch):
+    """benchmarks/config_check.py: the GPU's candidates of log-softmax's row kernels (the band's and looped
+    blocks of several rows) launched beside each real launch agree with it here; a candidate made to write wrong
+    values is named, with its kernel and configuration, and the script exits 1."""
+    from modules import BENCHMARKS
+
+    from passline.backends.triton import runner as prunner
+    from passline.backends.triton.configs import Variant
+
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # (main sets it for --device cpu; restored after the test)
+    import config_check
+
+    argv = ["--device", "cpu", "--cases", "log_softmax", "--widths", "160", "--dtypes", "float32", "--rows", "67"]
+    checked = []
+    monkeypatch.setattr(config_check.Checker, "uninstall",
+                        lambda self: (checked.append((self.checked, list(self.bad))),
+                                      setattr(self.runner.Kernel, "__call__", self._call)))
+    assert config_check.main(argv) == 0
+    assert checked[-1][0] >= 2 and checked[-1][1] == [], checked
+
+    launch = prunner.Kernel.launch
+
+    def wrong(self, cfg, stream, args, xnumel, rnumel):
+        out = launch(self, cfg, stream, args, xnumel, rnumel)
+        if cfg.variant == Variant.LOOPED and cfg.xblock > 1:
+            for a in args:
+                if isinstance(a, torch.Tensor) and a.is_floating_point():
+                    a.add_(1)
+        return out
+
+    monkeypatch.setattr(prunner.Kernel, "launch", wrong)
+    assert config_check.main(argv) == 1
+    assert any("looped XBLOCK=64" in b and "relative error" in b for b in checked[-1][1]), checked[-1]
+
+
 def test_a_spilling_rule_configuration_gets_twice_the_warps(tmp_path):
     # what Kernel does once ptxas reports spills for the rule's persistent configuration (on a GPU; here a
     # stand-in for the compiled kernel): the same block on twice the warps from the next launch, and only

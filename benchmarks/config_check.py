@@ -1,0 +1,171 @@
+"""Every launch configuration a row kernel could be given, checked against the one it was given.
+
+    python benchmarks/config_check.py [--cases layer_norm,...] [--widths 160,1000] [--rows 3001]
+                                      [--dtypes bfloat16,float32] [--all]
+    python benchmarks/config_check.py --device cpu          # small rows through Triton's interpreter
+
+A configuration chosen by timing (`configs.uncertain`'s band at a kernel's first launch, or every candidate
+with `autotune=True`) is picked for its speed alone: a candidate that computes a wrong value wins as readily as
+a right one. This compiles each sweep case (benchmarks/bench_common.py, a training step and an inference call)
+and, at each launch of a plain reduction kernel (not a mix-order kernel: its workspace depends on the split),
+launches the candidates on a copy of the launch's arguments and compares every argument after it with the real
+launch's: inputs must be untouched, outputs equal within a reduction order's rounding. Candidates: the GPU's
+lists (`configs.candidates` and the band) whatever the machine; by default the timed band's and every looped
+block of several rows a program (the forty-ninth session found those regrouping lanes across rows, on the GPU
+only: the interpreter never reorders), with `--all` every candidate. Exits 1 when a candidate disagrees.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+
+def storage_copy(t):
+    """`t` over a copy of its whole storage (same offset, sizes, strides): a kernel's index math assumes them."""
+    import torch
+
+    st = t.untyped_storage().clone()
+    return torch.empty(0, dtype=t.dtype, device=t.device).set_(st, t.storage_offset(), t.shape, t.stride())
+
+
+def differences(args, trial) -> list[str]:
+    """The arguments a candidate's launch left different from the real launch's: integer ones at all, floating
+    ones past a rounding's share (relative norm over the finite elements; NaN where the real launch has it)."""
+    import torch
+
+    out = []
+    for i, (a, t) in enumerate(zip(args, trial)):
+        if not isinstance(a, torch.Tensor):
+            continue
+        if not a.is_floating_point():
+            if not torch.equal(a, t):
+                out.append(f"arg {i} {tuple(a.shape)} {a.dtype} differs")
+            continue
+        af, tf = a.float(), t.float()
+        if not torch.equal(torch.isnan(af), torch.isnan(tf)):
+            out.append(f"arg {i} {tuple(a.shape)} NaN elsewhere")
+            continue
+        fin = torch.isfinite(af) & torch.isfinite(tf)
+        err = ((af[fin] - tf[fin]).norm() / af[fin].norm().clamp_min(1e-30)).item()
+        if err > (2e-2 if a.element_size() < 4 else 1e-4):
+            out.append(f"arg {i} {tuple(a.shape)} {a.dtype} relative error {err:.3g}")
+    return out
+
+
+class Checker:
+    """Wraps `runner.Kernel.__call__`: after each real launch of a plain reduction kernel, launches the
+    candidates on copies of the launch's arguments as they were before it, and records the differences."""
+
+    def __init__(self, every: bool):
+        from passline.backends.triton import configs, runner
+
+        self.configs, self.runner, self.every = configs, runner, every
+        self.checked, self.bad = 0, []
+        self._call = runner.Kernel.__call__
+
+    def install(self):
+        checker, call = self, self._call
+
+        def hooked(kernel, stream, args, xnumel, rnumel=None, wide=False):
+            if type(kernel) is not checker.runner.Kernel or rnumel is None or kernel.mutates:
+                return call(kernel, stream, args, xnumel, rnumel, wide)
+            before = [storage_copy(a) if hasattr(a, "untyped_storage") else a for a in args]
+            call(kernel, stream, args, xnumel, rnumel, wide)
+            checker.check(kernel, stream, args, before, xnumel, rnumel, wide)
+
+        self.runner.Kernel.__call__ = hooked
+
+    def uninstall(self):
+        self.runner.Kernel.__call__ = self._call
+
+    def candidates(self, kernel, xnumel, rnumel, args) -> list:
+        """The GPU's candidates for this launch (computed as for a GPU on any machine)."""
+        c = self.configs
+        row_bytes = kernel._row_bytes(xnumel, rnumel, args)
+        base = c.rule(kernel.splits, xnumel, rnumel, False, kernel.device, kernel.rows_contiguous, kernel.only,
+                      row_bytes, kernel.online, kernel.row_sums)
+        band = c.uncertain(kernel.splits, xnumel, rnumel, False, kernel.device, kernel.rows_contiguous, kernel.only,
+                           base, row_bytes, kernel.row_sums)
+        every = c.autotune_candidates(c.candidates(kernel.splits, xnumel, rnumel, False, kernel.only), base, band)
+        if self.every:
+            return every
+        return [k for k in every if k in band or (k.variant == c.Variant.LOOPED and k.xblock > 1)]
+
+    def check(self, kernel, stream, args, before, xnumel, rnumel, wide):
+        import torch
+
+        ptrs = [a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)]
+        if len(set(ptrs)) < len(ptrs):
+            return  # an output written over a dying input: copies would not alias as the arguments do
+        for cfg in self.candidates(kernel, xnumel, rnumel, args):
+            trial = tuple(storage_copy(a) if isinstance(a, torch.Tensor) else a for a in before)
+            kernel.wide = wide
+            where = f"{kernel.info.name} [{xnumel} x {rnumel}] {cfg}"
+            try:
+                kernel.launch(cfg, stream, trial, xnumel, rnumel)
+                if torch.cuda.is_available():
+                    torch.cuda.synchronize()
+            except Exception as e:  # noqa: BLE001 - a candidate that cannot launch is a finding too
+                self.bad.append(f"{where}: raised {e!r:.200}")
+                continue
+            self.checked += 1
+            self.bad += [f"{where}: {d}" for d in differences(args, trial)]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap.add_argument("--cases", default="cross_entropy,log_softmax,softmax,layer_norm,rms_norm,gelu_epilogue")
+    ap.add_argument("--widths", default="48,160,1000,3000")
+    ap.add_argument("--rows", type=int, default=None, help="rows of every point (default 3001; 67 on the CPU)")
+    ap.add_argument("--dtypes", default="bfloat16,float32")
+    ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    ap.add_argument("--all", action="store_true", help="every candidate, not only the band's and looped row blocks")
+    args = ap.parse_args(argv)
+    if args.device == "cpu":
+        os.environ["TRITON_INTERPRET"] = "1"
+    import bench_common as bc
+    import torch
+
+    import passline
+
+    rows = args.rows or (67 if args.device == "cpu" else 3001)
+    checker = Checker(args.all)
+    checker.install()
+    t0, failed = time.time(), False
+    try:
+        for dtype in [getattr(torch, d) for d in args.dtypes.split(",")]:
+            for case in args.cases.split(","):
+                for width in [int(w) for w in args.widths.split(",")]:
+                    torch._dynamo.reset()
+                    torch.manual_seed(0)
+                    n0, c0 = len(checker.bad), checker.checked
+                    try:
+                        c = bc.make_case(case, rows, width, dtype, device=args.device)
+                        fn = torch.compile(c.fn, backend=passline.backend(fallback="raise"), dynamic=False)
+                        bc.grads(fn, c.inputs)
+                        with torch.no_grad():
+                            fn(*bc.fresh(c.inputs))
+                    except Exception as e:  # noqa: BLE001 - reported, the other points still run
+                        failed = True
+                        print(f"{case} {dtype} {rows}x{width}: FAILED {e!r:.300}", flush=True)
+                        continue
+                    print(f"{case} {str(dtype)[6:]} {rows}x{width}: {checker.checked - c0} candidates, "
+                          f"{len(checker.bad) - n0} disagree ({time.time() - t0:.0f} s)", flush=True)
+    finally:
+        checker.uninstall()
+    print(f"\n{checker.checked} candidate launches, {len(checker.bad)} disagreeing")
+    for b in checker.bad:
+        print("  ", b)
+    return 1 if checker.bad or failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
