@@ -9,7 +9,8 @@ with `autotune=True`) is picked for its speed alone: a candidate that computes a
 a right one. This compiles each sweep case (benchmarks/bench_common.py, a training step and an inference call)
 and, at each launch of a plain reduction kernel (not a mix-order kernel: its workspace depends on the split),
 launches the candidates on a copy of the launch's arguments and compares every argument after it with the real
-launch's: inputs must be untouched, outputs equal within a reduction order's rounding. Candidates: the GPU's
+launch's (`runner.disagreement`, the check a timed choice must pass before it is kept: `Kernel._agreeing`): inputs
+must be untouched, outputs equal within a reduction order's rounding. Candidates: the GPU's
 lists (`configs.candidates` and the band) whatever the machine; by default the timed band's and every looped
 block of several rows a program (the forty-ninth session found those regrouping lanes across rows, on the GPU
 only: the interpreter never reorders), with `--all` every candidate. Exits 1 when a candidate disagrees.
@@ -33,30 +34,6 @@ def storage_copy(t):
 
     st = t.untyped_storage().clone()
     return torch.empty(0, dtype=t.dtype, device=t.device).set_(st, t.storage_offset(), t.shape, t.stride())
-
-
-def differences(args, trial) -> list[str]:
-    """The arguments a candidate's launch left different from the real launch's: integer ones at all, floating
-    ones past a rounding's share (relative norm over the finite elements; NaN where the real launch has it)."""
-    import torch
-
-    out = []
-    for i, (a, t) in enumerate(zip(args, trial)):
-        if not isinstance(a, torch.Tensor):
-            continue
-        if not a.is_floating_point():
-            if not torch.equal(a, t):
-                out.append(f"arg {i} {tuple(a.shape)} {a.dtype} differs")
-            continue
-        af, tf = a.float(), t.float()
-        if not torch.equal(torch.isnan(af), torch.isnan(tf)):
-            out.append(f"arg {i} {tuple(a.shape)} NaN elsewhere")
-            continue
-        fin = torch.isfinite(af) & torch.isfinite(tf)
-        err = ((af[fin] - tf[fin]).norm() / af[fin].norm().clamp_min(1e-30)).item()
-        if err > (2e-2 if a.element_size() < 4 else 1e-4):
-            out.append(f"arg {i} {tuple(a.shape)} {a.dtype} relative error {err:.3g}")
-    return out
 
 
 class Checker:
@@ -116,7 +93,9 @@ class Checker:
                 self.bad.append(f"{where}: raised {e!r:.200}")
                 continue
             self.checked += 1
-            self.bad += [f"{where}: {d}" for d in differences(args, trial)]
+            bad = self.runner.disagreement(trial, args)
+            if bad is not None:
+                self.bad.append(f"{where}: {bad}")
 
 
 def main(argv=None) -> int:

@@ -1594,3 +1594,43 @@ def test_row_kernels_address_a_row_then_its_elements(pipeline):
                                          kgen.generate(n, graph, interpret=False, variant=v, blocks={}).source)]
     assert "p_arg0_1 + ((37 * o0)) + (q0)" in accesses, accesses  # the softmax's rows
     assert "p_arg0_1 + (o0 + (37 * q0))" in accesses, accesses  # the column sum's
+
+
+def test_a_timed_choice_that_disagrees_with_the_rule_is_refused(monkeypatch):
+    """A configuration chosen by timing (the band's, or autotuning's) is held to the rule's result before it
+    is kept (runner.Kernel._agreeing): a candidate that agrees is kept; one whose launch writes other values is
+    refused for the rule's configuration, counted and said in the kernel's timings."""
+    from passline.backends.triton import runner as prunner
+    from passline.backends.triton.configs import Config, Variant
+
+    launches = []
+    call = prunner.Kernel.__call__
+
+    def seen(self, stream, args, xnumel, rnumel=None, wide=False):
+        call(self, stream, args, xnumel, rnumel, wide)
+        if rnumel is not None:
+            launches.append((self, args, xnumel, rnumel))
+
+    monkeypatch.setattr(prunner.Kernel, "__call__", seen)
+    x = torch.randn(67, 160)
+    got = torch.compile(lambda x: torch.log_softmax(x, -1), backend=passline.backend(codegen="triton"))(x)
+    torch.testing.assert_close(got, torch.log_softmax(x, -1))
+    kernel, args, xnumel, rnumel = launches[0]
+    block = Config(Variant.LOOPED, 64, 64, 8)  # several rows a program, as the band times
+    assert kernel._agreeing(block, args, xnumel, rnumel, None) == block
+    assert kernel.counters["kernel_choices_refused"] == 0
+
+    launch = prunner.Kernel.launch
+
+    def wrong(self, cfg, stream, args, xnumel, rnumel):
+        out = launch(self, cfg, stream, args, xnumel, rnumel)
+        if cfg == block:
+            for a in args:
+                if isinstance(a, torch.Tensor) and a.is_floating_point():
+                    a.mul_(1.01)
+        return out
+
+    monkeypatch.setattr(prunner.Kernel, "launch", wrong)
+    assert kernel._agreeing(block, args, xnumel, rnumel, None) == kernel._rule(xnumel, rnumel, args)
+    assert kernel.counters["kernel_choices_refused"] == 1
+    assert "relative error" in kernel.info.timings[f"refused {block}"], kernel.info.timings

@@ -116,6 +116,33 @@ def _private(args: tuple) -> tuple:
     return tuple(out)
 
 
+def _storage_copy(t: torch.Tensor) -> torch.Tensor:
+    """`t` over a copy of its whole storage (same offset, sizes, strides: a kernel's index math assumes them)."""
+    copy = t.untyped_storage().clone()
+    return torch.empty(0, dtype=t.dtype, device=t.device).set_(copy, t.storage_offset(), t.shape, t.stride())
+
+
+def disagreement(got: tuple, want: tuple) -> str | None:
+    """How two launches' arguments after them differ, or None: integer tensors must be equal, floating ones
+    within a reduction order's rounding (the norm of the difference over the finite elements, relative: 1e-4
+    in 4-byte dtypes and wider, 2e-2 in 2-byte ones), with NaN at the same places."""
+    for i, (g, w) in enumerate(zip(got, want)):
+        if not isinstance(g, torch.Tensor):
+            continue
+        if not g.is_floating_point():
+            if not torch.equal(g, w):
+                return f"argument {i} ({g.dtype}) differs"
+            continue
+        gf, wf = g.float(), w.float()
+        if not torch.equal(torch.isnan(gf), torch.isnan(wf)):
+            return f"argument {i} has NaN elsewhere"
+        fin = torch.isfinite(gf) & torch.isfinite(wf)
+        err = ((gf[fin] - wf[fin]).norm() / wf[fin].norm().clamp_min(1e-30)).item()
+        if err > (2e-2 if g.element_size() < 4 else 1e-4):
+            return f"argument {i} ({g.dtype}) relative error {err:.3g}"
+    return None
+
+
 def _spec(a) -> tuple | bool:
     """What Triton specializes a launch on, for an argument whose value may change between calls: a
     pointer's 16-byte alignment; an integer's divisibility by 16, being 1, and needing 64 bits."""
@@ -487,10 +514,37 @@ class Kernel:
 
     def _fastest(self, cands, args, xnumel, rnumel, stream) -> Config:
         """The fastest of `cands` on the call's arguments, timed before the call's own launch: on a private
-        copy of any storage the kernel writes in place (`_private`), so that the call's data stays as it was."""
-        args = _private(args)
-        return self._best(self._leaders(self._time(cands, args, xnumel, rnumel, stream)), args, xnumel, rnumel,
+        copy of any storage the kernel writes in place (`_private`), so that the call's data stays as it was;
+        then held to the rule's result (`_agreeing`)."""
+        timing = _private(args)
+        best = self._best(self._leaders(self._time(cands, timing, xnumel, rnumel, stream)), timing, xnumel, rnumel,
                           stream)
+        return self._agreeing(best, args, xnumel, rnumel, stream)
+
+    def _agreeing(self, best: Config, args, xnumel, rnumel, stream) -> Config:
+        """`best` if its launch writes what the rule's configuration writes, else the rule's. A timed choice is
+        picked for speed alone: a candidate computing wrong values would win as readily (the forty-ninth
+        session's looped blocks of several rows regrouped lanes across rows on a GPU only, where no CPU test
+        could see it). Both run once on copies of the call's arguments, each compared (`disagreement`); a
+        refusal is counted (`kernel_choices_refused`) and said in the kernel's timings. Where the copies do not
+        fit in memory the rule's configuration is taken, as when timing fails."""
+        rule = self._rule(xnumel, rnumel, args)
+        if best == rule:
+            return best
+        try:
+            runs = []
+            for cfg in (rule, best):
+                trial = tuple(_storage_copy(a) if isinstance(a, torch.Tensor) else a for a in args)
+                self.launch(cfg, stream, trial, xnumel, rnumel)
+                runs.append(trial)
+            bad = disagreement(runs[1], runs[0])
+        except torch.OutOfMemoryError:
+            bad = "no memory to compare it"
+        if bad is None:
+            return best
+        self.counters["kernel_choices_refused"] += 1
+        self.info.timings[f"refused {best}"] = bad
+        return rule
 
     @staticmethod
     def _leaders(timed: list) -> list:
