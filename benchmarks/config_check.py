@@ -11,8 +11,8 @@ and, at each launch of a plain reduction kernel (not a mix-order kernel: its wor
 launches the candidates on a copy of the launch's arguments and compares every argument after it with the real
 launch's (`runner.disagreement`, the check a timed choice must pass before it is kept: `Kernel._agreeing`): inputs
 must be untouched, outputs equal within a reduction order's rounding. Candidates: the GPU's
-lists (`configs.candidates` and the band) whatever the machine; by default the timed band's and every looped
-block of several rows a program (the forty-ninth session found those regrouping lanes across rows, on the GPU
+lists (`configs.candidates` and the band) whatever the machine; by default the timed band's and every block of
+several rows a program (the forty-ninth session found those regrouping lanes across rows, on the GPU
 only: the interpreter never reorders), with `--all` every candidate. Exits 1 when a candidate disagrees.
 """
 from __future__ import annotations
@@ -28,23 +28,15 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
-def storage_copy(t):
-    """`t` over a copy of its whole storage (same offset, sizes, strides): a kernel's index math assumes them."""
-    import torch
-
-    st = t.untyped_storage().clone()
-    return torch.empty(0, dtype=t.dtype, device=t.device).set_(st, t.storage_offset(), t.shape, t.stride())
-
-
 class Checker:
     """Wraps `runner.Kernel.__call__`: after each real launch of a plain reduction kernel, launches the
     candidates on copies of the launch's arguments as they were before it, and records the differences."""
 
-    def __init__(self, every: bool):
+    def __init__(self, every: bool, variant: str | None = None):
         from passline.backends.triton import configs, runner
 
-        self.configs, self.runner, self.every = configs, runner, every
-        self.checked, self.bad = 0, []
+        self.configs, self.runner, self.every, self.variant = configs, runner, every, variant
+        self.checked, self.bad, self.skipped = 0, [], []
         self._call = runner.Kernel.__call__
 
     def install(self):
@@ -53,7 +45,7 @@ class Checker:
         def hooked(kernel, stream, args, xnumel, rnumel=None, wide=False):
             if type(kernel) is not checker.runner.Kernel or rnumel is None or kernel.mutates:
                 return call(kernel, stream, args, xnumel, rnumel, wide)
-            before = [storage_copy(a) if hasattr(a, "untyped_storage") else a for a in args]
+            before = checker.runner._over_copies(args)  # (arguments sharing a storage still share it)
             call(kernel, stream, args, xnumel, rnumel, wide)
             checker.check(kernel, stream, args, before, xnumel, rnumel, wide)
 
@@ -71,25 +63,28 @@ class Checker:
         band = c.uncertain(kernel.splits, xnumel, rnumel, False, kernel.device, kernel.rows_contiguous, kernel.only,
                            base, row_bytes, kernel.row_sums)
         every = c.autotune_candidates(c.candidates(kernel.splits, xnumel, rnumel, False, kernel.only), base, band)
+        every = [k for k in every if self.variant in (None, k.variant)]
         if self.every:
             return every
-        return [k for k in every if k in band or (k.variant == c.Variant.LOOPED and k.xblock > 1)]
+        return [k for k in every if k in band or k.xblock > 1]
 
     def check(self, kernel, stream, args, before, xnumel, rnumel, wide):
         import torch
 
-        ptrs = [a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)]
-        if len(set(ptrs)) < len(ptrs):
-            return  # an output written over a dying input: copies would not alias as the arguments do
+        from passline.backends.triton import compat
+
         for cfg in self.candidates(kernel, xnumel, rnumel, args):
-            trial = tuple(storage_copy(a) if isinstance(a, torch.Tensor) else a for a in before)
+            trial = self.runner._over_copies(before)
             kernel.wide = wide
             where = f"{kernel.info.name} [{xnumel} x {rnumel}] {cfg}"
             try:
                 kernel.launch(cfg, stream, trial, xnumel, rnumel)
                 if torch.cuda.is_available():
                     torch.cuda.synchronize()
-            except Exception as e:  # noqa: BLE001 - a candidate that cannot launch is a finding too
+            except compat.OutOfResources:
+                self.skipped.append(where)  # does not compile here: the runner skips it too
+                continue
+            except Exception as e:  # noqa: BLE001 - a candidate that cannot launch otherwise is a finding
                 self.bad.append(f"{where}: raised {e!r:.200}")
                 continue
             self.checked += 1
@@ -106,7 +101,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rows", type=int, default=None, help="rows of every point (default 3001; 67 on the CPU)")
     ap.add_argument("--dtypes", default="bfloat16,float32")
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
-    ap.add_argument("--all", action="store_true", help="every candidate, not only the band's and looped row blocks")
+    ap.add_argument("--all", action="store_true", help="every candidate, not only the band's and row blocks")
+    ap.add_argument("--variant", default=None, help="only this variant's candidates (persistent, looped, ...)")
     args = ap.parse_args(argv)
     if args.device == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"
@@ -116,7 +112,7 @@ def main(argv=None) -> int:
     import passline
 
     rows = args.rows or (67 if args.device == "cpu" else 3001)
-    checker = Checker(args.all)
+    checker = Checker(args.all, args.variant)
     checker.install()
     t0, failed = time.time(), False
     try:
@@ -140,7 +136,8 @@ def main(argv=None) -> int:
                           f"{len(checker.bad) - n0} disagree ({time.time() - t0:.0f} s)", flush=True)
     finally:
         checker.uninstall()
-    print(f"\n{checker.checked} candidate launches, {len(checker.bad)} disagreeing")
+    print(f"\n{checker.checked} candidate launches, {len(checker.bad)} disagreeing, {len(checker.skipped)} not "
+          "compiling on this device")
     for b in checker.bad:
         print("  ", b)
     return 1 if checker.bad or failed else 0

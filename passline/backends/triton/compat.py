@@ -7,6 +7,7 @@ then every argument of the kernel's signature in order, constexprs included (the
 """
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import sys
@@ -43,6 +44,11 @@ CHECKED_OPTIONS = cuda_options(sanitize_overflow=False) or None
 # that its default turns to off in 3.10; eager's CUDA kernels contract (nvcc's default), and passline's kernels
 # were written and checked with it on. Empty where this Triton has no such option.
 COMPILE_OPTIONS = cuda_options(enable_fp_fusion=True)
+
+# Whether tl.reshape takes can_reorder (deprecated in Triton 3.9, to be removed in 3.10): without it a reshape keeps
+# its order, which the online softmax loop's groups then follow (kernel._online_step: right, with shuffles where a
+# load was not vectorized).
+RESHAPE_REORDERS = "can_reorder" in inspect.signature(triton.language.reshape).parameters
 
 try:  # a kernel needing more shared memory (or registers) than the GPU has, raised when it is compiled
     from triton.runtime.errors import OutOfResources

@@ -1056,7 +1056,8 @@ class KernelWriter:
         # several rows a program the lanes must stay in their rows, and a thread holding lanes of two rows may
         # group them together when reordering is allowed: on an H200 a bfloat16 cross-entropy forward at
         # 838861 x 160 in blocks of 64 rows (the timed band's looped candidate) had wrong maxima and sums.
-        self.emit(f"{vg} = tl.reshape({v}, [XBLOCK, RBLOCK // {g}, {g}], can_reorder=XBLOCK == 1)")
+        reorder = ", can_reorder=XBLOCK == 1" if compat.RESHAPE_REORDERS else ""
+        self.emit(f"{vg} = tl.reshape({v}, [XBLOCK, RBLOCK // {g}, {g}]{reorder})")
         self.emit(f"{new} = _max_combine({acc_m}, tl.reduce({vg}, 2, _max_combine))")
         lost = f'{new} == float("-inf")'
         terms = f'tl.where(({lost})[:, :, None], 0.0, _exp_term({vg} - {new}[:, :, None]))'

@@ -103,43 +103,54 @@ def _private(args: tuple) -> tuple:
             storages[ptr] = storages.get(ptr, 0) + 1
     if all(n == 1 for n in storages.values()):
         return args
+    return _over_copies(args, {ptr for ptr, n in storages.items() if n > 1})
+
+
+def _over_copies(args: tuple, ptrs=None) -> tuple:
+    """`args` with each tensor whose storage is among `ptrs` (None: every non-empty one) rebuilt over a copy
+    of that storage, one copy a storage, so that arguments sharing memory still share it (an output written
+    over a dying input stays in place), at the same offsets, sizes and strides (a kernel's index math
+    assumes them)."""
     copies: dict = {}
     out = []
     for a in args:
-        if isinstance(a, torch.Tensor) and storages.get(a.untyped_storage().data_ptr(), 0) > 1:
+        if isinstance(a, torch.Tensor) and a.untyped_storage().nbytes():
             st = a.untyped_storage()
-            copy = copies.get(st.data_ptr())
-            if copy is None:
-                copy = copies[st.data_ptr()] = st.clone()
-            a = torch.empty(0, dtype=a.dtype, device=a.device).set_(copy, a.storage_offset(), a.shape, a.stride())
+            if ptrs is None or st.data_ptr() in ptrs:
+                copy = copies.get(st.data_ptr())
+                if copy is None:
+                    copy = copies[st.data_ptr()] = st.clone()
+                a = torch.empty(0, dtype=a.dtype, device=a.device).set_(copy, a.storage_offset(), a.shape,
+                                                                         a.stride())
         out.append(a)
     return tuple(out)
 
 
-def _storage_copy(t: torch.Tensor) -> torch.Tensor:
-    """`t` over a copy of its whole storage (same offset, sizes, strides: a kernel's index math assumes them)."""
-    copy = t.untyped_storage().clone()
-    return torch.empty(0, dtype=t.dtype, device=t.device).set_(copy, t.storage_offset(), t.shape, t.stride())
-
-
 def disagreement(got: tuple, want: tuple) -> str | None:
-    """How two launches' arguments after them differ, or None: integer tensors must be equal, floating ones
-    within a reduction order's rounding (the norm of the difference over the finite elements, relative: 1e-4
-    in 4-byte dtypes and wider, 2e-2 in 2-byte ones), with NaN at the same places."""
+    """How two launches' arguments after them differ, or None. Integer tensors must be equal; floating ones
+    (compared in float64: no overflow) must have NaN and each infinity at the same places, and differ no more
+    than a reduction order's rounding: the norm of the difference over the finite elements at most 1e-4 of
+    the reference's in 4-byte dtypes and wider, 8e-3 in 2-byte ones (about two roundings), and no element off
+    by more than 1e-3 (2**-6) of the reference's largest magnitude — a few wrong rows of a tall output are a
+    small share of its norm, not of its largest element."""
     for i, (g, w) in enumerate(zip(got, want)):
-        if not isinstance(g, torch.Tensor):
+        if not isinstance(g, torch.Tensor) or torch.equal(g, w):
             continue
         if not g.is_floating_point():
-            if not torch.equal(g, w):
-                return f"argument {i} ({g.dtype}) differs"
-            continue
-        gf, wf = g.float(), w.float()
-        if not torch.equal(torch.isnan(gf), torch.isnan(wf)):
+            return f"argument {i} ({g.dtype}) differs"
+        gd, wd = g.double(), w.double()
+        if not torch.equal(torch.isnan(gd), torch.isnan(wd)):
             return f"argument {i} has NaN elsewhere"
-        fin = torch.isfinite(gf) & torch.isfinite(wf)
-        err = ((gf[fin] - wf[fin]).norm() / wf[fin].norm().clamp_min(1e-30)).item()
-        if err > (2e-2 if g.element_size() < 4 else 1e-4):
-            return f"argument {i} ({g.dtype}) relative error {err:.3g}"
+        inf = torch.isinf(wd)
+        if not torch.equal(torch.isinf(gd), inf) or not torch.equal(gd[inf], wd[inf]):
+            return f"argument {i} has infinities elsewhere"
+        fin = torch.isfinite(wd)
+        diff, ref = (gd[fin] - wd[fin]), wd[fin]
+        narrow = g.element_size() < 4
+        err = (diff.norm() / ref.norm().clamp_min(1e-300)).item()
+        worst = (diff.abs().max() / ref.abs().max().clamp_min(1e-300)).item() if diff.numel() else 0.0
+        if not err <= (8e-3 if narrow else 1e-4) or not worst <= (2 ** -6 if narrow else 1e-3):
+            return f"argument {i} ({g.dtype}) relative error {err:.3g}, largest {worst:.3g} of the largest element"
     return None
 
 
@@ -268,8 +279,12 @@ class Kernel:
             cands = self._autotune_candidates(xnumel, rnumel, args)
             if len(cands) == 1:
                 return cands[0]
-            return self._remembered(digest(self.key, xnumel, rnumel, _device_name(), "with rule"),
-                                    lambda: self._fastest(cands, args, xnumel, rnumel, stream))
+            try:
+                return self._remembered(digest(self.key, xnumel, rnumel, _device_name(), "with rule"),
+                                        lambda: self._fastest(cands, args, xnumel, rnumel, stream))
+            except torch.OutOfMemoryError as e:  # no memory for the copies: the rule's, nothing stored
+                self.info.timings["timing failed"] = repr(e)[:80]
+                return self._rule(xnumel, rnumel, args)
         cands = self.uncertain(xnumel, rnumel, args)
         best = self._timed_choice(xnumel, rnumel, lambda: self._fastest(cands, args, xnumel, rnumel, stream)) \
             if cands else None
@@ -527,19 +542,23 @@ class Kernel:
         session's looped blocks of several rows regrouped lanes across rows on a GPU only, where no CPU test
         could see it). Both run once on copies of the call's arguments, each compared (`disagreement`); a
         refusal is counted (`kernel_choices_refused`) and said in the kernel's timings. Where the copies do not
-        fit in memory the rule's configuration is taken, as when timing fails."""
+        fit in memory the error goes on to the caller, which takes the rule's configuration and stores nothing,
+        as when timing fails."""
         rule = self._rule(xnumel, rnumel, args)
         if best == rule:
             return best
+        runs = []
         try:
-            runs = []
             for cfg in (rule, best):
-                trial = tuple(_storage_copy(a) if isinstance(a, torch.Tensor) else a for a in args)
+                trial = _over_copies(args)
                 self.launch(cfg, stream, trial, xnumel, rnumel)
                 runs.append(trial)
-            bad = disagreement(runs[1], runs[0])
         except torch.OutOfMemoryError:
-            bad = "no memory to compare it"
+            raise  # as a timing without memory: the rule's configuration, nothing stored (_timed_choice)
+        except Exception as e:  # noqa: BLE001 - the rule's own configuration does not launch: nothing to hold
+            self.info.timings[f"unchecked {best}"] = repr(e)[:80]  # the winner, unchecked (as before the check)
+            return best
+        bad = disagreement(runs[1], runs[0])
         if bad is None:
             return best
         self.counters["kernel_choices_refused"] += 1
