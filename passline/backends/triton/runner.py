@@ -131,8 +131,8 @@ def disagreement(got: tuple, want: tuple) -> str | None:
     (compared in float64: no overflow) must have NaN and each infinity at the same places, and differ no more
     than a reduction order's rounding: the norm of the difference over the finite elements at most 1e-4 of
     the reference's in 4-byte dtypes and wider, 8e-3 in 2-byte ones (about two roundings), and no element off
-    by more than 1e-3 (2**-6) of the reference's largest magnitude — a few wrong rows of a tall output are a
-    small share of its norm, not of its largest element."""
+    by more than 1e-3 (2**-6 in 2-byte dtypes) of the reference's largest magnitude — a few wrong rows of a tall
+    output are a small share of its norm, not of its largest element."""
     for i, (g, w) in enumerate(zip(got, want)):
         if not isinstance(g, torch.Tensor) or torch.equal(g, w):
             continue
