@@ -762,6 +762,10 @@ def test_a_pointwise_row_side_times_narrow_blocks():
                                           (tiled, 32, 64, 4, 3), (tiled, 64, 64, 8, 3), (tiled, 32, 128, 8, 3)]
     without = band(8192, 2304, 2304 * 6, variants={one_row: 128, acc2d: 128})
     assert len(without) == 5 and all(v != tiled for v, *_ in without)
+    # 129-256 wide (the rule's two rows of 256 lanes on one warp): the narrow blocks, and 64 and 128 rows of 32 columns
+    assert band(838861, 160, 160 * 6) == [(acc2d, 2, 256, 1, 4), (tiled, 32, 64, 4, 3), (tiled, 64, 64, 8, 3),
+                                          (tiled, 32, 128, 8, 3), (tiled, 64, 32, 4, 3), (tiled, 128, 32, 8, 3)]
+    assert all(v != tiled for v, *_ in band(838861, 160, 160 * 12, row_sums=True))  # a reduced row side: not these
     # rows within the split: at a split of 16, 16 rows a block (and its warps)
     assert band(1 << 21, 64, 64 * 6, variants={one_row: 16, acc2d: 16, tiled: 16})[1:] == [(acc2d, 16, 64, 2, 3)]
     # not for a row side that reduces its rows, rows under 64 wide, or without the tiled form
@@ -804,17 +808,19 @@ def test_a_bias_gradient_in_blocks_of_columns_of_whole_rows_matches_eager(dtype)
 
 
 @INTERPRETED
-@pytest.mark.parametrize("width,dtype,layout", [(100, torch.float32, "rows"), (130, torch.bfloat16, "rows"),
-                                                (384, torch.float32, "padded"), (1000, torch.bfloat16, "rows")])
-def test_narrow_blocks_of_columns_match_eager_at_odd_widths_and_layouts(monkeypatch, width, dtype, layout):
-    # the GPU band's narrow blocks (configs._narrow_blocks: 64 columns a block, many rows) on nodes of whole rows
-    # under the interpreter: the tiled form forced and its candidate narrowed to 64 columns of 8 rows. Widths
-    # that are not a multiple of 64 (a partial last block of columns), a 130-wide row (three blocks, the last of
-    # two columns), and rows further apart than their width (x a slice of wider rows)
+@pytest.mark.parametrize("width,dtype,layout,cols", [
+    (100, torch.float32, "rows", 64), (130, torch.bfloat16, "rows", 64), (384, torch.float32, "padded", 64),
+    (1000, torch.bfloat16, "rows", 64), (160, torch.bfloat16, "rows", 32), (200, torch.float32, "padded", 32)])
+def test_narrow_blocks_of_columns_match_eager_at_odd_widths_and_layouts(monkeypatch, width, dtype, layout, cols):
+    # the GPU band's narrow blocks (configs._narrow_blocks: 64 columns a block, or 32 where rows are 129-256
+    # wide, many rows) on nodes of whole rows under the interpreter: the tiled form forced and its candidate
+    # narrowed to `cols` columns of 8 rows. Widths that are not a multiple of the block (a partial last block of
+    # columns), a 130-wide row (three blocks, the last of two columns), and rows further apart than their width
+    # (x a slice of wider rows)
     from passline.backends.triton import configs
 
     def narrow(rb, split, interpret):
-        return [configs.Config(configs.Variant.MIX_ORDER_TILED, min(8, configs.pow2(split)), 64, 4, 1, split)]
+        return [configs.Config(configs.Variant.MIX_ORDER_TILED, min(8, configs.pow2(split)), cols, 4, 1, split)]
     monkeypatch.setattr(configs, "tiled_candidates", narrow)
     text = passline.DEFAULT_PIPELINE.replace("mix_order_reduction",
                                              "mix_order_reduction(split_rows=16, fill_sms=false)")
@@ -823,7 +829,7 @@ def test_narrow_blocks_of_columns_match_eager_at_odd_widths_and_layouts(monkeypa
     be = assert_matches_eager(lambda x, b: torch.nn.functional.gelu(x + b, approximate="tanh") * 2, [x, b],
                               pipeline=text, codegen="triton", kernel_variant="mix_order_tiled")
     tiled = [k for r in be.reports for k in r.kernel_info if k.chosen == "mix_order_tiled"]
-    assert tiled and all(k.blocks["RBLOCK"] == 64 and "mix_order" in k.variants for k in tiled), tiled
+    assert tiled and all(k.blocks["RBLOCK"] == cols and "mix_order" in k.variants for k in tiled), tiled
 
 
 def test_finishing_kernels_take_few_columns_in_blocks_of_four():

@@ -499,7 +499,7 @@ def _mix_band(base: Config, rb: int, row_bytes: float | None, rnumel: int | None
         fewest = 2
     elif row_sums and 256 < rb <= 4096:  # wider rows, reduced: the rule's block against the one-row form
         blocks, fewest = [], 2
-    elif not row_sums and 256 < rb <= 4096 and column_blocks:  # a pointwise row side: narrow blocks (below)
+    elif not row_sums and 128 < rb <= 4096 and column_blocks:  # a pointwise row side: narrow blocks (below)
         blocks, fewest = [], 1
     elif not row_sums and 256 < rb <= 4096:  # ... without the tiled form
         # up to 1024 wide: one and four rows at the rule's 96 bytes a thread, and four at 32 elements a thread;
@@ -519,12 +519,13 @@ def _mix_band(base: Config, rb: int, row_bytes: float | None, rnumel: int | None
                 out.append(c)
     stages = min(MIX_ONE_ROW_STAGES, _stages(1, rb, row_bytes, rnumel, device))
     out += [Config(Variant.MIX_ORDER, xb, rb, w, stages, base.split) for xb, w in rows if xb <= pow2(base.split)]
-    if column_blocks and not row_sums and 256 < rb <= 4096:
+    if column_blocks and not row_sums and 128 < rb <= 4096:
         out += [c for c in _narrow_blocks(base, rb, row_bytes, rnumel, device) if c not in out]
     return out if len(out) > 1 else []
 
 
 MIX_NARROW_BLOCKS = ((64, 32), (64, 64), (128, 32))  # (columns, rows) of the band's narrow blocks (see below)
+MIX_NARROWEST_BLOCKS = ((32, 64), (32, 128))  # ... and 129-256 wide rows' 32-column blocks (see below)
 MIX_NARROW_PER_THREAD = 16  # ... elements a thread (2048 on 4 warps, 4096 on 8)
 
 
@@ -547,6 +548,12 @@ def _narrow_blocks(base: Config, rb: int, row_bytes: float | None, rnumel: int |
     | 134218 × 1000 | 293 | **272** (kept; 32 × 64: 288) | |
     | 1048576 × 64 float32 | 218 | 218 | 205 (64 × 64, 8 warps) |
     | 174763 × 384 float32 | 223 | 222 | 202 (64 × 64, 4 warps) |
+    | 838860 × 160 | 451 (2 × 256, 1 warp) | 451 | 283 (64 × 32, 4 warps) |
+    | 419430 × 160 float32 | 232 | 232 | 203 (64 × 32, 4 warps) |
+
+    Rows 129-256 wide time them too (the rule's block pads them to 256 lanes on one warp), and 64 and 128 rows
+    of 32 columns (MIX_NARROWEST_BLOCKS): a 160-wide row in 64-column blocks pads to 192 lanes, in 32-column
+    blocks not at all; a 200-wide row kept the rule's block (347 µs; 32 × 64: 355; 32-column blocks: 511).
 
     Profiled against Inductor's pointwise kernel and column sum (µs a step, bfloat16): 2097152 × 64 264 against
     351, 349525 × 384 263 against 360, 8192 × 2304 46 against 54, 32768 × 768 57 against 71. Blocks of fewer
@@ -559,7 +566,7 @@ def _narrow_blocks(base: Config, rb: int, row_bytes: float | None, rnumel: int |
     points (within 3% of the best at three), so a kernel with the tiled form no longer times them (fewer
     binaries at the first call)."""
     out = [base]
-    for cols, rows in MIX_NARROW_BLOCKS:
+    for cols, rows in MIX_NARROW_BLOCKS + (MIX_NARROWEST_BLOCKS if 128 < rb <= 256 else ()):
         if cols > rb or (cols < rb and rb <= 128):
             continue
         xb = min(rows, pow2(base.split))
