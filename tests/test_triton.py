@@ -1628,7 +1628,11 @@ def test_a_timed_choice_that_disagrees_with_the_rule_is_refused(monkeypatch):
     torch.testing.assert_close(got, torch.log_softmax(x, -1))
     kernel, args, xnumel, rnumel = launches[0]
     block = Config(Variant.LOOPED, 64, 64, 8)  # several rows a program, as the band times
-    assert kernel._agreeing(block, args, xnumel, rnumel, None) == block
+    rule = kernel._rule(xnumel, rnumel, args)
+
+    def run(cfg):
+        return kernel._on_copies(cfg, args, xnumel, rnumel, None)
+    assert kernel._agreeing(block, rule, run) == block
     assert kernel.counters["kernel_choices_refused"] == 0
 
     launch = prunner.Kernel.launch
@@ -1642,9 +1646,59 @@ def test_a_timed_choice_that_disagrees_with_the_rule_is_refused(monkeypatch):
         return out
 
     monkeypatch.setattr(prunner.Kernel, "launch", wrong)
-    assert kernel._agreeing(block, args, xnumel, rnumel, None) == kernel._rule(xnumel, rnumel, args)
+    assert kernel._agreeing(block, rule, run) == rule
     assert kernel.counters["kernel_choices_refused"] == 1
     assert "relative error" in kernel.info.timings[f"refused {block}"], kernel.info.timings
+    assert rule in kernel.refused  # taken where the check refused: not a timed choice (kept from _unspill)
+
+
+def test_a_timed_mix_order_choice_is_held_to_the_rules_step(monkeypatch):
+    """A mix-order kernel's timed choice (configuration and split: MixKernel._fastest_split) is held to the
+    rule's result too, the whole step compared — main kernel, then the finishing kernel for its count of
+    programs — on copies of the call's arguments, the workspaces left out (their rows follow the split):
+    another split of the same block agrees; a main kernel writing other values is refused."""
+    from passline.backends.triton import runner as prunner
+
+    steps = []
+    call = prunner.MixStep.__call__
+
+    def seen(self, empty, stream, margs, fargs, rows, cols, wide=False, wide_finish=False):
+        call(self, empty, stream, margs, fargs, rows, cols, wide, wide_finish)
+        steps.append((self, empty, margs, fargs, rows, cols))
+
+    monkeypatch.setattr(prunner.MixStep, "__call__", seen)
+    text = passline.DEFAULT_PIPELINE.replace("mix_order_reduction",
+                                             "mix_order_reduction(split_rows=32, fill_sms=false)")
+    x = torch.randn(300, 48, requires_grad=True)
+    w, b = torch.randn(48, requires_grad=True), torch.randn(48, requires_grad=True)
+    assert_matches_eager(lambda x, w, b: torch.nn.functional.layer_norm(x, (48,), w, b), [x, w, b], pipeline=text,
+                         codegen="triton")
+    step, empty, margs, fargs, rows, cols = steps[0]
+    main = step.main
+    rule = main._rule(rows, cols, margs)
+    other = rule.with_split(rule.split // 2)  # twice the programs, each summing half the rows
+    assert other != rule and other.split >= other.xblock
+    ws = step._alloc(empty, step.programs(rows, other), cols)
+    m, f = step._with(margs, step.main_slots, ws), step._with(fargs, step.finish_slots, ws)
+    after = prunner._After(step, None, m, f, rows, cols)
+    got = after.outputs(other)
+    assert sum(a is None for a in got) == len(step.main_slots) + len(step.finish_slots)  # the workspaces
+    assert main._agreeing(other, rule, after.outputs) == other
+    assert main.counters["kernel_choices_refused"] == 0
+
+    launch = prunner.Kernel.launch
+
+    def wrong(self, cfg, stream, args, xnumel, rnumel):
+        out = launch(self, cfg, stream, args, xnumel, rnumel)
+        if self is main and cfg == other:
+            for k, a in enumerate(args):
+                if isinstance(a, torch.Tensor) and a.is_floating_point() and k not in step.main_slots.values():
+                    a.add_(1.0)
+        return out
+
+    monkeypatch.setattr(prunner.Kernel, "launch", wrong)
+    assert main._agreeing(other, rule, after.outputs) == rule
+    assert main.counters["kernel_choices_refused"] == 1 and f"refused {other}" in main.info.timings
 
 
 def test_disagreement_sees_a_wrong_row_an_infinity_and_huge_values():

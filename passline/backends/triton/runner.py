@@ -184,6 +184,7 @@ class Kernel:
         self.ready: dict = {}
         self.mutates = False  # writes a graph input: never launched more than once per call (no timing)
         self.timed: set = set()  # configurations chosen by timing (`uncertain`): kept even if they spill
+        self.refused: set = set()  # rules' configurations taken where a timed choice disagreed (`_agreeing`)
         # variants whose index width is chosen per launch (kernel.index_width), and whether this call's
         # buffers span more than int32 addresses (the generated call sets it from the sizes, per call)
         self.per_launch = {v for v, src in info.variants.items() if src.int64 is None}
@@ -303,7 +304,8 @@ class Kernel:
         except Exception as e:  # noqa: BLE001 - the user's call never fails for a timing
             self.info.timings["timing failed"] = repr(e)[:80]
             return None
-        self.timed.add(best)
+        if best not in self.refused:
+            self.timed.add(best)
         return best
 
     def uncertain(self, xnumel: int, rnumel: int | None, args=None) -> list:
@@ -534,25 +536,29 @@ class Kernel:
         timing = _private(args)
         best = self._best(self._leaders(self._time(cands, timing, xnumel, rnumel, stream)), timing, xnumel, rnumel,
                           stream)
-        return self._agreeing(best, args, xnumel, rnumel, stream)
+        return self._agreeing(best, self._rule(xnumel, rnumel, args),
+                              lambda cfg: self._on_copies(cfg, args, xnumel, rnumel, stream))
 
-    def _agreeing(self, best: Config, args, xnumel, rnumel, stream) -> Config:
-        """`best` if its launch writes what the rule's configuration writes, else the rule's. A timed choice is
-        picked for speed alone: a candidate computing wrong values would win as readily (the forty-ninth
-        session's looped blocks of several rows regrouped lanes across rows on a GPU only, where no CPU test
-        could see it). Both run once on copies of the call's arguments, each compared (`disagreement`); a
-        refusal is counted (`kernel_choices_refused`) and said in the kernel's timings. Where the copies do not
-        fit in memory the error goes on to the caller, which takes the rule's configuration and stores nothing,
-        as when timing fails."""
-        rule = self._rule(xnumel, rnumel, args)
+    def _on_copies(self, cfg: Config, args, xnumel, rnumel, stream) -> tuple:
+        """`cfg` launched once on copies of the call's arguments (`_over_copies`): what it leaves in them."""
+        trial = _over_copies(args)
+        self.launch(cfg, stream, trial, xnumel, rnumel)
+        return trial
+
+    def _agreeing(self, best: Config, rule: Config, run) -> Config:
+        """`best` if what it writes (`run(config)`: the arguments after a launch on copies of the call's) is
+        what the rule's configuration writes, else the rule's. A timed choice is picked for speed alone: a
+        candidate computing wrong values would win as readily (the forty-ninth session's looped blocks of
+        several rows regrouped lanes across rows on a GPU only, where no CPU test could see it). Each is
+        compared (`disagreement`); a refusal is counted (`kernel_choices_refused`) and said in the kernel's
+        timings. Where the copies do not fit in memory the error goes on to the caller, which takes the rule's
+        configuration and stores nothing, as when timing fails."""
         if best == rule:
             return best
         runs = []
         try:
             for cfg in (rule, best):
-                trial = _over_copies(args)
-                self.launch(cfg, stream, trial, xnumel, rnumel)
-                runs.append(trial)
+                runs.append(run(cfg))
         except torch.OutOfMemoryError:
             raise  # as a timing without memory: the rule's configuration, nothing stored (_timed_choice)
         except Exception as e:  # noqa: BLE001 - the rule's own configuration does not launch: nothing to hold
@@ -563,6 +569,7 @@ class Kernel:
             return best
         self.counters["kernel_choices_refused"] += 1
         self.info.timings[f"refused {best}"] = bad
+        self.refused.add(rule)  # the rule's, not a timed choice: its binary may still be unspilled (_timed_choice)
         return rule
 
     @staticmethod
@@ -660,11 +667,16 @@ class MixKernel(Kernel):
         if not self._tuned() or args is None:
             return super()._choose(args, xnumel, rnumel, stream)
         if self.autotune and not self.mutates:
-            ckey = digest(self.key, xnumel, rnumel, _device_name(), "split", "with rule")
+            ckey = digest(self.key, xnumel, rnumel, _device_name(), "split", "with rule", "held")
             # timed on a private copy where an output shares a storage with an input it reads (`_private`): a
             # mix-order kernel may write over a dying input, and every timing launch would read what the one
             # before it wrote (a GELU backward's dh wrong in 99% of its elements, on a CPU simulation)
-            return self._remembered(ckey, lambda: self._pick_split(_private(args), xnumel, rnumel, stream, after))
+            try:
+                return self._remembered(ckey, lambda: self._pick_split(_private(args), xnumel, rnumel, stream,
+                                                                        after))
+            except torch.OutOfMemoryError as e:  # no memory for the copies: the rule's, nothing stored
+                self.info.timings["timing failed"] = repr(e)[:80]
+                return self._place(self._rule(xnumel, rnumel, args), None, args, xnumel, rnumel)
         cands = self.uncertain(xnumel, rnumel, args)
         if cands:  # where no rule holds (configs.uncertain): timed with their splits, the finish after each
             best = self._timed_choice(xnumel, rnumel, lambda: self._fastest_split(cands, _private(args), xnumel,
@@ -732,7 +744,9 @@ class MixKernel(Kernel):
         timed again as `Kernel._fastest` does. On an H200 the one-wave split was the best for bfloat16
         LayerNorm backward (2097152 × 64: 245 µs, 246 at 4 waves) but not for RMSNorm's at the same shape
         (240 µs at one wave, 217 at 4) or the GELU epilogue's bias gradient at 349525 × 384 (391 µs, 360 at
-        two): which split pays follows from how evenly the SMs finish, which no size tells."""
+        two): which split pays follows from how evenly the SMs finish, which no size tells. The winner is
+        then held to the rule's result, the whole step compared (`after.outputs`, MixStep._choose), as
+        `Kernel._fastest` holds a row kernel's."""
         first, waves = self._at_one_wave(cands, args, xnumel, rnumel, stream, after)
         leaders = self._leaders(first)
         timed = [(t, c) for t, c in first if c in leaders]  # each leader's one-wave time is kept
@@ -741,7 +755,12 @@ class MixKernel(Kernel):
                 t = self._bench(c, args, xnumel, rnumel, stream, after)
                 self.info.timings[f"{c} +finish"] = t
                 timed.append((t, c))
-        return self._best(self._leaders(sorted(timed, key=lambda tc: tc[0])), args, xnumel, rnumel, stream, after)
+        best = self._best(self._leaders(sorted(timed, key=lambda tc: tc[0])), args, xnumel, rnumel, stream, after)
+        outputs = getattr(after, "outputs", None)  # MixStep's finish: the step run on copies, to compare
+        if outputs is None:
+            return best
+        return self._agreeing(best, self._place(self._rule(xnumel, rnumel, args), None, args, xnumel, rnumel),
+                              outputs)
 
     def retimed(self, c0: Config, splits) -> list[Config]:
         """A leader `c0` (at its one-wave split) at the IR's split and at its other whole-wave `splits`, each
@@ -757,7 +776,7 @@ class MixKernel(Kernel):
 
     def _uncertain_key(self, xnumel: int, rnumel: int | None) -> str:
         # "splits": the band's choice is timed over splits too (a choice stored from one wave is timed again)
-        return digest(super()._uncertain_key(xnumel, rnumel), "splits")
+        return digest(super()._uncertain_key(xnumel, rnumel), "splits", "held")  # held: checked (_agreeing)
 
 
 class FinishKernel(Kernel):
@@ -818,17 +837,41 @@ class MixStep:
             # smallest split tried; else one row, to compile on
             timing = main._tuned() and not main.mutates and (main.autotune or bool(main.uncertain(rows, cols, margs)))
             ws = self._alloc(empty, main.workspace_rows(rows) if timing else 1, cols)
-            f = self._with(fargs, self.finish_slots, ws)
-
-            def after(c: Config):  # timed after each candidate: the finish for its program count
-                n = self.programs(rows, c)
-                finish.launch(finish.config(cols, n), stream, f, cols, n)
-
-            cfg = main.config(rows, cols, self._with(margs, self.main_slots, ws), stream, after)
+            m, f = self._with(margs, self.main_slots, ws), self._with(fargs, self.finish_slots, ws)
+            cfg = main.config(rows, cols, m, stream, _After(self, stream, m, f, rows, cols))
         if len(self.programs_at) >= 64:  # dynamic shapes: many sizes; forget the old ones
             self.programs_at.clear()
         n = self.programs_at[rows, cols] = self.programs(rows, cfg)
         return n
+
+
+class _After:
+    """What a mix-order step's main kernel runs after each candidate configuration it times (MixStep._choose):
+    the finishing kernel for that candidate's count of programs, on the timing workspaces; and `outputs`, the
+    whole step at one configuration on copies of the call's arguments and workspaces, for the timed choice's
+    check (`Kernel._agreeing`)."""
+
+    def __init__(self, step: MixStep, stream, margs: tuple, fargs: tuple, rows: int, cols: int):
+        self.step, self.stream, self.margs, self.fargs, self.rows, self.cols = step, stream, margs, fargs, rows, cols
+
+    def _finish(self, c: Config, fargs: tuple) -> None:
+        n = self.step.programs(self.rows, c)
+        finish = self.step.finish
+        finish.launch(finish.config(self.cols, n), self.stream, fargs, self.cols, n)
+
+    def __call__(self, c: Config) -> None:
+        self._finish(c, self.fargs)
+
+    def outputs(self, c: Config) -> tuple:
+        """`c`'s main kernel, then the finish, on copies (`_over_copies`: arguments of both kernels sharing a
+        storage share its copy): the arguments of both after them, the workspaces left out (None) — their rows
+        follow the split, which differs between configurations."""
+        both = _over_copies(self.margs + self.fargs)
+        m, f = both[:len(self.margs)], both[len(self.margs):]
+        self.step.main.launch(c, self.stream, m, self.rows, self.cols)
+        self._finish(c, f)
+        skip = set(self.step.main_slots.values()) | {len(m) + k for k in self.step.finish_slots.values()}
+        return tuple(None if i in skip else a for i, a in enumerate(both))
 
 
 @attrs.define(eq=False)
