@@ -691,11 +691,14 @@ def test_tall_mix_order_kernels_no_rule_decides_are_timed():
         return [(c.variant, c.xblock, c.warps, c.stages, c.split) for c in out]
 
     acc2d, one_row = Variant.MIX_ORDER_ACC2D, Variant.MIX_ORDER
-    # RMSNorm backward, bfloat16 (6 bytes an element): the rule's 4 rows on 1 warp, 8 on 1 and 2, and 2
+    # RMSNorm backward, bfloat16 (6 bytes an element): the rule's 4 rows on 1 warp, 8 on 1 and 2, and 2; and 32 rows
+    # at 16 elements a thread (4 warps at 64 lanes, 8 at 128)
     assert band(1 << 21, 64, 64 * 6, True) == [(acc2d, 4, 1, 4, 128), (acc2d, 8, 1, 4, 128), (acc2d, 8, 2, 4, 128),
-                                               (acc2d, 2, 1, 4, 128)]
-    # ... float32 (12 bytes): the rule's 2 rows, 4 on 1 and 2 warps (never fewer than 2 rows)
-    assert band(1 << 20, 64, 64 * 12, True) == [(acc2d, 2, 1, 4, 128), (acc2d, 4, 1, 4, 128), (acc2d, 4, 2, 4, 128)]
+                                               (acc2d, 2, 1, 4, 128), (acc2d, 32, 4, 4, 128)]
+    assert band(1 << 21, 96, 96 * 6, True)[-1] == (acc2d, 32, 8, 4, 128)
+    # ... float32 (12 bytes): the rule's 2 rows, 4 on 1 and 2 warps (never fewer than 2 rows), 32 on 4
+    assert band(1 << 20, 64, 64 * 12, True) == [(acc2d, 2, 1, 4, 128), (acc2d, 4, 1, 4, 128), (acc2d, 4, 2, 4, 128),
+                                                (acc2d, 32, 4, 4, 128)]
     # a bias gradient (pointwise row side) 384 wide, bfloat16: the rule's 2 rows on 2 warps, 1 on 1, 4 on 4
     # (96 bytes a thread), and 4 rows on 2 (32 elements a thread); the one-row form, a row on 4 warps and two
     # rows on the fewest warps whose threads each hold their columns of both (one: 64 threads of 8 columns)
@@ -724,7 +727,7 @@ def test_tall_mix_order_kernels_no_rule_decides_are_timed():
         (acc2d, 4, 1, 4, 4), (acc2d, 2, 1, 4, 4)]
     # from 64 rows an SM on
     rows = MIX_BAND_ROWS_PER_SM * gpu.sms
-    assert len(band(rows, 64, 64 * 6, True)) == 4 and band(rows - 1, 64, 64 * 6, True) == []
+    assert len(band(rows, 64, 64 * 6, True)) == 5 and band(rows - 1, 64, 64 * 6, True) == []
     assert band(rows - 1, 64, 64 * 6, True, device=Device(sms=100)) != []
     # rows reduced 129 to 256 wide: the rule's 8 rows, 4 on its warps and 2 on half of them
     assert band(671089, 200, 200 * 6, True) == [(acc2d, 8, 2, 4, 128), (acc2d, 4, 2, 4, 128), (acc2d, 2, 1, 4, 128)]

@@ -492,6 +492,9 @@ def _mix_band(base: Config, rb: int, row_bytes: float | None, rnumel: int | None
     if row_sums and rb <= 128:  # narrow rows, reduced: one warp (the rule's), and two for twice the rows
         xb = base.xblock
         blocks = [(2 * xb, base.warps), (2 * xb, 2 * base.warps), (xb // 2, base.warps)]
+        # and 32 rows at 16 elements a thread (MIX_NARROW_ROWS_BLOCK)
+        many = MIX_NARROW_ROWS_BLOCK
+        blocks.append((many, _clamp(many * rb // (32 * MIX_NARROW_PER_THREAD), 1, 16)))
         fewest = 2
     elif row_sums and rb <= WARP_ROW:  # 129-256 wide, reduced: half the rule's rows, on its warps and on half
         xb, w = base.xblock, base.warps  # (RMSNorm backward 671089 x 200 bfloat16, H200: 262.6 us by rule, 8 rows
@@ -526,7 +529,13 @@ def _mix_band(base: Config, rb: int, row_bytes: float | None, rnumel: int | None
 
 MIX_NARROW_BLOCKS = ((64, 32), (64, 64), (128, 32))  # (columns, rows) of the band's narrow blocks (see below)
 MIX_NARROWEST_BLOCKS = ((32, 64), (32, 128))  # ... and 129-256 wide rows' 32-column blocks (see below)
-MIX_NARROW_PER_THREAD = 16  # ... elements a thread (2048 on 4 warps, 4096 on 8)
+MIX_NARROW_PER_THREAD = 16
+# Rows a block of the band's narrow reduced rows (at most 128 wide: a norm's backward) beside the rule's few: on an
+# H200, bfloat16 LayerNorm backward at 2796202 x 48 took 229 µs with its finish on 32 rows of 64 lanes (4 warps)
+# against 334 for the best of the few-row blocks (4 rows, 1 warp), at 1398101 x 96 227 against 284 (32 x 128, 8
+# warps; 2 rows, 1 warp), RMSNorm's 215 against 249 and 217 against 228; blocks of 16 rows on 2 and 4 warps took
+# 401-759, slower than all: 16 is not timed.
+MIX_NARROW_ROWS_BLOCK = 32  # ... elements a thread (2048 on 4 warps, 4096 on 8)
 
 
 def _narrow_blocks(base: Config, rb: int, row_bytes: float | None, rnumel: int | None, device: Device) -> list:
