@@ -74,7 +74,7 @@ class Checker:
         from passline.backends.triton import compat
 
         for cfg in self.candidates(kernel, xnumel, rnumel, args):
-            trial = self.runner._over_copies(before)
+            trial = self.runner._over_copies(before, fresh=kernel.fresh)  # outputs poisoned: each must write them
             kernel.wide = wide
             where = f"{kernel.info.name} [{xnumel} x {rnumel}] {cfg}"
             try:

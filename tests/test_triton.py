@@ -1655,6 +1655,67 @@ def test_a_timed_choice_that_disagrees_with_the_rule_is_refused(monkeypatch):
     assert rule in kernel.refused  # taken where the check refused: not a timed choice (kept from _unspill)
 
 
+def test_a_timed_choice_is_refused_for_rows_it_leaves_unwritten(monkeypatch):
+    """The call's output buffers already hold what the timing launches wrote — the rule's configuration among
+    them — so a candidate that skips rows (a grid or mask fault) would leave right values in its copy and agree,
+    then be wrong at the next call on fresh buffers. The copies' write-only outputs are poisoned first
+    (`runner._poison`: NaN), so it is refused. A rule that does not run leaves the winner unchecked, counted; a
+    winner whose own check raises is refused."""
+    from passline.backends.triton import runner as prunner
+    from passline.backends.triton.configs import Config, Variant
+
+    launches = []
+    call = prunner.Kernel.__call__
+
+    def seen(self, stream, args, xnumel, rnumel=None, wide=False):
+        call(self, stream, args, xnumel, rnumel, wide)
+        if rnumel is not None:
+            launches.append((self, args, xnumel, rnumel))
+
+    monkeypatch.setattr(prunner.Kernel, "__call__", seen)
+    x = torch.randn(67, 160)
+    got = torch.compile(lambda x: torch.log_softmax(x, -1), backend=passline.backend(codegen="triton"))(x)
+    torch.testing.assert_close(got, torch.log_softmax(x, -1))
+    kernel, args, xnumel, rnumel = launches[0]
+    (out,) = [args[i] for i in kernel.fresh]  # the one output; the input is read
+    assert out.data_ptr() != x.data_ptr()
+    block = Config(Variant.LOOPED, 64, 64, 8)
+    rule = kernel._rule(xnumel, rnumel, args)
+
+    def run(cfg):
+        return kernel._on_copies(cfg, args, xnumel, rnumel, None)
+
+    launch = prunner.Kernel.launch
+
+    def skipping(self, cfg, stream, args, xnumel, rnumel):
+        if cfg != block:
+            return launch(self, cfg, stream, args, xnumel, rnumel)
+        kept = [a[-3:].clone() if a.dim() == 2 else None for a in args if isinstance(a, torch.Tensor)]
+        result = launch(self, cfg, stream, args, xnumel, rnumel)
+        for a, k in zip([a for a in args if isinstance(a, torch.Tensor)], kept):
+            if k is not None:
+                a[-3:] = k  # its last three rows as they were before the launch
+        return result
+
+    monkeypatch.setattr(prunner.Kernel, "launch", skipping)
+    assert kernel._agreeing(block, rule, run) == rule
+    assert "NaN" in kernel.info.timings[f"refused {block}"], kernel.info.timings
+    assert kernel.counters["kernel_choices_refused"] == 1
+
+    def raising(self, cfg, stream, args, xnumel, rnumel):
+        if cfg == raising.cfg:
+            raise RuntimeError("no launch")
+        return launch(self, cfg, stream, args, xnumel, rnumel)
+
+    monkeypatch.setattr(prunner.Kernel, "launch", raising)
+    raising.cfg = rule  # nothing to hold the winner to: kept, counted
+    assert kernel._agreeing(block, rule, run) == block
+    assert kernel.counters["kernel_choices_unchecked"] == 1 and f"unchecked {block}" in kernel.info.timings
+    raising.cfg = block  # the winner's own check raises: refused
+    assert kernel._agreeing(block, rule, run) == rule
+    assert kernel.counters["kernel_choices_refused"] == 2
+
+
 def test_a_timed_mix_order_choice_is_held_to_the_rules_step(monkeypatch):
     """A mix-order kernel's timed choice (configuration and split: MixKernel._fastest_split) is held to the
     rule's result too, the whole step compared — main kernel, then the finishing kernel for its count of
@@ -1727,3 +1788,14 @@ def test_disagreement_sees_a_wrong_row_an_infinity_and_huge_values():
     huge = torch.full((8,), 1e30)
     assert disagreement((huge * 2,), (huge,)) is not None
     assert disagreement((torch.arange(4),), (torch.arange(4).flip(0),)) is not None
+    # memory past the views: a strided output's gaps, the rest of a wider buffer, compared bit for bit
+    base = torch.randn(6, 10)
+    a, b = base.clone(), base.clone()
+    views = (a[:, :8], b[:, :8])  # rows of 8 in a buffer 10 wide
+    views[0].add_(1e-9)  # within rounding: agreement
+    assert disagreement((views[0],), (views[1],)) is None
+    a[2, 9] = 7.0  # a gap no view covers
+    assert "outside the arguments' views" in disagreement((views[0],), (views[1],))
+    # two views of one storage (an output written over an input) cover each other's elements
+    c, d = base.clone(), base.clone()
+    assert disagreement((c[:, :8], c[:, 8:]), (d[:, :8], d[:, 8:])) is None

@@ -38,10 +38,12 @@ from .reference import ReferenceRunner
 from .variants import AUTO, FORCEABLE, KernelVariant
 
 CODEGENS = ("auto", "triton", "reference")
-# The pipeline `passline.backend()` runs when none is given, in one place.
+# The pipeline `passline.backend()` runs when none is given, in one place. mix_order_reduction runs again after
+# split_reductions: a row group split into partial row sums leaves its epilogue (a norm's dx) a pointwise row side
+# of its own, which mixes with the column sums as any pointwise row side does (docs/passes.md).
 DEFAULT_PIPELINE = ("pad_linear, dce, one_hot_sums, recompute_columns, dce, inline_pointwise, memory_order, "
                     "merge_loops, inline_pointwise, repeat(fuse, reorder_loops; max_iter=4), mix_order_reduction, "
-                    "split_reductions, tile_rows, peak_memory")
+                    "split_reductions, mix_order_reduction, tile_rows, peak_memory")
 
 
 class Backend:

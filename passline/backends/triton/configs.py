@@ -529,13 +529,13 @@ def _mix_band(base: Config, rb: int, row_bytes: float | None, rnumel: int | None
 
 MIX_NARROW_BLOCKS = ((64, 32), (64, 64), (128, 32))  # (columns, rows) of the band's narrow blocks (see below)
 MIX_NARROWEST_BLOCKS = ((32, 64), (32, 128))  # ... and 129-256 wide rows' 32-column blocks (see below)
-MIX_NARROW_PER_THREAD = 16
+MIX_NARROW_PER_THREAD = 16  # elements a thread of a narrow block (2048 on 4 warps, 4096 on 8)
 # Rows a block of the band's narrow reduced rows (at most 128 wide: a norm's backward) beside the rule's few: on an
 # H200, bfloat16 LayerNorm backward at 2796202 x 48 took 229 µs with its finish on 32 rows of 64 lanes (4 warps)
 # against 334 for the best of the few-row blocks (4 rows, 1 warp), at 1398101 x 96 227 against 284 (32 x 128, 8
 # warps; 2 rows, 1 warp), RMSNorm's 215 against 249 and 217 against 228; blocks of 16 rows on 2 and 4 warps took
 # 401-759, slower than all: 16 is not timed.
-MIX_NARROW_ROWS_BLOCK = 32  # ... elements a thread (2048 on 4 warps, 4096 on 8)
+MIX_NARROW_ROWS_BLOCK = 32
 
 
 def _narrow_blocks(base: Config, rb: int, row_bytes: float | None, rnumel: int | None, device: Device) -> list:

@@ -106,11 +106,12 @@ def _private(args: tuple) -> tuple:
     return _over_copies(args, {ptr for ptr, n in storages.items() if n > 1})
 
 
-def _over_copies(args: tuple, ptrs=None) -> tuple:
+def _over_copies(args: tuple, ptrs=None, fresh=()) -> tuple:
     """`args` with each tensor whose storage is among `ptrs` (None: every non-empty one) rebuilt over a copy
     of that storage, one copy a storage, so that arguments sharing memory still share it (an output written
     over a dying input stays in place), at the same offsets, sizes and strides (a kernel's index math
-    assumes them)."""
+    assumes them). The arguments at positions `fresh` (outputs the kernel writes without reading:
+    `Kernel.fresh`) are then poisoned (`_poison`) where no other argument shares their storage."""
     copies: dict = {}
     out = []
     for a in args:
@@ -123,7 +124,33 @@ def _over_copies(args: tuple, ptrs=None) -> tuple:
                 a = torch.empty(0, dtype=a.dtype, device=a.device).set_(copy, a.storage_offset(), a.shape,
                                                                          a.stride())
         out.append(a)
+    if fresh:
+        _poison(out, fresh)
     return tuple(out)
+
+
+def _poison(args, fresh) -> None:
+    """Fill the arguments at positions `fresh` with a value no kernel computes by chance (NaN; an integer
+    dtype's largest value; True), so that two launches compared after it (`Kernel._agreeing`) differ where one
+    leaves an element unwritten: the call's own output buffers already hold what the timing launches wrote (the
+    rule's configuration among them), and a copy of them would show a candidate that skips rows (a grid or a
+    mask fault) as agreeing — right at this call, wrong at the next on fresh buffers. An argument sharing its
+    storage with another (an output written over a dying input it reads) keeps its data."""
+    owners: dict = {}
+    for a in args:
+        if isinstance(a, torch.Tensor) and a.untyped_storage().nbytes():
+            ptr = a.untyped_storage().data_ptr()
+            owners[ptr] = owners.get(ptr, 0) + 1
+    for i in fresh:
+        a = args[i] if i < len(args) else None
+        if not isinstance(a, torch.Tensor) or owners.get(a.untyped_storage().data_ptr()) != 1 or not a.numel():
+            continue
+        if a.is_floating_point():
+            a.fill_(float("nan"))
+        elif a.dtype == torch.bool:
+            a.fill_(True)
+        elif not a.is_complex():
+            a.fill_(torch.iinfo(a.dtype).max)
 
 
 def disagreement(got: tuple, want: tuple) -> str | None:
@@ -151,6 +178,34 @@ def disagreement(got: tuple, want: tuple) -> str | None:
         worst = (diff.abs().max() / ref.abs().max().clamp_min(1e-300)).item() if diff.numel() else 0.0
         if not err <= (8e-3 if narrow else 1e-4) or not worst <= (2 ** -6 if narrow else 1e-3):
             return f"argument {i} ({g.dtype}) relative error {err:.3g}, largest {worst:.3g} of the largest element"
+    return _outside_views(got, want)
+
+
+def _outside_views(got: tuple, want: tuple) -> str | None:
+    """Where two launches' arguments (each over its own copies of the same storages: `_over_copies`) differ in
+    memory no argument's view covers, or None: a launch writing past its views (into a strided input's gaps, the
+    rest of a wider buffer) that comparing the views alone would not see. Those bytes must be equal, bit for
+    bit: neither launch should have touched them."""
+    storages: dict = {}  # storage of `got` -> (first position, storage of `want`, the views over it)
+    for i, (g, w) in enumerate(zip(got, want)):
+        if isinstance(g, torch.Tensor) and isinstance(w, torch.Tensor) and g.untyped_storage().nbytes():
+            entry = storages.setdefault(g.untyped_storage().data_ptr(), (i, w.untyped_storage(), []))
+            entry[2].append(g)
+    for i, want_storage, views in storages.values():
+        got_storage = views[0].untyped_storage()
+        if want_storage.nbytes() != got_storage.nbytes():
+            return f"argument {i}'s storage differs in size"
+        device = views[0].device
+        got_bytes = torch.empty(0, dtype=torch.uint8, device=device).set_(got_storage)
+        want_bytes = torch.empty(0, dtype=torch.uint8, device=device).set_(want_storage)
+        if torch.equal(got_bytes, want_bytes):
+            continue
+        covered = torch.zeros(got_bytes.numel(), dtype=torch.bool, device=device)
+        for v in views:
+            e = v.element_size()
+            covered.as_strided((*v.shape, e), (*(st * e for st in v.stride()), 1), v.storage_offset() * e).fill_(True)
+        if bool(((got_bytes != want_bytes) & ~covered).any()):
+            return f"argument {i}'s storage was written outside the arguments' views"
     return None
 
 
@@ -183,6 +238,7 @@ class Kernel:
         # binary are settled, replayed without choosing again (see __call__)
         self.ready: dict = {}
         self.mutates = False  # writes a graph input: never launched more than once per call (no timing)
+        self.fresh: tuple = ()  # positions of the outputs it writes without reading them (_poison; set by the runner)
         self.timed: set = set()  # configurations chosen by timing (`uncertain`): kept even if they spill
         self.refused: set = set()  # rules' configurations taken where a timed choice disagreed (`_agreeing`)
         # variants whose index width is chosen per launch (kernel.index_width), and whether this call's
@@ -541,7 +597,7 @@ class Kernel:
 
     def _on_copies(self, cfg: Config, args, xnumel, rnumel, stream) -> tuple:
         """`cfg` launched once on copies of the call's arguments (`_over_copies`): what it leaves in them."""
-        trial = _over_copies(args)
+        trial = _over_copies(args, fresh=self.fresh)
         self.launch(cfg, stream, trial, xnumel, rnumel)
         return trial
 
@@ -551,20 +607,26 @@ class Kernel:
         candidate computing wrong values would win as readily (the forty-ninth session's looped blocks of
         several rows regrouped lanes across rows on a GPU only, where no CPU test could see it). Each is
         compared (`disagreement`); a refusal is counted (`kernel_choices_refused`) and said in the kernel's
-        timings. Where the copies do not fit in memory the error goes on to the caller, which takes the rule's
-        configuration and stores nothing, as when timing fails."""
+        timings; so is a winner whose own check raises. Where the rule's configuration does not run there is
+        nothing to hold the winner to: it is kept, counted as `kernel_choices_unchecked`. Where the copies do not
+        fit in memory the error goes on to the caller, which takes the rule's configuration and stores nothing, as
+        when timing fails."""
         if best == rule:
             return best
-        runs = []
         try:
-            for cfg in (rule, best):
-                runs.append(run(cfg))
+            want = run(rule)
         except torch.OutOfMemoryError:
             raise  # as a timing without memory: the rule's configuration, nothing stored (_timed_choice)
-        except Exception as e:  # noqa: BLE001 - the rule's own configuration does not launch: nothing to hold
-            self.info.timings[f"unchecked {best}"] = repr(e)[:80]  # the winner, unchecked (as before the check)
+        except Exception as e:  # noqa: BLE001 - the rule's own configuration does not run: nothing to hold to
+            self.counters["kernel_choices_unchecked"] += 1  # the winner, unchecked (as before the check)
+            self.info.timings[f"unchecked {best}"] = repr(e)[:80]
             return best
-        bad = disagreement(runs[1], runs[0])
+        try:
+            bad = disagreement(run(best), want)
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as e:  # noqa: BLE001 - the winner's check does not run: not kept unchecked
+            bad = f"its check raised {e!r}"[:80]
         if bad is None:
             return best
         self.counters["kernel_choices_refused"] += 1
@@ -866,7 +928,8 @@ class _After:
         """`c`'s main kernel, then the finish, on copies (`_over_copies`: arguments of both kernels sharing a
         storage share its copy): the arguments of both after them, the workspaces left out (None) — their rows
         follow the split, which differs between configurations."""
-        both = _over_copies(self.margs + self.fargs)
+        both = _over_copies(self.margs + self.fargs,
+                            fresh=self.step.main.fresh + tuple(len(self.margs) + k for k in self.step.finish.fresh))
         m, f = both[:len(self.margs)], both[len(self.margs):]
         self.step.main.launch(c, self.stream, m, self.rows, self.cols)
         self._finish(c, f)
@@ -893,6 +956,14 @@ class _Unplanned(Exception):
 
 
 _KERNEL_CLASSES = {c.__name__: c for c in (Kernel, MixKernel, FinishKernel)}
+
+
+def _fresh(node, args: tuple) -> tuple:
+    """Positions among a kernel's `args` (its source's: ("buffer", name) or ("size", expr)) of the buffers
+    `node` writes and does not read (`Kernel.fresh`). A kernel shared by code (`TritonRunner._kernel`) takes
+    every node's buffers in the same roles at the same positions."""
+    written, read = set(node.output_names()), set(node.read_names())
+    return tuple(i for i, (kind, name) in enumerate(args) if kind == "buffer" and name in written and name not in read)
 
 
 @attrs.frozen(eq=False)
@@ -1311,6 +1382,7 @@ class TritonRunner:
         k.hinted_row_bytes = made.hinted
         k.counters = self.counters  # its launches' figures go in this compile's report
         k.mutates = made.mutates
+        k.fresh = _fresh(node, first.args)
         self._by_code[made.same] = k
         return k
 
