@@ -83,14 +83,15 @@ UNDER_COPY_PCT = 85  # ... and memory-bound points under this % of the copy band
 TEXT_COLUMNS = ("case", "direction", "dtype", "shape", "shape_class", "kind", "check", "passline_codegen", "error",
                 "inductor_ms_rounds", "passline_ms_rounds")
 INT_COLUMNS = ("rows", "width", "passline_kernels", "passline_externs", "passline_choices_timed",
-               "passline_choices_refused")
+               "passline_choices_refused", "passline_choices_unchecked")
 COLUMNS = ("case", "direction", "dtype", "rows", "width", "shape", "shape_class", "kind", "input_mb",
            "eager_ms", "inductor_ms", "passline_ms", "passline_over_inductor", "inductor_kernel_ms",
            "passline_kernel_ms", "kernels_over_inductor", "inductor_call_ms", "passline_call_ms",
            "calls_over_inductor", "passline_gbs",
            "passline_pct_copy", "inductor_gbs", "inductor_pct_copy", "check", "rel_err", "eager_rel_err",
            "compile_s_inductor", "compile_s_passline", "passline_codegen", "passline_kernels",
-           "passline_externs", "passline_choices_timed", "passline_choices_refused", "error", "inductor_ms_rounds",
+           "passline_externs", "passline_choices_timed", "passline_choices_refused", "passline_choices_unchecked",
+           "error", "inductor_ms_rounds",
            "passline_ms_rounds")
 
 
@@ -239,7 +240,8 @@ def run_point(name, m, n, dtype, directions, contenders, device, reps_ms, pipeli
             if be is not None:
                 res["reports"] = {r.name.rstrip("0123456789"): (
                     r.codegen, r.kernels, r.externs, r.metrics.counters["kernel_choices_timed"],
-                    r.metrics.counters["kernel_choices_refused"]) for r in be.reports}
+                    r.metrics.counters["kernel_choices_refused"], r.metrics.counters["kernel_choices_unchecked"])
+                    for r in be.reports}
         except Exception as e:  # one failing point must not hide the others
             failed(res, f"{name} {m}x{n} {dtype}: {label}", e)
             calls.pop(label, None)
@@ -314,7 +316,7 @@ def rows_of_point(name, m, n, kind, dtype, directions, results, eager_errs, nbyt
         graph = {"fwd": "inference", "fwd_train": "forward", "bwd": "backward"}[d]
         if p and graph in p.get("reports", {}):
             (row["passline_codegen"], row["passline_kernels"], row["passline_externs"], row["passline_choices_timed"],
-             row["passline_choices_refused"]) = p["reports"][graph]
+             row["passline_choices_refused"], row["passline_choices_unchecked"]) = p["reports"][graph]
         row["error"] = "; ".join(f"{k}: {v['error']}" for k, v in results.items() if v["error"])
         out.append(row)
     return out
@@ -404,10 +406,15 @@ def summary(rows: list[dict], header: str, skipped: list[str]) -> str:
     timed = [r for r in rows if r.get("passline_choices_timed")]
     if timed:  # runner.Kernel._agreeing: a timed choice whose launch disagreed with the rule's was refused
         refused = [r for r in timed if r.get("passline_choices_refused")]
+        unchecked = [r for r in timed if r.get("passline_choices_unchecked")]
         lines += ["", f"Graphs whose kernels timed a choice at the first call: {len(timed)}; where a timed choice "
                       f"disagreed with the rule's result and was refused: {len(refused)}"
                       + "".join(f"\n- {r['case']} {r['direction']} {r['dtype']} {r['shape']}: "
-                                f"{r['passline_choices_refused']} refused" for r in refused)]
+                                f"{r['passline_choices_refused']} refused" for r in refused)
+                      + (f"\n\nGraphs with a timed choice left unchecked (the rule's configuration did not run): "
+                         f"{len(unchecked)}" if unchecked else "")
+                      + "".join(f"\n- {r['case']} {r['direction']} {r['dtype']} {r['shape']}: "
+                                f"{r['passline_choices_unchecked']} unchecked" for r in unchecked)]
     # compile seconds per point (each point's rows repeat them: one per point)
     per_point = {(r["case"], r["dtype"], r["shape"]): r for r in rows}.values()
     for label in ("passline", "inductor"):

@@ -33,7 +33,7 @@ def test_smoke_run_writes_checked_rows(tmp_path):
         assert r["check"] == "ok" and not r["error"], r
         assert float(r["rel_err"]) <= 1e-4, r  # float32's floor (eager's own error is far below it)
         assert r["passline_codegen"] == "triton" and int(r["passline_kernels"]) >= 1, r  # the interpreter ran
-        assert r["passline_choices_timed"] == r["passline_choices_refused"] == "0", r  # nothing timed: interpreter
+        assert r["passline_choices_timed"] == r["passline_choices_refused"] == r["passline_choices_unchecked"] == "0", r
         assert float(r["passline_ms"]) > 0 and float(r["eager_ms"]) > 0 and float(r["compile_s_passline"]) > 0, r
         assert r["inductor_ms"] == "" and r["passline_over_inductor"] == "", r  # --device cpu: no Inductor
         nbytes = {"fwd": 2, "fwd_train": 2, "bwd": 3}[r["direction"]] * int(r["rows"]) * int(r["width"]) * 4
@@ -96,6 +96,9 @@ def test_points_and_summary():
     text = mod.summary([row, timed], "# header", [])
     assert "timed a choice at the first call: 1; where a timed choice disagreed with the rule's result and was " \
            "refused: 1\n- rms_norm bwd float32 8x64: 1 refused" in text
+    assert "unchecked" not in text
+    text = mod.summary([row, dict(timed, passline_choices_unchecked=1)], "# header", [])
+    assert "left unchecked (the rule's configuration did not run): 1\n- rms_norm bwd float32 8x64: 1 unchecked" in text
     assert "No point has both times" in mod.summary([dict(row, passline_over_inductor=None)], "# h", [])
 
 

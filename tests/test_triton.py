@@ -1765,6 +1765,75 @@ def test_a_timed_mix_order_choice_is_held_to_the_rules_step(monkeypatch):
     assert main.counters["kernel_choices_refused"] == 1 and f"refused {other}" in main.info.timings
 
 
+@pytest.mark.parametrize("kind", ["row", "mix"])
+def test_a_timed_choice_is_held_again_at_other_sizes_of_its_bucket(monkeypatch, kind):
+    """Under dynamic shapes a choice serves every size of its power-of-two bucket (Kernel.bucket). One chosen by
+    timing is held to the rule's result at each other size it runs at, once (Kernel._hold): a candidate right at
+    300 rows and wrong at 301 (a partial block's fault, simulated) is kept at 300 and refused at 301, where the
+    rule's configuration runs. A row kernel (log-softmax) and a mix-order step (a bias gradient, whole step)."""
+    from passline.backends.triton import runner as prunner
+    from passline.backends.triton.configs import Config
+
+    kernels = []
+    cls = prunner.MixKernel if kind == "mix" else prunner.Kernel
+
+    def band(self, xnumel, rnumel, args=None):  # the GPU's timed band, here the rule and one other block
+        if type(self) is not cls or rnumel is None:
+            return []
+        rule = self._rule(xnumel, rnumel, args)
+        self.target = Config(rule.variant, rule.xblock, rule.rblock, rule.warps * 2, rule.stages, rule.split)
+        kernels.append(self) if self not in kernels else None
+        return [rule, self.target]
+
+    def bench(self, c, args, xnumel, rnumel, stream, after=None, rep=None):  # the other block is the fastest
+        self.launch(c, stream, args, xnumel, rnumel)
+        if after is not None:
+            after(c)
+        return 1.0 if c.with_split(0) == self.target.with_split(0) else 2.0
+
+    launch = prunner.Kernel.launch
+
+    def odd_rows_wrong(self, cfg, stream, args, xnumel, rnumel):
+        out = launch(self, cfg, stream, args, xnumel, rnumel)
+        if self in kernels and cfg.with_split(0) == self.target.with_split(0) and xnumel % 2:
+            for k, a in enumerate(args):
+                if k in self.fresh and a.shape == (xnumel, rnumel):  # its output's last row
+                    a[-1] += 1.0
+        return out
+
+    monkeypatch.setattr(cls, "uncertain", band)
+    monkeypatch.setattr(prunner.Kernel, "_bench", bench)
+    monkeypatch.setattr(prunner.Kernel, "launch", odd_rows_wrong)
+    if kind == "mix":
+        monkeypatch.setattr(prunner.MixKernel, "_tuned", lambda self: True)
+        monkeypatch.setattr(prunner.MixKernel, "_wave_splits", lambda self, cfg, compiled, args, x, r: [16])
+
+        def f(dy, h):
+            dh = torch.ops.aten.gelu_backward(dy, h)
+            return dh, dh.sum(0)
+        pipeline = passline.DEFAULT_PIPELINE.replace("mix_order_reduction", "mix_order_reduction(fill_sms=false)")
+    else:
+        def f(dy, h):
+            return torch.log_softmax(dy, -1) + h
+        pipeline = passline.DEFAULT_PIPELINE
+
+        def timed(self, args, x, r, stream, after=None):  # the interpreter takes the rule: time as on a GPU
+            cands = self.uncertain(x, r, args)
+            best = self._timed_choice(x, r, lambda: self._fastest(cands, args, x, r, stream)) if cands else None
+            return best or self._rule(x, r, args)
+        monkeypatch.setattr(prunner.Kernel, "_choose", timed)
+    g = torch.compile(f, dynamic=True, backend=passline.backend(codegen="triton", pipeline=pipeline))
+    for rows, refused in ((300, 0), (301, 1), (301, 1)):
+        dy, h = torch.randn(rows, 200), torch.randn(rows, 200)
+        want = f(dy, h)
+        got = g(dy.clone(), h.clone())
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+        (kernel,) = kernels
+        assert kernel.counters["kernel_choices_refused"] == refused, kernel.info.timings
+    assert kernel.held[(300, 200)] == kernel.target.with_split(kernel.held[(300, 200)].split)
+
+
 def test_disagreement_sees_a_wrong_row_an_infinity_and_huge_values():
     """runner.disagreement, which a timed choice must pass: rounding apart is agreement; one wrong row of a
     tall output (a small share of its norm), an infinity or NaN elsewhere, a bfloat16 output 1.5% off

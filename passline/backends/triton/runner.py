@@ -228,6 +228,9 @@ class Kernel:
         self.fns: dict = {}
         self.files: dict = {}  # variant -> its module's file in the kernel cache (source_file)
         self.choices: dict = {}  # size bucket -> Config
+        # (xnumel, rnumel) -> the Config these sizes launch, once settled: the choice made or loaded at them, or a
+        # bucket's timed choice held to the rule's result at them (`_hold`), or the rule's where it was refused
+        self.held: dict = {}
         self.binaries: dict = {}  # Config, or (Config, INT64, specialization) -> (launch, constexpr tail)
         self.check: tuple = ()  # positions of arguments that may change between calls (set by the wrapper)
         # positions among `check` of run-time size arguments (dynamic shapes), whose values key a replay
@@ -283,11 +286,23 @@ class Kernel:
 
     # -- choosing ---------------------------------------------------------------------------------------
     def cached(self, xnumel: int, rnumel: int | None) -> Config | None:
-        """The configuration already chosen for these sizes, or None."""
+        """The configuration already settled for these sizes, or None: also None where their bucket's choice
+        was timed at other sizes and is not yet held to the rule's result at these (`config` does that)."""
         last = self.last
         if last is not None and last[0] == xnumel and last[1] == rnumel:
             return last[2]
-        return self.choices.get(self.bucket(xnumel, rnumel))
+        held = self.held.get((xnumel, rnumel))
+        if held is not None:
+            return held
+        cfg = self.choices.get(self.bucket(xnumel, rnumel))
+        return None if self._unheld(cfg) else cfg
+
+    def _unheld(self, cfg: Config | None) -> bool:
+        """Whether `cfg`, a bucket's choice at sizes it was not made at, must be held to the rule's result there
+        first: a configuration chosen by timing (the band's or autotuning's: `timed`) — what it computes was compared
+        with the rule's at the sizes it was timed at only, and a fault of a partial block shows at some sizes
+        and not others."""
+        return cfg is not None and cfg in self.timed and not self.mutates
 
     def config(self, xnumel: int, rnumel: int | None, args=None, stream=None, after=None) -> Config:
         """The configuration for these sizes, chosen at their first launch (`args`: the launch's arguments,
@@ -295,13 +310,35 @@ class Kernel:
         last = self.last
         if last is not None and last[0] == xnumel and last[1] == rnumel:
             return last[2]
-        key = self.bucket(xnumel, rnumel)
-        cfg = self.choices.get(key)
+        cfg = self.held.get((xnumel, rnumel))
         if cfg is None:
-            cfg = self.choices[key] = self._choose(args, xnumel, rnumel, stream, after)
+            key = self.bucket(xnumel, rnumel)
+            cfg = self.choices.get(key)
+            if cfg is None:
+                cfg = self.choices[key] = self._choose(args, xnumel, rnumel, stream, after)
+            elif self._unheld(cfg) and args is not None:  # timed at other sizes of the bucket (dynamic shapes)
+                cfg = self._hold(cfg, xnumel, rnumel, args, stream, after)
+            self._settled(xnumel, rnumel, cfg)
         self.last = xnumel, rnumel, cfg
         self.info.chosen, self.info.blocks = str(cfg.variant), dict(cfg.blocks(), num_warps=cfg.warps)
         return cfg
+
+    def _settled(self, xnumel: int, rnumel: int | None, cfg: Config) -> None:
+        if len(self.held) >= 64:  # dynamic shapes: many sizes; forget the old ones (each is held again, once)
+            self.held.clear()
+        self.held[xnumel, rnumel] = cfg
+
+    def _hold(self, cfg: Config, xnumel: int, rnumel: int | None, args, stream, after=None) -> Config:
+        """`cfg`, its bucket's timed choice, held to the rule's result at these sizes (`_agreeing`, on copies of
+        the call's arguments), or the rule's configuration where it disagrees; `cfg` where there is no memory
+        for the copies (as a timing without memory keeps what it has)."""
+        try:
+            return self._agreeing(cfg, self._rule(xnumel, rnumel, args),
+                                  lambda c: self._on_copies(c, args, xnumel, rnumel, stream))
+        except torch.OutOfMemoryError as e:
+            self.info.timings[f"unchecked {cfg} at {xnumel} x {rnumel}"] = repr(e)[:80]
+            self.counters["kernel_choices_unchecked"] += 1
+            return cfg
 
     def _rule(self, xnumel, rnumel, args=None) -> Config:
         return rule(self.splits, xnumel, rnumel, self.interpret, self.device, self.rows_contiguous, self.only,
@@ -337,8 +374,8 @@ class Kernel:
             if len(cands) == 1:
                 return cands[0]
             try:
-                return self._remembered(digest(self.key, xnumel, rnumel, _device_name(), "with rule"),
-                                        lambda: self._fastest(cands, args, xnumel, rnumel, stream))
+                return self._timed(self._remembered(digest(self.key, xnumel, rnumel, _device_name(), "with rule"),
+                                                    lambda: self._fastest(cands, args, xnumel, rnumel, stream)))
             except torch.OutOfMemoryError as e:  # no memory for the copies: the rule's, nothing stored
                 self.info.timings["timing failed"] = repr(e)[:80]
                 return self._rule(xnumel, rnumel, args)
@@ -360,6 +397,11 @@ class Kernel:
         except Exception as e:  # noqa: BLE001 - the user's call never fails for a timing
             self.info.timings["timing failed"] = repr(e)[:80]
             return None
+        return self._timed(best)
+
+    def _timed(self, best: Config) -> Config:
+        """`best`, chosen by timing, marked so (`timed`) unless it is the rule's configuration taken where the
+        timed winner was refused (`refused`)."""
         if best not in self.refused:
             self.timed.add(best)
         return best
@@ -402,6 +444,7 @@ class Kernel:
         if saved is not None:
             self.choices[self.bucket(xnumel, rnumel)] = saved
             self.timed.add(saved)
+            self._settled(xnumel, rnumel, saved)
         return saved
 
     def _saved(self, ckey: str) -> Config | None:
@@ -551,6 +594,7 @@ class Kernel:
             return False
         roomier = attrs.evolve(cfg, warps=cfg.warps * 2)
         self.choices[self.bucket(xnumel, rnumel)] = roomier
+        self._settled(xnumel, rnumel, roomier)
         self.last = xnumel, rnumel, roomier
         self.info.chosen, self.info.blocks = str(roomier.variant), dict(roomier.blocks(), num_warps=roomier.warps)
         return True
@@ -734,8 +778,8 @@ class MixKernel(Kernel):
             # mix-order kernel may write over a dying input, and every timing launch would read what the one
             # before it wrote (a GELU backward's dh wrong in 99% of its elements, on a CPU simulation)
             try:
-                return self._remembered(ckey, lambda: self._pick_split(_private(args), xnumel, rnumel, stream,
-                                                                        after))
+                return self._timed(self._remembered(ckey, lambda: self._pick_split(_private(args), xnumel, rnumel,
+                                                                                    stream, after)))
             except torch.OutOfMemoryError as e:  # no memory for the copies: the rule's, nothing stored
                 self.info.timings["timing failed"] = repr(e)[:80]
                 return self._place(self._rule(xnumel, rnumel, args), None, args, xnumel, rnumel)
@@ -747,6 +791,21 @@ class MixKernel(Kernel):
                 return best
         # by rule: one whole wave, from what the compiled kernel takes (compiled now, not launched)
         return self._place(self._rule(xnumel, rnumel, args), None, args, xnumel, rnumel)
+
+    def _hold(self, cfg: Config, xnumel: int, rnumel: int | None, args, stream, after=None) -> Config:
+        """`Kernel._hold` for a mix-order step: the whole step (`after.outputs`) against the rule's at its
+        whole-wave split for these rows."""
+        if after is None:
+            return cfg
+        try:
+            rule = self._rule(xnumel, rnumel, args)
+            if self._tuned():  # (a split the pipeline fixed stays the rule's)
+                rule = self._place(rule, None, args, xnumel, rnumel)
+            return self._agreeing(cfg, rule, after.outputs)
+        except torch.OutOfMemoryError as e:
+            self.info.timings[f"unchecked {cfg} at {xnumel} x {rnumel}"] = repr(e)[:80]
+            self.counters["kernel_choices_unchecked"] += 1
+            return cfg
 
     def placed(self, cfg: Config, compiled, xnumel: int, rnumel: int) -> Config:
         """The configuration `cfg` (the rule's, or one of configs.uncertain's band) with its split: one whole
@@ -896,9 +955,14 @@ class MixStep:
         cfg = main.cached(rows, cols)
         if cfg is None:
             # workspaces to time on (autotuning, or configs.uncertain's band): one row a program at the
-            # smallest split tried; else one row, to compile on
+            # smallest split tried; else one row, to compile on. A choice timed at other rows of the bucket
+            # is held to the rule's step at these (Kernel._hold): room for its split's programs too
             timing = main._tuned() and not main.mutates and (main.autotune or bool(main.uncertain(rows, cols, margs)))
-            ws = self._alloc(empty, main.workspace_rows(rows) if timing else 1, cols)
+            n = main.workspace_rows(rows) if timing else 1
+            other = main.choices.get(main.bucket(rows, cols))
+            if other is not None:
+                n = max(n, main.workspace_rows(rows), self.programs(rows, other))
+            ws = self._alloc(empty, n, cols)
             m, f = self._with(margs, self.main_slots, ws), self._with(fargs, self.finish_slots, ws)
             cfg = main.config(rows, cols, m, stream, _After(self, stream, m, f, rows, cols))
         if len(self.programs_at) >= 64:  # dynamic shapes: many sizes; forget the old ones
