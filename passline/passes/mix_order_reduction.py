@@ -50,7 +50,12 @@ programs take blocks of columns down every row, storing dh as they sum it (Induc
 gradient), where the unmixed pair wrote dh with one kernel and read it back with another; a pointwise side
 beside the sums (both reading x, neither the other's result) takes it too. Only where the columns give every
 SM a program of 16 and the rows are at most COLUMN_FORM_ROWS (`_column_form_pays`, at the traced sizes under
-dynamic shapes); a row side with row sums (a norm's backward) has no such form. Stat: `column_form`."""
+dynamic shapes); a row side with row sums (a norm's backward) has no such form. Stat: `column_form`.
+
+The default pipeline runs this pass again after split_reductions: a norm's backward over few long rows, refused
+here (too wide, too few rows), is split there into partial row sums, their finish and dx — now a pointwise node
+of its own beside the column sums, which this pass then gives the column form (or the tiled one), as any
+pointwise row side: x and dy read twice instead of three times."""
 from __future__ import annotations
 
 import math
