@@ -33,9 +33,9 @@ class Checker:
     candidates on copies of the launch's arguments as they were before it, and records the differences."""
 
     def __init__(self, every: bool, variant: str | None = None):
-        from passline.backends.triton import configs, runner
+        from passline.backends.triton import runner
 
-        self.configs, self.runner, self.every, self.variant = configs, runner, every, variant
+        self.runner, self.every, self.variant = runner, every, variant
         self.checked, self.bad, self.skipped = 0, [], []
         self._call = runner.Kernel.__call__
 
@@ -55,14 +55,14 @@ class Checker:
         self.runner.Kernel.__call__ = self._call
 
     def candidates(self, kernel, xnumel, rnumel, args) -> list:
-        """The GPU's candidates for this launch (computed as for a GPU on any machine)."""
-        c = self.configs
-        row_bytes = kernel._row_bytes(xnumel, rnumel, args)
-        base = c.rule(kernel.splits, xnumel, rnumel, False, kernel.device, kernel.rows_contiguous, kernel.only,
-                      row_bytes, kernel.online, kernel.row_sums)
-        band = c.uncertain(kernel.splits, xnumel, rnumel, False, kernel.device, kernel.rows_contiguous, kernel.only,
-                           base, row_bytes, kernel.row_sums)
-        every = c.autotune_candidates(c.candidates(kernel.splits, xnumel, rnumel, False, kernel.only), base, band)
+        """The GPU's candidates for this launch: the kernel's own band and autotuning lists (`Kernel._band`,
+        `Kernel._autotune_candidates`), computed as for a GPU on any machine (the interpreter's are its rule)."""
+        interpret, kernel.interpret = kernel.interpret, False
+        try:
+            band = kernel._band(xnumel, rnumel, args)
+            every = kernel._autotune_candidates(xnumel, rnumel, args)
+        finally:
+            kernel.interpret = interpret
         every = [k for k in every if self.variant in (None, k.variant)]
         if self.every:
             return every
