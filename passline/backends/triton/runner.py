@@ -316,7 +316,9 @@ class Kernel:
             cfg = self.choices.get(key)
             if cfg is None:
                 cfg = self.choices[key] = self._choose(args, xnumel, rnumel, stream, after)
-            elif self._unheld(cfg) and args is not None:  # timed at other sizes of the bucket (dynamic shapes)
+            elif self._unheld(cfg):  # timed at other sizes of the bucket (dynamic shapes)
+                if args is None:  # asked ahead of the launch (a plan): the launch holds it at these sizes
+                    return cfg
                 cfg = self._hold(cfg, xnumel, rnumel, args, stream, after)
             self._settled(xnumel, rnumel, cfg)
         self.last = xnumel, rnumel, cfg
