@@ -96,14 +96,20 @@ def _private(args: tuple) -> tuple:
     was wrong in every element). Other arguments stay: a kernel that reads A and writes a
     separate B writes the same B at every launch. Inductor's autotuner copies the arguments a kernel
     mutates likewise. The copy lives only while the candidates are timed, at the sizes' first launch."""
+    storages = _sharers(args)
+    if all(n == 1 for n in storages.values()):
+        return args
+    return _over_copies(args, {ptr for ptr, n in storages.items() if n > 1})
+
+
+def _sharers(args) -> dict:
+    """{storage's data_ptr: how many of `args` are tensors over it}, for the non-empty storages."""
     storages: dict = {}
     for a in args:
         if isinstance(a, torch.Tensor) and a.untyped_storage().nbytes():
             ptr = a.untyped_storage().data_ptr()
             storages[ptr] = storages.get(ptr, 0) + 1
-    if all(n == 1 for n in storages.values()):
-        return args
-    return _over_copies(args, {ptr for ptr, n in storages.items() if n > 1})
+    return storages
 
 
 def _over_copies(args: tuple, ptrs=None, fresh=()) -> tuple:
@@ -136,11 +142,7 @@ def _poison(args, fresh) -> None:
     rule's configuration among them), and a copy of them would show a candidate that skips rows (a grid or a
     mask fault) as agreeing — right at this call, wrong at the next on fresh buffers. An argument sharing its
     storage with another (an output written over a dying input it reads) keeps its data."""
-    owners: dict = {}
-    for a in args:
-        if isinstance(a, torch.Tensor) and a.untyped_storage().nbytes():
-            ptr = a.untyped_storage().data_ptr()
-            owners[ptr] = owners.get(ptr, 0) + 1
+    owners = _sharers(args)
     for i in fresh:
         a = args[i] if i < len(args) else None
         if not isinstance(a, torch.Tensor) or owners.get(a.untyped_storage().data_ptr()) != 1 or not a.numel():
@@ -310,15 +312,15 @@ class Kernel:
         last = self.last
         if last is not None and last[0] == xnumel and last[1] == rnumel:
             return last[2]
-        cfg = self.held.get((xnumel, rnumel))
+        cfg = self.cached(xnumel, rnumel)
         if cfg is None:
             key = self.bucket(xnumel, rnumel)
             cfg = self.choices.get(key)
             if cfg is None:
                 cfg = self.choices[key] = self._choose(args, xnumel, rnumel, stream, after)
-            elif self._unheld(cfg):  # timed at other sizes of the bucket (dynamic shapes)
-                if args is None:  # asked ahead of the launch (a plan): the launch holds it at these sizes
-                    return cfg
+            elif args is None:  # timed at other sizes of the bucket, asked ahead of the launch (a plan): the
+                return cfg  # launch holds it at these sizes
+            else:  # timed at other sizes of the bucket (dynamic shapes)
                 cfg = self._hold(cfg, xnumel, rnumel, args, stream, after)
             self._settled(xnumel, rnumel, cfg)
         self.last = xnumel, rnumel, cfg
@@ -331,12 +333,14 @@ class Kernel:
         self.held[xnumel, rnumel] = cfg
 
     def _hold(self, cfg: Config, xnumel: int, rnumel: int | None, args, stream, after=None) -> Config:
-        """`cfg`, its bucket's timed choice, held to the rule's result at these sizes (`_agreeing`, on copies of
-        the call's arguments), or the rule's configuration where it disagrees; `cfg` where there is no memory
-        for the copies (as a timing without memory keeps what it has)."""
+        """`cfg`, its bucket's timed choice, held to the rule's result at these sizes (`_agreeing` with
+        `_held_to`), or the rule's configuration where it disagrees; `cfg` where there is no memory for the
+        copies (as a timing without memory keeps what it has), or nothing to run the check with."""
+        held_to = self._held_to(xnumel, rnumel, args, stream, after)
+        if held_to is None:
+            return cfg
         try:
-            return self._agreeing(cfg, self._rule(xnumel, rnumel, args),
-                                  lambda c: self._on_copies(c, args, xnumel, rnumel, stream))
+            return self._agreeing(cfg, *held_to)
         except torch.OutOfMemoryError as e:
             self.info.timings[f"unchecked {cfg} at {xnumel} x {rnumel}"] = repr(e)[:80]
             self.counters["kernel_choices_unchecked"] += 1
@@ -638,8 +642,13 @@ class Kernel:
         timing = _private(args)
         best = self._best(self._leaders(self._time(cands, timing, xnumel, rnumel, stream)), timing, xnumel, rnumel,
                           stream)
-        return self._agreeing(best, self._rule(xnumel, rnumel, args),
-                              lambda cfg: self._on_copies(cfg, args, xnumel, rnumel, stream))
+        # (Kernel's: a mix-order kernel whose split the pipeline fixed is autotuned here, its main kernel alone)
+        return self._agreeing(best, *Kernel._held_to(self, xnumel, rnumel, args, stream))
+
+    def _held_to(self, xnumel, rnumel, args, stream, after=None) -> tuple | None:
+        """What a timed choice at these sizes is held to (`_agreeing`): the rule's configuration, and how to run
+        one on copies of the call's arguments (`_on_copies`)."""
+        return self._rule(xnumel, rnumel, args), lambda cfg: self._on_copies(cfg, args, xnumel, rnumel, stream)
 
     def _on_copies(self, cfg: Config, args, xnumel, rnumel, stream) -> tuple:
         """`cfg` launched once on copies of the call's arguments (`_over_copies`): what it leaves in them."""
@@ -794,20 +803,15 @@ class MixKernel(Kernel):
         # by rule: one whole wave, from what the compiled kernel takes (compiled now, not launched)
         return self._place(self._rule(xnumel, rnumel, args), None, args, xnumel, rnumel)
 
-    def _hold(self, cfg: Config, xnumel: int, rnumel: int | None, args, stream, after=None) -> Config:
-        """`Kernel._hold` for a mix-order step: the whole step (`after.outputs`) against the rule's at its
-        whole-wave split for these rows."""
-        if after is None:
-            return cfg
-        try:
-            rule = self._rule(xnumel, rnumel, args)
-            if self._tuned():  # (a split the pipeline fixed stays the rule's)
-                rule = self._place(rule, None, args, xnumel, rnumel)
-            return self._agreeing(cfg, rule, after.outputs)
-        except torch.OutOfMemoryError as e:
-            self.info.timings[f"unchecked {cfg} at {xnumel} x {rnumel}"] = repr(e)[:80]
-            self.counters["kernel_choices_unchecked"] += 1
-            return cfg
+    def _held_to(self, xnumel, rnumel, args, stream, after=None) -> tuple | None:
+        """`Kernel._held_to` for a mix-order step: the whole step (`after.outputs`, MixStep's) against the rule's
+        at its whole-wave split for these rows (a split the pipeline fixed stays the rule's); None without the
+        step to run."""
+        outputs = getattr(after, "outputs", None)
+        if outputs is None:
+            return None
+        rule = self._rule(xnumel, rnumel, args)
+        return (self._place(rule, None, args, xnumel, rnumel) if self._tuned() else rule), outputs
 
     def placed(self, cfg: Config, compiled, xnumel: int, rnumel: int) -> Config:
         """The configuration `cfg` (the rule's, or one of configs.uncertain's band) with its split: one whole
@@ -879,11 +883,8 @@ class MixKernel(Kernel):
                 self.info.timings[f"{c} +finish"] = t
                 timed.append((t, c))
         best = self._best(self._leaders(sorted(timed, key=lambda tc: tc[0])), args, xnumel, rnumel, stream, after)
-        outputs = getattr(after, "outputs", None)  # MixStep's finish: the step run on copies, to compare
-        if outputs is None:
-            return best
-        return self._agreeing(best, self._place(self._rule(xnumel, rnumel, args), None, args, xnumel, rnumel),
-                              outputs)
+        held_to = self._held_to(xnumel, rnumel, args, stream, after)
+        return best if held_to is None else self._agreeing(best, *held_to)
 
     def retimed(self, c0: Config, splits) -> list[Config]:
         """A leader `c0` (at its one-wave split) at the IR's split and at its other whole-wave `splits`, each
