@@ -282,6 +282,21 @@ def test_a_norms_dx_split_from_its_row_sums_takes_the_column_form(norm):
     assert _dx_with_column_sums(alone) is None and alone.kernels == 4, alone.graph.format()
 
 
+def test_a_norms_split_dx_is_not_tiled_where_its_tiled_programs_would_fill_the_sms():
+    """Planned for 16 SMs, 8 rows of 32768 make 32 tiled programs (blocks of 64 rows and 1024 columns): enough for
+    the tiled form, which the second run gave this dx until it was timed (H200, float32 norms' backwards at 129-256
+    rows: 1.42x Inductor's kernel time tiled, 1.26x unmixed, 0.70-1.05x in the column form). dx reads its rows'
+    finished sums (`_reads_row_values`), so the pair takes the column form; checked against eager."""
+    gpu = passline.DEFAULT_PIPELINE.replace("mix_order_reduction", "mix_order_reduction(sms=16)")
+    gpu = gpu.replace("split_reductions", "split_reductions(sms=16)")
+    x = torch.randn(8, 32768, requires_grad=True)
+    bwd = assert_matches_eager(torch.nn.LayerNorm(32768), [x], pipeline=gpu, codegen="reference").reports[-1]
+    stats = {k: v for ps in bwd.passes for k, v in ps.stats.items()}
+    assert stats.get("num_split_reductions") and stats.get("column_form") == 1, bwd.graph.format()
+    assert not any(isinstance(n, MixOrderNode) for n in bwd.graph.nodes()), bwd.graph.format()
+    assert _dx_with_column_sums(bwd) is not None and bwd.kernels == 3, bwd.graph.format()
+
+
 @pytest.mark.parametrize("rows, mixed", [(64, False), (2112, True)])
 def test_too_few_rows_for_the_gpu_are_not_mixed_whole(rows, mixed):
     """Planned for a GPU, a pair mixed whole has at most one program a block of 16 rows: 64 rows make 4 for

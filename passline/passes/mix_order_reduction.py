@@ -27,35 +27,38 @@ needs a finished column result or any column epilogue (the finishing kernel comp
 column side the row side depends on; another path between them (a cycle). Members with permuted loops (memory_order,
 reorder_loops) are mixed like any other.
 
-Tiled (`tile_columns`, on by default): the width gates bound what a program holds of a whole row, which only a
-row side that reduces its rows (a norm's row sums) needs. A pointwise row side past them (a bias gradient at
-9000, 30000, 65536 columns: dh written, db its sum over the rows) is mixed anyway as a node marked `tiled`,
-whose kernel takes the columns in blocks as well as the rows (the Triton backend's `mix_order_tiled`: a program
-per block of rows and block of columns, each writing its columns' partial sums into the same [n_splits, columns]
-workspace), TILED_SPLIT rows a block in the IR. Unmixed, such a pair was a pointwise kernel writing dh and a
-column sum reading it back: 4 passes over memory (x, dy read; dh written, read) instead of 3. On an H200 the
-tiled kernel took 0.79-0.95x the unmixed pair's time in float32 (1024 and 2048 x 65536, 2237 x 30000, 7457 x
-9000) and 0.88-0.97x in bfloat16 (one point 1.07x: 2237 x 30000). Only rows on 16-byte boundaries are tiled
-(`_unaligned`): at an odd width every load of a block of columns is one element (12345 wide: 2.2-2.5x the
-unmixed pair's time); nor a pair reading a buffer across its memory order (`_across_rows`: a transposed input),
-nor one whose kernel would leave SMs idle (`_too_few_programs`). A pair that fits the gates is mixed as before
-(whole rows, not tiled) — on a GPU target, where its blocks of at least MIN_SPLIT rows make a program for every SM
-(2097 rows on 132 SMs; `split_rows=N` or `fill_sms=false` mixes anyway): a mixed program walks its rows one block
-after another, and with fewer rows the unmixed kernels, spread over every SM, are faster (bfloat16 at 64 x 8192 on
-an H200: 4 programs, 3.6-13.7x Inductor's time mixed).
+Tiled (`tile_columns`, on by default): the width gates bound what a program holds of a whole row, which only a row
+side that reduces its rows (a norm's row sums) needs. A pointwise row side past them (a bias gradient at 9000,
+30000, 65536 columns: dh written, db its sum over the rows) is mixed anyway as a node marked `tiled`, whose kernel
+takes the columns in blocks as well as the rows (the Triton backend's `mix_order_tiled`: a program per block of rows
+and block of columns, each writing its columns' partial sums into the same [n_splits, columns] workspace),
+TILED_SPLIT rows a block in the IR. Unmixed, such a pair was a pointwise kernel writing dh and a column sum reading
+it back: 4 passes over memory (x, dy read; dh written, read) instead of 3. On an H200 the tiled kernel took
+0.79-0.95x the unmixed pair's time in float32 (1024 and 2048 x 65536, 2237 x 30000, 7457 x 9000) and 0.88-0.97x in
+bfloat16 (one point 1.07x: 2237 x 30000). Only rows on 16-byte boundaries are tiled (`_unaligned`): at an odd width
+every load of a block of columns is one element (12345 wide: 2.2-2.5x the unmixed pair's time); nor a pair reading a
+buffer across its memory order (`_across_rows`: a transposed input), nor one whose kernel would leave SMs idle
+(`_too_few_programs`), nor a row side that reads a value of each of its rows (`_reads_row_values`: a norm's dx
+beside its split row sums; the column form instead). A pair that fits the gates is mixed as before (whole rows, not
+tiled) — on a GPU target, where its blocks of at least MIN_SPLIT rows make a program for every SM (2097 rows on 132
+SMs; `split_rows=N` or `fill_sms=false` mixes anyway): a mixed program walks its rows one block after another, and
+with fewer rows the unmixed kernels, spread over every SM, are faster (bfloat16 at 64 x 8192 on an H200: 4 programs,
+3.6-13.7x Inductor's time mixed).
 
-Column form (`column_form`, on by default): a pointwise row side refused for too few programs (whole or tiled)
-is fused into its column sums in their loop order instead — columns outer, rows inner — one kernel whose
-programs take blocks of columns down every row, storing dh as they sum it (Inductor's form of a bias
-gradient), where the unmixed pair wrote dh with one kernel and read it back with another; a pointwise side
-beside the sums (both reading x, neither the other's result) takes it too. Only where the columns give every
-SM a program of 16 and the rows are at most COLUMN_FORM_ROWS (`_column_form_pays`, at the traced sizes under
-dynamic shapes); a row side with row sums (a norm's backward) has no such form. Stat: `column_form`.
+Column form (`column_form`, on by default): a pointwise row side refused for too few programs (whole or tiled), or
+refused the tiled form for reading its rows' values, is fused into its column sums in their loop order instead — columns
+outer, rows inner — one kernel whose programs take blocks of columns down every row, storing dh as they sum it
+(Inductor's form of a bias gradient), where the unmixed pair wrote dh with one kernel and read it back with another;
+a pointwise side beside the sums (both reading x, neither the other's result) takes it too. Only where the columns
+give every SM a program of 16 and the rows are at most COLUMN_FORM_ROWS (`_column_form_pays`, at the traced sizes
+under dynamic shapes); a row side with row sums (a norm's backward) has no such form. Stat: `column_form`.
 
 The default pipeline runs this pass again after split_reductions: a norm's backward over few long rows, refused
 here (too wide, too few rows), is split there into partial row sums, their finish and dx — now a pointwise node
-of its own beside the column sums, which this pass then gives the column form (or the tiled one), as any
-pointwise row side: x and dy read twice instead of three times."""
+of its own beside the column sums, which this pass then gives the column form where its rows are at most
+COLUMN_FORM_ROWS (never the tiled one: `_reads_row_values`): x and dy read twice instead of three times. On an H200
+(fifty-second session, LayerNorm and RMSNorm backward at 128-256 x 40000-65536, both dtypes, 16 points) the GPU time
+of the kernels went to 0.70-0.81x the unmixed kernels' (0.70-1.05x Inductor's, from 0.96-1.38x)."""
 from __future__ import annotations
 
 import math
@@ -269,6 +272,18 @@ def _row_sums(side) -> bool:
     return any(isinstance(m, Reduction) for m in members(_row_side(side)))
 
 
+def _reads_row_values(row, layouts: dict, nrow, ncol) -> bool:
+    """Whether a pointwise row side reads a value of each of its rows (a [rows] buffer: a norm's statistics and
+    row sums, which split_reductions leaves its dx to read once the second mix-order run sees it). Tiled, such a
+    pair lost to the unmixed kernels in float32 on an H200 (fifty-second session, LayerNorm and RMSNorm backward at
+    129-256 x 40000-65536, GPU time of the kernels: 1.42x Inductor's against 1.26x unmixed; bfloat16 1.17x against
+    1.21x), where a bias gradient's tiled dh, which reads no row value, gained (the table above)."""
+    if ncol == 1:
+        return False
+    return any(b in layouts and sympy.expand(layouts[b].layout.numel - nrow) == 0
+               for b in _row_side(row).read_names())
+
+
 def _gate(row, col, max_columns, min_rows, types, max_reads, rows, cols, max_row_bytes=None,
           layouts=None, hints=None, tile_columns=False, sms=0, fixed_split=False, columns=False):
     """What keeps the two sides from mixing, from the nodes alone (the graph's paths: `_cycle`), and how their
@@ -312,6 +327,9 @@ def _gate(row, col, max_columns, min_rows, types, max_reads, rows, cols, max_row
         if problem:
             return problem, False
         few = _too_few_programs(nrow, ncol, sms, hints or {}, tiled=True)
+        if not few and sms and _reads_row_values(row, layouts or {}, nrow, ncol):
+            few = ("the row side reads values of its rows (a norm's dx beside its split row sums): not tiled "
+                   "(tile_columns)")
     elif not fixed_split:
         few = _too_few_programs(nrow, ncol, sms, hints or {}, tiled=False)
     if few:
