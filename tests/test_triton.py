@@ -664,7 +664,9 @@ def test_few_rows_are_timed_whole_and_in_chunks():
     assert band(64, 30000, interpret=True) == [] and band(64, 30000, rows_contiguous=False) == []
     assert band(64, 30000, variants={L: None}) == []  # no persistent form to time
     # a row per SM: the wide-row band, no persistent row
-    assert shapes(band(132, 30000)) == [(L, 1, 16384, 32), (L, 1, 8192, 32), (L, 1, 4096, 32), (L, 1, 2048, 8)]
+    assert shapes(band(132, 30000)) == [(L, 1, 16384, 32), (L, 1, 8192, 32), (L, 1, 4096, 32), (L, 1, 2048, 8),
+                                        (L, 1, 4096, 16), (P, 1, 32768, 16), (P, 1, 32768, 32)]
+    assert (P, 1, 65536, 32) not in shapes(band(132, 40000))  # held whole up to 32768
 
 
 def test_tall_mix_order_kernels_no_rule_decides_are_timed():

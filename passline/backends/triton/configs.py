@@ -35,6 +35,7 @@ FINISH_WIDE_COLUMNS = 2048  # a mix-order finishing kernel with this many column
 MEDIUM_COLUMN = 2048  # ... and up to this many, held whole in blocks of 8 to 32 columns
 BAND_MIN_BYTES = 1 << 20  # a kernel moving fewer bytes is a launch's worth of work: the bands time nothing there
 FEW_ROWS_PERSISTENT = 1 << 16  # fewer rows than SMs: a row up to this long is also timed held whole (uncertain)
+WIDE_PERSISTENT_MAX = 1 << 15  # a row per SM or more: ... up to this long (uncertain)
 READ_ROWS_BYTES = 3  # a row kernel moving under this a row element reads a 2-byte row and writes no row (uncertain)
 READ_ROWS_PER_SM = 16  # ... and is timed from this many rows an SM
 MIX_ONE_ROW_STAGES = 3  # the row loop's pipeline depth of the mix band's one-row form (see uncertain)
@@ -261,7 +262,10 @@ def uncertain(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, 
 
     Rows wider than 16384 (looped, a row a program), again with at least a row per SM: the rule's chunk
     (`base`: the L2 bound on warps, the online softmax's chunk) against chunks of 16384, 8192 and 4096 on
-    32 warps, and of 2048 on 8 warps (several programs an SM, each a short chunk: a bfloat16 cross-entropy
+    32 warps, of 4096 on 16 (a 16-byte vector of bfloat16 a thread: at odd widths, whose inner chunks the aligned
+    loop loads in vectors (kernel.KernelWriter._aligned_loop), the best of these for a bfloat16 LayerNorm forward
+    at 2671 x 50257 and 2048 x 65535 on an H200, 303 and 309 µs against 353 and 358 for the next), and of 2048 on
+    8 warps (several programs an SM, each a short chunk: a bfloat16 cross-entropy
     backward at 8192 × 50304 took 445 µs that way against 493 for the best of the others and Inductor's 509;
     float32 875 against 879, found by autotune=True). How long a chunk pays depends on how many values a
     chunk's loop keeps live (a norm's backward spills at 16384), which the rule does not see. On an H200
@@ -275,6 +279,11 @@ def uncertain(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, 
     | LayerNorm backward, row kernel | float32 | 1024 × 65536 | 351 (spills) | **330*** | 363 | |
     | LayerNorm forward | bfloat16 | 2237 × 30000 | **88** | 96* | 102 | 123 |
     | softmax forward | float32 | 1024 × 65536 | **166** | 169 | 192* | 200 |
+
+    Rows of 16385 to WIDE_PERSISTENT_MAX (a persistent block of 32768) are also timed held whole on 16 and 32 warps
+    (read once where the loop reads a row again for its second phase: Inductor holds such rows whole): on an H200
+    at 3355 × 20000 float32 (fifty-second session, kernel µs, before → after, Inductor) softmax's backward went
+    213.0 → 187.1 (194.1), RMSNorm's 379.6 → 319.6 (361.8), LayerNorm's 403.0 → 335.7 (474.1); forwards within 3%.
 
     Narrower rows and the interpreter keep the rule.
 
@@ -386,6 +395,9 @@ def uncertain(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, 
     if Variant.LOOPED in kinds and not set(kinds) - {Variant.PERSISTENT, Variant.LOOPED} and rb > GPU_PERSISTENT_MAX:
         wide = [Config(Variant.LOOPED, 1, chunk, MAX_WARPS) for chunk in (16384, 8192, 4096)]
         wide.append(Config(Variant.LOOPED, 1, 2048, 8))  # short chunks, several programs an SM
+        wide.append(Config(Variant.LOOPED, 1, 4096, 16))  # one 16-byte vector of bfloat16 a thread (aligned loop)
+        if Variant.PERSISTENT in kinds and rb <= WIDE_PERSISTENT_MAX:  # the row read once, held on 16 or 32 warps
+            wide += [Config(Variant.PERSISTENT, 1, rb, w) for w in (16, MAX_WARPS)]
         return ([base] if base is not None and base not in wide else []) + wide
     return []
 
