@@ -157,7 +157,7 @@ def test_index_width_follows_the_launch(monkeypatch):
     # offsets at small sizes and int64 ones past the limit, and is right at both
     be = passline.backend(codegen="triton", fallback="raise")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    monkeypatch.setattr(kgen, "INT32_MAX", 100)
+    monkeypatch.setattr(kgen, "INT32_OFFSETS", 100)
     seen = []
     constexprs = TritonRunner.__init__.__globals__["Kernel"].constexprs
 

@@ -736,7 +736,7 @@ class KernelWriter:
         self.emit(f"xoffset = {self.pid()} * XBLOCK")
         self.emit("xindex = xoffset + tl.arange(0, XBLOCK)")
         self.decompose(VarKind.CANON_OUTER, self.outer, "xindex")
-        self._twice(f"xoffset + XBLOCK <= {n}", "xmask = tl.full([XBLOCK], True, tl.int1)", f"xmask = xindex < {n}",
+        self._twice(f"xoffset <= {n} - XBLOCK", "xmask = tl.full([XBLOCK], True, tl.int1)", f"xmask = xindex < {n}",
                     self._pointwise_members)
         return self.header(["XBLOCK"]) + self.body()
 
@@ -805,6 +805,8 @@ class KernelWriter:
             self.emit(f"{v} = {_as_block(f'tl.where(xmask & rmask, {val}, {init})', dt)}")
             ix = self.tmp()
             self.emit(f"{ix} = rindex + tl.full([XBLOCK, RBLOCK], 0, tl.int64)")
+            if self.on_rows:  # lanes before the row have negative indices: masked, they must lose every tie
+                self.emit(f"{ix} = tl.where(xmask & rmask, {ix}, 2**62)")
             if acc is None:
                 out_v, out_i = self.tmp(), self.tmp()
                 self.emit(f"{out_v}, {out_i} = tl.reduce(({v}, {ix}), 1, _{rt}_combine)")
@@ -1009,6 +1011,7 @@ class KernelWriter:
         if aligned:  # the row's first element, and the 16-element boundary at or before it
             self.emit(f"rbase = {self.pid()} * {self.numel('rnumel')}")
             self.emit("rlo = (rbase // 16) * 16")
+            self.emit("rhead = rbase - rlo")
         phase, avail = self.phases()
         online = self.online_pairs()
         outer_scope = _Scope()
@@ -1108,13 +1111,15 @@ class KernelWriter:
         (Inductor: 203); float32 1335 x 50257, 360 against 243 (259). Generated, the sweep's bfloat16 LayerNorm
         forward at 2671 x 50257 went 568 -> 320 µs (docs/benchmarks.md, fifty-second session)."""
         w = self.numel("rnumel")
-        self.emit(f"for roffset in range(rlo, rbase + {w}, RBLOCK):")
+        # the loop's offsets count from rlo (they stay small: no sum near int32's end is formed but rflat, whose
+        # reach INT32_OFFSETS leaves room for); rflat is rlo (a multiple of 16) + the offset (of RBLOCK) + lanes
+        self.emit(f"for roffset in range(0, rhead + {w}, RBLOCK):")
         self.indent += 1
-        self.emit("rflat = roffset + tl.arange(0, RBLOCK)[None, :]")
-        self.emit("rindex = rflat - rbase")
+        self.emit("rflat = rlo + roffset + tl.arange(0, RBLOCK)[None, :]")
+        self.emit("rindex = (roffset - rhead) + tl.arange(0, RBLOCK)[None, :]")
         self.decompose(VarKind.CANON_REDUCTION, self.red, "rindex")
         self.on_rows = True
-        self._twice(f"(roffset >= rbase) & (roffset + RBLOCK <= rbase + {w})",
+        self._twice(f"(roffset >= rhead) & (roffset <= rhead + {w} - RBLOCK)",
                     "rmask = tl.full([1, RBLOCK], True, tl.int1)", f"rmask = (rindex >= 0) & (rindex < {w})",
                     lambda: self._demand(needed, _Scope(outer_scope), phase, p, accs, group))
         self.on_rows = False
@@ -1326,6 +1331,11 @@ def overwritable(node, graph) -> dict:
 
 
 INT32_MAX = 2 ** 31 - 1
+# The most elements a kernel addresses with int32 offsets: int32's maximum less room for a block past the last
+# element, which lanes compute offsets for too — masked lanes of the last block, the aligned loop's last chunk
+# (kernel.KernelWriter._aligned_loop: from up to 15 elements before a row to a chunk past it). 2**18 is more than
+# any block (the interpreter's are at most 2**17).
+INT32_OFFSETS = INT32_MAX - (1 << 18)
 
 
 def index_width(graph, node, runtime: frozenset = frozenset()) -> tuple[bool | None, tuple]:
@@ -1347,13 +1357,13 @@ def index_width(graph, node, runtime: frozenset = frozenset()) -> tuple[bool | N
             continue
         if not span.is_number:
             spans.append(span)
-        elif int(span) > INT32_MAX:
+        elif int(span) > INT32_OFFSETS:
             return True, ()
     from ...ir.loops import shape
 
     outer, red = shape(node)
     total = product(outer) * product(red)
-    if total.is_number and int(total) > INT32_MAX:
+    if total.is_number and int(total) > INT32_OFFSETS:
         return True, ()
     if spans or not total.is_number or runtime:
         # a span never larger than the points (the launch checks the points it reaches, which are these

@@ -485,7 +485,7 @@ class Kernel:
         if cfg.variant in self.per_launch:
             reach_x = -(-xnumel // cfg.per_program) * cfg.per_program + cfg.xblock
             reach_r = 1 if rnumel is None else -(-rnumel // (cfg.rblock or 1)) * (cfg.rblock or 1)
-            blocks["INT64"] = (self.wide if wide is None else wide) or reach_x * reach_r > kgen.INT32_MAX
+            blocks["INT64"] = (self.wide if wide is None else wide) or reach_x * reach_r > kgen.INT32_OFFSETS
         return blocks
 
     def binary_key(self, cfg: Config, consts: dict, full: tuple):

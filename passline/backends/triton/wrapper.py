@@ -267,9 +267,9 @@ class CallWriter:
         in the kernel."""
         if src.int64 is not None or not src.spans:
             return None
-        from .kernel import INT32_MAX
+        from .kernel import INT32_OFFSETS
 
-        return " or ".join(f"{self.py(s)} > {INT32_MAX}" for s in src.spans)
+        return " or ".join(f"{self.py(s)} > {INT32_OFFSETS}" for s in src.spans)
 
     def zero(self, e) -> str | None:
         """A condition that the count `e` is zero: None where it never is, "True" where it always is."""
