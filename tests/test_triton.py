@@ -1665,6 +1665,25 @@ def test_a_timed_choice_that_disagrees_with_the_rule_is_refused(monkeypatch):
     assert rule in kernel.refused  # taken where the check refused: not a timed choice (kept from _unspill)
 
 
+def test_a_refused_winners_rule_is_stored_as_refused(monkeypatch):
+    """The rule's configuration taken where the timed winner was refused is stored on disk as refused, and a later
+    process (a kernel with its own state, the same cache) loads it as refused, not as a timed choice: its spilling
+    binary may still be unspilled (`_unspill`) there as here. A timed winner stored loads as timed."""
+    from passline.backends.triton.configs import Config, Variant
+
+    kernel, args, xnumel, rnumel = _a_log_softmax_launch(monkeypatch)
+    rule = kernel._rule(xnumel, rnumel, args)
+    block = Config(Variant.LOOPED, 64, 64, 8)
+    kernel.refused.add(rule)  # as _agreeing leaves it after a refusal
+    assert kernel._timed(kernel._remembered("refused winner", lambda: rule)) == rule and rule not in kernel.timed
+    assert kernel._timed(kernel._remembered("kept winner", lambda: block)) == block and block in kernel.timed
+    kernel.refused.clear()
+    kernel.timed.clear()  # a later process: nothing known but what is on disk
+    assert kernel._timed(kernel._saved("refused winner")) == rule
+    assert rule in kernel.refused and rule not in kernel.timed
+    assert kernel._timed(kernel._saved("kept winner")) == block and block in kernel.timed
+
+
 def test_a_timed_choice_is_refused_for_rows_it_leaves_unwritten(monkeypatch):
     """The call's output buffers already hold what the timing launches wrote — the rule's configuration among
     them — so a candidate that skips rows (a grid or mask fault) would leave right values in its copy and agree,

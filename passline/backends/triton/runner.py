@@ -449,26 +449,35 @@ class Kernel:
         saved = self.saved_choice(xnumel, rnumel)
         if saved is not None:
             self.choices[self.bucket(xnumel, rnumel)] = saved
-            self.timed.add(saved)
+            self._timed(saved)
             self._settled(xnumel, rnumel, saved)
         return saved
 
     def _saved(self, ckey: str) -> Config | None:
+        """The choice stored under `ckey`, or None. One stored as `refused` (the rule's configuration, taken where
+        the timed winner disagreed with it) is known as such again (`refused`): not a timed choice, so a spilling
+        persistent binary of it is still replaced (`_unspill`), as in the process that stored it."""
         saved = self.cache.get_choice(ckey)
         if saved is not None:
             try:
-                return Config(Variant(saved["variant"]), **{k: v for k, v in saved.items() if k != "variant"})
+                cfg = Config(Variant(saved["variant"]),
+                             **{k: v for k, v in saved.items() if k not in ("variant", "refused")})
             except (TypeError, ValueError, KeyError):
-                pass  # written by an older passline: choose again
+                return None  # written by an older passline: choose again
+            if saved.get("refused"):
+                self.refused.add(cfg)
+            return cfg
         return None
 
     def _remembered(self, ckey: str, pick) -> Config:
-        """The choice stored on disk under `ckey`, or `pick()`'s, stored."""
+        """The choice stored on disk under `ckey`, or `pick()`'s, stored (with whether it is a refused winner's
+        rule: `_saved`)."""
         saved = self._saved(ckey)
         if saved is not None:
             return saved
         best = pick()
-        self.cache.put_choice(ckey, attrs.asdict(best) | {"variant": str(best.variant)})
+        record = attrs.asdict(best) | {"variant": str(best.variant), "refused": best in self.refused}
+        self.cache.put_choice(ckey, record)
         return best
 
     # -- launching --------------------------------------------------------------------------------------
