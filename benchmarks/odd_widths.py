@@ -122,34 +122,38 @@ def _tbs(mb: float, us: float) -> str:
     return f"{mb / us:6.2f} TB/s" if us == us else "   (untimed)"  # MB a µs is TB a s
 
 
+def _forms(title: str, label: str, launches: dict, y, ref, inductor) -> None:
+    """Run each form (`launches`: (name, block, warps) -> a launch writing `y`), check it against `ref`, time it,
+    and Inductor's compiled function (`inductor`) beside them; print them fastest first."""
+    out = {}
+    for key, launch in launches.items():
+        y.zero_()
+        launch()
+        ok = (y.float() - ref.float()).abs().max().item() < (0.05 if y.dtype == torch.bfloat16 else 1e-3)
+        WRONG.extend([] if ok else [key])
+        out[key] = (bench(launch), ok)
+    if GPU:
+        inductor()
+        out[("inductor", 0, 0)] = (bench(inductor), True)
+    mb = 2 * y.numel() * y.element_size() / 1e6  # read once, written once
+    print(f"{title} ({mb:.0f} MB moved)")
+    for (name, block, warps), (us, ok) in sorted(out.items(), key=lambda kv: kv[1][0]):
+        print(f"   {name:9s} {label}={block:6d} w={warps:2d}  {us:8.1f} us  {_tbs(mb, us)}  {'ok' if ok else 'WRONG'}")
+    sys.stdout.flush()
+
+
 def ln_case(rows, n, dtype, configs):
     x = torch.randn(rows, n, device=dev, dtype=dtype)
     w = torch.randn(n, device=dev, dtype=dtype)
     b = torch.randn(n, device=dev, dtype=dtype)
     ref = torch.nn.functional.layer_norm(x.float(), (n,), w.float(), b.float()).to(dtype)
     y = torch.empty_like(x)
-    V = 16 // x.element_size()
-    out = {}
-    for rb, warps in configs:
-        for name, k, extra in (("scalar", ln_scalar, {}), ("aligned", ln_aligned, {"V": V})):
-            y.zero_()
-            def f(k=k, rb=rb, warps=warps, extra=extra):
-                k[(rows,)](x, w, b, y, n, rb, num_warps=warps, **extra)
-
-            f()
-            err = (y.float() - ref.float()).abs().max().item()
-            ok = err < (0.05 if dtype == torch.bfloat16 else 1e-3)
-            WRONG.extend([] if ok else [(name, rb, warps)])
-            out[(name, rb, warps)] = (bench(f), ok)
-    if GPU:
-        comp = torch.compile(lambda x, w, b: torch.nn.functional.layer_norm(x, (n,), w, b))
-        comp(x, w, b)
-        out[("inductor", 0, 0)] = (bench(lambda: comp(x, w, b)), True)
-    mb = 2 * x.numel() * x.element_size() / 1e6
-    print(f"LayerNorm fwd {rows}x{n} {dtype} ({mb:.0f} MB moved)")
-    for k, (us, ok) in sorted(out.items(), key=lambda kv: kv[1][0]):
-        print(f"   {k[0]:9s} RB={k[1]:6d} w={k[2]:2d}  {us:8.1f} us  {_tbs(mb, us)}  {'ok' if ok else 'WRONG'}")
-    sys.stdout.flush()
+    forms = (("scalar", ln_scalar, {}), ("aligned", ln_aligned, {"V": 16 // x.element_size()}))
+    launches = {(name, rb, warps): (lambda k=k, rb=rb, warps=warps, extra=extra:
+                                    k[(rows,)](x, w, b, y, n, rb, num_warps=warps, **extra))
+                for rb, warps in configs for name, k, extra in forms}
+    comp = torch.compile(lambda x, w, b: torch.nn.functional.layer_norm(x, (n,), w, b)) if GPU else None
+    _forms(f"LayerNorm fwd {rows}x{n} {dtype}", "RB", launches, y, ref, lambda: comp(x, w, b))
 
 
 def gelu_case(rows, n, dtype):
@@ -157,27 +161,13 @@ def gelu_case(rows, n, dtype):
     bias = torch.randn(n, device=dev, dtype=dtype)
     ref = torch.nn.functional.gelu(x.float() + bias.float()).to(dtype)
     y = torch.empty_like(x)
-    out = {}
-    for block, warps in ((1024, 4), (2048, 4), (4096, 8), (1024, 8)):
-        for name, k in (("masked", gelu_masked), ("split", gelu_split)):
-            y.zero_()
-            def f(k=k, block=block, warps=warps):
-                k[(triton.cdiv(x.numel(), block),)](x, bias, y, x.numel(), n, block, num_warps=warps)
-
-            f()
-            err = (y.float() - ref.float()).abs().max().item()
-            ok = err < (0.05 if dtype == torch.bfloat16 else 1e-3)
-            WRONG.extend([] if ok else [(name, block, warps)])
-            out[(name, block, warps)] = (bench(f), ok)
-    if GPU:
-        comp = torch.compile(lambda x, b: torch.nn.functional.gelu(x + b))
-        comp(x, bias)
-        out[("inductor", 0, 0)] = (bench(lambda: comp(x, bias)), True)
-    mb = 2 * x.numel() * x.element_size() / 1e6
-    print(f"bias+GELU {rows}x{n} {dtype} ({mb:.0f} MB moved)")
-    for k, (us, ok) in sorted(out.items(), key=lambda kv: kv[1][0]):
-        print(f"   {k[0]:9s} BLOCK={k[1]:5d} w={k[2]}  {us:8.1f} us  {_tbs(mb, us)}  {'ok' if ok else 'WRONG'}")
-    sys.stdout.flush()
+    launches = {(name, block, warps): (lambda k=k, block=block, warps=warps:
+                                       k[(triton.cdiv(x.numel(), block),)](x, bias, y, x.numel(), n, block,
+                                                                           num_warps=warps))
+                for block, warps in ((1024, 4), (2048, 4), (4096, 8), (1024, 8))
+                for name, k in (("masked", gelu_masked), ("split", gelu_split))}
+    comp = torch.compile(lambda x, b: torch.nn.functional.gelu(x + b)) if GPU else None
+    _forms(f"bias+GELU {rows}x{n} {dtype}", "BLOCK", launches, y, ref, lambda: comp(x, bias))
 
 
 if __name__ == "__main__":
