@@ -1665,13 +1665,15 @@ def test_a_timed_choice_that_disagrees_with_the_rule_is_refused(monkeypatch):
     assert rule in kernel.refused  # taken where the check refused: not a timed choice (kept from _unspill)
 
 
-def test_a_refused_winners_rule_is_stored_as_refused(monkeypatch):
+def test_a_refused_winners_rule_is_stored_as_refused(monkeypatch, tmp_path):
     """The rule's configuration taken where the timed winner was refused is stored on disk as refused, and a later
     process (a kernel with its own state, the same cache) loads it as refused, not as a timed choice: its spilling
     binary may still be unspilled (`_unspill`) there as here. A timed winner stored loads as timed."""
+    from passline.backends.triton.cache import KernelCache
     from passline.backends.triton.configs import Config, Variant
 
     kernel, args, xnumel, rnumel = _a_log_softmax_launch(monkeypatch)
+    kernel.cache = KernelCache(tmp_path)  # a cache of this test's own: its keys are no real kernel's
     rule = kernel._rule(xnumel, rnumel, args)
     block = Config(Variant.LOOPED, 64, 64, 8)
     kernel.refused.add(rule)  # as _agreeing leaves it after a refusal
