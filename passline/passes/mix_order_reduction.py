@@ -90,9 +90,10 @@ def _reductions(group) -> list:
     return [m for m in members(group) if isinstance(m, Reduction)]
 
 
-def _full(layouts: dict, buffer: str, points) -> bool:
-    """Whether `buffer` is one of the pair's [rows, columns] buffers (as many elements as the pair has points)."""
-    return buffer in layouts and sympy.expand(layouts[buffer].layout.numel - points) == 0
+def _sized(layouts: dict, buffer: str, n) -> bool:
+    """Whether `buffer` has `n` elements: the pair's points (one of its [rows, columns] buffers), or its rows (a
+    value a row)."""
+    return buffer in layouts and sympy.expand(layouts[buffer].layout.numel - n) == 0
 
 
 def _loops(kind: VarKind, ranges) -> list:
@@ -110,7 +111,7 @@ def _widest(row, col, layouts: dict, points) -> int:
     the row side computes reaches the column side in registers); 4 where there is none."""
     own = set(row.output_names())
     sizes = [layouts[b].dtype.itemsize for n in (row, col) for b in n.read_names()
-             if b not in own and _full(layouts, b, points)]
+             if b not in own and _sized(layouts, b, points)]
     return max(sizes, default=4)
 
 
@@ -136,7 +137,7 @@ def _unaligned(row, col, layouts: dict, points, ncol, hints: dict) -> str | None
     own = set(row.output_names())
     names = [b for n in (row, col) for b in (*n.read_names(), *n.output_names()) if b in layouts]
     for b in dict.fromkeys(names):
-        if not _full(layouts, b, points):
+        if not _sized(layouts, b, points):
             continue
         lay = layouts[b].layout
         size = layouts[b].dtype.itemsize
@@ -175,7 +176,7 @@ def _across_rows(side, col, layouts: dict, points, hints: dict) -> str | None:
             loops = _loops(VarKind.REDUCTION, m.reduction_ranges) + loops
         accesses += [(m, loops, d) for d in m.reads()]
     for m, loops, d in accesses:
-        if not loops or not _full(layouts, d.buffer, points):
+        if not loops or not _sized(layouts, d.buffer, points):
             continue
         index = sympy.expand(d.index)
         coef = {v: at_hint(index.coeff(v), hints) for v in loops}
@@ -280,8 +281,7 @@ def _reads_row_values(row, layouts: dict, nrow, ncol) -> bool:
     1.21x), where a bias gradient's tiled dh, which reads no row value, gained (the table above)."""
     if ncol == 1:
         return False
-    return any(b in layouts and sympy.expand(layouts[b].layout.numel - nrow) == 0
-               for b in _row_side(row).read_names())
+    return any(_sized(layouts, b, nrow) for b in _row_side(row).read_names())
 
 
 def _gate(row, col, max_columns, min_rows, types, max_reads, rows, cols, max_row_bytes=None,
