@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import passline
-from passline.backends.triton.configs import Config, Device, rule, tiled_candidates
+from passline.backends.triton.configs import Config, Device, rule, tiled_candidates, uncertain
 from passline.backends.variants import KernelVariant as Variant
 from passline.ir import FusedNode, MixOrderNode, Pointwise
 from passline.testing import assert_matches_eager
@@ -161,6 +161,39 @@ def test_tiled_split_counts_every_program_of_a_wave():
     assert -(-8192 // (wide[0] - 1)) * 50 > per_wave  # and one row fewer a program would not
     whole_rows = Config(Variant.MIX_ORDER_ACC2D, 2, 1024, 8, 4, 128)  # one program a block of rows
     assert k.waves(whole_rows, Compiled(), 2237, 1000) == []  # a split of 3 rows is under the floor
+
+
+@pytest.mark.parametrize("width, scalar", [(4099, True), (4100, False), (1001, True)])
+def test_rows_off_16_byte_boundaries_are_said_to_the_band(width, scalar):
+    """A mix-order kernel whose rows do not start on 16-byte boundaries (4099 or 1001 float32: each element a
+    load of its own) says so (`KernelSource.scalar_rows`, which configs.uncertain reads); 4100 does not."""
+    h = torch.randn(64, width, requires_grad=True)
+    b = torch.randn(width, requires_grad=True)
+    bwd = assert_matches_eager(_gelu_bias, [h, b], pipeline=ONE_SM, codegen="triton").reports[-1]
+    (main,) = [k for k in bwd.kernel_info if k.kind == "mix_order"]
+    assert {src.scalar_rows for src in main.variants.values()} == {scalar}
+
+
+def test_wide_pointwise_row_sides_time_the_one_row_and_the_tiled_forms():
+    """Rows 4097-8192 wide of a pointwise row side: the rule holds them whole (the one-row form) and the first
+    launch times that against the tiled form's block (on an H200 a bias gradient at 19174 x 7000 bfloat16 took 424
+    µs whole, 276 tiled; at 32760 x 4097, 554 against 1596); a row side with row sums (a norm) keeps its rule.
+    At 129-4096 wide the tiled block joins the band where the rows are loaded an element at a time."""
+    forms = {Variant.MIX_ORDER: 128, Variant.MIX_ORDER_ACC2D: 128, Variant.MIX_ORDER_TILED: 128}
+    gpu = Device(sms=132)
+    base = rule(forms, 19174, 7000, False, gpu, row_bytes=6.08 * 7000)
+    assert (base.variant, base.xblock, base.rblock) == (Variant.MIX_ORDER, 1, 8192)
+    band = uncertain(forms, 19174, 7000, False, gpu, base=base, row_bytes=6.08 * 7000)
+    assert band[0] == base and [(c.variant, c.xblock, c.rblock, c.warps) for c in band[1:]] == [
+        (Variant.MIX_ORDER_TILED, 2, 1024, 4)]
+    whole = {Variant.MIX_ORDER: 128, Variant.MIX_ORDER_ACC2D: 128}
+    norm = rule(whole, 19174, 7000, False, gpu, row_bytes=8 * 7000, row_sums=True)
+    assert uncertain(whole, 19174, 7000, False, gpu, base=norm, row_bytes=8 * 7000, row_sums=True) == []
+    narrow = rule(forms, 22362, 3001, False, gpu, row_bytes=12 * 3001)
+    plain, scalar = (uncertain(forms, 22362, 3001, False, gpu, base=narrow, row_bytes=12 * 3001, scalar_rows=s)
+                     for s in (False, True))
+    tiled = Config(Variant.MIX_ORDER_TILED, 1, 1024, 4, 3, 128)
+    assert tiled not in plain and scalar == plain + [tiled]
 
 
 def test_dynamic_rows_and_width_mix_tiled():

@@ -226,7 +226,7 @@ def tiled_candidates(rb: int, split: int, interpret: bool) -> list:
 # -- where no rule holds: a few configurations timed at the first call, even by default ----------------
 def uncertain(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, device: Device,
               rows_contiguous: bool = True, only: str | None = None, base: Config | None = None,
-              row_bytes: float | None = None, row_sums: bool = False) -> list:
+              row_bytes: float | None = None, row_sums: bool = False, scalar_rows: bool = False) -> list:
     """The configurations to time at the first launch where the rule cannot decide, else [].
 
     Rows 8193 to 16384 wide (a persistent block of 16384) with at least a row per SM: the largest
@@ -370,7 +370,18 @@ def uncertain(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, 
     the rule sees separates the two, so both are timed. On an H100 the band took 8 rows on one warp for
     RMSNorm (timed at 313 µs with the finishing kernel against the rule's block's 354; 310 against 344 µs of
     GPU time a step: 1.05x Inductor's, was 1.17x) and kept the rule's block for LayerNorm and the GELU
-    epilogue (docs/benchmarks.md, twenty-second session)."""
+    epilogue (docs/benchmarks.md, twenty-second session).
+
+    A pointwise row side 4097 to 8192 wide (the one-row form holds it whole, the tiled form in blocks of 1024
+    columns) times the two forms' rule blocks (`_one_row_rule`, `_tiled_rule`); one 129 to 4096 wide whose rows do
+    not start on 16-byte boundaries (`scalar_rows`: each element a load of its own) also times the tiled rule
+    block. Neither form won everywhere. On an H200 (the GELU epilogue's backward, kernels µs, one-row / tiled,
+    Inductor's pointwise kernel and column sum): 9586 × 7001 float32 388 / 240 (Inductor 267), 13419 × 5001 float32
+    448 / 241 (268), 19171 × 7001 bfloat16 676 / 354 (469), 26838 × 5001 bfloat16 766 / 345 (429), 19174 × 7000
+    bfloat16 424 / 276 (395) — the one-row form's registers (170 a thread at 7001 float32 and 7000 bfloat16) leave
+    one program an SM, and at odd widths each of its 32 elements a thread is a load of its own — but 32760 × 4097
+    bfloat16 554 / 1596 (473), and within 3% at 9587 × 7000 and 10923 × 6144 float32; at 22362 × 3001 float32 the
+    band's pick without the tiled block 320, with it 240 (Inductor 252). (docs/benchmarks.md, fifty-third session.)"""
     if interpret or rnumel is None:
         return []
     kinds = [v for v in variants if only not in variants or v == only]
@@ -384,7 +395,7 @@ def uncertain(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, 
         if base is None or xnumel < per_sm * device.sms or _launch_sized(xnumel, rb, row_bytes):
             return []
         return _mix_band(base, rb, row_bytes, rnumel, row_sums, device, Variant.MIX_ORDER in kinds,
-                         Variant.MIX_ORDER_TILED in kinds and Variant.MIX_ORDER_ACC2D in kinds)
+                         Variant.MIX_ORDER_TILED in kinds and Variant.MIX_ORDER_ACC2D in kinds, scalar_rows)
     if set(kinds) == {Variant.PERSISTENT, Variant.LOOPED} and rb <= 1024:
         return _tall_rows_band(xnumel, rnumel, rb, base, row_bytes, device)
     if set(kinds) == {Variant.PERSISTENT, Variant.LOOPED} and rb == GPU_PERSISTENT_MAX:
@@ -485,14 +496,19 @@ def _column_band(kinds: list, xnumel: int, rb: int, base: Config | None, row_byt
 
 
 def _mix_band(base: Config, rb: int, row_bytes: float | None, rnumel: int | None, row_sums: bool,
-              device: Device, one_row: bool = False, column_blocks: bool = False) -> list:
+              device: Device, one_row: bool = False, column_blocks: bool = False, scalar_rows: bool = False) -> list:
     """A tall mix-order kernel's configurations to time (see `uncertain`), the rule's `base` first; []
     where the rule decides: rows wider than the band's, or nothing else fits the split.
     `one_row`: the kernel has the one-row form too (Variant.MIX_ORDER), timed for rows 257 to 4096 wide.
     `column_blocks`: its row side is pointwise and it has the tiled form beside the whole-row ones, whose
-    narrow blocks of columns are timed (`_narrow_blocks`)."""
+    narrow blocks of columns are timed (`_narrow_blocks`), and where its rows are loaded an element at a
+    time (`scalar_rows`) the tiled form's rule block too; rows 4097 to 8192 wide time the one-row and the
+    tiled forms' rule blocks (see `uncertain`)."""
     if column_blocks and not row_sums and base.variant == Variant.MIX_ORDER and rb <= 128:
         return _narrow_blocks(base, rb, row_bytes, rnumel, device)
+    if column_blocks and not row_sums and rb > 4096:  # whole rows of one row a block, and blocks of columns
+        return [base] + [c for c in (_one_row_rule(rb, base.split, row_bytes, rnumel, device),
+                                     _tiled_rule(rb, base.split, row_bytes, rnumel, device)) if c != base]
     if base.variant != Variant.MIX_ORDER_ACC2D:
         return []
     per_element = _per_element(row_bytes, rnumel)
@@ -536,6 +552,9 @@ def _mix_band(base: Config, rb: int, row_bytes: float | None, rnumel: int | None
     out += [Config(Variant.MIX_ORDER, xb, rb, w, stages, base.split) for xb, w in rows if xb <= pow2(base.split)]
     if column_blocks and not row_sums and 128 < rb <= 4096:
         out += [c for c in _narrow_blocks(base, rb, row_bytes, rnumel, device) if c not in out]
+        tiled = _tiled_rule(rb, base.split, row_bytes, rnumel, device)
+        if scalar_rows and tiled not in out:
+            out.append(tiled)
     return out if len(out) > 1 else []
 
 
@@ -737,6 +756,8 @@ def rule(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, devic
       (float32) this was within 1% of the best at each; in bfloat16 (2237 × 30000, 1024 × 65536) within 0
       and 8%. The rule it replaced (two rows a step, 8 warps in float32, 4 stages) was 1-13% slower than
       the best, 1.04-1.08x Inductor's kernel time at three of the six points.
+      Where the one-row form could hold a pointwise row side's rows whole (4097 to 8192 wide) the two are
+      timed against each other (`_mix_band`); the rule keeps the one-row form.
     Under the interpreter the one candidate (few, large programs) is the rule.
     """
     if interpret:
@@ -748,20 +769,15 @@ def rule(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, devic
     rb = pow2(rnumel)
     if any(v in MIX_FORMS for v in kinds):
         split = variants[kinds[0]]
-        if kinds == [Variant.MIX_ORDER_TILED]:  # a wide pointwise row side: blocks of columns (see rule)
-            rbl = min(rb, MIX_TILE_COLUMNS)
-            step = MIX_TILE_WARPS * 32 * MIX_POINTWISE_SHARE  # bytes of traffic a program's step
-            rows = step / (rbl * _per_element(row_bytes, rnumel))  # (the workspace adds a little: round)
-            xb = _clamp(1 << max(0, round(math.log2(max(1.0, rows)))), 1, pow2(split))
-            stages = min(MIX_TILE_STAGES, _stages(xb, rbl, row_bytes, rnumel, device))
-            return Config(Variant.MIX_ORDER_TILED, xb, rbl, MIX_TILE_WARPS, stages, split)
+        if kinds == [Variant.MIX_ORDER_TILED]:  # a wide pointwise row side: blocks of columns (see above)
+            return _tiled_rule(rb, split, row_bytes, rnumel, device)
         if not row_sums and rb <= 128 and Variant.MIX_ORDER in kinds:  # a narrow pointwise row side
             return Config(Variant.MIX_ORDER, 1, rb, 1, _stages(1, rb, row_bytes, rnumel, device), split)
         if Variant.MIX_ORDER_ACC2D in kinds and rb <= 4096 and pow2(split) >= 2:
             xb, warps = _mix_block(rb, min(8, pow2(split)), row_bytes, rnumel, row_sums)
             return Config(Variant.MIX_ORDER_ACC2D, xb, rb, warps, _stages(xb, rb, row_bytes, rnumel, device), split)
-        form = Variant.MIX_ORDER if Variant.MIX_ORDER in kinds else kinds[0]
-        return Config(form, 1, rb, _warps(rb)[0], _stages(1, rb, row_bytes, rnumel, device), split)
+        return _one_row_rule(rb, split, row_bytes, rnumel, device,
+                             Variant.MIX_ORDER if Variant.MIX_ORDER in kinds else kinds[0])
     persistent = Variant.PERSISTENT in kinds and rb <= GPU_PERSISTENT_MAX
     alone = xnumel < device.sms  # even one row per program leaves SMs idle: each program has one to itself
     if persistent and (rows_contiguous or Variant.LOOPED not in kinds):
@@ -792,6 +808,23 @@ def rule(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, devic
     per_thread = _clamp(1 << max(0, round(math.log2(COLUMN_THREAD_BYTES / per_element))), 4, COLUMN_MOST_PER_THREAD)
     rbl = _clamp(32 * 8 * per_thread // xb, 1, min(256, rb))
     return Config(Variant.LOOPED, xb, rbl, _clamp(xb * rbl // (32 * per_thread), 1, 8))
+
+
+def _one_row_rule(rb: int, split: int, row_bytes: float | None, rnumel: int | None, device: Device,
+                  form: Variant = Variant.MIX_ORDER) -> Config:
+    """The rule's block of the one-row form (see `rule`): a row a block, on the warps of a row of `rb`."""
+    return Config(form, 1, rb, _warps(rb)[0], _stages(1, rb, row_bytes, rnumel, device), split)
+
+
+def _tiled_rule(rb: int, split: int, row_bytes: float | None, rnumel: int | None, device: Device) -> Config:
+    """The rule's block of mix_order_tiled (see `rule`): 1024 columns, as many rows as give a thread of 4 warps
+    96 bytes of the kernel's traffic a step."""
+    rbl = min(rb, MIX_TILE_COLUMNS)
+    step = MIX_TILE_WARPS * 32 * MIX_POINTWISE_SHARE  # bytes of traffic a program's step
+    rows = step / (rbl * _per_element(row_bytes, rnumel))  # (the workspace adds a little: round)
+    xb = _clamp(1 << max(0, round(math.log2(max(1.0, rows)))), 1, pow2(split))
+    stages = min(MIX_TILE_STAGES, _stages(xb, rbl, row_bytes, rnumel, device))
+    return Config(Variant.MIX_ORDER_TILED, xb, rbl, MIX_TILE_WARPS, stages, split)
 
 
 def finish_rule(variants: dict, xnumel: int, rnumel: int, interpret: bool, device: Device) -> Config:

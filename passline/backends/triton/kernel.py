@@ -96,6 +96,8 @@ class KernelSource:
     checks: bool = False
     online: bool = False  # a looped form accumulates a softmax's sum of exponentials with its max (the rule)
     row_sums: bool = False  # a mix-order kernel that also reduces its rows (a norm's backward; the rule)
+    # a mix-order kernel whose rows do not start on 16-byte boundaries: each element a load of its own (the rule)
+    scalar_rows: bool = False
 
 
 def _natural(name: str) -> list:
@@ -1007,7 +1009,7 @@ class KernelWriter:
 
     def looped(self) -> list[str]:
         self._xr()
-        aligned = self._aligned_rows()
+        aligned = self._rows_off_vectors()  # then the aligned loop too
         if aligned:  # the row's first element, and the 16-element boundary at or before it
             self.emit(f"rbase = {self.pid()} * {self.numel('rnumel')}")
             self.emit("rlo = (rbase // 16) * 16")
@@ -1069,13 +1071,14 @@ class KernelWriter:
         outer_ready(n_phases + 1)
         return self.header(["XBLOCK", "RBLOCK"]) + self.body()
 
-    def _aligned_rows(self) -> bool:
-        """Whether `looped()` also writes the aligned loop (`_aligned_loop`) for programs of one row: a width
-        given in the source, one reduction variable, and an access along whole rows (`_on_row`: what the
-        aligned loop addresses in vectors) of a buffer whose rows do not start on 16-byte boundaries (at 50257
-        wide, 15 rows in 16 of any dtype; at 1000, none of float32 or bfloat16). Where they all do, the plain
-        loop loads vectors already, and was the faster (float32 LayerNorm forward at 1335 x 50264 on an H200,
-        each at its best chunk: 178 µs against the aligned loop's 196)."""
+    def _rows_off_vectors(self) -> bool:
+        """Whether some access along whole rows (`_on_row`) is to a buffer whose rows do not start on 16-byte
+        boundaries (at 50257 wide, 15 rows in 16 of any dtype; at 1000, none of float32 or bfloat16), with a
+        width given in the source and one reduction variable: addressed `p + W * row + q0`, each of its elements
+        is a load of its own. `looped()` then also writes the aligned loop (`_aligned_loop`) for programs of one
+        row; where all rows start on boundaries, the plain loop loads vectors already, and was the faster
+        (float32 LayerNorm forward at 1335 x 50264 on an H200, each at its best chunk: 178 µs against the
+        aligned loop's 196). A mix-order kernel says so to the rule (`KernelSource.scalar_rows`)."""
         width = sympy.sympify(product(self.red))
         if len(self.red) != 1 or not self.outer or not width.is_Integer or "rnumel" in self.runtime:
             return False
@@ -1560,7 +1563,8 @@ def generate_mix(mix: MixOrderNode, graph, interpret: bool, blocks: dict,
     constants = {k: blocks[k] for k in ("XBLOCK", "RBLOCK", "SPLIT")} | {"STAGES": blocks.get("STAGES", 1)}
     src = KernelSource(name, _source(interpret, body), name, w.ordered_args() + sizes, product(rows),
                        product(cols), form, constants, blocks.get("num_warps", 4), "SPLIT", w.int64, spans,
-                       checks=w.debug, row_sums=any(isinstance(m, Reduction) for m in row_members))
+                       checks=w.debug, row_sums=any(isinstance(m, Reduction) for m in row_members),
+                       scalar_rows=w._rows_off_vectors())
     return src, finish
 
 

@@ -253,6 +253,7 @@ class Kernel:
         self.checked = {v for v, src in info.variants.items() if src.checks} if compat.CHECKED_OPTIONS else set()
         self.online = any(src.online for src in info.variants.values())  # a softmax loop (configs.rule)
         self.row_sums = any(src.row_sums for src in info.variants.values())  # a mix-order norm (configs.rule)
+        self.scalar_rows = any(src.scalar_rows for src in info.variants.values())  # (configs.uncertain)
         self.wide = False
         self.wide_when: str | None = None  # the generated call's `wide=` condition (wrapper.py), or None
         self.counters: collections.Counter = collections.Counter()  # the runner's (report.metrics.counters)
@@ -424,7 +425,7 @@ class Kernel:
         """configs.uncertain's configurations at these sizes (`base`: the rule's, when the caller has it)."""
         base = base if base is not None else self._rule(xnumel, rnumel, args)
         return uncertain(self.splits, xnumel, rnumel, self.interpret, self.device, self.rows_contiguous, self.only,
-                         base, self._row_bytes(xnumel, rnumel, args), self.row_sums)
+                         base, self._row_bytes(xnumel, rnumel, args), self.row_sums, self.scalar_rows)
 
     def _autotune_candidates(self, xnumel: int, rnumel: int | None, args) -> list:
         """What autotune=True times at these sizes: configs.autotune_candidates (the rule's and the band's too)."""
@@ -1474,8 +1475,8 @@ class TritonRunner:
         code = [(str(v), _anonymous(src), [("buffer", dtype(a)) if kind_ == "buffer" else (kind_, str(a))
                                            for kind_, a in src.args],
                  str(src.xnumel), str(src.rnumel), sorted(src.constants.items()), src.num_warps,
-                 src.grid_per_program, src.int64, [str(e) for e in src.spans], src.checks, src.online, src.row_sums)
-                for v, src in variants.items()]
+                 src.grid_per_program, src.int64, [str(e) for e in src.spans], src.checks, src.online, src.row_sums,
+                 src.scalar_rows) for v, src in variants.items()]
         return digest(kind, cls.__name__, sorted(extra.items()), contiguous, mutates, str(traffic), hinted, code)
 
     def _compile(self, node):
