@@ -176,8 +176,9 @@ def test_rows_off_16_byte_boundaries_are_said_to_the_band(width, scalar):
 
 def test_wide_pointwise_row_sides_time_the_one_row_and_the_tiled_forms():
     """Rows 4097-8192 wide of a pointwise row side: the rule holds them whole (the one-row form) and the first
-    launch times that against the tiled form's block (on an H200 a bias gradient at 19174 x 7000 bfloat16 took 424
-    µs whole, 276 tiled; at 32760 x 4097, 554 against 1596); a row side with row sums (a norm) keeps its rule.
+    launch times that against the tiled form's block and two rows a block on 16 warps (on an H200 a bias gradient
+    at 19174 x 7000 bfloat16 took 424 µs whole, 276 tiled; at 32760 x 4097, 554, 1596 and 397); a row side with row
+    sums (a norm) keeps its rule.
     At 129-4096 wide the tiled block joins the band where the rows are loaded an element at a time."""
     forms = {Variant.MIX_ORDER: 128, Variant.MIX_ORDER_ACC2D: 128, Variant.MIX_ORDER_TILED: 128}
     gpu = Device(sms=132)
@@ -185,7 +186,7 @@ def test_wide_pointwise_row_sides_time_the_one_row_and_the_tiled_forms():
     assert (base.variant, base.xblock, base.rblock) == (Variant.MIX_ORDER, 1, 8192)
     band = uncertain(forms, 19174, 7000, False, gpu, base=base, row_bytes=6.08 * 7000)
     assert band[0] == base and [(c.variant, c.xblock, c.rblock, c.warps) for c in band[1:]] == [
-        (Variant.MIX_ORDER_TILED, 2, 1024, 4)]
+        (Variant.MIX_ORDER_TILED, 2, 1024, 4), (Variant.MIX_ORDER, 2, 8192, 16)]  # and two rows a block
     whole = {Variant.MIX_ORDER: 128, Variant.MIX_ORDER_ACC2D: 128}
     norm = rule(whole, 19174, 7000, False, gpu, row_bytes=8 * 7000, row_sums=True)
     assert uncertain(whole, 19174, 7000, False, gpu, base=norm, row_bytes=8 * 7000, row_sums=True) == []

@@ -373,15 +373,16 @@ def uncertain(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, 
     epilogue (docs/benchmarks.md, twenty-second session).
 
     A pointwise row side 4097 to 8192 wide (the one-row form holds it whole, the tiled form in blocks of 1024
-    columns) times the two forms' rule blocks (`_one_row_rule`, `_tiled_rule`); one 129 to 4096 wide whose rows do
-    not start on 16-byte boundaries (`scalar_rows`: each element a load of its own) also times the tiled rule
-    block. Neither form won everywhere. On an H200 (the GELU epilogue's backward, kernels µs, one-row / tiled,
-    Inductor's pointwise kernel and column sum): 9586 × 7001 float32 388 / 240 (Inductor 267), 13419 × 5001 float32
-    448 / 241 (268), 19171 × 7001 bfloat16 676 / 354 (469), 26838 × 5001 bfloat16 766 / 345 (429), 19174 × 7000
-    bfloat16 424 / 276 (395) — the one-row form's registers (170 a thread at 7001 float32 and 7000 bfloat16) leave
-    one program an SM, and at odd widths each of its 32 elements a thread is a load of its own — but 32760 × 4097
-    bfloat16 554 / 1596 (473), and within 3% at 9587 × 7000 and 10923 × 6144 float32; at 22362 × 3001 float32 the
-    band's pick without the tiled block 320, with it 240 (Inductor 252). (docs/benchmarks.md, fifty-third session.)"""
+    columns) times the two forms' rule blocks (`_one_row_rule`, `_tiled_rule`) and two rows of the one-row form a
+    block (`_two_row_warps`: 16 warps); one 129 to 4096 wide whose rows do not start on 16-byte boundaries
+    (`scalar_rows`: each element a load of its own) also times the tiled rule block. Neither form won everywhere.
+    On an H200 (the GELU epilogue's backward, kernels µs, one-row / tiled, Inductor's pointwise kernel and column
+    sum): 9586 × 7001 float32 388 / 240 (Inductor 267), 13419 × 5001 float32 448 / 241 (268), 19171 × 7001 bfloat16
+    676 / 354 (469), 26838 × 5001 bfloat16 766 / 345 (429), 19174 × 7000 bfloat16 424 / 276 (395) — the one-row
+    form's registers (170 a thread at 7001 float32 and 7000 bfloat16) leave one program an SM, and at odd widths each
+    of its 32 elements a thread is a load of its own — but 32760 × 4097 bfloat16 554 / 1596 (473; two rows on 16
+    warps: 397), and within 3% at 9587 × 7000 and 10923 × 6144 float32; at 22362 × 3001 float32 the band's pick
+    without the tiled block 320, with it 240 (Inductor 252). (docs/benchmarks.md, fifty-third session.)"""
     if interpret or rnumel is None:
         return []
     kinds = [v for v in variants if only not in variants or v == only]
@@ -506,9 +507,14 @@ def _mix_band(base: Config, rb: int, row_bytes: float | None, rnumel: int | None
     tiled forms' rule blocks (see `uncertain`)."""
     if column_blocks and not row_sums and base.variant == Variant.MIX_ORDER and rb <= 128:
         return _narrow_blocks(base, rb, row_bytes, rnumel, device)
-    if column_blocks and not row_sums and rb > 4096:  # whole rows of one row a block, and blocks of columns
-        return [base] + [c for c in (_one_row_rule(rb, base.split, row_bytes, rnumel, device),
-                                     _tiled_rule(rb, base.split, row_bytes, rnumel, device)) if c != base]
+    if column_blocks and not row_sums and rb > 4096:  # whole rows (one or two a block) and blocks of columns
+        cands = [_one_row_rule(rb, base.split, row_bytes, rnumel, device),
+                 _tiled_rule(rb, base.split, row_bytes, rnumel, device)]
+        if one_row and pow2(base.split) >= 2:  # two rows, each thread holding its columns of both
+            cands += [Config(Variant.MIX_ORDER, 2, rb, w, min(MIX_ONE_ROW_STAGES, _stages(2, rb, row_bytes, rnumel,
+                                                                                           device)), base.split)
+                      for w in _two_row_warps(rb)[:1]]
+        return [base] + [c for c in dict.fromkeys(cands) if c != base]
     if base.variant != Variant.MIX_ORDER_ACC2D:
         return []
     per_element = _per_element(row_bytes, rnumel)
