@@ -334,6 +334,19 @@ def test_mixed_type_norms_keep_their_statistics_in_float32(norm, codegen):
 
 
 @pytest.mark.parametrize("codegen", ["reference", "triton"])
+def test_float16_layer_norm_backward_reads_its_statistics_in_float32(codegen):
+    # a float16 LayerNorm's mean and inverse std are saved in float16 on the CPU (as eager's); torch's backward
+    # decomposition took rstd / N in float16, subnormal at 9001 wide with inputs of std 100 (1.1e-6): the input
+    # gradient was 45x further from float64's than eager's (a fuzz campaign's find, docs/testing.md)
+    torch.manual_seed(0)
+    ln = torch.nn.LayerNorm(9001)
+    with torch.no_grad():
+        ln.weight.normal_(), ln.bias.normal_()
+    x = (torch.randn(3, 9001) * 100).half().requires_grad_()
+    assert_matches_eager(ln.half(), [x], codegen=codegen)
+
+
+@pytest.mark.parametrize("codegen", ["reference", "triton"])
 def test_autocast_conv_batchnorm_trains_like_eager(codegen):
     # autocast hands the BatchNorm after a convolution a bfloat16 activation, its parameters float32
     class ConvBN(torch.nn.Module):
