@@ -197,6 +197,23 @@ def test_wide_pointwise_row_sides_time_the_one_row_and_the_tiled_forms():
     assert tiled not in plain and scalar == plain + [tiled]
 
 
+@pytest.mark.parametrize("rows, tuned", [(100, False), (300, True)])
+def test_a_node_of_one_split_keeps_its_split(tmp_path, rows, tuned):
+    """A node whose split covers every row (100 rows tiled at 128 a split) has a finishing kernel that reads the
+    workspace's one row (the sum over one split drops its index): a GPU's whole-wave split (64 rows: two programs)
+    would have summed row 0 twice and lost the second program's column sums (a review's find, by a forced split).
+    Such a node's split is not the GPU's to choose; 300 rows (three splits) still is."""
+    from passline.backends.triton.cache import KernelCache
+    from passline.backends.triton.runner import TritonRunner
+
+    h = torch.randn(rows, 12344, dtype=torch.bfloat16, requires_grad=True)
+    b = torch.randn(12344, dtype=torch.bfloat16, requires_grad=True)
+    bwd = _tiled(assert_matches_eager(_gelu_bias, [h, b], pipeline=ONE_SM, codegen="triton"), 12344)
+    runner = TritonRunner(bwd.graph, interpret=False, cache=KernelCache(tmp_path / "passline"))  # a GPU's plan
+    (main,) = [data[0] for kind, _, data in runner.steps if kind == "mix"]
+    assert main.tune_split is tuned and main._tuned() is tuned
+
+
 def test_dynamic_rows_and_width_mix_tiled():
     """Run-time rows and width: the node is gated at the traced width and tiled; its kernel's column blocks
     follow the width each call passes (`tl.cdiv(rnumel, RBLOCK)`)."""

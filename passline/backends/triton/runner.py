@@ -1515,8 +1515,11 @@ class TritonRunner:
                 variants[form] = kgen.generate_mix(node, self.graph, self.interpret, blocks, form)[0]
             stored = kgen._stored(node, self.graph)
             workspaces = kgen.workspace_layouts(node)
+            # a node of one split has a finishing kernel that reads the workspace's one row (the sum over a
+            # split of size 1 drops its index): another split's several rows would be summed as row 0 again
+            one = node.n_splits == 1
             k_main = self._made_kernel(node, "mix_order", variants, stored, MixKernel, workspaces,
-                                       split=int(node.split_rows), tune_split=node.tune_split)
+                                       split=int(node.split_rows), tune_split=node.tune_split and not one)
             fin_stored = kgen._stored(finish, self.graph) & set(finish.output_names())
             # the splits it sums follow the main kernel's SPLIT, chosen at the first launch
             fin_variants = self._variants(finish, fin_stored, frozenset({"rnumel"}))
