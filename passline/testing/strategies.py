@@ -276,7 +276,7 @@ def _input(draw, shape, dtype, layouts, requires_grad: bool) -> Input:
 
 @st.composite
 def programs(draw, max_steps: int = 6, max_rank: int = 5, max_size: int = 6,
-             dtypes=(torch.float32, torch.float32, torch.bfloat16, torch.int64),
+             dtypes=(torch.float32, torch.float32, torch.bfloat16, torch.float16, torch.int64),
              layouts=tuple(LAYOUTS), requires_grad: bool = False, max_numel: int = 256):
     """A TensorProgram with 1-2 inputs of one dtype and up to `max_steps` steps.
 
