@@ -227,6 +227,40 @@ def test_training_check_catches_a_wrong_backward():
             assert_matches_eager(fn, [torch.randn(3, 7).t().requires_grad_()])
 
 
+def test_the_check_catches_a_small_error_in_every_small_value():
+    """A backend 1% off everywhere, on a float16 softmax over 777 columns (values ~1e-3, under float16's atol of
+    2e-3): the element-wise check let it through; the whole tensor's error fails it, in the forward's output and
+    in the backward's gradient. A sum of x - x.mean() (zero but for rounding in both) and its gradient (zero in
+    exact arithmetic) still pass, judged against float64."""
+    import unittest.mock
+
+    from torch._dynamo.backends.common import aot_autograd
+
+    def off(gm, example_inputs):
+        def run(args):
+            return [1.01 * o if isinstance(o, torch.Tensor) and o.is_floating_point() else o for o in gm(*args)]
+        run._boxed_call = True
+        return run
+
+    def forward(gm, example_inputs):
+        return gm.forward
+
+    def softmax(x):
+        return torch.softmax(x.float(), -1).half()
+
+    torch.manual_seed(0)
+    x = torch.randn(5, 777).half()
+    with unittest.mock.patch.object(passline, "backend", lambda **kw: aot_autograd(fw_compiler=off)):
+        with pytest.raises(AssertionError, match="output 0: relative error over the whole tensor"):
+            assert_matches_eager(softmax, [x])
+    backend = aot_autograd(fw_compiler=forward, bw_compiler=off)
+    with unittest.mock.patch.object(passline, "backend", lambda **kw: backend):
+        with pytest.raises(AssertionError, match="grad of input 0: relative error over the whole tensor"):
+            assert_matches_eager(softmax, [x.clone().requires_grad_()])
+    y = (torch.randn(64, 300) * 3).requires_grad_()
+    assert_matches_eager(lambda y: (y - y.mean(-1, keepdim=True)).sum(-1), [y], codegen="reference")
+
+
 def test_training_check_compares_a_modules_parameter_gradients():
     """An nn.Module's parameters are trained in two copies, eager's and the compiled one's, and their .grad
     compared: a backward that doubles every gradient fails on the weight's even where no input requires grad
