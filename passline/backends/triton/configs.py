@@ -504,16 +504,15 @@ def _mix_band(base: Config, rb: int, row_bytes: float | None, rnumel: int | None
     `column_blocks`: its row side is pointwise and it has the tiled form beside the whole-row ones, whose
     narrow blocks of columns are timed (`_narrow_blocks`), and where its rows are loaded an element at a
     time (`scalar_rows`) the tiled form's rule block too; rows 4097 to 8192 wide time the one-row and the
-    tiled forms' rule blocks (see `uncertain`)."""
+    tiled forms' rule blocks and two rows of the one-row form a block (see `uncertain`)."""
     if column_blocks and not row_sums and base.variant == Variant.MIX_ORDER and rb <= 128:
         return _narrow_blocks(base, rb, row_bytes, rnumel, device)
     if column_blocks and not row_sums and rb > 4096:  # whole rows (one or two a block) and blocks of columns
         cands = [_one_row_rule(rb, base.split, row_bytes, rnumel, device),
                  _tiled_rule(rb, base.split, row_bytes, rnumel, device)]
         if one_row and pow2(base.split) >= 2:  # two rows, each thread holding its columns of both
-            cands += [Config(Variant.MIX_ORDER, 2, rb, w, min(MIX_ONE_ROW_STAGES, _stages(2, rb, row_bytes, rnumel,
-                                                                                           device)), base.split)
-                      for w in _two_row_warps(rb)[:1]]
+            stages = min(MIX_ONE_ROW_STAGES, _stages(2, rb, row_bytes, rnumel, device))
+            cands += [Config(Variant.MIX_ORDER, 2, rb, w, stages, base.split) for w in _two_row_warps(rb)[:1]]
         return [base] + [c for c in dict.fromkeys(cands) if c != base]
     if base.variant != Variant.MIX_ORDER_ACC2D:
         return []
