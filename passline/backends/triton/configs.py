@@ -373,9 +373,10 @@ def uncertain(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, 
     epilogue (docs/benchmarks.md, twenty-second session).
 
     A pointwise row side 4097 to 8192 wide (the one-row form holds it whole, the tiled form in blocks of 1024
-    columns) times the two forms' rule blocks (`_one_row_rule`, `_tiled_rule`) and two rows of the one-row form a
-    block (`_two_row_warps`: 16 warps); one 129 to 4096 wide whose rows do not start on 16-byte boundaries
-    (`scalar_rows`: each element a load of its own) also times the tiled rule block. Neither form won everywhere.
+    columns) times the rule's one-row block (`base`) against the tiled form's (`_tiled_rule`) and two rows of the
+    one-row form a block (`_two_row_warps`: 16 warps); one 129 to 4096 wide whose rows do not start on 16-byte
+    boundaries (`scalar_rows`: each element a load of its own) also times the tiled rule block. Neither form won
+    everywhere.
     On an H200 (the GELU epilogue's backward, kernels µs, one-row / tiled, Inductor's pointwise kernel and column
     sum): 9586 × 7001 float32 388 / 240 (Inductor 267), 13419 × 5001 float32 448 / 241 (268), 19171 × 7001 bfloat16
     676 / 354 (469), 26838 × 5001 bfloat16 766 / 345 (429), 19174 × 7000 bfloat16 424 / 276 (395) — the one-row
@@ -507,13 +508,12 @@ def _mix_band(base: Config, rb: int, row_bytes: float | None, rnumel: int | None
     tiled forms' rule blocks and two rows of the one-row form a block (see `uncertain`)."""
     if column_blocks and not row_sums and base.variant == Variant.MIX_ORDER and rb <= 128:
         return _narrow_blocks(base, rb, row_bytes, rnumel, device)
-    if column_blocks and not row_sums and rb > 4096:  # whole rows (one or two a block) and blocks of columns
-        cands = [_one_row_rule(rb, base.split, row_bytes, rnumel, device),
-                 _tiled_rule(rb, base.split, row_bytes, rnumel, device)]
+    if column_blocks and not row_sums and rb > 4096:  # the rule's one row a block, blocks of columns, two rows
+        cands = [_tiled_rule(rb, base.split, row_bytes, rnumel, device)]
         if one_row and pow2(base.split) >= 2:  # two rows, each thread holding its columns of both
             stages = min(MIX_ONE_ROW_STAGES, _stages(2, rb, row_bytes, rnumel, device))
             cands += [Config(Variant.MIX_ORDER, 2, rb, w, stages, base.split) for w in _two_row_warps(rb)[:1]]
-        return [base] + [c for c in dict.fromkeys(cands) if c != base]
+        return [base] + [c for c in cands if c != base]
     if base.variant != Variant.MIX_ORDER_ACC2D:
         return []
     per_element = _per_element(row_bytes, rnumel)
@@ -781,8 +781,8 @@ def rule(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, devic
         if Variant.MIX_ORDER_ACC2D in kinds and rb <= 4096 and pow2(split) >= 2:
             xb, warps = _mix_block(rb, min(8, pow2(split)), row_bytes, rnumel, row_sums)
             return Config(Variant.MIX_ORDER_ACC2D, xb, rb, warps, _stages(xb, rb, row_bytes, rnumel, device), split)
-        return _one_row_rule(rb, split, row_bytes, rnumel, device,
-                             Variant.MIX_ORDER if Variant.MIX_ORDER in kinds else kinds[0])
+        form = Variant.MIX_ORDER if Variant.MIX_ORDER in kinds else kinds[0]
+        return Config(form, 1, rb, _warps(rb)[0], _stages(1, rb, row_bytes, rnumel, device), split)
     persistent = Variant.PERSISTENT in kinds and rb <= GPU_PERSISTENT_MAX
     alone = xnumel < device.sms  # even one row per program leaves SMs idle: each program has one to itself
     if persistent and (rows_contiguous or Variant.LOOPED not in kinds):
@@ -813,12 +813,6 @@ def rule(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, devic
     per_thread = _clamp(1 << max(0, round(math.log2(COLUMN_THREAD_BYTES / per_element))), 4, COLUMN_MOST_PER_THREAD)
     rbl = _clamp(32 * 8 * per_thread // xb, 1, min(256, rb))
     return Config(Variant.LOOPED, xb, rbl, _clamp(xb * rbl // (32 * per_thread), 1, 8))
-
-
-def _one_row_rule(rb: int, split: int, row_bytes: float | None, rnumel: int | None, device: Device,
-                  form: Variant = Variant.MIX_ORDER) -> Config:
-    """The rule's block of the one-row form (see `rule`): a row a block, on the warps of a row of `rb`."""
-    return Config(form, 1, rb, _warps(rb)[0], _stages(1, rb, row_bytes, rnumel, device), split)
 
 
 def _tiled_rule(rb: int, split: int, row_bytes: float | None, rnumel: int | None, device: Device) -> Config:
