@@ -330,9 +330,9 @@ def uncertain(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, 
     float32 rows (4 bytes an element read: 174763 × 384, 71 by rule against 74) and wider rows (44739 × 3000
     bfloat16, 92 against 99) keep the rule, and so do kernels that write a row (a softmax reads and writes 4
     bytes a bfloat16 element). Tall rows of at most WARP_ROW, whatever they move, also time one-warp programs of
-    1024 and 512 elements (thirty-seventh session; `_tall_rows_band` has the figures: a training forward that
-    writes its statistics fits fewer of the rule's two-warp programs an SM; LayerNorm's at 1342177 × 100
-    bfloat16 took 190.5 µs by rule, 143.4 on 8 rows and one warp).
+    2048, 1024 and 512 elements (thirty-seventh and fifty-fourth sessions; `_tall_rows_band` has the figures: a
+    training forward that writes its statistics fits fewer of the rule's two-warp programs an SM; LayerNorm's at
+    1342177 × 100 bfloat16 took 190.5 µs by rule, 143.4 on 8 rows and one warp).
 
     Mix-order kernels (`_mix_band`, the rule's two-dimensional form `base`, `row_bytes` and `row_sums` as the rule had
     them) over at least MIX_BAND_ROWS_PER_SM rows an SM (the tall, memory-bound shapes), or
@@ -433,14 +433,16 @@ def _tall_rows_band(xnumel: int, rnumel: int, rb: int, base: Config | None, row_
       stay empty and each warp must keep twice the bytes in flight; the bfloat16 cross-entropy forward at 134218 x
       1000 took 84.3 us with two rows on one warp against the rule's 91.7, H200).
     - Rows of at most WARP_ROW (a row within one warp's 16-byte vectors in 2-byte dtypes), any kernel: one warp a
-      program, 1024 and 512 elements (32 and 16 a thread). The rule's 2048 elements on two warps hold the most
+      program, 2048, 1024 and 512 elements (64, 32 and 16 a thread). The rule's 2048 elements on two warps hold the most
       rows an SM where the kernel keeps few registers; a kernel that keeps more (a training forward writing its
       statistics, a softmax's exponentials, a cross-entropy gradient) fits fewer two-warp programs an SM than
       one-warp ones, and which pays follows from its registers, which the rule does not see. On an H200 (row
       kernel us, rule / one warp): LayerNorm training forward 1342177 x 100 bfloat16 190.5 / 143.4 (8 rows),
       RMSNorm's 155.8 / 134.4, float32 cross-entropy gradient 671089 x 100 156.2 / 135.4 (4 rows), bfloat16
       671089 x 200 165.2 / 143.8 (4 rows), softmax forward 1342177 x 100 bfloat16 210.4 / 191.4; where the rule
-      was best (a bfloat16 cross-entropy gradient 100 wide: 166.3 against 175.0) it is kept."""
+      was best (a bfloat16 cross-entropy gradient 100 wide: 166.3 against 175.0) it is kept. 2048 elements on one
+      warp: LayerNorm training forward 536871 x 250 float16 139.2 us against 149.8 on 4 rows and 192.0 by rule
+      (Inductor 144.1; fifty-fourth session, with the row's statistics stored last: kernel.emit_members)."""
     if base is None or not 64 <= rb <= 1024 or xnumel < READ_ROWS_PER_SM * device.sms:
         return []
     if _launch_sized(xnumel, rb, row_bytes):
@@ -451,7 +453,7 @@ def _tall_rows_band(xnumel: int, rnumel: int, rb: int, base: Config | None, row_
         if base.variant == Variant.PERSISTENT and base.warps == 1:
             blocks.append(attrs.evolve(base, xblock=2 * base.xblock))
     if rb <= WARP_ROW:
-        blocks += [Config(Variant.PERSISTENT, elements // rb, rb, 1) for elements in (1024, 512)]
+        blocks += [Config(Variant.PERSISTENT, elements // rb, rb, 1) for elements in (2048, 1024, 512)]
     blocks = [b for b in dict.fromkeys(blocks) if b != base]
     return [base, *blocks] if blocks else []
 
