@@ -601,7 +601,7 @@ def test_short_column_sums_are_timed():
 def test_a_rows_own_values_are_stored_after_the_row():
     """A persistent kernel stores a row's own values (LayerNorm's training forward: the mean and rstd it saves)
     after every member, the row's output included, not between the row's reductions where they were computed
-    (on an H200 that store order was 12% slower); the values stay eager's, on the interpreter and by the
+    (on an H200 that store order was 13% slower); the values stay eager's, on the interpreter and by the
     reference backend."""
     from passline.backends.triton import kernel as kgen
 
