@@ -28,7 +28,8 @@ benchmarks/bench_common.py. The script exits 1 when a passline check fails or a 
 
 Writes DIR/sweep.csv (one row per case, direction, dtype and shape, written as each point finishes) and
 DIR/sweep.md (geometric mean of passline/Inductor over all points and per case, points slower than 1.05x,
-memory-bound points under 85% of copy bandwidth); docs/benchmarks.md explains the columns.
+memory-bound points under 85% of copy bandwidth, and those slower than Inductor by step and by the kernels'
+own time); docs/benchmarks.md explains the columns.
 """
 from __future__ import annotations
 
@@ -365,6 +366,13 @@ def progress(r: dict) -> str:
     return f"{text} {r['check']}"
 
 
+def kernel_pct_copy(r: dict, label: str = "passline"):
+    """A row's % of copy bandwidth by its kernels' own GPU time (`pct_copy` is by the step's, host included):
+    the same bytes over the kernel time, so the step's percentage scaled by step / kernels."""
+    pct, ms, kernel_ms = r.get(f"{label}_pct_copy"), r.get(f"{label}_ms"), r.get(f"{label}_kernel_ms")
+    return pct * ms / kernel_ms if pct is not None and ms and kernel_ms else None
+
+
 def geomean(xs) -> float:
     xs = [x for x in xs if x and x > 0]
     return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else math.nan
@@ -425,15 +433,17 @@ def summary(rows: list[dict], header: str, skipped: list[str]) -> str:
             lines.append(f"\nCompile seconds per point, {label}: median "
                          f"{secs[len(secs) // 2]:.1f}, max {secs[-1]:.1f}, total {sum(secs):.0f}")
     cols = ("| case | direction | dtype | shape | Inductor ms | passline ms | passline / Inductor | "
-            "kernels alone, passline / Inductor | calls back to back, passline / Inductor | % of copy | check |")
-    sep = "|---|---|---|---|---|---|---|---|---|---|---|"
+            "kernels alone, passline / Inductor | calls back to back, passline / Inductor | % of copy | "
+            "% of copy by kernels, passline / Inductor | check |")
+    sep = "|---|---|---|---|---|---|---|---|---|---|---|---|"
 
     def table(rs):
         return [cols, sep] + [
             f"| {r['case']} | {r['direction']} | {r['dtype']} | {r['shape']} | {fmt(r.get('inductor_ms'))} | "
             f"{fmt(r.get('passline_ms'))} | {fmt(r.get('passline_over_inductor'))} | "
             f"{fmt(r.get('kernels_over_inductor'))} | {fmt(r.get('calls_over_inductor'))} | "
-            f"{fmt(r.get('passline_pct_copy'))} | {r['check']} |"
+            f"{fmt(r.get('passline_pct_copy'))} | {fmt(kernel_pct_copy(r))} / {fmt(kernel_pct_copy(r, 'inductor'))} | "
+            f"{r['check']} |"
             for r in rs]
 
     slow = sorted((r for r in ratio if r["passline_over_inductor"] > SLOWER),
@@ -444,6 +454,14 @@ def summary(rows: list[dict], header: str, skipped: list[str]) -> str:
                     and r["passline_pct_copy"] < UNDER_COPY_PCT), key=lambda r: r["passline_pct_copy"])
     lines += ["", f"## Memory-bound (sized) points under {UNDER_COPY_PCT}% of copy bandwidth ({len(under)})", ""]
     lines += table(under) if under else ["None."]
+    # issue 15's bar: a memory-bound point under the copy share must at least be faster than Inductor; by step a
+    # short step's share is the host's, so the same test by the kernels' own time beside it
+    behind = [r for r in under if (r.get("passline_over_inductor") or 0) > 1]
+    by_kernels = sorted((r for r in rows if r["kind"] == "sized" and (kernel_pct_copy(r) or 100) < UNDER_COPY_PCT
+                         and (r.get("kernels_over_inductor") or 0) > 1), key=kernel_pct_copy)
+    lines += ["", f"## Memory-bound points under {UNDER_COPY_PCT}% of copy and slower than Inductor: "
+                  f"by step {len(behind)}, by kernels {len(by_kernels)}", ""]
+    lines += table(by_kernels) if by_kernels else ["None by kernels."]
     bad = [r for r in rows if r["check"] in ("MISMATCH", "FAILED") or r["error"]]
     lines += ["", f"## Failed or mismatched ({len(bad)})", ""]
     lines += [f"- {r['case']} {r['direction']} {r['dtype']} {r['shape']}: {r['check']} "

@@ -100,6 +100,18 @@ def test_points_and_summary():
     text = mod.summary([row, dict(timed, passline_choices_unchecked=1)], "# header", [])
     assert "left unchecked (the rule's configuration did not run): 1\n- rms_norm bwd float32 8x64: 1 unchecked" in text
     assert "No point has both times" in mod.summary([dict(row, passline_over_inductor=None)], "# h", [])
+    # the bar by kernels: a step at 40% of copy whose kernels take a quarter of it move 160%, not behind; one whose
+    # kernels take 0.8 of the step (50%) and more than Inductor's is listed, with both kernel shares (Inductor's
+    # step 1.0 ms at 50%, its kernels 0.5 ms: 100%)
+    host_bound = dict(row, passline_kernel_ms=0.5, inductor_kernel_ms=0.25, kernels_over_inductor=2.0)
+    assert mod.kernel_pct_copy(host_bound) == pytest.approx(160.0)
+    text = mod.summary([host_bound], "# h", [])
+    assert "slower than Inductor: by step 1, by kernels 0\n\nNone by kernels." in text
+    behind = dict(row, passline_kernel_ms=1.6, inductor_kernel_ms=0.5, kernels_over_inductor=3.2,
+                  inductor_pct_copy=50.0)
+    text = mod.summary([behind, fast], "# h", [])
+    assert "by step 1, by kernels 1\n" in text and "| 40 | 50 / 100 | ok |" in text
+    assert mod.kernel_pct_copy(dict(row, passline_kernel_ms=None)) is None
 
 
 def test_bad_arguments_are_refused_before_running(capsys):
