@@ -67,7 +67,7 @@ def run(args, root) -> int:
     jobs: list = []
     # GPU code for CPU graphs: the runner is built as on a GPU (interpret=False) and not run
     pdynamo._on_cpu = lambda graph: False
-    prunner.TritonRunner._precompile = lambda self, workers=8: jobs.extend(self.precompile_jobs())
+    prunner.TritonRunner.precompile = lambda self, workers=8: jobs.extend(self.precompile_jobs())
     compile_aten = passline.Backend.compile_aten
     times = {"aot+passline(fw)": 0.0, "run": 0.0}
 

@@ -91,7 +91,7 @@ def run(args, root) -> int:
     jobs = []
     pdynamo._on_cpu = lambda graph: False
     configs.Device.current = staticmethod(lambda: configs.Device(args.sms))
-    prunner.TritonRunner._precompile = lambda self, workers=8: jobs.extend(self.precompile_jobs())
+    prunner.TritonRunner.precompile = lambda self, workers=8: jobs.extend(self.precompile_jobs())
     compile_aten = passline.Backend.compile_aten
 
     def eagerly(self, gm, example_inputs, kind="graph", fx=None):

@@ -271,6 +271,44 @@ def test_timing_picks_the_fastest_and_caches_it(monkeypatch, tmp_path):
     assert len(calls) == 8
 
 
+def test_the_candidates_binaries_are_built_side_by_side_before_any_runs(monkeypatch, tmp_path):
+    """Each candidate's runner is made without its binaries; all of them are then built at once (each build
+    waits on the compile pool's processes), in the compile's settings, before the first candidate runs."""
+    import threading
+    import time
+
+    from passline.backends.triton.runner import TritonRunner
+    from passline.config import current_settings
+
+    ms = {"aten": 1.0, "decompose_k(chunks=8)": 0.5, "decompose_k(chunks=4)": 0.25, "decompose_k(chunks=2)": 0.75}
+    calls, builds, ran, lock = [], [], [], threading.Lock()
+    _timed(monkeypatch, ms, calls)
+    made, call = TritonRunner.__init__, TritonRunner.__call__
+
+    def init(self, *a, precompile=True, **kw):
+        made(self, *a, precompile=precompile, **kw)
+        self.made_with = precompile
+
+    def build(self):
+        start = time.perf_counter()
+        time.sleep(0.2)
+        with lock:
+            builds.append((self, start, time.perf_counter(), current_settings().cache_dir, len(ran)))
+
+    monkeypatch.setattr(TritonRunner, "__init__", init)
+    monkeypatch.setattr(TritonRunner, "__call__", lambda self, *a: ran.append(self) or call(self, *a))
+    monkeypatch.setattr(TritonRunner, "precompile", build)
+    be = assert_matches_eager(torch.mm, [torch.randn(4, 1024), torch.randn(1024, 8)], cache_dir=str(tmp_path))
+    candidates = [b for b in builds if not b[0].made_with]  # the graph's own runner builds in its constructor
+    assert len(candidates) == 4 and len(calls) == 4
+    assert max(b[1] for b in candidates) < min(b[2] for b in candidates)  # all four builds overlapped
+    assert {b[3] for b in candidates} == {str(tmp_path)}  # in the compile's settings, not the thread's defaults
+    assert {b[4] for b in candidates} == {0}  # every build done before any candidate ran
+    checked = {r for r in ran if not r.made_with}  # each of decompose-K's versions against the op's result
+    assert len(checked) == 3 and checked < {b[0] for b in candidates}
+    assert be.reports[0].choices[0].chosen == "decompose_k(chunks=4)"
+
+
 def test_a_win_within_the_timing_noise_keeps_the_op(monkeypatch, tmp_path):
     ms = {"aten": 1.0, "decompose_k(chunks=8)": 0.99, "decompose_k(chunks=4)": 1.5, "decompose_k(chunks=2)": 1.2}
     _timed(monkeypatch, ms, [])

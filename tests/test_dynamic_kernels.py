@@ -99,7 +99,7 @@ def _ops64(ptx: str) -> Counter:
 def gpu_compile(tmp_path, monkeypatch):
     """What _gpu_kernels needs: runners built for the GPU on the CPU, nothing compiled while they are made;
     skipped where this Triton has no CUDA backend to compile with."""
-    monkeypatch.setattr(TritonRunner, "_precompile", lambda self: None)
+    monkeypatch.setattr(TritonRunner, "precompile", lambda self: None)
     try:
         from triton.backends.nvidia.compiler import CUDABackend  # noqa: F401
     except Exception as e:  # noqa: BLE001

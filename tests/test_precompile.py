@@ -36,7 +36,7 @@ def _runner(tmp_path, monkeypatch, fn, inputs):
     be = passline.backend(codegen="reference", fallback="raise")
     torch._dynamo.reset()
     torch.compile(fn, backend=be)(*inputs)
-    monkeypatch.setattr(TritonRunner, "_precompile", lambda self: None)
+    monkeypatch.setattr(TritonRunner, "precompile", lambda self: None)
     return TritonRunner(be.reports[0].graph, interpret=False, cache=KernelCache(tmp_path / "passline"))
 
 
@@ -371,9 +371,9 @@ def test_the_workers_start_at_a_graph_cache_miss_only(tmp_path, monkeypatch):
 @pytest.mark.parametrize("compile_in", ["processes", "threads"])
 def test_precompile_never_fails_the_call(tmp_path, monkeypatch, compile_in):
     # whatever goes wrong (the pool cannot start; a thread's warmup finds no usable driver), the runner's
-    # _precompile returns and the kernels are left to their first launch
+    # precompile returns and the kernels are left to their first launch
     runner = _runner(tmp_path, monkeypatch, lambda x: x.exp() + 1, [torch.randn(8, 8)])
-    monkeypatch.undo()  # the real _precompile
+    monkeypatch.undo()  # the real precompile
     assert runner.precompile_jobs()
 
     def broken(*a, **k):
@@ -386,7 +386,7 @@ def test_precompile_never_fails_the_call(tmp_path, monkeypatch, compile_in):
     asked = []  # (and Triton's key is not adopted in this test process)
     monkeypatch.setattr(precompile, "remembered_triton_key", asked.append)
     with passline.settings(compile_in=compile_in):
-        runner._precompile()
+        runner.precompile()
     assert runner.compile_seconds >= 0
     # the key from passline's cache (remembered there: asked again by the record of compiled jobs, not hashed)
     assert asked and set(asked) == {runner.cache.dir}
@@ -461,7 +461,7 @@ def _first_call_plan(monkeypatch, tmp_path, fn, inputs, backward=True, calls=1, 
 
     real_fn = prunner.Kernel.fn
     monkeypatch.setattr(pdynamo, "_on_cpu", lambda graph: False)
-    monkeypatch.setattr(TritonRunner, "_precompile", precompile)
+    monkeypatch.setattr(TritonRunner, "precompile", precompile)
     monkeypatch.setattr(prunner.Kernel, "fn", lambda self, v: _NoLaunch(real_fn(self, v)))
     be = passline.backend(codegen="triton", fallback="raise", cache_dir=str(tmp_path / "passline"))
     torch._dynamo.reset()
@@ -898,8 +898,8 @@ from passline.backends.triton import compat, precompile
 from passline.backends.triton.cache import KernelCache
 from passline.backends.triton.precompile import offline
 from passline.backends.triton.runner import TritonRunner
-real = TritonRunner._precompile
-TritonRunner._precompile = lambda self: None
+real = TritonRunner.precompile
+TritonRunner.precompile = lambda self: None
 ln = torch.nn.LayerNorm(64)
 be = passline.backend(codegen="reference", fallback="raise")
 torch.compile(lambda x: ln(x).exp(), backend=be)(torch.randn(32, 64))
@@ -1003,8 +1003,8 @@ from passline.backends.triton import compat, precompile
 from passline.backends.triton.cache import KernelCache
 from passline.backends.triton.precompile import offline
 from passline.backends.triton.runner import TritonRunner
-real = TritonRunner._precompile
-TritonRunner._precompile = lambda self: None
+real = TritonRunner.precompile
+TritonRunner.precompile = lambda self: None
 ln = torch.nn.LayerNorm(64)
 be = passline.backend(codegen="reference", fallback="raise")
 x = torch.randn(65536, 64, requires_grad=True)  # tall: its mix-order backward is timed (configs.uncertain)

@@ -54,7 +54,7 @@ def test_kernels_differing_in_a_pointer_dtype_stay_apart(tmp_path, monkeypatch):
     be = passline.backend(codegen="reference", fallback="raise", pipeline="dce")
     torch._dynamo.reset()
     torch.compile(lambda a, b: (torch.isnan(a), torch.isnan(b)), backend=be)(torch.randn(8, 16), torch.randn(8, 16))
-    monkeypatch.setattr(TritonRunner, "_precompile", lambda self: None)
+    monkeypatch.setattr(TritonRunner, "precompile", lambda self: None)
     runner = TritonRunner(be.reports[0].graph, interpret=False, cache=KernelCache(tmp_path))
     assert len(runner.kernels) == 1 and runner.counters["kernels_shared"] == 1  # one code, one dtype
     info = runner.kernels[0]

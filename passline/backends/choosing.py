@@ -32,7 +32,9 @@ override.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
@@ -110,11 +112,15 @@ class TimedChooser(Rule):
                 return {}, False
             tensors = [v for v in tree_flatten((real_args, real_kwargs))[0] if isinstance(v, torch.Tensor)]
             want = node.target(*real_args, **real_kwargs)
+            # the op too, as a graph of its own: every candidate pays the same compiled call's host work
+            runners = {c: self.compile(c, node) for c in cands}
+            _build_side_by_side([r for r in runners.values() if not isinstance(r, Exception)])
             runs = {}
-            for c in cands:
+            for c, runner in runners.items():
                 try:
-                    # the op too, as a graph of its own: every candidate pays the same compiled call's host work
-                    run = _first_output(self.compile(c, node), tensors)
+                    if isinstance(runner, Exception):
+                        raise runner
+                    run = _first_output(runner, tensors)
                     ok = c is OP or agree(run(), want, _matmul_precision(want.dtype))
                 except Exception as e:  # noqa: BLE001 - a candidate that fails is no candidate
                     if c is OP:  # nothing to compare with: the op runs as it is
@@ -145,22 +151,41 @@ class TimedChooser(Rule):
 
     def compile(self, candidate: Candidate, node):
         """The candidate on its own, compiled as the backend compiles a graph: traced, lowered (its ops by
-        themselves, no choices), the pipeline, the Triton backend. Returns the runner."""
+        themselves, no choices), the pipeline, the Triton backend. Returns the runner, its binaries not yet
+        built (`_build_side_by_side`), or the exception that stopped it (the candidate is then dropped)."""
         from .triton.runner import TritonRunner
 
         be = self.backend
-        graph = SchedulerGraph.from_program(lower_graph(trace(candidate, node)))
-        target = Target.of(graph)
-        graph, _ = PassManager(be.pipeline, verify=be.verify).run(graph, None, f"{node.name}:{candidate.name}",
-                                                                    target)
-        return TritonRunner(graph, interpret=target.device != "cuda", variant=be.kernel_variant,
-                            cache=KernelCache(be.cache_dir), autotune=be.autotune)
+        try:
+            graph = SchedulerGraph.from_program(lower_graph(trace(candidate, node)))
+            target = Target.of(graph)
+            graph, _ = PassManager(be.pipeline, verify=be.verify).run(graph, None, f"{node.name}:{candidate.name}",
+                                                                        target)
+            return TritonRunner(graph, interpret=target.device != "cuda", variant=be.kernel_variant,
+                                cache=KernelCache(be.cache_dir), autotune=be.autotune, precompile=False)
+        except Exception as e:  # noqa: BLE001 - measure() warns and drops the candidate
+            return e
 
     def bench(self, runs: dict, replayed: bool) -> dict[str, float | None]:
         """Milliseconds of one call of each of `runs` (by name) as its graph will run: replayed in a CUDA
         graph, its GPU time alone (`gpu_ms`; None where it cannot be captured); else back-to-back calls, host
         included (`calls_ms`, the candidates' rounds interleaved)."""
         return {name: gpu_ms(run) for name, run in runs.items()} if replayed else calls_ms(runs)
+
+
+def _build_side_by_side(runners: list) -> None:
+    """Each runner's binaries built before its first call (`TritonRunner.precompile`), the runners' at once: each
+    waits on its compiles (in the pool's worker processes, outside this GIL), so a node's candidates compile side
+    by side instead of one after the other. On an H200's host ConvNeXt-style's backward spent 3.2 s of its first
+    call timing decompose-K at two weight-gradient shapes, compiled one candidate after the other (fifty-sixth
+    session, docs/benchmarks.md). Each thread runs in a copy of this context (the compile's settings). A runner
+    whose build raises is left to build at its first call, where `measure` drops it if it fails again."""
+    def build(context, runner):
+        with contextlib.suppress(Exception):
+            context.run(runner.precompile)
+
+    with ThreadPoolExecutor(max_workers=max(1, len(runners))) as side:
+        list(side.map(build, [contextvars.copy_context() for _ in runners], runners))
 
 
 def call_ms(run, rounds: int = 5, round_s: float = 0.01) -> float:

@@ -2,7 +2,7 @@
 
 `triton.compile` needs no GPU, only the target (`GPUTarget("cuda", 90, 32)` for an H100/H200): what
 needs one is the launch. So before a graph's first call the runner's precompile threads
-(TritonRunner._precompile) hand each kernel whose configuration is known (static sizes, the rule's
+(TritonRunner.precompile) hand each kernel whose configuration is known (static sizes, the rule's
 configuration, a timed kernel's candidates) to a pool of worker processes (`Pool.compile`), which compile it
 for the parent's target into Triton's on-disk cache (`$TRITON_CACHE_DIR`, default `~/.triton/cache`); the
 thread then loads the binary from there and hands it to its kernel. The worker builds the same cache key as
@@ -576,7 +576,7 @@ class Pool:
 
     def triton_key(self) -> str | None:
         """The parent's Triton key, handed to every worker (`_adopt_triton_key`): from passline's cache where
-        the caller named it (as `TritonRunner._precompile` takes it, so it is hashed once at most), else
+        the caller named it (as `TritonRunner.precompile` takes it, so it is hashed once at most), else
         this process's; once, here."""
         with self.key_lock:
             if self.key is None:

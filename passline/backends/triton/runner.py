@@ -1116,7 +1116,10 @@ class TritonRunner:
     """Callable that runs the graph with generated Triton kernels: `runner(*inputs) -> outputs`."""
 
     def __init__(self, graph, interpret: bool, cache: KernelCache | None = None, variant: str = "auto",
-                 autotune: bool = False, counters: collections.Counter | None = None, made: dict | None = None):
+                 autotune: bool = False, counters: collections.Counter | None = None, made: dict | None = None,
+                 precompile: bool = True):
+        """`precompile=False`: the binaries are not built here but by the caller's `precompile()` (the chooser
+        builds several candidates' side by side), else at their first launch."""
         from .wrapper import write_call
 
         self.graph = graph
@@ -1153,15 +1156,15 @@ class TritonRunner:
         self._binds: dict = {}  # dynamic shapes: recent bindings by their sizes (a training loop repeats them)
         self.source, self.call = write_call(self)
         self.compile_seconds = 0.0
-        if not self.interpret and not self.autotune:
-            self._precompile()
+        if precompile:
+            self.precompile()
 
     def precompile_jobs(self) -> list:
-        """What `_precompile` compiles, as `precompile.Job`s (pointer arguments by dtype, aligned as the
+        """What `precompile` compiles, as `precompile.Job`s (pointer arguments by dtype, aligned as the
         call's own allocations are), planned without compiling: every binary the first call of a
         static-shape graph launches (`_first_launches`), a mix-order main kernel at the IR's split (on a
         GPU its first launch takes one whole wave of programs, from the registers of that binary:
-        `_precompile` compiles it first and plans the rest from it). Kernels of symbolic sizes are chosen
+        `precompile` compiles it first and plans the rest from it). Kernels of symbolic sizes are chosen
         and compiled per call."""
         jobs: dict = {}
 
@@ -1295,7 +1298,7 @@ class TritonRunner:
         job = Job(str(path), k.info.variants[cfg.variant].fn_name, tuple(args), kwargs)
         return Planned(k, k.binary_key(cfg, consts, tuple(full)), job, consts, len(full), cfg.variant)
 
-    def _precompile(self) -> None:
+    def precompile(self) -> None:
         """Compile and load, before the first call, every binary its launches use (`_first_launches`), for
         this GPU, from threads of this process: each binary's launcher is built there too
         (`compat.load_binary`, the C launcher a cold Triton 3.6 builds with gcc) and handed to its kernel
@@ -1308,7 +1311,8 @@ class TritonRunner:
         kernel's placements, built from the registers of its first binaries), 70 of GPT-2-style's backward's
         binaries against the 20-odd `precompile_jobs` lists. A progress line on stderr once it takes more
         than a second. Anything that fails here is left to its first launch, which compiles it there and
-        reports any error."""
+        reports any error. Nothing to do on the interpreter or with autotune=True (each candidate is compiled
+        where it is timed)."""
         import sys
         import time
         from concurrent.futures import ThreadPoolExecutor
@@ -1319,7 +1323,8 @@ class TritonRunner:
         from .precompile import default_threads, default_workers, mark_compiled, not_compiled_yet, remembered_triton_key
 
         how = current_settings().compile_in
-        steps = [s for s in self.steps if s[0] in ("kernel", "mix")] if how != "off" else []
+        ahead = how != "off" and not self.interpret and not self.autotune
+        steps = [s for s in self.steps if s[0] in ("kernel", "mix")] if ahead else []
         if not steps:
             return
         t0 = time.perf_counter()
