@@ -275,37 +275,41 @@ def test_the_candidates_binaries_are_built_side_by_side_before_any_runs(monkeypa
     """Each candidate's runner is made without its binaries; all of them are then built at once (each build
     waits on the compile pool's processes), in the compile's settings, before the first candidate runs."""
     import threading
-    import time
 
     from passline.backends.triton.runner import TritonRunner
     from passline.config import current_settings
 
     ms = {"aten": 1.0, "decompose_k(chunks=8)": 0.5, "decompose_k(chunks=4)": 0.25, "decompose_k(chunks=2)": 0.75}
     calls, builds, ran, lock = [], [], [], threading.Lock()
+    together = threading.Barrier(4, timeout=10)  # the four candidates' builds: all waiting at once, or broken
     _timed(monkeypatch, ms, calls)
     made, call = TritonRunner.__init__, TritonRunner.__call__
 
     def init(self, *a, precompile=True, **kw):
+        self.deferred = not precompile
         made(self, *a, precompile=precompile, **kw)
-        self.made_with = precompile
 
     def build(self):
-        start = time.perf_counter()
-        time.sleep(0.2)
+        if not self.deferred:  # the graph's own runner, built in its constructor
+            return
+        try:
+            together.wait()
+            met = True
+        except threading.BrokenBarrierError:
+            met = False
         with lock:
-            builds.append((self, start, time.perf_counter(), current_settings().cache_dir, len(ran)))
+            builds.append((self, met, current_settings().cache_dir, len(ran)))
 
     monkeypatch.setattr(TritonRunner, "__init__", init)
-    monkeypatch.setattr(TritonRunner, "__call__", lambda self, *a: ran.append(self) or call(self, *a))
     monkeypatch.setattr(TritonRunner, "precompile", build)
+    monkeypatch.setattr(TritonRunner, "__call__", lambda self, *a: ran.append(self) or call(self, *a))
     be = assert_matches_eager(torch.mm, [torch.randn(4, 1024), torch.randn(1024, 8)], cache_dir=str(tmp_path))
-    candidates = [b for b in builds if not b[0].made_with]  # the graph's own runner builds in its constructor
-    assert len(candidates) == 4 and len(calls) == 4
-    assert max(b[1] for b in candidates) < min(b[2] for b in candidates)  # all four builds overlapped
-    assert {b[3] for b in candidates} == {str(tmp_path)}  # in the compile's settings, not the thread's defaults
-    assert {b[4] for b in candidates} == {0}  # every build done before any candidate ran
-    checked = {r for r in ran if not r.made_with}  # each of decompose-K's versions against the op's result
-    assert len(checked) == 3 and checked < {b[0] for b in candidates}
+    assert len(builds) == 4 and len(calls) == 4
+    assert all(b[1] for b in builds)  # the four builds were under way at the same time
+    assert {b[2] for b in builds} == {str(tmp_path)}  # in the compile's settings, not the thread's defaults
+    assert {b[3] for b in builds} == {0}  # every build done before any candidate ran
+    checked = {r for r in ran if r.deferred}  # each of decompose-K's versions against the op's result
+    assert len(checked) == 3 and checked < {b[0] for b in builds}
     assert be.reports[0].choices[0].chosen == "decompose_k(chunks=4)"
 
 

@@ -1094,3 +1094,46 @@ def test_a_worker_compiles_in_the_environment_of_its_job(tmp_path, monkeypatch, 
     if not ok:
         pytest.skip("Triton cannot compile for CUDA here (no ptxas?)")
     assert list((tmp_path / "later").rglob("k.cubin")) and not list((tmp_path / "first").rglob("k.cubin"))
+
+
+def test_threads_asking_at_once_get_one_pool_and_one_triton_key(monkeypatch, tmp_path):
+    """The chooser builds several candidates' binaries from threads of their own (choosing._build_side_by_side):
+    the first to ask for the compile pool or for Triton's key may be any of them. One pool is made, and the key
+    is hashed once (an unlocked check-then-make gave four pools, each growing its own workers)."""
+    import threading
+    import time
+
+    made, hashed = [], []
+
+    class SlowPool:
+        def __init__(self, workers):
+            time.sleep(0.05)  # a window for the others to find no pool yet
+            made.append(self)
+
+        def close(self):
+            pass
+
+    def slow_hash():
+        time.sleep(0.05)
+        hashed.append(1)
+        return "key"
+
+    monkeypatch.setattr(precompile, "_POOL", None)
+    monkeypatch.setattr(precompile, "Pool", SlowPool)
+    monkeypatch.setattr(precompile, "_REMEMBERED", {})
+    monkeypatch.setattr(precompile, "_hash_triton_key", slow_hash)
+    got = []
+    start = threading.Barrier(4)
+
+    def ask():
+        start.wait()
+        got.append((precompile.pool(2), precompile.remembered_triton_key(tmp_path)))
+
+    threads = [threading.Thread(target=ask) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(made) == 1 and len(hashed) == 1
+    assert got == [(made[0], "key")] * 4
+    assert json.loads((tmp_path / "triton_key.json").read_text()) == {precompile._triton_stamp(): "key"}

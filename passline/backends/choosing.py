@@ -112,8 +112,11 @@ class TimedChooser(Rule):
                 return {}, False
             tensors = [v for v in tree_flatten((real_args, real_kwargs))[0] if isinstance(v, torch.Tensor)]
             want = node.target(*real_args, **real_kwargs)
-            # the op too, as a graph of its own: every candidate pays the same compiled call's host work
-            runners = {c: self.compile(c, node) for c in cands}
+            # the op too, as a graph of its own: every candidate pays the same compiled call's host work; the op
+            # first, whose failure leaves nothing to compare with (nothing else is compiled then)
+            runners = {OP: self.compile(OP, node)} if OP in cands else {}
+            if not isinstance(runners.get(OP), Exception):
+                runners.update((c, self.compile(c, node)) for c in cands if c is not OP)
             _build_side_by_side([r for r in runners.values() if not isinstance(r, Exception)])
             runs = {}
             for c, runner in runners.items():
@@ -176,10 +179,11 @@ class TimedChooser(Rule):
 def _build_side_by_side(runners: list) -> None:
     """Each runner's binaries built before its first call (`TritonRunner.precompile`), the runners' at once: each
     waits on its compiles (in the pool's worker processes, outside this GIL), so a node's candidates compile side
-    by side instead of one after the other. On an H200's host ConvNeXt-style's backward spent 3.2 s of its first
-    call timing decompose-K at two weight-gradient shapes, compiled one candidate after the other (fifty-sixth
-    session, docs/benchmarks.md). Each thread runs in a copy of this context (the compile's settings). A runner
-    whose build raises is left to build at its first call, where `measure` drops it if it fails again."""
+    by side instead of one after the other: on an H200's host ConvNeXt-style's backward, which times decompose-K
+    at four weight-gradient shapes, spent 3.41 s of its first call lowering with them compiled one after the other,
+    2.68 s built side by side (fifty-sixth session, docs/benchmarks.md). Each thread runs in a copy of this context
+    (the compile's settings). A runner whose build raises is left to build at its first call, where `measure`
+    drops it if it fails again. (Two candidates with an equal kernel build it twice: rare, and only time.)"""
     def build(context, runner):
         with contextlib.suppress(Exception):
             context.run(runner.precompile)

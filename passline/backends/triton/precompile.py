@@ -200,6 +200,7 @@ def _hash_triton_key() -> str | None:
 
 
 _REMEMBERED: dict = {}  # cache directory -> the key this process took from it (once a process)
+_REMEMBERING = threading.Lock()  # several runners' builds at once (the chooser's candidates) hash it once
 _ORIGINAL: dict = {}  # module name -> Triton's own triton_key, before `_adopt_triton_key` replaced it
 
 
@@ -213,8 +214,14 @@ def remembered_triton_key(directory: Path) -> str | None:
     hashed afresh. As Triton's own key, it describes the files on disk: a process that loaded a Triton before
     it was upgraded in place gets the new one's key either way. None where this Triton has no key."""
     directory = Path(directory)
-    if directory in _REMEMBERED:
+    with _REMEMBERING:
+        if directory not in _REMEMBERED:
+            _REMEMBERED[directory] = _remember_triton_key(directory)
         return _REMEMBERED[directory]
+
+
+def _remember_triton_key(directory: Path) -> str | None:
+    """`remembered_triton_key`'s work, once a directory."""
     key = None
     with contextlib.suppress(Exception):
         import json
@@ -235,7 +242,6 @@ def remembered_triton_key(directory: Path) -> str | None:
                 tmp = path.with_suffix(f".{os.getpid()}.tmp")
                 tmp.write_text(json.dumps({stamp: key}))  # one Triton at a time: the last one's
                 os.replace(tmp, path)
-    _REMEMBERED[directory] = key
     return key
 
 
@@ -721,15 +727,17 @@ class Pool:
 
 
 _POOL: Pool | None = None
+_POOL_MADE = threading.Lock()  # threads asking at once (the chooser's candidates' builds) get one pool
 
 
 def pool(workers: int | None = None) -> Pool:
     """The process's pool of compile workers (started once, reused)."""
     global _POOL
-    if _POOL is None:
-        _POOL = Pool(workers or default_workers())
-        atexit.register(_POOL.close)
-    return _POOL
+    with _POOL_MADE:
+        if _POOL is None:
+            _POOL = Pool(workers or default_workers())
+            atexit.register(_POOL.close)
+        return _POOL
 
 
 def default_workers() -> int:

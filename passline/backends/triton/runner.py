@@ -1156,7 +1156,7 @@ class TritonRunner:
         self._binds: dict = {}  # dynamic shapes: recent bindings by their sizes (a training loop repeats them)
         self.source, self.call = write_call(self)
         self.compile_seconds = 0.0
-        if precompile:
+        if precompile and not self.interpret and not self.autotune:
             self.precompile()
 
     def precompile_jobs(self) -> list:
@@ -1329,9 +1329,13 @@ class TritonRunner:
             return
         t0 = time.perf_counter()
         tkey = remembered_triton_key(self.cache.dir)  # Triton's key from an earlier process, not hashed again
+        devices = {b.layout.device.index or 0 for b in self.buffers.values() if b.layout.device.type == "cuda"}
+        device = next(iter(devices), None)
         target = stamp = workers = None  # stamp: what keys the records of the binaries (compat.binary_stamp)
         with contextlib.suppress(Exception):
-            target = driver.active.get_current_target()
+            # the graph's GPU's, not the calling thread's current one (a thread of the chooser starts on GPU 0)
+            with torch.cuda.device(device) if device is not None else contextlib.nullcontext():
+                target = driver.active.get_current_target()
             stamp = compat.binary_stamp(target, tkey) if tkey else None
             if how == "processes":  # every compile in a worker process, outside this process's GIL
                 workers = precompile.pool()
@@ -1339,8 +1343,6 @@ class TritonRunner:
         lock = threading.Lock()
         built: dict = {}  # Job -> (compiled, launch): each compiled and loaded once, whoever asks
         building: dict = {}  # Job -> the lock of the thread compiling it
-        devices = {b.layout.device.index or 0 for b in self.buffers.values() if b.layout.device.type == "cuda"}
-        device = next(iter(devices), None)
 
         def progress(what: str):  # called from the pool's threads
             with lock:
