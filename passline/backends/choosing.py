@@ -113,10 +113,12 @@ class TimedChooser(Rule):
             tensors = [v for v in tree_flatten((real_args, real_kwargs))[0] if isinstance(v, torch.Tensor)]
             want = node.target(*real_args, **real_kwargs)
             # the op too, as a graph of its own: every candidate pays the same compiled call's host work; the op
-            # first, whose failure leaves nothing to compare with (nothing else is compiled then)
-            runners = {OP: self.compile(OP, node)} if OP in cands else {}
-            if not isinstance(runners.get(OP), Exception):
-                runners.update((c, self.compile(c, node)) for c in cands if c is not OP)
+            # comes first, and its failure leaves nothing to compare with (nothing else is compiled then)
+            runners = {}
+            for c in cands:
+                runners[c] = self.compile(c, node)
+                if c is OP and isinstance(runners[c], Exception):
+                    break
             _build_side_by_side([r for r in runners.values() if not isinstance(r, Exception)])
             runs = {}
             for c, runner in runners.items():

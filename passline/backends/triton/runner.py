@@ -1156,8 +1156,14 @@ class TritonRunner:
         self._binds: dict = {}  # dynamic shapes: recent bindings by their sizes (a training loop repeats them)
         self.source, self.call = write_call(self)
         self.compile_seconds = 0.0
-        if precompile and not self.interpret and not self.autotune:
+        if precompile and self._builds_ahead:
             self.precompile()
+
+    @property
+    def _builds_ahead(self) -> bool:
+        """Whether binaries are built before the first call: not on the interpreter, not with autotune=True
+        (each candidate is compiled where it is timed)."""
+        return not self.interpret and not self.autotune
 
     def precompile_jobs(self) -> list:
         """What `precompile` compiles, as `precompile.Job`s (pointer arguments by dtype, aligned as the
@@ -1311,8 +1317,7 @@ class TritonRunner:
         kernel's placements, built from the registers of its first binaries), 70 of GPT-2-style's backward's
         binaries against the 20-odd `precompile_jobs` lists. A progress line on stderr once it takes more
         than a second. Anything that fails here is left to its first launch, which compiles it there and
-        reports any error. Nothing to do on the interpreter or with autotune=True (each candidate is compiled
-        where it is timed)."""
+        reports any error. Nothing to do where the runner does not build ahead (`_builds_ahead`)."""
         import sys
         import time
         from concurrent.futures import ThreadPoolExecutor
@@ -1323,8 +1328,7 @@ class TritonRunner:
         from .precompile import default_threads, default_workers, mark_compiled, not_compiled_yet, remembered_triton_key
 
         how = current_settings().compile_in
-        ahead = how != "off" and not self.interpret and not self.autotune
-        steps = [s for s in self.steps if s[0] in ("kernel", "mix")] if ahead else []
+        steps = [s for s in self.steps if s[0] in ("kernel", "mix")] if how != "off" and self._builds_ahead else []
         if not steps:
             return
         t0 = time.perf_counter()
