@@ -523,6 +523,16 @@ def test_configuration_rules_follow_from_sizes_and_device():
     assert (c.variant, c.xblock, c.rblock, c.warps) == (Variant.PERSISTENT, 2, 512, 1)
     # few rows: fewer rows per block, so at least two programs per SM where rows allow
     assert rule(red, 300, 384, False, gpu).xblock == 1
+    # rows wider than 1024: a warp per 1024 elements of the block (32 a thread), and a warp per 2048 (64) where
+    # the kernel only reads a 2-byte row (a bfloat16 cross-entropy forward: its row, the target, a loss a row);
+    # a row it also writes (a bfloat16 softmax: 4 bytes an element) or reads in float32 keeps 32 a thread
+    for width, row_bytes, warps in ((3000, None, 4), (3000, 3000 * 2 + 16, 2), (3000, 3000 * 4, 4),
+                                    (3000, 3000 * 4 + 16, 4), (2048, 2048 * 2 + 16, 1), (8192, 8192 * 2 + 16, 4)):
+        c = rule(red, 44739, width, False, gpu, row_bytes=row_bytes)
+        assert (c.variant, c.xblock, c.warps) == (Variant.PERSISTENT, 1, warps), (width, row_bytes)
+    # rows within a warp's reach and few rows (programs with an SM each) keep their own rules
+    assert rule(red, 576000, 384, False, gpu, row_bytes=384 * 2 + 16).warps == 1
+    assert rule(red, 64, 3000, False, gpu, row_bytes=3000 * 2 + 16).warps == 16
     # rows too long for registers loop, one row a program, on as many warps as keep the rows in flight
     # within half of L2 (50 MB): 30000 elements of 4 bytes (unknown traffic), 264 rows on 32 warps
     c = rule(red, 4000, 30000, False, gpu)

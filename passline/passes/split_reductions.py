@@ -53,14 +53,20 @@ least 16 columns wide: backends/triton/configs.py `rule`). With fewer programs t
 per SM, R at least `min_reduced`, and each unsplit program loading at least `min_program_bytes` (R points
 times the bytes a point streams — the buffers read that are as large as the reduction, x and dy, not a row's
 mean or the weight, and a 32-byte sector for each gathered element that changes along the reduction —
-times 16 columns for a column reduction; 256 KB), S is about programs_per_sm * SMs / programs, but no more
+times 16 columns for a column reduction; 256 KB, or `min_finish_only_bytes` where the split adds no second pass
+over the rows), S is about programs_per_sm * SMs / programs, but no more
 than makes chunks of `min_chunk`; at S < 2 nothing is split.
 The bytes bound is what a split must save to pay for the kernels it adds (a finishing kernel, and the
 epilogue of a row's result, a norm's normalization, as a kernel of its own): on an H200, 64 rows of 8192
 or 30000 (up to 240 KB a row: float32 x and dy) ran faster unsplit in each of LayerNorm, RMSNorm and
 softmax, forward and backward, float32 and bfloat16 (16 of 16 points; RMSNorm backward 64 × 8192 bfloat16
 8.0 µs split, 4.1 unsplit), while a column sum over many rows or a full sum of a large tensor on a few
-programs stays split (BatchNorm's statistics: 8.15 ms unsplit, 1.42 split). The partial kernel's outputs are laid out
+programs stays split (BatchNorm's statistics: 8.15 ms unsplit, 1.42 split). Where the split adds only its
+finishing kernel — one level of reductions, no row-sized member computed on its own: a loss's mean over its rows'
+losses, a full sum — the bound is `min_finish_only_bytes` (80 KB): on an H200 a bfloat16 cross-entropy's mean over
+44739 rows (224 KB: a float32 loss and a bool a row) took 9.5 µs on one program and 3.1 split (its partial and
+finishing kernels), over 16384 rows (80 KB) 2.9 against 2.4, over 10872 (53 KB) 2.7 either way (fifty-seventh
+session). The partial kernel's outputs are laid out
 (S, X) for a column reduction, so neighbouring programs' lanes read neighbouring columns (coalesced),
 and (X, S) otherwise. On a CPU target (Triton's interpreter, the reference backend) a kernel's cost is
 per program, so the rule splits nothing there unless `sms` names a GPU to plan for; `splits=N` splits
@@ -117,6 +123,8 @@ from .legality import COLUMN_BLOCK
 COMBINABLE = ("sum", "prod", "max", "min", "any", "all")
 # the fewest bytes an unsplit program loads that the rule splits (see the module docstring)
 MIN_PROGRAM_BYTES = 256 << 10
+# ... where the split adds only its finishing kernel (no second pass over the rows; see the module docstring)
+MIN_FINISH_ONLY_BYTES = 80 << 10
 # what a gathered element costs a program: the whole 32-byte sector memory moves for it, and a latency its
 # neighbours' loads do not hide (a cross-entropy's target logit, one per row of a vocabulary)
 SECTOR = 32
@@ -559,7 +567,9 @@ def split_reductions(graph, ctx, *,
                      min_reduced: Annotated[int, "shortest reduced range the rule splits", AtLeast(1)] = 4096,
                      min_chunk: Annotated[int, "fewest reduced points per chunk under the rule", AtLeast(1)] = 1024,
                      min_program_bytes: Annotated[int, "fewest bytes an unsplit program loads that the rule "
-                                                  "splits", AtLeast(0)] = MIN_PROGRAM_BYTES):
+                                                  "splits", AtLeast(0)] = MIN_PROGRAM_BYTES,
+                     min_finish_only_bytes: Annotated[int, "the same where the split adds only a finishing kernel",
+                                                      AtLeast(0)] = MIN_FINISH_ONLY_BYTES):
     """Split reductions with few outputs over a long range into partial and finishing reductions."""
     if splits == 1:
         return graph  # one chunk per reduction: nothing to split
@@ -598,7 +608,7 @@ def split_reductions(graph, ctx, *,
             if programs >= aim or R < min_reduced:
                 continue
             loads = R * (min(COLUMN_BLOCK, X) if column else 1) * _point_bytes(bodies, layouts, X * R, graph.hints)
-            if loads < min_program_bytes:
+            if loads < min(min_program_bytes, min_finish_only_bytes):
                 continue  # each program's work is shorter than the kernels a split adds (see the docstring)
             most = R // min_chunk
             S = min(-(-aim // programs), most)
@@ -609,11 +619,13 @@ def split_reductions(graph, ctx, *,
         if bad:
             ctx.count("split_reductions_refused")  # argmax/argmin: see the module docstring
             continue
-        if not ctx.decide("split", node):
-            continue
         new = _split_group(graph, node, members, outer, red, S, column, bodies)
         if new is None:
             ctx.count("split_reductions_refused")
+            continue
+        if not splits and loads < min_program_bytes and len(new) > 2:
+            continue  # it would add a pass over the rows besides its finishing kernel, for too little work
+        if not ctx.decide("split", node):
             continue
         graph.replace_nodes(node.name, new)
         ctx.count("num_split_reductions", len(reductions))
