@@ -1,5 +1,6 @@
 """Choices (issue 17): other implementations of an aten op competing with it, decompose-K for matmuls,
 user-registered choices, overrides, timing and its cache, and the records on the compile report."""
+import collections
 import contextlib
 
 import pytest
@@ -471,3 +472,33 @@ def test_an_uncapturable_call_has_no_gpu_time_and_leaves_the_callers_stream():
             "print('ok')\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
+
+
+def test_the_candidates_kernels_launch_by_rule_and_the_chosen_graphs_time_their_bands(monkeypatch, tmp_path):
+    """A choice's candidates are timed as wholes with each kernel at its rule's configuration
+    (`TritonRunner(bands=False)`: no configuration band timed at a candidate's first run, ~0.1 s a candidate on an
+    H200 for the same picks); the graph the choice goes into times its kernels' bands as ever."""
+    from passline.backends.triton import runner as triton_runner
+    from passline.backends.triton.runner import TritonRunner
+
+    made, runners = TritonRunner.__init__, []
+
+    def init(self, *a, **kw):
+        made(self, *a, **kw)
+        runners.append(self)
+
+    monkeypatch.setattr(TritonRunner, "__init__", init)
+    ms = {"aten": 1.0, "decompose_k(chunks=8)": 0.5, "decompose_k(chunks=4)": 0.25, "decompose_k(chunks=2)": 0.75}
+    _timed(monkeypatch, ms, [])
+    be = assert_matches_eager(torch.mm, [torch.randn(4, 1024), torch.randn(1024, 8)], cache_dir=str(tmp_path))
+    assert be.reports[0].choices[0].chosen == "decompose_k(chunks=4)"
+    band = [object()]  # whatever configs.uncertain would time at a GPU's sizes
+    monkeypatch.setattr(triton_runner, "uncertain", lambda *a, **kw: band)
+    candidates, graphs = [r for r in runners if not r.bands], [r for r in runners if r.bands]
+    assert len(candidates) == 4 and graphs  # the op and decompose-K's three; the compiled graph's own
+    seen = collections.Counter()
+    for r in runners:
+        for k in r._by_code.values():
+            assert k.uncertain(4096, 1024) == (band if r.bands else [])
+            seen[r.bands] += 1
+    assert seen[True] and seen[False]  # the chosen decompose-K's column sum in the graph and in its candidate

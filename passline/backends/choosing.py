@@ -156,7 +156,8 @@ class TimedChooser(Rule):
 
     def compile(self, candidate: Candidate, node):
         """The candidate on its own, compiled as the backend compiles a graph: traced, lowered (its ops by
-        themselves, no choices), the pipeline, the Triton backend. Returns the runner, its binaries not yet
+        themselves, no choices), the pipeline, the Triton backend, its kernels by rule (`bands=False`: no
+        configuration band timed at a candidate's first run). Returns the runner, its binaries not yet
         built (`_build_side_by_side`), or the exception that stopped it (the candidate is then dropped)."""
         from .triton.runner import TritonRunner
 
@@ -167,7 +168,7 @@ class TimedChooser(Rule):
             graph, _ = PassManager(be.pipeline, verify=be.verify).run(graph, None, f"{node.name}:{candidate.name}",
                                                                         target)
             return TritonRunner(graph, interpret=target.device != "cuda", variant=be.kernel_variant,
-                                cache=KernelCache(be.cache_dir), autotune=be.autotune, precompile=False)
+                                cache=KernelCache(be.cache_dir), autotune=be.autotune, precompile=False, bands=False)
         except Exception as e:  # noqa: BLE001 - measure() warns and drops the candidate
             return e
 

@@ -243,6 +243,7 @@ class Kernel:
         # binary are settled, replayed without choosing again (see __call__)
         self.ready: dict = {}
         self.mutates = False  # writes a graph input: never launched more than once per call (no timing)
+        self.bands = True  # times configs.uncertain's band where it has one (set by the runner: TritonRunner)
         self.fresh: tuple = ()  # positions of the outputs it writes without reading them (_poison; set by the runner)
         self.timed: set = set()  # configurations chosen by timing (`uncertain`): kept even if they spill
         self.refused: set = set()  # rules' configurations taken where a timed choice disagreed (`_agreeing`)
@@ -416,8 +417,9 @@ class Kernel:
     def uncertain(self, xnumel: int, rnumel: int | None, args=None) -> list:
         """The configurations timed at these sizes' first launch although autotuning is off: those of
         `configs.uncertain`, for a kernel launched more than once a call could be (one that writes an
-        input is not) and only while autotuning is off (on, every candidate is timed)."""
-        if self.autotune or self.mutates:
+        input is not), only while autotuning is off (on, every candidate is timed) and where its runner
+        times bands (`TritonRunner(bands=False)`: a choice's candidates, see there)."""
+        if self.autotune or self.mutates or not self.bands:
             return []
         return self._band(xnumel, rnumel, args)
 
@@ -1117,9 +1119,13 @@ class TritonRunner:
 
     def __init__(self, graph, interpret: bool, cache: KernelCache | None = None, variant: str = "auto",
                  autotune: bool = False, counters: collections.Counter | None = None, made: dict | None = None,
-                 precompile: bool = True):
+                 precompile: bool = True, bands: bool = True):
         """`precompile=False`: the binaries are not built here but by the caller's `precompile()` (the chooser
-        builds several candidates' side by side), else at their first launch."""
+        builds several candidates' side by side), else at their first launch. `bands=False`: every kernel
+        launches with its rule's configuration, none times configs.uncertain's band — the chooser's candidates,
+        each run a few times to be timed as a whole: on an H200 a decompose-K candidate's column sum timed its
+        band at its first run, about 0.1 s a candidate of the chooser's 0.6 s a node, for the same picks at
+        eight weight-gradient shapes (fifty-seventh session); the chosen graph's kernels time theirs as ever."""
         from .wrapper import write_call
 
         self.graph = graph
@@ -1129,6 +1135,7 @@ class TritonRunner:
         self.counters = collections.Counter() if counters is None else counters
         self.interpret = interpret
         self.autotune = autotune and not interpret
+        self.bands = bands
         self.variant = None if variant == "auto" else variant
         self.cache = cache or KernelCache()
         self.device = Device() if interpret else Device.current()
@@ -1468,6 +1475,7 @@ class TritonRunner:
         k = cls(info, self.cache, self.interpret, self.autotune, made.key, self.variant, self.device, made.contiguous,
                 **made.extra)
         k.hinted_row_bytes = made.hinted
+        k.bands = self.bands
         k.counters = self.counters  # its launches' figures go in this compile's report
         k.mutates = made.mutates
         k.fresh = _fresh(node, first.args)
