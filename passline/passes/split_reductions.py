@@ -63,10 +63,10 @@ softmax, forward and backward, float32 and bfloat16 (16 of 16 points; RMSNorm ba
 8.0 µs split, 4.1 unsplit), while a column sum over many rows or a full sum of a large tensor on a few
 programs stays split (BatchNorm's statistics: 8.15 ms unsplit, 1.42 split). Where the split adds only its
 finishing kernel — one level of reductions, no row-sized member computed on its own: a loss's mean over its rows'
-losses, a full sum — the bound is `min_finish_only_bytes` (80 KB): on an H200 a bfloat16 cross-entropy's mean over
-44739 rows (224 KB: a float32 loss and a bool a row) took 9.5 µs on one program and 3.1 split (its partial and
-finishing kernels), over 16384 rows (80 KB) 2.9 against 2.4, over 10872 (53 KB) 2.7 either way (fifty-seventh
-session). The partial kernel's outputs are laid out
+losses, a full sum — the bound is `min_finish_only_bytes` (80 KB; never above `min_program_bytes`, so 0 there
+splits everything): on an H200 a bfloat16 cross-entropy's mean over 44739 rows (224 KB: a float32 loss and a bool
+a row) took 9.5 µs on one program and 3.1 split (its partial and finishing kernels), over 16384 rows (80 KB) 2.9
+against 2.4, over 10872 (53 KB) 2.7 either way (fifty-seventh session). The partial kernel's outputs are laid out
 (S, X) for a column reduction, so neighbouring programs' lanes read neighbouring columns (coalesced),
 and (X, S) otherwise. On a CPU target (Triton's interpreter, the reference backend) a kernel's cost is
 per program, so the rule splits nothing there unless `sms` names a GPU to plan for; `splits=N` splits
@@ -568,7 +568,8 @@ def split_reductions(graph, ctx, *,
                      min_chunk: Annotated[int, "fewest reduced points per chunk under the rule", AtLeast(1)] = 1024,
                      min_program_bytes: Annotated[int, "fewest bytes an unsplit program loads that the rule "
                                                   "splits", AtLeast(0)] = MIN_PROGRAM_BYTES,
-                     min_finish_only_bytes: Annotated[int, "the same where the split adds only a finishing kernel",
+                     min_finish_only_bytes: Annotated[int, "the same where the split adds only a finishing kernel "
+                                                      "(never above min_program_bytes)",
                                                       AtLeast(0)] = MIN_FINISH_ONLY_BYTES):
     """Split reductions with few outputs over a long range into partial and finishing reductions."""
     if splits == 1:
