@@ -312,20 +312,24 @@ def test_rule_on_a_gpu_target_few_long_rows():
 def test_a_split_pays_only_for_programs_that_load_enough():
     """By default a row whose split adds a pass over the rows (softmax's normalization, a kernel of its own)
     is split only where its program would load at least 256 KB (min_program_bytes): on an H200, 64 float32
-    rows of 30000 (120 KB) ran faster unsplit; of 65536 (256 KB) they are split. A split that adds only its
-    finishing kernel (a column sum, a loss's mean) pays from 80 KB (min_finish_only_bytes). A column sum
-    counts 16 columns a program: 64 bfloat16 columns over 2048 rows (64 KB a program) stay whole, over 4096
-    (128 KB) are split; a cross-entropy's mean over 10000 rows (a float32 loss and a bool a row: 49 KB)
-    stays whole, over 20000 (98 KB) it is split."""
+    rows of 30000 (120 KB) ran faster unsplit; of 65536 (256 KB) they are split. A column sum counts 16
+    columns a program: 64 float32 columns over 4096 rows (256 KB a program) are split, bfloat16 (128 KB) not.
+    One program whose split adds only its finishing kernel (a loss's mean, a full sum) pays from 80 KB
+    (min_finish_only_bytes): a cross-entropy's mean over 10000 rows (a float32 loss and a bool a row: 49 KB)
+    stays whole, over 20000 (98 KB) it is split; a row sum over 64 rows of 30000 (120 KB a program, the split
+    adding only its finishing kernel too) keeps the 256 KB bound."""
     forward = lambda be: be.reports[0]  # noqa: E731
     for width, split in ((30000, False), (65536, True)):
         be = assert_matches_eager(lambda x: x.softmax(-1), [torch.randn(64, width)], pipeline=pipeline(sms=132),
                                   codegen="reference")
         assert (split_count(be) > 0) == split, forward(be).graph.format()
-    for rows, split in ((2048, False), (4096, True)):
-        be = assert_matches_eager(lambda x: x.sum(0), [torch.randn(rows, 64, dtype=torch.bfloat16)],
-                                  pipeline=pipeline(sms=132), codegen="reference")
+    for dtype, split in ((torch.bfloat16, False), (torch.float32, True)):  # 128 KB a program, 256 KB
+        be = assert_matches_eager(lambda x: x.sum(0), [torch.randn(4096, 64, dtype=dtype)], pipeline=pipeline(sms=132),
+                                  codegen="reference")
         assert (split_count(be) > 0) == split, forward(be).graph.format()
+    be = assert_matches_eager(lambda x: x.sum(1), [torch.randn(64, 30000)], pipeline=pipeline(sms=132),
+                              codegen="reference")
+    assert split_count(be) == 0, forward(be).graph.format()
     for rows, split in ((10000, False), (20000, True)):
         x, t = torch.randn(rows, 8), torch.randint(0, 8, (rows,))
         be = assert_matches_eager(torch.nn.functional.cross_entropy, [x, t], pipeline=pipeline(sms=132),

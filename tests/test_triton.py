@@ -530,8 +530,11 @@ def test_configuration_rules_follow_from_sizes_and_device():
                                     (3000, 3000 * 4 + 16, 4), (2048, 2048 * 2 + 16, 1), (8192, 8192 * 2 + 16, 4)):
         c = rule(red, 44739, width, False, gpu, row_bytes=row_bytes)
         assert (c.variant, c.xblock, c.warps) == (Variant.PERSISTENT, 1, warps), (width, row_bytes)
-    # rows within a warp's reach and few rows (programs with an SM each) keep their own rules
+    # rows within a warp's reach, few rows (programs with an SM each) and column sums keep their own rules
     assert rule(red, 576000, 384, False, gpu, row_bytes=384 * 2 + 16).warps == 1
+    assert rule(red, 699051, 192, False, gpu, row_bytes=192 * 2 + 16).warps == 2  # 8 rows of 256, 32 a thread
+    assert rule({Variant.PERSISTENT: None}, 100000, 4096, False, gpu, rows_contiguous=False,
+                row_bytes=4096 * 2 + 16).warps == 4
     assert rule(red, 64, 3000, False, gpu, row_bytes=3000 * 2 + 16).warps == 16
     # rows too long for registers loop, one row a program, on as many warps as keep the rows in flight
     # within half of L2 (50 MB): 30000 elements of 4 bytes (unknown traffic), 264 rows on 32 warps

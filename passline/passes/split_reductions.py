@@ -53,24 +53,26 @@ least 16 columns wide: backends/triton/configs.py `rule`). With fewer programs t
 per SM, R at least `min_reduced`, and each unsplit program loading at least `min_program_bytes` (R points
 times the bytes a point streams — the buffers read that are as large as the reduction, x and dy, not a row's
 mean or the weight, and a 32-byte sector for each gathered element that changes along the reduction —
-times 16 columns for a column reduction; 256 KB, or `min_finish_only_bytes` where the split adds no second pass
-over the rows), S is about programs_per_sm * SMs / programs, but no more
+times 16 columns for a column reduction; 256 KB, or `min_finish_only_bytes` for one program whose split adds no
+second pass over the rows), S is about programs_per_sm * SMs / programs, but no more
 than makes chunks of `min_chunk`; at S < 2 nothing is split.
 The bytes bound is what a split must save to pay for the kernels it adds (a finishing kernel, and the
 epilogue of a row's result, a norm's normalization, as a kernel of its own): on an H200, 64 rows of 8192
 or 30000 (up to 240 KB a row: float32 x and dy) ran faster unsplit in each of LayerNorm, RMSNorm and
 softmax, forward and backward, float32 and bfloat16 (16 of 16 points; RMSNorm backward 64 × 8192 bfloat16
 8.0 µs split, 4.1 unsplit), while a column sum over many rows or a full sum of a large tensor on a few
-programs stays split (BatchNorm's statistics: 8.15 ms unsplit, 1.42 split). Where the split adds only its
-finishing kernel — one level of reductions, no row-sized member computed on its own: a loss's mean over its rows'
-losses, a full sum — the bound is `min_finish_only_bytes` (80 KB; never above `min_program_bytes`, so 0 there
-splits everything): on an H200 a bfloat16 cross-entropy's mean over 44739 rows (224 KB: a float32 loss and a bool
-a row) took 9.5 µs on one program and 3.1 split (its partial and finishing kernels), over 16384 rows (80 KB) 2.9
-against 2.4, over 10872 (53 KB) 2.7 either way (fifty-seventh session). The partial kernel's outputs are laid out
-(S, X) for a column reduction, so neighbouring programs' lanes read neighbouring columns (coalesced),
-and (X, S) otherwise. On a CPU target (Triton's interpreter, the reference backend) a kernel's cost is
-per program, so the rule splits nothing there unless `sms` names a GPU to plan for; `splits=N` splits
-every eligible reduction into N chunks on any target (tests, experiments).
+programs stays split (BatchNorm's statistics: 8.15 ms unsplit, 1.42 split). Where the unsplit kernel is one
+program and the split adds only its finishing kernel — one level of reductions, no row-sized member computed on its
+own: a loss's mean over its rows' losses, a full sum — the bound is `min_finish_only_bytes` (80 KB; never above
+`min_program_bytes`, so 0 there splits everything): on an H200 a bfloat16 cross-entropy's mean over 44739 rows
+(224 KB: a float32 loss and a bool a row) took 9.5 µs on one program and 3.1 split (its partial and finishing
+kernels), over 16384 rows (80 KB) 2.9 against 2.4, over 10872 (53 KB) 2.7 either way (fifty-seventh session).
+Several programs (few long rows, a column sum's blocks) keep `min_program_bytes`: each has an SM to itself
+already, and no such split was timed. The partial kernel's outputs are laid out (S, X) for a column reduction,
+so neighbouring programs' lanes read neighbouring columns (coalesced), and (X, S) otherwise. On a CPU target
+(Triton's interpreter, the reference backend) a kernel's cost is per program, so the rule splits nothing there
+unless `sms` names a GPU to plan for; `splits=N` splits every eligible reduction into N chunks on any target
+(tests, experiments).
 
 A run-time R (dynamic shapes: BatchNorm's rows over a varying batch) is split too: S is a number, chosen
 by the rule with R taken at the size dynamo traced the graph at (`SchedulerGraph.hints`), and the chunks
@@ -568,8 +570,8 @@ def split_reductions(graph, ctx, *,
                      min_chunk: Annotated[int, "fewest reduced points per chunk under the rule", AtLeast(1)] = 1024,
                      min_program_bytes: Annotated[int, "fewest bytes an unsplit program loads that the rule "
                                                   "splits", AtLeast(0)] = MIN_PROGRAM_BYTES,
-                     min_finish_only_bytes: Annotated[int, "the same where the split adds only a finishing kernel "
-                                                      "(never above min_program_bytes)",
+                     min_finish_only_bytes: Annotated[int, "the same for one program whose split adds only a "
+                                                      "finishing kernel (never above min_program_bytes)",
                                                       AtLeast(0)] = MIN_FINISH_ONLY_BYTES):
     """Split reductions with few outputs over a long range into partial and finishing reductions."""
     if splits == 1:
@@ -609,7 +611,8 @@ def split_reductions(graph, ctx, *,
             if programs >= aim or R < min_reduced:
                 continue
             loads = R * (min(COLUMN_BLOCK, X) if column else 1) * _point_bytes(bodies, layouts, X * R, graph.hints)
-            if loads < min(min_program_bytes, min_finish_only_bytes):
+            # one program alone (a loss's mean, a full sum) may pay from the lower bound (see the docstring)
+            if loads < (min(min_program_bytes, min_finish_only_bytes) if programs == 1 else min_program_bytes):
                 continue  # each program's work is shorter than the kernels a split adds (see the docstring)
             most = R // min_chunk
             S = min(-(-aim // programs), most)

@@ -803,7 +803,8 @@ def rule(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, devic
         while xb > 1 and -(-xnumel // xb) < 2 * device.sms:
             xb //= 2
         per_thread = FEW_PER_THREAD if alone else ROW_PER_THREAD
-        if not alone and rb > 1024 and row_bytes is not None and rnumel and row_bytes < READ_ROWS_BYTES * rnumel:
+        if (not alone and rows_contiguous and rb > 1024 and row_bytes is not None and rnumel
+                and row_bytes < READ_ROWS_BYTES * rnumel):
             per_thread = READ_ROW_PER_THREAD  # a 2-byte row only read: twice the rows an SM (see above)
         return Config(Variant.PERSISTENT, xb, rb, _clamp(xb * rb // (32 * per_thread), 1, MAX_WARPS))
     if rows_contiguous:
