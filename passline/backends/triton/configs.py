@@ -403,7 +403,7 @@ def uncertain(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, 
         return _tall_rows_band(xnumel, rnumel, rb, base, row_bytes, device)
     if set(kinds) == {Variant.PERSISTENT, Variant.LOOPED} and rb == GPU_PERSISTENT_MAX:
         band = [Config(Variant.PERSISTENT, 1, rb, w) for w in (8, 16, 32)] + [Config(Variant.LOOPED, 1, 2048, 16)]
-        if row_bytes is not None and rnumel and row_bytes < READ_ROWS_BYTES * rnumel:
+        if _reads_row_only(row_bytes, rnumel):
             band.append(Config(Variant.PERSISTENT, 1, rb, 4))  # a row read once: 128 elements a thread
         return band
     if Variant.LOOPED in kinds and not set(kinds) - {Variant.PERSISTENT, Variant.LOOPED} and rb > GPU_PERSISTENT_MAX:
@@ -414,6 +414,12 @@ def uncertain(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, 
             wide += [Config(Variant.PERSISTENT, 1, rb, w) for w in (16, MAX_WARPS)]
         return ([base] if base is not None and base not in wide else []) + wide
     return []
+
+
+def _reads_row_only(row_bytes: float | None, rnumel: int | None) -> bool:
+    """Whether a row kernel moves under READ_ROWS_BYTES an element (`row_bytes`: its traffic a row): it reads a
+    2-byte row and writes nothing row-sized (a bfloat16 cross-entropy forward). False where the traffic is unknown."""
+    return row_bytes is not None and bool(rnumel) and row_bytes < READ_ROWS_BYTES * rnumel
 
 
 def _launch_sized(xnumel: int, rb: int, row_bytes: float | None) -> bool:
@@ -449,7 +455,7 @@ def _tall_rows_band(xnumel: int, rnumel: int, rb: int, base: Config | None, row_
     if _launch_sized(xnumel, rb, row_bytes):
         return []
     blocks = []
-    if row_bytes is not None and row_bytes < READ_ROWS_BYTES * rnumel:
+    if _reads_row_only(row_bytes, rnumel):
         blocks.append(Config(Variant.LOOPED, 64, 64, 8))
         if base.variant == Variant.PERSISTENT and base.warps == 1:
             blocks.append(attrs.evolve(base, xblock=2 * base.xblock))
@@ -803,8 +809,7 @@ def rule(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, devic
         while xb > 1 and -(-xnumel // xb) < 2 * device.sms:
             xb //= 2
         per_thread = FEW_PER_THREAD if alone else ROW_PER_THREAD
-        if (not alone and rows_contiguous and rb > 1024 and row_bytes is not None and rnumel
-                and row_bytes < READ_ROWS_BYTES * rnumel):
+        if not alone and rows_contiguous and rb > 1024 and _reads_row_only(row_bytes, rnumel):
             per_thread = READ_ROW_PER_THREAD  # a 2-byte row only read: twice the rows an SM (see above)
         return Config(Variant.PERSISTENT, xb, rb, _clamp(xb * rb // (32 * per_thread), 1, MAX_WARPS))
     if rows_contiguous:
