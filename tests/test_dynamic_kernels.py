@@ -161,8 +161,8 @@ def test_index_width_follows_the_launch(monkeypatch):
     seen = []
     constexprs = TritonRunner.__init__.__globals__["Kernel"].constexprs
 
-    def spy(self, cfg, xnumel, rnumel):
-        out = constexprs(self, cfg, xnumel, rnumel)
+    def spy(self, cfg, xnumel, rnumel, full=()):
+        out = constexprs(self, cfg, xnumel, rnumel, full=full)
         seen.append((xnumel, rnumel, out.get("INT64")))
         return out
 

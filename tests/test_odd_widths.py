@@ -1,9 +1,11 @@
 """Odd sizes (docs/backends.md, *Odd widths: whole blocks and aligned loops*): a pointwise kernel over an element
 count that is not a multiple of 16 runs its whole blocks under a constant mask, and a looped row kernel whose rows
-do not start on 16-byte boundaries walks aligned chunks of the flat buffer where a program has one row. Both
-branches of each run under the interpreter here, against eager; the sm_90 binaries are checked for vector loads."""
+do not start on 16-byte boundaries walks aligned chunks of the flat buffer where a program has one row, and a
+persistent one that writes such rows reads and writes them through an aligned window. Both branches of each run
+under the interpreter here, against eager; the sm_90 binaries are checked for vector loads."""
 import re
 
+import attrs
 import pytest
 import torch
 import torch.nn.functional as F
@@ -73,6 +75,187 @@ def test_a_ragged_pointwise_kernel_runs_whole_blocks_unmasked(monkeypatch, dynam
         pointwise = [k for r in be.reports for k in r.kernel_info if k.kind == "pointwise"]
         assert pointwise and all("if xoffset <= " in k.source for k in pointwise), \
             [k.source for k in pointwise]
+
+
+WINDOWED = {
+    "softmax_bf16": lambda: (lambda x: torch.softmax(x, -1), [torch.randn(5, ODD, dtype=torch.bfloat16,
+                                                                          requires_grad=True)]),
+    "log_softmax": lambda: (lambda x: torch.log_softmax(x, -1), [torch.randn(5, ODD, requires_grad=True)]),
+    # the backward's one-hot compares each lane's column with the target: columns before the row are negative
+    "cross_entropy_bf16": lambda: (lambda x, t: F.cross_entropy(x, t, ignore_index=3, label_smoothing=0.1),
+                                   [torch.randn(6, ODD, dtype=torch.bfloat16, requires_grad=True),
+                                    torch.tensor([0, ODD - 1, 3, 17, ODD - 2, 4000])]),
+    # a float32 row of 9001 (36004 bytes) starts 4 bytes further on each row: a group of 4
+    "softmax_of_neg_inf_rows": lambda: (lambda x: torch.softmax(x.masked_fill(x > 1, float("-inf")), -1),
+                                        [torch.randn(5, ODD, requires_grad=True)]),
+}
+
+
+def _launches_windows(monkeypatch) -> list:
+    """The WINDOW constexpr of every launch of a kernel that has the window, as the launches pass it."""
+    from passline.backends.triton.runner import Kernel
+
+    seen = []
+    constexprs = Kernel.constexprs
+
+    def spy(self, *a, **k):
+        out = constexprs(self, *a, **k)
+        if "WINDOW" in out:
+            seen.append(out["WINDOW"])
+        return out
+
+    monkeypatch.setattr(Kernel, "constexprs", spy)
+    return seen
+
+
+@pytest.mark.parametrize("window", [True, False], ids=["window", "plain"])
+@pytest.mark.parametrize("case", sorted(WINDOWED))
+def test_odd_width_rows_run_through_the_window_like_eager(monkeypatch, case, window):
+    """Persistent programs of one row (the interpreter's block shrunk to 16384, persistent forced) over rows of 9001
+    that do not start on 16-byte boundaries, each at its own offset from one: the kernels that write such rows
+    have the window branch, and every launch of them runs it (their configurations asking for it) or the plain
+    branch (asking for none); forward and backward against eager, a cross-entropy's ignored target and label
+    smoothing, rows of -inf included."""
+    from passline.backends.triton.runner import Kernel
+
+    monkeypatch.setattr(configs, "INTERP_BLOCK", 16384)
+    rule = Kernel._rule
+
+    def asking(self, *a, **k):
+        return attrs.evolve(rule(self, *a, **k), window=window and bool(self.windows))
+
+    monkeypatch.setattr(Kernel, "_rule", asking)
+    seen = _launches_windows(monkeypatch)
+    torch.manual_seed(0)
+    fn, inputs = WINDOWED[case]()
+    be = assert_matches_eager(fn, inputs, codegen="triton", kernel_variant="persistent")
+    assert any("if WINDOW:" in k.source for k in _reductions(be))
+    assert seen and set(seen) == {window}, seen
+
+
+def test_the_rule_takes_the_window_for_a_kernel_that_reduces_nothing(tmp_path, monkeypatch):
+    """A kernel whose persistent form has the window takes it by rule where it reduces nothing of its own
+    (KernelSource.window_by_rule: on a GPU, cross-entropy's backward, the row's gradient from its saved log-sum-exp);
+    one that reduces its rows (softmax's forward, here) keeps the plain block, the window timed against it where a
+    band has them (configs.uncertain). The interpreter's one-row block and a GPU's (132 SMs, 10872 rows)."""
+    from passline.backends.triton.cache import KernelCache
+    from passline.backends.triton.configs import Config, Device, Variant
+    from passline.backends.triton.runner import Kernel, KernelInfo
+
+    info, src = _windowed_softmax(monkeypatch)
+    assert not src.window_by_rule  # its max and sum
+    for by_rule in (False, True):
+        variants = {Variant.PERSISTENT: attrs.evolve(src, window_by_rule=by_rule)}
+        for interpret, rows in ((True, 3), (False, 10872)):
+            k = Kernel(KernelInfo("k", "node", "reduction", variants), KernelCache(str(tmp_path)), interpret, False,
+                       "key", None, Device(132))
+            cfg = k._rule(rows, ODD)
+            assert cfg.window == by_rule and cfg.variant == Variant.PERSISTENT, (by_rule, interpret, cfg)
+            if by_rule and not interpret:
+                assert cfg == Config(Variant.PERSISTENT, 1, 16384, 4, window=True)
+
+
+def test_rows_read_by_columns_or_aligned_keep_the_plain_form(monkeypatch):
+    """No window where a weight is read along the columns (LayerNorm: its weight's vectors would be lost to the
+    row's), where the rows start on 16-byte boundaries (1000 float32 elements), or where the kernel only reads its
+    rows (a row max: nothing written row-sized)."""
+    monkeypatch.setattr(configs, "INTERP_BLOCK", 16384)
+    for fn, x in ((torch.nn.LayerNorm(ODD), torch.randn(3, ODD, requires_grad=True)),
+                  (lambda x: torch.softmax(x, -1), torch.randn(3, 1000, requires_grad=True)),
+                  (lambda x: x.amax(-1), torch.randn(3, ODD))):
+        be = assert_matches_eager(fn, [x], codegen="triton", kernel_variant="persistent")
+        assert not any("WINDOW" in k.source for k in _reductions(be))
+
+
+def _windowed_softmax(monkeypatch):
+    """The persistent source of a bfloat16 softmax forward over rows of ODD (it has the window)."""
+    from passline.backends.triton.configs import Variant
+
+    monkeypatch.setattr(configs, "INTERP_BLOCK", 16384)
+    be = assert_matches_eager(lambda x: torch.softmax(x, -1), [torch.randn(3, ODD, dtype=torch.bfloat16)],
+                              codegen="triton", kernel_variant="persistent")
+    (info,) = [k for k in _reductions(be) if k.variants[Variant.PERSISTENT].window]
+    return info, info.variants[Variant.PERSISTENT]
+
+
+def test_a_window_writes_its_rows_and_nothing_around_them(tmp_path, monkeypatch):
+    """The softmax's windowed kernel launched by hand under the interpreter, its output rows inside a larger buffer
+    of NaN at an offset of 3 elements (each row another offset from a 16-byte boundary, the buffer's pointer too),
+    with WINDOW on and off: the rows match eager, and not one element around them is written (the edge groups are
+    stored element by element; a whole group there would write a neighbour's lanes)."""
+    from passline.backends.triton.cache import interpreting, load_kernel
+
+    _, src = _windowed_softmax(monkeypatch)
+    assert src.window == 8  # 16 bytes of bfloat16
+    path = tmp_path / "k.py"
+    path.write_text(src.source)
+    fn = load_kernel(path, src.fn_name, True)
+    rows = 3  # the kernel's (a number in its source)
+    x = torch.randn(rows, ODD).to(torch.bfloat16)
+    want = torch.softmax(x.float(), -1).to(torch.bfloat16)
+    for window in (True, False):
+        buf = torch.full((rows * ODD + 40,), float("nan"), dtype=torch.bfloat16)
+        out = buf[3:3 + rows * ODD].view(rows, ODD)
+        ptrs = [x if name.startswith("arg") else out for kind, name in src.args if kind == "buffer"]
+        assert len(ptrs) == 2 and sum(p is out for p in ptrs) == 1, src.args
+        with interpreting(True):
+            fn[(rows,)](*ptrs, rows, ODD, XBLOCK=1, RBLOCK=16384, WINDOW=window, num_warps=4)
+        torch.testing.assert_close(out.float(), want.float(), rtol=2e-2, atol=1e-5)
+        assert torch.isnan(buf[:3]).all() and torch.isnan(buf[3 + rows * ODD:]).all(), window
+
+
+def test_the_window_is_the_launchs_to_take(tmp_path, monkeypatch):
+    """WINDOW as the launch sets it (configs.windowed, and every pointer that may change between calls aligned):
+    a configuration asking for it, a program of one row holding the row and the window's head; off where it does
+    not ask, for two rows a program, for a block without room for the head, and for a misaligned pointer among the
+    arguments checked per call (an extern's view: its whole groups could reach past the buffer's end)."""
+    from passline.backends.triton.cache import KernelCache
+    from passline.backends.triton.configs import Config, Device, Variant
+    from passline.backends.triton.runner import Kernel, KernelInfo
+
+    info, src = _windowed_softmax(monkeypatch)
+    k = Kernel(KernelInfo("k", "node", "reduction", {Variant.PERSISTENT: src}), KernelCache(str(tmp_path)), False,
+               False, "key", None, Device(132))
+    x, buf = torch.empty(3, ODD, dtype=torch.bfloat16), torch.empty(3 * ODD + 8, dtype=torch.bfloat16)
+    aligned, misaligned = (x, buf[:3 * ODD].view(3, ODD), 3, ODD), (x, buf[1:1 + 3 * ODD].view(3, ODD), 3, ODD)
+    one_row = Config(Variant.PERSISTENT, 1, 16384, 4, window=True)
+    assert k.constexprs(one_row, 3, ODD, full=aligned)["WINDOW"]
+    assert not k.constexprs(attrs.evolve(one_row, window=False), 3, ODD, full=aligned)["WINDOW"]  # not asked
+    assert not k.constexprs(attrs.evolve(one_row, xblock=2), 3, ODD, full=aligned)["WINDOW"]  # two rows a program
+    assert not configs.windowed(Config(Variant.PERSISTENT, 1, 8192, 4, window=True), 8191, 8)  # no room for the head
+    k.check = (1,)  # the output: an extern's view, say
+    assert k.constexprs(one_row, 3, ODD, full=aligned)["WINDOW"]
+    assert not k.constexprs(one_row, 3, ODD, full=misaligned)["WINDOW"]
+
+
+def test_the_rule_takes_the_window_where_rows_are_written_off_boundaries():
+    """configs.rule with a window (kernel.KernelWriter._window's group, given where the kernel reduces nothing of its
+    own): a row a program in a block holding the row and the window's head, 16 groups a thread (256 bytes of the
+    narrowest dtype), 4 warps at least; the bands time it as a candidate of its own, next to the plain blocks.
+    Rows under 8193, rows whose block would double to hold the window's head, and few rows (fewer than SMs) keep
+    the plain block."""
+    from passline.backends.triton.configs import GPU_PERSISTENT_MAX, Config, Device, Variant, rule, uncertain
+
+    h200 = Device(132)
+    both = {Variant.PERSISTENT: None, Variant.LOOPED: None}
+
+    def by_rule(rows, width, window):
+        return rule(both, rows, width, False, h200, window=window)
+
+    def through(rb, warps):
+        return Config(Variant.PERSISTENT, 1, rb, warps, window=True)
+
+    assert by_rule(10872, 12345, 8) == through(16384, 4)  # 128 bfloat16 elements a thread
+    assert by_rule(5436, 12345, 4) == through(16384, 8)  # float32: 64 a thread
+    assert by_rule(10872, 16377, 8) == through(16384, 4)  # 16377 + 7 lanes: 16384 still
+    # narrow; 8191 + 7 lanes would double the block; fewer rows than SMs; 16380 + 7 past 16384
+    for rows, width in ((44739, 3001), (16384, 8191), (64, 12345), (10872, 16380)):
+        assert by_rule(rows, width, 8) == by_rule(rows, width, 0), (rows, width)
+    band = uncertain(both, 10872, 12345, False, h200, base=by_rule(10872, 12345, 0), window=8)
+    assert through(16384, 4) in band and Config(Variant.PERSISTENT, 1, 16384, 8) in band  # the plain block too
+    wide = uncertain(both, 2671, 50257, False, h200, base=by_rule(2671, 50257, 0), window=8)
+    assert through(65536, 16) in wide and GPU_PERSISTENT_MAX < 65536
+    assert not any(c.window for c in uncertain(both, 2671, 50257, False, h200, base=by_rule(2671, 50257, 0)))
 
 
 def _loads(ptx: str) -> dict:

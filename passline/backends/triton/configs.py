@@ -39,6 +39,11 @@ WIDE_PERSISTENT_MAX = 1 << 15  # a row per SM or more: ... up to this long (unce
 READ_ROWS_BYTES = 3  # a row kernel moving under this a row element reads a 2-byte row and writes no row (uncertain)
 READ_ROWS_PER_SM = 16  # ... and is timed from this many rows an SM
 READ_ROW_PER_THREAD = 64  # elements a thread of such a kernel's persistent row wider than 1024 (see rule)
+WINDOW_MIN_WIDTH = 8193  # a persistent row this wide or wider may run through its aligned window (windowed) ...
+WINDOW_MIN_GROUPS = 4  # ... where a thread holds at least this many of the window's groups
+WINDOW_GROUPS = 16  # groups a thread of a windowed row by rule: 256 bytes of its narrowest dtype (see rule) ...
+WINDOW_MIN_WARPS = 4  # ... on at least this many warps
+WINDOW_PERSISTENT_MAX = 1 << 16  # ... held whole through its window up to this long (a timed candidate: uncertain)
 MIX_ONE_ROW_STAGES = 3  # the row loop's pipeline depth of the mix band's one-row form (see uncertain)
 MIX_TILE_COLUMNS = TILED_COLUMNS  # columns a block of mix_order_tiled by rule (1024; see rule)
 MIX_TILE_WARPS = 4  # ... its warps
@@ -55,6 +60,7 @@ class Config:
     warps: int = 4
     stages: int = 1  # mix-order only: the row loop's pipeline depth
     split: int | None = None  # mix-order only: rows per program (a run-time argument)
+    window: bool = False  # persistent only: rows through the kernel's aligned window, where it has one (`windowed`)
 
     @property
     def per_program(self) -> int:
@@ -85,7 +91,7 @@ class Config:
 
     def __str__(self) -> str:
         blocks = " ".join(f"{k}={v}" for k, v in self.blocks().items())
-        return f"{self.variant} {blocks} warps={self.warps}"
+        return f"{self.variant} {blocks} warps={self.warps}" + (" window" if self.window else "")
 
 
 def pow2(n: int) -> int:
@@ -227,7 +233,8 @@ def tiled_candidates(rb: int, split: int, interpret: bool) -> list:
 # -- where no rule holds: a few configurations timed at the first call, even by default ----------------
 def uncertain(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, device: Device,
               rows_contiguous: bool = True, only: str | None = None, base: Config | None = None,
-              row_bytes: float | None = None, row_sums: bool = False, scalar_rows: bool = False) -> list:
+              row_bytes: float | None = None, row_sums: bool = False, scalar_rows: bool = False,
+              window: int = 0) -> list:
     """The configurations to time at the first launch where the rule cannot decide, else [].
 
     Rows 8193 to 16384 wide (a persistent block of 16384) with at least a row per SM: the largest
@@ -285,6 +292,16 @@ def uncertain(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, 
     (read once where the loop reads a row again for its second phase: Inductor holds such rows whole): on an H200
     at 3355 × 20000 float32 (fifty-second session, kernel µs, before → after, Inductor) softmax's backward went
     213.0 → 187.1 (194.1), RMSNorm's 379.6 → 319.6 (361.8), LayerNorm's 403.0 → 335.7 (474.1); forwards within 3%.
+
+    A kernel with an aligned window (`window`: rows it writes do not start on 16-byte boundaries; see `windowed`)
+    also times its windowed block (`_window_config`) in the 8193-16384 band, and for rows wider than 16384 the row
+    held whole through its window (a block up to WINDOW_PERSISTENT_MAX): hand-written, a bfloat16 cross-entropy
+    backward at 2671 × 50257 took 150 µs so on 16 warps (89% of copy) where passline's looped kernel took 168.
+    Generated, on an H200 (kernel ms, the fifty-sixth session's sweep against the window's band): cross-entropy's
+    backward 10872 × 12345 bfloat16 0.175 → 0.134, 2671 × 50257 0.167 → 0.151, float32 5436 × 12345 0.142 → 0.136;
+    softmax's and log-softmax's backwards at 10872 × 12345 bfloat16 0.225 → 0.206 and 0.234 → 0.202 — but where the
+    window replaced the band's plain blocks (its first version), softmax's forward at 12345 lost 13-16% in both
+    dtypes and its float32 backward 14%: the windowed block is a candidate of its own.
 
     Narrower rows and the interpreter keep the rule.
 
@@ -405,6 +422,9 @@ def uncertain(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, 
         band = [Config(Variant.PERSISTENT, 1, rb, w) for w in (8, 16, 32)] + [Config(Variant.LOOPED, 1, 2048, 16)]
         if _reads_row_only(row_bytes, rnumel):
             band.append(Config(Variant.PERSISTENT, 1, rb, 4))  # a row read once: 128 elements a thread
+        through = _window_config(rnumel, window) if window else None
+        if through is not None and through not in band:
+            band.append(through)  # a row written off 16-byte boundaries, through its window (128 bfloat16 a thread)
         return band
     if Variant.LOOPED in kinds and not set(kinds) - {Variant.PERSISTENT, Variant.LOOPED} and rb > GPU_PERSISTENT_MAX:
         wide = [Config(Variant.LOOPED, 1, chunk, MAX_WARPS) for chunk in (16384, 8192, 4096)]
@@ -412,6 +432,9 @@ def uncertain(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, 
         wide.append(Config(Variant.LOOPED, 1, 4096, 16))  # one 16-byte vector of bfloat16 a thread (aligned loop)
         if Variant.PERSISTENT in kinds and rb <= WIDE_PERSISTENT_MAX:  # the row read once, held on 16 or 32 warps
             wide += [Config(Variant.PERSISTENT, 1, rb, w) for w in (16, MAX_WARPS)]
+        through = _window_config(rnumel, window) if window and Variant.PERSISTENT in kinds else None
+        if through is not None and through.rblock <= WINDOW_PERSISTENT_MAX and through not in wide:
+            wide.append(through)  # a row written off 16-byte boundaries, held whole through its window
         return ([base] if base is not None and base not in wide else []) + wide
     return []
 
@@ -420,6 +443,41 @@ def _reads_row_only(row_bytes: float | None, rnumel: int | None) -> bool:
     """Whether a row kernel moves under READ_ROWS_BYTES an element (`row_bytes`: its traffic a row): it reads a
     2-byte row and writes nothing row-sized (a bfloat16 cross-entropy forward). False where the traffic is unknown."""
     return row_bytes is not None and bool(rnumel) and row_bytes < READ_ROWS_BYTES * rnumel
+
+
+def windowed(cfg: Config, width: int, group: int) -> bool:
+    """Whether a launch of `cfg` runs a kernel with an aligned window (kernel.KernelWriter._window: rows it writes
+    that do not start on 16-byte boundaries, read and written in vectors of `group` elements) through it (the
+    launch's WINDOW): `cfg` asks for it, a persistent program of one row whose block holds the row and the up to
+    group - 1 lanes before it. Which configurations ask is the rule's (`_window_config`) and the bands'."""
+    return (cfg.window and cfg.variant == Variant.PERSISTENT and cfg.xblock == 1 and cfg.rblock is not None
+            and cfg.rblock >= width + group - 1)
+
+
+def _window_config(rnumel: int, window: int) -> Config | None:
+    """The windowed block for rows `rnumel` wide (a kernel with a window of `window` elements): the row's own block,
+    which must also hold the window's head, WINDOW_GROUPS groups (256 bytes of the narrowest dtype) a thread, on
+    WINDOW_MIN_WARPS at least; None for rows under WINDOW_MIN_WIDTH, for rows whose block would double to hold the
+    head (8186-8192 bfloat16 elements: pow2(width + window - 1) > pow2(width)), or where a thread would hold fewer
+    than WINDOW_MIN_GROUPS groups. Generated, on an H200 (cross-entropy's backward, the kernel in a training step
+    under torch.profiler, the same process, µs, plain → window): 10872 × 12345 bfloat16 175 → 134, float32 5436 ×
+    12345 142 → 135 (the sweep's), but 16386 × 8191 bfloat16 156 → 169 and float32 149 → 156 (the block doubled to
+    16384), 44724 × 3001 bfloat16 157 → 165 (float32 148 → 136): narrower rows keep the plain block. Hand-written the
+    window won at 3001 and 8191 too (below): the generated kernel compiles to more registers a thread there (3001 on
+    2 warps: 95-118 against 56), not found why. On an H200 (a hand-written bfloat16 cross-entropy backward, the plain
+    form against the window at the same warps, µs) the window won wherever a thread held 4 groups or more —
+    10872 × 12345 on 4, 8 and 16 warps 231/191/174 against 139/147/150, 6711 × 20001 on 8 and 16 262/251 against
+    137/138, float32 5436 × 12345 on 8, 16 and 32 (4 groups of 4) 182/150/153 against 135/138/136 — and lost with 2
+    (12345 on 32 warps: 167 against 186; 16384 × 8191 in blocks of 16384 on 32: 168 against 240); by warps, 128
+    bfloat16 elements a thread were the best at 12345 (139 µs on 4 warps, 147 on 8), 8191 (136 on 4, 169 on 8)
+    and 20001 (137 on 8, 240 on 4), 64 float32 at 12345 (135 on 8, 151 on 4). Narrower rows, several a program,
+    were not faster through the window (536871 × 250, its block doubled to 512: 146 against 213; 1342177 × 100
+    156 against 157)."""
+    rb = pow2(rnumel + window - 1)
+    warps = _clamp(rb // (32 * WINDOW_GROUPS * window), WINDOW_MIN_WARPS, MAX_WARPS)
+    if rnumel < WINDOW_MIN_WIDTH or rb != pow2(rnumel) or rb // (32 * warps) < WINDOW_MIN_GROUPS * window:
+        return None
+    return Config(Variant.PERSISTENT, 1, rb, warps, window=True)
 
 
 def _launch_sized(xnumel: int, rb: int, row_bytes: float | None) -> bool:
@@ -694,7 +752,7 @@ def _mix_block(rb: int, most_rows: int, row_bytes: float | None, rnumel: int | N
 
 def rule(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, device: Device,
          rows_contiguous: bool = True, only: str | None = None, row_bytes: float | None = None,
-         online: bool = False, row_sums: bool = False) -> Config:
+         online: bool = False, row_sums: bool = False, window: int = 0) -> Config:
     """The configuration to launch with when nothing is timed, derived from the sizes and the device.
 
     - pointwise: blocks of 1024 elements on 4 warps (fewer for small tensors), as Inductor's default;
@@ -727,6 +785,13 @@ def rule(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, devic
       6000: 83.2 → 70.3; fifty-seventh session), where the same halving took kernels that write their
       rows (log-softmax, softmax, LayerNorm forwards) and the float32 forward nowhere faster, and a quarter
       of the warps was slower at 8192.
+      A kernel that writes rows not starting on 16-byte boundaries and reduces nothing of its own (`window`:
+      its persistent form's aligned window, kernel.KernelWriter._window, where the runner gives the rule one: a
+      cross-entropy backward at an odd width), a row a program and wider than 8192, runs through the window
+      (`_window_config`, which has the figures): hand-written on an H200, 5-20% faster than the plain form at
+      its best warps; generated, cross-entropy's backward at 10872 × 12345 bfloat16 0.175 → 0.134 ms. Kernels
+      that also reduce their rows (softmax, log-softmax) gained in some dtypes and lost in others (see
+      `uncertain`): they time the window where a band has them, and keep the plain block by rule.
       Where even one row per program leaves fewer programs than SMs (each program has an SM to
       itself, whose other warp slots would stay empty), the row is spread over more warps: 8 elements a
       thread, up to 32 warps;
@@ -784,7 +849,9 @@ def rule(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, devic
     Under the interpreter the one candidate (few, large programs) is the rule.
     """
     if interpret:
-        return candidates(variants, xnumel, rnumel, interpret, only)[0]
+        first = candidates(variants, xnumel, rnumel, interpret, only)[0]
+        through = attrs.evolve(first, window=True)  # its one row, through the window, where it holds the head too
+        return through if window and windowed(through, rnumel, window) else first
     kinds = [v for v in variants if only not in variants or v == only]
     if Variant.POINTWISE in kinds:
         xb = min(1024, pow2(xnumel))
@@ -808,6 +875,10 @@ def rule(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, devic
         xb = _clamp(most // rb, 1, pow2(xnumel))
         while xb > 1 and -(-xnumel // xb) < 2 * device.sms:
             xb //= 2
+        if window and xb == 1 and not alone and rows_contiguous:
+            cfg = _window_config(rnumel, window)
+            if cfg is not None and cfg.rblock <= GPU_PERSISTENT_MAX:
+                return cfg  # a row written off 16-byte boundaries, through its aligned window (see above)
         per_thread = FEW_PER_THREAD if alone else ROW_PER_THREAD
         if not alone and rows_contiguous and rb > 1024 and _reads_row_only(row_bytes, rnumel):
             per_thread = READ_ROW_PER_THREAD  # a 2-byte row only read: twice the rows an SM (see above)

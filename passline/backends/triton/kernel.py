@@ -98,6 +98,10 @@ class KernelSource:
     row_sums: bool = False  # a mix-order kernel that also reduces its rows (a norm's backward; the rule)
     # a mix-order kernel whose rows do not start on 16-byte boundaries: each element a load of its own (the rule)
     scalar_rows: bool = False
+    # a persistent kernel that can read and write its rows through an aligned window (`KernelWriter._window`): the
+    # window's group, in elements (16 bytes of its narrowest row's dtype), else 0; the launch passes WINDOW
+    window: int = 0
+    window_by_rule: bool = False  # ... which the rule takes: the kernel reduces nothing of its own (configs.rule)
 
 
 def _natural(name: str) -> list:
@@ -216,6 +220,9 @@ class KernelWriter:
         self.int64: bool | None = False  # the index width (None: the INT64 constexpr chooses it per launch)
         self.flat: dict = {}  # VarKind -> (variables, their contiguous strides, flat index name) in scope
         self.on_rows = False  # writing the aligned loop of `looped()`: a row's own accesses address `rflat`
+        self.window = 0  # writing the window branch of `persistent()`: its group (loads and stores take its masks)
+        self.windowed = 0  # the persistent form's window group, where it has the window branch (`_window`)
+        self.top = 1  # the indent of the kernel's top level: a branch's of `persistent()` (the deferred checks')
 
     def pid(self) -> str:
         """The program id in the kernel's index width: every offset is computed from it (and from sizes,
@@ -427,9 +434,10 @@ class KernelWriter:
                         cond = f"{ok} | ~({mask})" if mask else ok
                         message = f"index out of bounds for {b.what} with size {b.bound}"
                         check = f"tl.device_assert({cond}, {message!r})"
-                        # deferred only from the kernel's top level (indent 1), where the variable and the
-                        # masks it uses stay in scope to the end (a loop's own, as the mix kernel's rows, do not)
-                        if deferrable and (self.hoist[1] if hoist else self.indent) == 1:
+                        # deferred only from the kernel's top level (`top`: indent 1, or a branch of the persistent
+                        # form's), where the variable and the masks it uses stay in scope to the end (a loop's own,
+                        # as the mix kernel's rows, do not)
+                        if deferrable and (self.hoist[1] if hoist else self.indent) == self.top:
                             self.deferred.append(check)
                         else:
                             self.place(check, hoist)
@@ -581,6 +589,8 @@ class KernelWriter:
                 # and splatting it to a block then converts the bools (`x | (s != 0)` raised "ufunc
                 # 'bitwise_or' not supported"); a [1] block broadcasts without conversion, on GPUs too.
                 index += " + tl.full([1], 0, tl.int32)"
+            if self.window and index == "rflat":  # the window's groups overlapping the row: 16-byte vectors
+                mask = "xmask & rtake"
             extra = f", {mask}, other=0" if mask else ""
             policy = self.eviction(buffer, expr)
             if policy:
@@ -692,6 +702,10 @@ class KernelWriter:
         src_dtype = m.body.dtype if isinstance(m, Pointwise) else _result_dtype(m)
         val = printer.cast(var, src_dtype, m.output.dtype)
         offset = self.offset(expr)
+        if self.window and offset == "rflat":  # the groups inside the row in vectors, then the row's edge lanes
+            self.emit(f"tl.store({self.ptr(m.output.name)} + rflat, {val}, xmask & rwhole)")
+            self.emit(f"tl.store({self.ptr(m.output.name)} + rflat, {val}, xmask & redge)")
+            return
         if not _has_outer(expr):
             offset += " + 0 * xindex"  # one element per row block: the pointer must be a block too
         self.emit(f"tl.store({self.ptr(m.output.name)} + {offset}, {val}" + (f", {mask})" if mask else ")"))
@@ -864,12 +878,102 @@ class KernelWriter:
 
     def persistent(self) -> list[str]:
         self._xr()
-        self._rindex("")
         self.exp_terms = self._exp_terms()
+        group = self.windowed = self._window()
+        if group:  # WINDOW (a constexpr the launch sets, configs.windowed): the row through the window, else plain
+            self.emit("if WINDOW:")
+            self.indent += 1
+            self.top = self.indent
+            self._window_rows(group)
+            self.on_rows, self.window = True, group
+            self._persistent_members()
+            self.on_rows, self.window = False, 0
+            self.indent -= 1
+            self.emit("else:")
+            self.indent += 1
+        self._rindex("")
+        self._persistent_members()
+        self.indent -= bool(group)
+        self.top = 1
+        return self.header(["XBLOCK", "RBLOCK", *(["WINDOW"] if group else [])]) + self.body()
+
+    def _persistent_members(self) -> None:
+        """Every member over whole rows (emit_members), its loads first (prefetch), and the deferred index checks
+        after its stores: here, in this branch, whose variables the other branch of `persistent()` does not have."""
         scope = _Scope()
         self.prefetch(scope, gathers=True)
         self.emit_members(scope)
-        return self.header(["XBLOCK", "RBLOCK"]) + self.body()
+        for line in self.deferred:
+            self.emit(line)
+        self.deferred = []
+
+    def _window(self) -> int:
+        """The group of the aligned window through which the persistent form can read and write its rows (see
+        `_window_rows`), in elements: 16 bytes of the narrowest dtype its rows have; 0 where it has none. A window
+        where some row it writes does not start on 16-byte boundaries (`_rows_off_vectors`'s rows: written
+        `p + W * row + q0`, every element a store of its own — 128 `st.global.b16` a thread for a bfloat16 row of
+        12345 on 4 warps), and every access along the lanes is to whole rows (`_on_row`), so that one window aligns
+        them all: a weight read by columns (a norm's) would lose its vectors to the row's, and an index read along
+        the lanes (a gather's) would be checked at lanes outside the row. One reduction variable, a width in the
+        source, the kernel's own rows (no mix-order columns)."""
+        width = sympy.sympify(product(self.red))
+        if len(self.red) != 1 or not self.outer or not width.is_Integer or "rnumel" in self.runtime or self.swap:
+            return 0
+        lane = canon_var(VarKind.CANON_REDUCTION, 0)
+        sizes, writes_off = [], False
+        for m in self.nodes:
+            if isinstance(m, Scatter):
+                return 0
+            cmap = self.canon(m)
+            accesses = [(m.output.name, m.store_index(), True)] if m.output.name in self.stored else []
+            for n in walk(m.body):
+                if isinstance(n, (Load, IndexValue)) and any(
+                        lane in substitute(v.index if isinstance(v, Load) else v.expr, cmap).free_symbols
+                        for b in n.indirect for v in walk(b.value) if isinstance(v, (Load, IndexValue))):
+                    return 0  # an index that varies along the row
+                if isinstance(n, Load) and n.buffer not in self.by_output:
+                    accesses.append((n.buffer, n.index, False))
+            for buffer, index, written in accesses:
+                expr = sympy.expand(substitute(index, cmap))
+                if lane not in expr.free_symbols:
+                    continue  # a row's own value, or one value for all
+                if not self._on_row(expr) or buffer not in self.buffers:
+                    return 0
+                size = self.buffers[buffer].dtype.itemsize
+                sizes.append(size)
+                writes_off |= written and int(width) * size % 16 != 0
+        return 16 // min(sizes) if writes_off else 0
+
+    def _window_rows(self, group: int) -> None:
+        """A persistent block's rows read and written through an aligned window: each row's block starts at the
+        `group`-element (16-byte) boundary of the flat buffer at or before the row (`rlo`), and its accesses
+        address `rflat`, which Triton knows to be a multiple of the group plus the lanes. Loads read whole groups
+        that hold some of the row (`rtake`: up to group - 1 elements of the rows either side, never past the
+        16-byte vector that holds a row element) in vectors; stores write the groups wholly inside the row in
+        vectors (`rwhole`) and the row's edge lanes element by element (`redge`), so nothing outside the row is
+        written. `rindex` is the element's column (negative before the row), `rmask` the row's own lanes, which
+        the reductions take. RBLOCK holds the row and up to group - 1 lanes before it (configs.windowed, which
+        sets WINDOW). Hand-written, a bfloat16 cross-entropy backward on an H200 (do_bench µs, best warps; each
+        `st.global.b16` a thread became 8 to a `st.global.v4`): 10872 x 12345 168.8 -> 138.2, 2671 x 50257 608.6 ->
+        150.4, 16384 x 8191 167.5 -> 135.5, 44739 x 3001 169.3 -> 134.5; float32 5436 x 12345 150.3 -> 134.6.
+        Loads read element by element at the edges instead (nothing read outside the row) lost most of the gain
+        (`.scratch_gpu/s58_window2.py`)."""
+        w = self.numel("rnumel")
+        # the row's start in 64 bits, as its window's every offset: from an int32 `xindex * W`, `(rbase // 8) * 8`
+        # and the lanes' masks compiled to 178 registers a thread for cross-entropy's backward (4 warps, 12345 wide),
+        # 80 so (compiled for sm_90, a hand-edited generated kernel)
+        self.emit(f"rbase = xindex.to(tl.int64) * {w}")
+        self.emit(f"rlo = (rbase // {group}) * {group}")
+        self.emit("rhead = rbase - rlo")
+        self.emit("rlane = tl.arange(0, RBLOCK)[None, :]")
+        self.emit("rflat = rlo + rlane")
+        self.emit("rindex = rlane - rhead")
+        self.emit(f"rmask = (rindex >= 0) & (rindex < {w})")
+        self.emit(f"rgroup = (rlane // {group}) * {group}")
+        self.emit(f"rtake = (rgroup < rhead + {w}) & (rgroup + {group} > rhead)")
+        self.emit(f"rwhole = (rgroup >= rhead) & (rgroup + {group} <= rhead + {w})")
+        self.emit("redge = rmask & ~rwhole")
+        self.decompose(VarKind.CANON_REDUCTION, self.red, "rindex")
 
     def emit_members(self, scope: _Scope, column=None) -> None:
         """Every member in order, with whole rows in the tile: reductions reduce the tile, the others are
@@ -1442,7 +1546,9 @@ def generate(node, graph, interpret: bool, variant: str, blocks: dict, stored: s
     constants = {k: v for k, v in blocks.items() if k in ("XBLOCK", "RBLOCK") and (red or k == "XBLOCK")}
     return KernelSource(name, _source(interpret, body), name, args, product(outer), product(red) if red else None,
                         variant, constants, blocks.get("num_warps", 4), int64=writer.int64, spans=spans,
-                        checks=writer.debug, online=bool(red) and bool(writer.online_pairs()))
+                        checks=writer.debug, online=bool(red) and bool(writer.online_pairs()), window=writer.windowed,
+                        window_by_rule=bool(writer.windowed) and not any(writer.role(m) == Role.REDUCTION
+                                                                         for m in members))
 
 
 # -- mix-order reductions ------------------------------------------------------------------------------

@@ -43,6 +43,7 @@ from .configs import (
     pow2,
     rule,
     uncertain,
+    windowed,
 )
 from .printer import Unsupported
 
@@ -255,6 +256,11 @@ class Kernel:
         self.online = any(src.online for src in info.variants.values())  # a softmax loop (configs.rule)
         self.row_sums = any(src.row_sums for src in info.variants.values())  # a mix-order norm (configs.rule)
         self.scalar_rows = any(src.scalar_rows for src in info.variants.values())  # (configs.uncertain)
+        # variants with an aligned window (kernel.KernelWriter._window) -> (its group, the row's width): WINDOW
+        self.windows = {v: (src.window, int(src.rnumel)) for v, src in info.variants.items() if src.window}
+        self.window = max((g for g, _ in self.windows.values()), default=0)  # (configs.uncertain)
+        # ... and the rule's, where the kernel reduces nothing of its own (KernelSource.window_by_rule)
+        self.window_by_rule = self.window if any(src.window_by_rule for src in info.variants.values()) else 0
         self.wide = False
         self.wide_when: str | None = None  # the generated call's `wide=` condition (wrapper.py), or None
         self.counters: collections.Counter = collections.Counter()  # the runner's (report.metrics.counters)
@@ -350,7 +356,7 @@ class Kernel:
 
     def _rule(self, xnumel, rnumel, args=None) -> Config:
         return rule(self.splits, xnumel, rnumel, self.interpret, self.device, self.rows_contiguous, self.only,
-                    self._row_bytes(xnumel, rnumel, args), self.online, self.row_sums)
+                    self._row_bytes(xnumel, rnumel, args), self.online, self.row_sums, self.window_by_rule)
 
     def _row_bytes(self, xnumel: int, rnumel: int | None = None, args=None) -> float | None:
         """The bytes the kernel reads and writes a row (its traffic over its rows). Under dynamic shapes
@@ -427,7 +433,7 @@ class Kernel:
         """configs.uncertain's configurations at these sizes (`base`: the rule's, when the caller has it)."""
         base = base if base is not None else self._rule(xnumel, rnumel, args)
         return uncertain(self.splits, xnumel, rnumel, self.interpret, self.device, self.rows_contiguous, self.only,
-                         base, self._row_bytes(xnumel, rnumel, args), self.row_sums, self.scalar_rows)
+                         base, self._row_bytes(xnumel, rnumel, args), self.row_sums, self.scalar_rows, self.window)
 
     def _autotune_candidates(self, xnumel: int, rnumel: int | None, args) -> list:
         """What autotune=True times at these sizes: configs.autotune_candidates (the rule's and the band's too)."""
@@ -484,14 +490,24 @@ class Kernel:
         return best
 
     # -- launching --------------------------------------------------------------------------------------
-    def constexprs(self, cfg: Config, xnumel: int, rnumel: int | None, wide: bool | None = None) -> dict:
+    def constexprs(self, cfg: Config, xnumel: int, rnumel: int | None, wide: bool | None = None,
+                   full: tuple = ()) -> dict:
         """The launch's constexprs (and SPLIT) by name, with the compile options (compat.COMPILE_OPTIONS, and a
         checked variant's compat.CHECKED_OPTIONS): `cfg`'s blocks and, where the variant's index width
         is chosen per launch, INT64: set when a buffer spans past int32 (`wide`, default this call's) or the
         points the programs reach do — the counts rounded up to whole blocks, since masked-off lanes compute
         offsets too and must not wrap into the mask — else int32 offsets, as a static kernel of these sizes
-        has."""
+        has. A variant with an aligned window takes WINDOW: whether `cfg` runs through it (configs.windowed: it
+        asks to, and its block holds the row and the window's head) and every pointer among the launch's
+        arguments (`full`, the signature's) that may change between calls is 16-byte aligned. A misaligned one
+        (an extern's view) loads element by element whatever the source says, and the window's whole groups would
+        reach up to 15 bytes past a buffer's last element, past its last 16-byte vector: such a launch takes the
+        plain form (its specialization is in the binary's key)."""
         blocks = {**cfg.blocks(), **compat.COMPILE_OPTIONS}
+        found = self.windows.get(cfg.variant)
+        if found is not None:
+            blocks["WINDOW"] = windowed(cfg, found[1], found[0]) and all(
+                _spec(full[i]) for i in self.check if i < len(full) and not isinstance(full[i], int))
         if cfg.variant in self.checked:
             blocks.update(compat.CHECKED_OPTIONS)
         if cfg.variant in self.per_launch:
@@ -521,7 +537,7 @@ class Kernel:
         kernel where this launch compiled it (no binary compiled ahead, or an earlier launch, had its key)."""
         full = (*args, xnumel) if rnumel is None else (*args, xnumel, rnumel)
         grid0 = cfg.programs(xnumel, rnumel)
-        consts = self.constexprs(cfg, xnumel, rnumel)
+        consts = self.constexprs(cfg, xnumel, rnumel, full=full)
         if self.interpret:
             with interpreting(True):
                 return self.fn(cfg.variant)[(grid0,)](*full, **consts, num_warps=cfg.warps)
@@ -540,7 +556,7 @@ class Kernel:
                 raise
             # a mix-order pipeline deeper than this GPU's shared memory holds (configs._stages bounds it from
             # an estimate of a stage's bytes): one stage, installed under this configuration's key too
-            consts = self.constexprs(attrs.evolve(cfg, stages=1), xnumel, rnumel)
+            consts = self.constexprs(attrs.evolve(cfg, stages=1), xnumel, rnumel, full=full)
             compiled = fn[(grid0,)](*full, **consts, num_warps=cfg.warps)
             self.counters["kernels_unpipelined"] += 1
         launch = compat.binary_launcher(compiled)
@@ -583,7 +599,7 @@ class Kernel:
         self.replay_sizes = tuple(inside)
         full = (0,) * nargs + ((xnumel,) if rnumel is None else (xnumel, rnumel))
         full = tuple(args[i] if i in inside else a for i, a in enumerate(full))
-        found = self.binaries.get(self.binary_key(cfg, self.constexprs(cfg, xnumel, rnumel, wide), full))
+        found = self.binaries.get(self.binary_key(cfg, self.constexprs(cfg, xnumel, rnumel, wide, full), full))
         if found is None:
             return
         if len(self.ready) >= 64:  # dynamic shapes: many sizes; forget the old ones
@@ -856,7 +872,8 @@ class MixKernel(Kernel):
         Triton's cache); None where this Triton cannot."""
         try:
             compiled = self.fn(cfg.variant).warmup(*args, xnumel, rnumel, grid=(1,),
-                                                   **self.constexprs(cfg, xnumel, rnumel), num_warps=cfg.warps)
+                                                   **self.constexprs(cfg, xnumel, rnumel, full=(*args, xnumel, rnumel)),
+                                                   num_warps=cfg.warps)
             init = getattr(compiled, "_init_handles", None)
             if init is not None:
                 init()
@@ -1303,7 +1320,7 @@ class TritonRunner:
             return None
         full += [xnumel] if rnumel is None else [xnumel, rnumel]
         args += [xnumel] if rnumel is None else [xnumel, rnumel]
-        consts = k.constexprs(cfg, xnumel, rnumel, wide)
+        consts = k.constexprs(cfg, xnumel, rnumel, wide, tuple(full))
         # where its module will be (written there, and imported, only if the binary is compiled: `build`)
         path = self.cache.source_path(digest(k.key, cfg.variant))
         # the launch's keyword arguments (Kernel.launch): constexprs (SPLIT, INT64 too) and warps
@@ -1495,7 +1512,7 @@ class TritonRunner:
                                            for kind_, a in src.args],
                  str(src.xnumel), str(src.rnumel), sorted(src.constants.items()), src.num_warps,
                  src.grid_per_program, src.int64, [str(e) for e in src.spans], src.checks, src.online, src.row_sums,
-                 src.scalar_rows) for v, src in variants.items()]
+                 src.scalar_rows, src.window, src.window_by_rule) for v, src in variants.items()]
         return digest(kind, cls.__name__, sorted(extra.items()), contiguous, mutates, str(traffic), hinted, code)
 
     def _compile(self, node):
