@@ -9,6 +9,7 @@ import re
 from collections import Counter
 
 import pytest
+import sympy
 import torch
 from modules import MIXED
 
@@ -344,3 +345,23 @@ def test_online_softmax_terms_are_one_exponential_each_on_the_gpu(gpu_compile, d
     ptx = "".join(gpu_compile(lambda x: torch.log_softmax(x, -1), x, False, "online").values())
     assert _count(ptx, r"ex2\.approx\.ftz\.f32") >= 2, ptx[-3000:]
     assert _count(ptx, r"\bmax\.NaN\.f32")
+
+
+def test_unknown_rows_take_the_traced_bytes_an_element_at_the_launchs_row_length():
+    """Traffic of symbolic sizes where the rows are `s0*s1` (neither a kernel argument) and the row length `s2` is
+    the launch's: the rule's bytes a row are the traced bytes an element (`hinted_element_bytes`) times the
+    launch's row length. Kept as bytes a row at the traced length, a launch at twice that length saw half the
+    bytes an element (a bfloat16 row read and written, 4 bytes an element, judged a row only read: under 3)."""
+    from types import SimpleNamespace
+
+    from passline.backends.triton.runner import Kernel
+
+    s0, s1, s2 = sympy.symbols("s0 s1 s2", integer=True, positive=True)
+    k = Kernel.__new__(Kernel)
+    src = SimpleNamespace(args=(("buffer", "x"), ("buffer", "y"), ("size", s2)), xnumel=s0 * s1, rnumel=s2)
+    k.info = SimpleNamespace(bytes=4 * s0 * s1 * s2, variants={"persistent": src})  # read 2, written 2 an element
+    k.hinted_element_bytes = 4.0  # as TritonRunner._made_kernel derives it at the traced sizes
+    for width in (1000, 2000, 4000):
+        assert k._row_bytes(8 * 1000, width, (None, None, width)) == 4.0 * width
+    k.hinted_element_bytes = None
+    assert k._row_bytes(8 * 1000, 2000, (None, None, 2000)) is None

@@ -155,6 +155,30 @@ def test_the_rule_takes_the_window_for_a_kernel_that_reduces_nothing(tmp_path, m
                 assert cfg == Config(Variant.PERSISTENT, 1, 16384, 4, window=True)
 
 
+def test_each_dtype_reads_and_writes_its_own_16_byte_groups(monkeypatch):
+    """A window over a bfloat16 row and a float32 row (groups of 8 and 4 elements): each dtype's accesses take the
+    masks of its own group — with the bfloat16 group for both, the float32 row was read 16 bytes past the vector
+    holding its last element (the review's finding) — and the kernel matches eager through the window."""
+    from passline.backends.triton.runner import Kernel
+
+    monkeypatch.setattr(configs, "INTERP_BLOCK", 16384)
+    rule = Kernel._rule
+    monkeypatch.setattr(Kernel, "_rule", lambda self, *a, **k: attrs.evolve(rule(self, *a, **k),
+                                                                             window=bool(self.windows)))
+    seen = _launches_windows(monkeypatch)
+    x = torch.randn(5, ODD, dtype=torch.bfloat16)
+    y = torch.randn(5, ODD)
+    be = assert_matches_eager(lambda x, y: torch.softmax(x.float() + y, -1).to(torch.bfloat16), [x, y],
+                              codegen="triton", kernel_variant="persistent")
+    (k,) = [k for k in _reductions(be) if "if WINDOW:" in k.source]
+    start = k.source.index("if WINDOW:")
+    window = k.source[start:k.source.index("    else:", start)]
+    assert "rlo = (rbase // 8) * 8" in window
+    assert re.search(r"p_arg\d+_1 \+ rflat, xmask & rtake4", window) and re.search(r"\+ rflat, xmask & rtake8", window)
+    assert "xmask & rwhole8" in window and "xmask & redge8" in window  # the bfloat16 output
+    assert seen and all(seen), seen
+
+
 def test_rows_read_by_columns_or_aligned_keep_the_plain_form(monkeypatch):
     """No window where a weight is read along the columns (LayerNorm: its weight's vectors would be lost to the
     row's), where the rows start on 16-byte boundaries (1000 float32 elements), or where the kernel only reads its

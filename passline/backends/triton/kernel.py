@@ -590,7 +590,7 @@ class KernelWriter:
                 # 'bitwise_or' not supported"); a [1] block broadcasts without conversion, on GPUs too.
                 index += " + tl.full([1], 0, tl.int32)"
             if self.window and index == "rflat":  # the window's groups overlapping the row: 16-byte vectors
-                mask = "xmask & rtake"
+                mask = f"xmask & rtake{self._group_of(buffer)}"
             extra = f", {mask}, other=0" if mask else ""
             policy = self.eviction(buffer, expr)
             if policy:
@@ -703,8 +703,9 @@ class KernelWriter:
         val = printer.cast(var, src_dtype, m.output.dtype)
         offset = self.offset(expr)
         if self.window and offset == "rflat":  # the groups inside the row in vectors, then the row's edge lanes
-            self.emit(f"tl.store({self.ptr(m.output.name)} + rflat, {val}, xmask & rwhole)")
-            self.emit(f"tl.store({self.ptr(m.output.name)} + rflat, {val}, xmask & redge)")
+            g = self._group_of(m.output.name)
+            self.emit(f"tl.store({self.ptr(m.output.name)} + rflat, {val}, xmask & rwhole{g})")
+            self.emit(f"tl.store({self.ptr(m.output.name)} + rflat, {val}, xmask & redge{g})")
             return
         if not _has_outer(expr):
             offset += " + 0 * xindex"  # one element per row block: the pointer must be a block too
@@ -879,12 +880,13 @@ class KernelWriter:
     def persistent(self) -> list[str]:
         self._xr()
         self.exp_terms = self._exp_terms()
-        group = self.windowed = self._window()
+        groups = self._window()
+        group = self.windowed = max(groups, default=0)
         if group:  # WINDOW (a constexpr the launch sets, configs.windowed): the row through the window, else plain
             self.emit("if WINDOW:")
             self.indent += 1
             self.top = self.indent
-            self._window_rows(group)
+            self._window_rows(groups)
             self.on_rows, self.window = True, group
             self._persistent_members()
             self.on_rows, self.window = False, 0
@@ -907,30 +909,32 @@ class KernelWriter:
             self.emit(line)
         self.deferred = []
 
-    def _window(self) -> int:
-        """The group of the aligned window through which the persistent form can read and write its rows (see
-        `_window_rows`), in elements: 16 bytes of the narrowest dtype its rows have; 0 where it has none. A window
+    def _window(self) -> tuple:
+        """The groups of the aligned window through which the persistent form can read and write its rows (see
+        `_window_rows`), in elements: 16 bytes of each dtype its rows have (8 for bfloat16, 4 for float32), the
+        narrowest's the window's own; () where it has none. A window
         where some row it writes does not start on 16-byte boundaries (`_rows_off_vectors`'s rows: written
         `p + W * row + q0`, every element a store of its own — 128 `st.global.b16` a thread for a bfloat16 row of
         12345 on 4 warps), and every access along the lanes is to whole rows (`_on_row`), so that one window aligns
-        them all: a weight read by columns (a norm's) would lose its vectors to the row's, and an index read along
-        the lanes (a gather's) would be checked at lanes outside the row. One reduction variable, a width in the
+        them all: a weight read by columns (a norm's) would lose its vectors to the row's; an index read along the
+        lanes (a gather's) is kept out too, conservatively (its checks and loads take the row's own lanes, but no
+        such kernel was measured). One reduction variable, a width in the
         source, the kernel's own rows (no mix-order columns)."""
         width = sympy.sympify(product(self.red))
         if len(self.red) != 1 or not self.outer or not width.is_Integer or "rnumel" in self.runtime or self.swap:
-            return 0
+            return ()
         lane = canon_var(VarKind.CANON_REDUCTION, 0)
         sizes, writes_off = [], False
         for m in self.nodes:
             if isinstance(m, Scatter):
-                return 0
+                return ()
             cmap = self.canon(m)
             accesses = [(m.output.name, m.store_index(), True)] if m.output.name in self.stored else []
             for n in walk(m.body):
                 if isinstance(n, (Load, IndexValue)) and any(
                         lane in substitute(v.index if isinstance(v, Load) else v.expr, cmap).free_symbols
                         for b in n.indirect for v in walk(b.value) if isinstance(v, (Load, IndexValue))):
-                    return 0  # an index that varies along the row
+                    return ()  # an index that varies along the row
                 if isinstance(n, Load) and n.buffer not in self.by_output:
                     accesses.append((n.buffer, n.index, False))
             for buffer, index, written in accesses:
@@ -938,19 +942,22 @@ class KernelWriter:
                 if lane not in expr.free_symbols:
                     continue  # a row's own value, or one value for all
                 if not self._on_row(expr) or buffer not in self.buffers:
-                    return 0
+                    return ()
                 size = self.buffers[buffer].dtype.itemsize
                 sizes.append(size)
                 writes_off |= written and int(width) * size % 16 != 0
-        return 16 // min(sizes) if writes_off else 0
+        return tuple(sorted({16 // s for s in sizes if s <= 16}, reverse=True)) if writes_off else ()
 
-    def _window_rows(self, group: int) -> None:
+    def _window_rows(self, groups: tuple) -> None:
         """A persistent block's rows read and written through an aligned window: each row's block starts at the
-        `group`-element (16-byte) boundary of the flat buffer at or before the row (`rlo`), and its accesses
-        address `rflat`, which Triton knows to be a multiple of the group plus the lanes. Loads read whole groups
-        that hold some of the row (`rtake`: up to group - 1 elements of the rows either side, never past the
-        16-byte vector that holds a row element) in vectors; stores write the groups wholly inside the row in
-        vectors (`rwhole`) and the row's edge lanes element by element (`redge`), so nothing outside the row is
+        boundary of the window's group (`groups[0]` elements: 16 bytes of the narrowest dtype) of the flat buffer
+        at or before the row (`rlo`), and its accesses address `rflat`, which Triton knows to be a multiple of the
+        group plus the lanes. Each dtype's accesses take the masks of its own group, 16 bytes of it (`rtake8`,
+        `rwhole4`...; `rlo` is a multiple of every one): loads read whole groups that hold some of the row
+        (`rtake`: up to group - 1 elements of the rows either side, never past the 16-byte vector that holds a row
+        element — with the narrowest dtype's group for all, a float32 buffer beside a bfloat16 one was read 16
+        bytes past the vector holding its last element) in vectors; stores write the groups wholly inside the row
+        in vectors (`rwhole`) and the row's edge lanes element by element (`redge`), so nothing outside the row is
         written. `rindex` is the element's column (negative before the row), `rmask` the row's own lanes, which
         the reductions take. RBLOCK holds the row and up to group - 1 lanes before it (configs.windowed, which
         sets WINDOW). Hand-written, a bfloat16 cross-entropy backward on an H200 (do_bench µs, best warps; each
@@ -963,17 +970,22 @@ class KernelWriter:
         # and the lanes' masks compiled to 178 registers a thread for cross-entropy's backward (4 warps, 12345 wide),
         # 80 so (compiled for sm_90, a hand-edited generated kernel)
         self.emit(f"rbase = xindex.to(tl.int64) * {w}")
-        self.emit(f"rlo = (rbase // {group}) * {group}")
+        self.emit(f"rlo = (rbase // {groups[0]}) * {groups[0]}")
         self.emit("rhead = rbase - rlo")
         self.emit("rlane = tl.arange(0, RBLOCK)[None, :]")
         self.emit("rflat = rlo + rlane")
         self.emit("rindex = rlane - rhead")
         self.emit(f"rmask = (rindex >= 0) & (rindex < {w})")
-        self.emit(f"rgroup = (rlane // {group}) * {group}")
-        self.emit(f"rtake = (rgroup < rhead + {w}) & (rgroup + {group} > rhead)")
-        self.emit(f"rwhole = (rgroup >= rhead) & (rgroup + {group} <= rhead + {w})")
-        self.emit("redge = rmask & ~rwhole")
+        for g in groups:
+            self.emit(f"rgroup{g} = (rlane // {g}) * {g}")
+            self.emit(f"rtake{g} = (rgroup{g} < rhead + {w}) & (rgroup{g} + {g} > rhead)")
+            self.emit(f"rwhole{g} = (rgroup{g} >= rhead) & (rgroup{g} + {g} <= rhead + {w})")
+            self.emit(f"redge{g} = rmask & ~rwhole{g}")
         self.decompose(VarKind.CANON_REDUCTION, self.red, "rindex")
+
+    def _group_of(self, buffer: str) -> int:
+        """The window's group of `buffer`'s accesses: 16 bytes of its dtype (`_window_rows`)."""
+        return 16 // self.buffers[buffer].dtype.itemsize
 
     def emit_members(self, scope: _Scope, column=None) -> None:
         """Every member in order, with whole rows in the tile: reductions reduce the tile, the others are

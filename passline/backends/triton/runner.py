@@ -212,6 +212,11 @@ def _outside_views(got: tuple, want: tuple) -> str | None:
     return None
 
 
+def _shown(cfg: Config) -> dict:
+    """A configuration as the report shows it: its blocks, warps, and whether its rows go through the window."""
+    return dict(cfg.blocks(), num_warps=cfg.warps) | ({"window": True} if cfg.window else {})
+
+
 def _spec(a) -> tuple | bool:
     """What Triton specializes a launch on, for an argument whose value may change between calls: a
     pointer's 16-byte alignment; an integer's divisibility by 16, being 1, and needing 64 bits."""
@@ -264,7 +269,7 @@ class Kernel:
         self.wide = False
         self.wide_when: str | None = None  # the generated call's `wide=` condition (wrapper.py), or None
         self.counters: collections.Counter = collections.Counter()  # the runner's (report.metrics.counters)
-        self.hinted_row_bytes: float | None = None  # bytes a row at the traced sizes (set by the runner)
+        self.hinted_element_bytes: float | None = None  # bytes an element at the traced sizes (set by the runner)
 
     @property
     def splits(self) -> dict:
@@ -332,7 +337,7 @@ class Kernel:
                 cfg = self._hold(cfg, xnumel, rnumel, args, stream, after)
             self._settled(xnumel, rnumel, cfg)
         self.last = xnumel, rnumel, cfg
-        self.info.chosen, self.info.blocks = str(cfg.variant), dict(cfg.blocks(), num_warps=cfg.warps)
+        self.info.chosen, self.info.blocks = str(cfg.variant), _shown(cfg)
         return cfg
 
     def _settled(self, xnumel: int, rnumel: int | None, cfg: Config) -> None:
@@ -363,9 +368,12 @@ class Kernel:
         the traffic is an expression of the size symbols, evaluated at the launch's sizes — the element
         counts where they are one symbol each, and the size arguments (`args`, in the kernel's signature
         order) — so a dynamic kernel gets its static twin's configuration. Where some size stays unknown
-        (rows of `s0*s1` with neither size an argument: a GPT block's LayerNorm backward), the bytes a row
-        at the size the graph was traced at (`hinted_row_bytes`: traffic grows with the rows, so a row's
-        share barely moves); None without hints (the rule then assumes 4 bytes an element)."""
+        (rows of `s0*s1` with neither size an argument: a GPT block's LayerNorm backward), the bytes an
+        element at the sizes the graph was traced at (`hinted_element_bytes`: traffic grows with the elements,
+        so an element's share barely moves) times the launch's row length. (Kept as bytes a row at the traced
+        row length, a row twice as long at the launch had half its bytes an element, and the rule's tests of
+        bytes an element — a row only read, `configs._reads_row_only` — judged a kernel other than its static
+        twin.) None without hints (the rule then assumes 4 bytes an element)."""
         total = self.info.bytes
         if isinstance(total, sympy.Expr) and total.free_symbols:
             src = next(iter(self.info.variants.values()))
@@ -378,7 +386,8 @@ class Kernel:
         try:
             return float(total) / max(1, xnumel) if total else None
         except TypeError:  # symbolic
-            return self.hinted_row_bytes
+            hinted = self.hinted_element_bytes
+            return hinted * (rnumel or 1) if hinted is not None else None
 
     def _choose(self, args, xnumel, rnumel, stream, after=None) -> Config:
         if self.interpret or self.mutates or args is None:
@@ -612,7 +621,7 @@ class Kernel:
         """The report's configuration: the latest launch's (a replay of another size's settled launch)."""
         cfg = last[2]
         self.last = last
-        self.info.chosen, self.info.blocks = str(cfg.variant), dict(cfg.blocks(), num_warps=cfg.warps)
+        self.info.chosen, self.info.blocks = str(cfg.variant), _shown(cfg)
 
     def _unspill(self, cfg: Config, compiled, xnumel: int, rnumel: int | None) -> bool:
         """A persistent configuration chosen by rule whose compiled kernel spills registers to local memory
@@ -630,7 +639,7 @@ class Kernel:
         self.choices[self.bucket(xnumel, rnumel)] = roomier
         self._settled(xnumel, rnumel, roomier)
         self.last = xnumel, rnumel, roomier
-        self.info.chosen, self.info.blocks = str(roomier.variant), dict(roomier.blocks(), num_warps=roomier.warps)
+        self.info.chosen, self.info.blocks = str(roomier.variant), _shown(roomier)
         return True
 
     # -- timing (autotune=True, and configs.uncertain's band by default) ---------------------------------------
@@ -1066,9 +1075,9 @@ def _fresh(node, args: tuple) -> tuple:
 class KernelMade:
     """What a Kernel is built from, derived from the graph alone (`TritonRunner._made_kernel`): the same for
     the same scheduled graph in every process, so kept with the graph cache's entry. `cls`: the Kernel class's
-    name; `rw`: bytes read and bytes written (`node_bytes`; sympy where sizes are symbolic); `hinted`: bytes a
-    row at the size hints where symbolic; `same`: `_same_code`; `key`: the kernel cache's key; `extra`: the class's own
-    arguments (a mix-order kernel's split)."""
+    name; `rw`: bytes read and bytes written (`node_bytes`; sympy where sizes are symbolic); `hinted`: bytes an
+    element at the size hints where symbolic; `same`: `_same_code`; `key`: the kernel cache's key; `extra`: the
+    class's own arguments (a mix-order kernel's split)."""
 
     kind: str
     cls: str
@@ -1464,9 +1473,10 @@ class TritonRunner:
         variants = {v: src for v, src in variants.items() if src.args == first.args}
         r, w = node_bytes(self.graph, node) if not kind.startswith("mix_finish") else (0, 0)
         hinted = None
-        if isinstance(r + w, sympy.Expr) and (r + w).free_symbols:
-            total, rows = at_hint(r + w, self.graph.hints), at_hint(first.xnumel, self.graph.hints)
-            hinted = total / rows if total and rows else None
+        if isinstance(r + w, sympy.Expr) and (r + w).free_symbols:  # bytes an element at the traced sizes
+            points = first.xnumel * (first.rnumel if first.rnumel is not None else 1)
+            total, count = at_hint(r + w, self.graph.hints), at_hint(points, self.graph.hints)
+            hinted = total / count if total and count else None
         contiguous = kgen.rows_contiguous(node) if kind == "reduction" else True
         # writes a graph input, or writes in place (a scatter's atomic adds): launched once a call, never timed
         mutates = bool(set(node.output_names()) & set(self.graph.input_buffers())) or bool(getattr(node, "mutates", ()))
@@ -1491,7 +1501,7 @@ class TritonRunner:
         cls = _KERNEL_CLASSES[made.cls]
         k = cls(info, self.cache, self.interpret, self.autotune, made.key, self.variant, self.device, made.contiguous,
                 **made.extra)
-        k.hinted_row_bytes = made.hinted
+        k.hinted_element_bytes = made.hinted
         k.bands = self.bands
         k.counters = self.counters  # its launches' figures go in this compile's report
         k.mutates = made.mutates
