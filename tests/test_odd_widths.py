@@ -108,6 +108,15 @@ def _launches_windows(monkeypatch) -> list:
     return seen
 
 
+def _asking_for_the_window(monkeypatch, window: bool) -> None:
+    """Every rule's configuration asks for the window (`window`) where its kernel has one, or asks for none."""
+    from passline.backends.triton.runner import Kernel
+
+    rule = Kernel._rule
+    monkeypatch.setattr(Kernel, "_rule", lambda self, *a, **k: attrs.evolve(rule(self, *a, **k),
+                                                                             window=window and bool(self.windows)))
+
+
 @pytest.mark.parametrize("window", [True, False], ids=["window", "plain"])
 @pytest.mark.parametrize("case", sorted(WINDOWED))
 def test_odd_width_rows_run_through_the_window_like_eager(monkeypatch, case, window):
@@ -116,15 +125,8 @@ def test_odd_width_rows_run_through_the_window_like_eager(monkeypatch, case, win
     have the window branch, and every launch of them runs it (their configurations asking for it) or the plain
     branch (asking for none); forward and backward against eager, a cross-entropy's ignored target and label
     smoothing, rows of -inf included."""
-    from passline.backends.triton.runner import Kernel
-
     monkeypatch.setattr(configs, "INTERP_BLOCK", 16384)
-    rule = Kernel._rule
-
-    def asking(self, *a, **k):
-        return attrs.evolve(rule(self, *a, **k), window=window and bool(self.windows))
-
-    monkeypatch.setattr(Kernel, "_rule", asking)
+    _asking_for_the_window(monkeypatch, window)
     seen = _launches_windows(monkeypatch)
     torch.manual_seed(0)
     fn, inputs = WINDOWED[case]()
@@ -159,12 +161,8 @@ def test_each_dtype_reads_and_writes_its_own_16_byte_groups(monkeypatch):
     """A window over a bfloat16 row and a float32 row (groups of 8 and 4 elements): each dtype's accesses take the
     masks of its own group — with the bfloat16 group for both, the float32 row was read 16 bytes past the vector
     holding its last element (the review's finding) — and the kernel matches eager through the window."""
-    from passline.backends.triton.runner import Kernel
-
     monkeypatch.setattr(configs, "INTERP_BLOCK", 16384)
-    rule = Kernel._rule
-    monkeypatch.setattr(Kernel, "_rule", lambda self, *a, **k: attrs.evolve(rule(self, *a, **k),
-                                                                             window=bool(self.windows)))
+    _asking_for_the_window(monkeypatch, True)
     seen = _launches_windows(monkeypatch)
     x = torch.randn(5, ODD, dtype=torch.bfloat16)
     y = torch.randn(5, ODD)

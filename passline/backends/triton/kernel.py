@@ -929,24 +929,27 @@ class KernelWriter:
             if isinstance(m, Scatter):
                 return ()
             cmap = self.canon(m)
-            accesses = [(m.output.name, m.store_index(), True)] if m.output.name in self.stored else []
             for n in walk(m.body):
                 if isinstance(n, (Load, IndexValue)) and any(
                         lane in substitute(v.index if isinstance(v, Load) else v.expr, cmap).free_symbols
                         for b in n.indirect for v in walk(b.value) if isinstance(v, (Load, IndexValue))):
                     return ()  # an index that varies along the row
-                if isinstance(n, Load) and n.buffer not in self.by_output:
-                    accesses.append((n.buffer, n.index, False))
-            for buffer, index, written in accesses:
+            for buffer, index, load in self._accesses(m):
                 expr = sympy.expand(substitute(index, cmap))
-                if lane not in expr.free_symbols:
-                    continue  # a row's own value, or one value for all
+                if (load is not None and buffer in self.by_output) or lane not in expr.free_symbols:
+                    continue  # a value of the kernel's own, a row's own value, or one value for all
                 if not self._on_row(expr) or buffer not in self.buffers:
                     return ()
                 size = self.buffers[buffer].dtype.itemsize
                 sizes.append(size)
-                writes_off |= written and int(width) * size % 16 != 0
-        return tuple(sorted({16 // s for s in sizes if s <= 16}, reverse=True)) if writes_off else ()
+                writes_off |= load is None and int(width) * size % 16 != 0
+        return tuple(sorted({16 // s for s in sizes}, reverse=True)) if writes_off else ()
+
+    def _accesses(self, m) -> list:
+        """Member m's accesses as (buffer, index in its own variables, the Load or None for its store): its store
+        where it is stored, then every load of its body (`_rows_off_vectors` and `_window` read them)."""
+        out = [(m.output.name, m.store_index(), None)] if m.output.name in self.stored else []
+        return out + [(n.buffer, n.index, n) for n in walk(m.body) if isinstance(n, Load)]
 
     def _window_rows(self, groups: tuple) -> None:
         """A persistent block's rows read and written through an aligned window: each row's block starts at the
@@ -1213,9 +1216,9 @@ class KernelWriter:
             return False
         for m in self.nodes:
             cmap = self.canon(m)
-            accesses = [(m.output.name, m.store_index())] if m.output.name in self.stored else []
-            accesses += [(n.buffer, n.index) for n in walk(m.body) if isinstance(n, Load) and not n.indirect]
-            for buffer, index in accesses:
+            for buffer, index, load in self._accesses(m):
+                if load is not None and load.indirect:
+                    continue
                 size = self.buffers[buffer].dtype.itemsize if buffer in self.buffers else 1
                 if int(width) * size % 16 and self._on_row(sympy.expand(substitute(index, cmap))):
                     return True
