@@ -177,6 +177,23 @@ def test_each_dtype_reads_and_writes_its_own_16_byte_groups(monkeypatch):
     assert seen and all(seen), seen
 
 
+@pytest.mark.parametrize("layout", ["transposed", "rows_of_a_wider_buffer"])
+def test_the_window_with_inputs_not_laid_out_as_rows(monkeypatch, layout):
+    """A softmax and cross-entropy's training step over odd-width bfloat16 rows given transposed (the rows are the
+    input's columns) or as a slice of a wider buffer (rows 9001 wide, 9003 apart), every configuration asking for
+    the window: forward and backward against eager, whatever the kernels read their rows through."""
+    monkeypatch.setattr(configs, "INTERP_BLOCK", 16384)
+    _asking_for_the_window(monkeypatch, True)
+    torch.manual_seed(0)
+    if layout == "transposed":
+        x = torch.randn(ODD, 5, dtype=torch.bfloat16).t().requires_grad_()
+    else:
+        x = torch.randn(5, ODD + 2, dtype=torch.bfloat16)[:, 1:ODD + 1].requires_grad_()
+    target = torch.tensor([0, ODD - 1, 3, 17, 9])
+    assert_matches_eager(lambda x, t: torch.softmax(x, -1) * 2 + F.cross_entropy(x, t), [x, target],
+                         codegen="triton", kernel_variant="persistent")
+
+
 def test_rows_read_by_columns_or_aligned_keep_the_plain_form(monkeypatch):
     """No window where a weight is read along the columns (LayerNorm: its weight's vectors would be lost to the
     row's), where the rows start on 16-byte boundaries (1000 float32 elements), or where the kernel only reads its
