@@ -85,6 +85,9 @@ WINDOWED = {
     "cross_entropy_bf16": lambda: (lambda x, t: F.cross_entropy(x, t, ignore_index=3, label_smoothing=0.1),
                                    [torch.randn(6, ODD, dtype=torch.bfloat16, requires_grad=True),
                                     torch.tensor([0, ODD - 1, 3, 17, ODD - 2, 4000])]),
+    # rows only read (nothing row-sized written: a row max, a log-sum-exp), off 16-byte boundaries
+    "row_max_bf16": lambda: (lambda x: x.amax(-1), [torch.randn(5, ODD, dtype=torch.bfloat16)]),
+    "logsumexp": lambda: (lambda x: torch.logsumexp(x, -1), [torch.randn(4, ODD)]),
     # a float32 row of 9001 (36004 bytes) starts 4 bytes further on each row: a group of 4
     "softmax_of_neg_inf_rows": lambda: (lambda x: torch.softmax(x.masked_fill(x > 1, float("-inf")), -1),
                                         [torch.randn(5, ODD, requires_grad=True)]),
@@ -196,12 +199,11 @@ def test_the_window_with_inputs_not_laid_out_as_rows(monkeypatch, layout):
 
 def test_rows_read_by_columns_or_aligned_keep_the_plain_form(monkeypatch):
     """No window where a weight is read along the columns (LayerNorm: its weight's vectors would be lost to the
-    row's), where the rows start on 16-byte boundaries (1000 float32 elements), or where the kernel only reads its
-    rows (a row max: nothing written row-sized)."""
+    row's), or where the rows start on 16-byte boundaries (1000 float32 elements, read or written)."""
     monkeypatch.setattr(configs, "INTERP_BLOCK", 16384)
     for fn, x in ((torch.nn.LayerNorm(ODD), torch.randn(3, ODD, requires_grad=True)),
                   (lambda x: torch.softmax(x, -1), torch.randn(3, 1000, requires_grad=True)),
-                  (lambda x: x.amax(-1), torch.randn(3, ODD))):
+                  (lambda x: x.amax(-1), torch.randn(3, 1000))):
         be = assert_matches_eager(fn, [x], codegen="triton", kernel_variant="persistent")
         assert not any("WINDOW" in k.source for k in _reductions(be))
 
@@ -292,9 +294,36 @@ def test_the_rule_takes_the_window_where_rows_are_written_off_boundaries():
         assert by_rule(rows, width, 8) == by_rule(rows, width, 0), (rows, width)
     band = uncertain(both, 10872, 12345, False, h200, base=by_rule(10872, 12345, 0), window=8)
     assert through(16384, 4) in band and Config(Variant.PERSISTENT, 1, 16384, 8) in band  # the plain block too
+    assert through(16384, 2) in band  # and on half the rule's warps: 32 groups a thread
     wide = uncertain(both, 2671, 50257, False, h200, base=by_rule(2671, 50257, 0), window=8)
     assert through(65536, 16) in wide and GPU_PERSISTENT_MAX < 65536
     assert not any(c.window for c in uncertain(both, 2671, 50257, False, h200, base=by_rule(2671, 50257, 0)))
+
+
+def test_rows_up_to_8192_off_boundaries_time_the_window_and_fewer_warps():
+    """configs.uncertain's window band (`_window_band`): rows 2049 to 8192 wide read or written off 16-byte
+    boundaries, a row a program by rule, time the rule's block, itself on half its warps, and the window on both
+    warp counts — the window only where its block holds the row's head without doubling (8191 + 7 lanes do not fit
+    8192); aligned rows (no window), rows of 2048 or less and launch-sized kernels time nothing."""
+    from passline.backends.triton.configs import Config, Device, Variant, rule, uncertain
+
+    h200 = Device(132)
+    both = {Variant.PERSISTENT: None, Variant.LOOPED: None}
+
+    def band(rows, width, window, row_bytes=None):
+        base = rule(both, rows, width, False, h200, row_bytes=row_bytes)
+        return base, uncertain(both, rows, width, False, h200, base=base, row_bytes=row_bytes, window=window)
+
+    base, got = band(44724, 3001, 8)
+    assert base == Config(Variant.PERSISTENT, 1, 4096, base.warps) and base.warps >= 2
+    half = base.warps // 2
+    assert got == [base, attrs.evolve(base, warps=half), attrs.evolve(base, window=True),
+                   Config(Variant.PERSISTENT, 1, 4096, half, window=True)]
+    base, got = band(16386, 8191, 8)  # the window's head would double the block: the plain block on two warp counts
+    assert got == [base, attrs.evolve(base, warps=base.warps // 2)]
+    assert band(44724, 3001, 0)[1] == [] and band(100000, 2000, 8)[1] == []  # aligned; 2048 wide or less
+    assert band(150, 3001, 8, row_bytes=2 * 3001)[1] == []  # 900 KB of bfloat16 read: a launch's worth
+    assert band(200, 3001, 8, row_bytes=2 * 3001)[1]
 
 
 def _loads(ptx: str) -> dict:

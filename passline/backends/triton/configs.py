@@ -44,6 +44,7 @@ WINDOW_MIN_GROUPS = 4  # ... where a thread holds at least this many of the wind
 WINDOW_GROUPS = 16  # groups a thread of a windowed row by rule: 256 bytes of its narrowest dtype (see rule) ...
 WINDOW_MIN_WARPS = 4  # ... on at least this many warps
 WINDOW_PERSISTENT_MAX = 1 << 16  # ... held whole through its window up to this long (a timed candidate: uncertain)
+WINDOW_BAND_MIN_WIDTH = 2049  # rows this wide to 8192 read or written off 16-byte boundaries are timed (uncertain)
 MIX_ONE_ROW_STAGES = 3  # the row loop's pipeline depth of the mix band's one-row form (see uncertain)
 MIX_TILE_COLUMNS = TILED_COLUMNS  # columns a block of mix_order_tiled by rule (1024; see rule)
 MIX_TILE_WARPS = 4  # ... its warps
@@ -293,9 +294,12 @@ def uncertain(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, 
     at 3355 × 20000 float32 (fifty-second session, kernel µs, before → after, Inductor) softmax's backward went
     213.0 → 187.1 (194.1), RMSNorm's 379.6 → 319.6 (361.8), LayerNorm's 403.0 → 335.7 (474.1); forwards within 3%.
 
-    A kernel with an aligned window (`window`: rows it writes do not start on 16-byte boundaries; see `windowed`)
-    also times its windowed block (`_window_config`) in the 8193-16384 band, and for rows wider than 16384 the row
-    held whole through its window (a block up to WINDOW_PERSISTENT_MAX): hand-written, a bfloat16 cross-entropy
+    A kernel with an aligned window (`window`: rows it reads or writes do not start on 16-byte boundaries; see
+    `windowed`) also times its windowed block (`_window_config`) and the same on half its warps (32 groups a thread:
+    a bfloat16 cross-entropy forward at 10872 × 12345 took 84.4 µs by rule, 78.8 through the window on 4 warps and
+    74.6 on 2; fifty-ninth session) in the 8193-16384 band, and for rows wider than 16384 the row held whole through
+    its window (a block up to WINDOW_PERSISTENT_MAX); rows WINDOW_BAND_MIN_WIDTH to 8192 wide time the rule's block
+    against fewer warps and the window (`_window_band`, which has the figures). Hand-written, a bfloat16 cross-entropy
     backward at 2671 × 50257 took 150 µs so on 16 warps (89% of copy) where passline's looped kernel took 168.
     Generated, on an H200 (kernel ms, the fifty-sixth session's sweep against the window's band): cross-entropy's
     backward 10872 × 12345 bfloat16 0.175 → 0.134, 2671 × 50257 0.167 → 0.151, float32 5436 × 12345 0.142 → 0.136;
@@ -303,7 +307,7 @@ def uncertain(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, 
     window replaced the band's plain blocks (its first version), softmax's forward at 12345 lost 13-16% in both
     dtypes and its float32 backward 14%: the windowed block is a candidate of its own.
 
-    Narrower rows and the interpreter keep the rule.
+    Narrower rows (but for the window band above) and the interpreter keep the rule.
 
     Fewer rows than SMs (each program has an SM to itself; `_few_rows_band`), moving at least
     BAND_MIN_BYTES: the rule's block against a whole row held in one persistent block on 8, 16 and 32
@@ -418,13 +422,18 @@ def uncertain(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, 
                          Variant.MIX_ORDER_TILED in kinds and Variant.MIX_ORDER_ACC2D in kinds, scalar_rows)
     if set(kinds) == {Variant.PERSISTENT, Variant.LOOPED} and rb <= 1024:
         return _tall_rows_band(xnumel, rnumel, rb, base, row_bytes, device)
+    if (window and set(kinds) == {Variant.PERSISTENT, Variant.LOOPED} and base is not None
+            and WINDOW_BAND_MIN_WIDTH <= rnumel and rb < GPU_PERSISTENT_MAX
+            and not _launch_sized(xnumel, rb, row_bytes)):
+        return _window_band(rnumel, rb, window, base)
     if set(kinds) == {Variant.PERSISTENT, Variant.LOOPED} and rb == GPU_PERSISTENT_MAX:
         band = [Config(Variant.PERSISTENT, 1, rb, w) for w in (8, 16, 32)] + [Config(Variant.LOOPED, 1, 2048, 16)]
         if _reads_row_only(row_bytes, rnumel):
             band.append(Config(Variant.PERSISTENT, 1, rb, 4))  # a row read once: 128 elements a thread
         through = _window_config(rnumel, window) if window else None
-        if through is not None and through not in band:
-            band.append(through)  # a row written off 16-byte boundaries, through its window (128 bfloat16 a thread)
+        for cfg in (through, attrs.evolve(through, warps=through.warps // 2)) if through is not None else ():
+            if cfg.warps >= 2 and cfg not in band:  # rows off 16-byte boundaries, through the window: 16 and 32
+                band.append(cfg)  # groups a thread (128 and 256 bfloat16)
         return band
     if Variant.LOOPED in kinds and not set(kinds) - {Variant.PERSISTENT, Variant.LOOPED} and rb > GPU_PERSISTENT_MAX:
         wide = [Config(Variant.LOOPED, 1, chunk, MAX_WARPS) for chunk in (16384, 8192, 4096)]
@@ -437,6 +446,35 @@ def uncertain(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, 
             wide.append(through)  # a row written off 16-byte boundaries, held whole through its window
         return ([base] if base is not None and base not in wide else []) + wide
     return []
+
+
+def _window_band(rnumel: int, rb: int, window: int, base: Config) -> list:
+    """Rows WINDOW_BAND_MIN_WIDTH to 8192 wide that a kernel reads or writes off 16-byte boundaries (`window`: its
+    aligned window's group, kernel.KernelWriter._window), a row a program by rule (`base`): the rule's block against
+    itself on half its warps, and the row through its window on the rule's warps and on half of them (where its block
+    holds the window's head without doubling). Neither form nor warp count won everywhere: on an H200 (fifty-ninth
+    session, kernel µs in a training step, bfloat16 44724 × 3001: the rule on 4 warps (2 for cross-entropy's
+    forward) / plain on half / window on the rule's / window on half)
+
+    | kernel | rule | plain, half | window | window, half |
+    |---|---|---|---|---|
+    | cross-entropy forward | **76.7** | 76.9 | 120.6 | 89.7 |
+    | cross-entropy backward | 157.0 | **148.8** | 161.5 | 162.3 |
+    | log-softmax forward | 146.7 | 145.9 | 158.5 | **134.1** |
+    | log-softmax backward | 214.2 | 211.8 | 195.2 | **194.3** |
+    | softmax forward | 149.0 | **146.8** | 179.2 | 163.2 |
+    | softmax backward | 212.2 | 213.6 | 199.6 | **183.8** |
+    | cross-entropy backward, float32 (22362 rows) | 151.3 | **136.0** | 138.7 | 146.4 |
+
+    — how many values a kernel keeps live an element and how much it computes between its loads and stores decide,
+    which the rule does not see. [] where the rule's block is not one row a program."""
+    if base.variant != Variant.PERSISTENT or base.xblock != 1:
+        return []
+    half = base.warps // 2
+    band = [base] + ([attrs.evolve(base, warps=half)] if half else [])
+    if rb == pow2(rnumel + window - 1):
+        band += [Config(Variant.PERSISTENT, 1, rb, w, window=True) for w in (base.warps, half) if w]
+    return band if len(band) > 1 else []
 
 
 def _reads_row_only(row_bytes: float | None, rnumel: int | None) -> bool:

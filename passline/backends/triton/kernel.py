@@ -912,19 +912,19 @@ class KernelWriter:
     def _window(self) -> tuple:
         """The groups of the aligned window through which the persistent form can read and write its rows (see
         `_window_rows`), in elements: 16 bytes of each dtype its rows have (8 for bfloat16, 4 for float32), the
-        narrowest's the window's own; () where it has none. A window
-        where some row it writes does not start on 16-byte boundaries (`_rows_off_vectors`'s rows: written
-        `p + W * row + q0`, every element a store of its own — 128 `st.global.b16` a thread for a bfloat16 row of
-        12345 on 4 warps), and every access along the lanes is to whole rows (`_on_row`), so that one window aligns
-        them all: a weight read by columns (a norm's) would lose its vectors to the row's; an index read along the
-        lanes (a gather's) is kept out too, conservatively (its checks and loads take the row's own lanes, but no
-        such kernel was measured). One reduction variable, a width in the
-        source, the kernel's own rows (no mix-order columns)."""
+        narrowest's the window's own; () where it has none. A window where some row it reads or writes does not
+        start on 16-byte boundaries (`_rows_off_vectors`'s rows: `p + W * row + q0`, every element a store or a load
+        of its own — 128 `st.global.b16` a thread for a bfloat16 row of 12345 on 4 warps, 65 `ld.global.b16` for a
+        cross-entropy forward's row on 8), and every access along the lanes is to whole rows (`_on_row`), so that
+        one window aligns them all: a weight read by columns (a norm's) would lose its vectors to the row's; an index
+        read along the lanes (a gather's) is kept out too, conservatively (its checks and loads take the row's own
+        lanes, but no such kernel was measured). One reduction variable, a width in the source, the kernel's own
+        rows (no mix-order columns)."""
         width = sympy.sympify(product(self.red))
         if len(self.red) != 1 or not self.outer or not width.is_Integer or "rnumel" in self.runtime or self.swap:
             return ()
         lane = canon_var(VarKind.CANON_REDUCTION, 0)
-        sizes, writes_off = [], False
+        sizes, off = [], False
         for m in self.nodes:
             if isinstance(m, Scatter):
                 return ()
@@ -942,8 +942,8 @@ class KernelWriter:
                     return ()
                 size = self.buffers[buffer].dtype.itemsize
                 sizes.append(size)
-                writes_off |= load is None and int(width) * size % 16 != 0
-        return tuple(sorted({16 // s for s in sizes}, reverse=True)) if writes_off else ()
+                off |= int(width) * size % 16 != 0
+        return tuple(sorted({16 // s for s in sizes}, reverse=True)) if off else ()
 
     def _accesses(self, m) -> list:
         """Member m's accesses as (buffer, index in its own variables, the Load or None for its store): its store
