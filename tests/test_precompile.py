@@ -1139,3 +1139,24 @@ def test_threads_asking_at_once_get_one_pool_and_one_triton_key(monkeypatch, tmp
     assert len(made) == 1 and len(hashed) == 1
     assert got == [(made[0], "key")] * 4
     assert json.loads((tmp_path / "triton_key.json").read_text()) == {precompile._triton_stamp(): "key"}
+
+
+def test_kernels_are_assembled_by_torchs_ptxas_where_torch_ships_one(tmp_path):
+    """compat.use_torch_ptxas: where a CUDA build of torch ships `bin/ptxas` (executable), Triton is pointed at it
+    (TRITON_PTXAS_PATH), whether or not Inductor compiled in the process first (Inductor sets the same at its first
+    compile, and a binary's speed depended on it: docs/benchmarks.md, fifty-ninth session); a path the user set is
+    kept; a torch without one (a CPU build), or one not executable, leaves Triton's own."""
+    from passline.backends.triton.compat import use_torch_ptxas
+
+    (tmp_path / "bin").mkdir()
+    ptxas = tmp_path / "bin" / "ptxas"
+    env = {}
+    assert use_torch_ptxas(env, tmp_path) is None and env == {}  # none shipped
+    ptxas.write_text("#!/bin/sh\n")
+    ptxas.chmod(0o644)
+    assert use_torch_ptxas(env, tmp_path) is None and env == {}  # not executable
+    ptxas.chmod(0o755)
+    assert use_torch_ptxas(env, tmp_path) == str(ptxas) and env == {"TRITON_PTXAS_PATH": str(ptxas)}
+    mine = {"TRITON_PTXAS_PATH": "/opt/cuda/bin/ptxas"}
+    assert use_torch_ptxas(mine, tmp_path) == "/opt/cuda/bin/ptxas"
+    assert mine == {"TRITON_PTXAS_PATH": "/opt/cuda/bin/ptxas"}
