@@ -1,7 +1,7 @@
 """Odd sizes (docs/backends.md, *Odd widths: whole blocks and aligned loops*): a pointwise kernel over an element
 count that is not a multiple of 16 runs its whole blocks under a constant mask, and a looped row kernel whose rows
 do not start on 16-byte boundaries walks aligned chunks of the flat buffer where a program has one row, and a
-persistent one that writes such rows reads and writes them through an aligned window. Both branches of each run
+persistent one that reads or writes such rows does so through an aligned window. Both branches of each run
 under the interpreter here, against eager; the sm_90 binaries are checked for vector loads."""
 import re
 
@@ -86,7 +86,10 @@ WINDOWED = {
                                    [torch.randn(6, ODD, dtype=torch.bfloat16, requires_grad=True),
                                     torch.tensor([0, ODD - 1, 3, 17, ODD - 2, 4000])]),
     # rows only read (nothing row-sized written: a row max, a log-sum-exp), off 16-byte boundaries
-    "row_max_bf16": lambda: (lambda x: x.amax(-1), [torch.randn(5, ODD, dtype=torch.bfloat16)]),
+    # (each row 10 above the one before: a neighbour's lanes leaking into a row's max or argmax would change it)
+    "row_max_bf16": lambda: (lambda x: x.amax(-1), [(torch.randn(5, ODD) + 10 * torch.arange(5.0)[:, None])
+                                                    .to(torch.bfloat16)]),
+    "row_argmax": lambda: (lambda x: x.argmax(-1), [torch.randn(5, ODD) + 10 * torch.arange(5.0)[:, None]]),
     "logsumexp": lambda: (lambda x: torch.logsumexp(x, -1), [torch.randn(4, ODD)]),
     # a float32 row of 9001 (36004 bytes) starts 4 bytes further on each row: a group of 4
     "softmax_of_neg_inf_rows": lambda: (lambda x: torch.softmax(x.masked_fill(x > 1, float("-inf")), -1),
@@ -322,6 +325,9 @@ def test_rows_up_to_8192_off_boundaries_time_the_window_and_fewer_warps():
     base, got = band(16386, 8191, 8)  # the window's head would double the block: the plain block on two warp counts
     assert got == [base, attrs.evolve(base, warps=base.warps // 2)]
     assert band(44724, 3001, 0)[1] == [] and band(100000, 2000, 8)[1] == []  # aligned; 2048 wide or less
+    # a bfloat16 row only read: 2 warps by rule (64 elements a thread), not halved to one (never measured)
+    base, got = band(44724, 3001, 8, row_bytes=2 * 3001)
+    assert base.warps == 2 and got == [base, attrs.evolve(base, window=True)]
     assert band(150, 3001, 8, row_bytes=2 * 3001)[1] == []  # 900 KB of bfloat16 read: a launch's worth
     assert band(200, 3001, 8, row_bytes=2 * 3001)[1]
 

@@ -12,13 +12,12 @@ import json
 import os
 import sys
 import threading
-from pathlib import Path
 
 import torch
 import triton
 
 from .cache import digest
-from .precompile import cuda_options
+from .precompile import cuda_options, use_torch_ptxas
 
 try:  # triton >= 3.4: launch hooks are chains in knobs (empty unless a profiler adds one)
     from triton import knobs as _knobs
@@ -33,25 +32,8 @@ except ImportError:  # pragma: no cover - older Triton
         return _CK.launch_enter_hook is not None or _CK.launch_exit_hook is not None
 
 
-def use_torch_ptxas(environ=os.environ, torch_dir: Path | None = None) -> str | None:
-    """The ptxas Triton assembles passline's kernels with: the one a CUDA build of torch ships (`torch/bin/ptxas`),
-    set as TRITON_PTXAS_PATH where the user has set none; the user's where set; None (Triton's own) where torch
-    ships none (a CPU build). Inductor points Triton at the same ptxas at its first compile, so before this a
-    kernel's binary depended on whether Inductor had compiled in the process first: on an H200 (torch 2.11+cu130,
-    Triton 3.6) cross-entropy's windowed bfloat16 backward at 10872 x 12345 took 321 µs assembled by Triton's ptxas
-    and 139 by torch's (ptxas 12.8 against 13.0), the same PTX (128 masked 2-byte stores a thread); the other
-    kernels the band timed there within 3% either way (docs/benchmarks.md, fifty-ninth session). Set in this
-    process's environment, which the compile workers take with each job (precompile._compile_env), when the Triton
-    backend is imported, before its first compile."""
-    if environ.get("TRITON_PTXAS_PATH"):
-        return environ["TRITON_PTXAS_PATH"]
-    ptxas = (Path(torch.__file__).parent if torch_dir is None else torch_dir) / "bin" / "ptxas"
-    if not (ptxas.is_file() and os.access(ptxas, os.X_OK)):
-        return None
-    environ["TRITON_PTXAS_PATH"] = str(ptxas)
-    return str(ptxas)
-
-
+# The ptxas this process's kernels are assembled with where it is torch's (precompile.use_torch_ptxas, which set it
+# when passline's compile module was imported, before any compile or compile worker), or the user's; None: Triton's.
 PTXAS = use_torch_ptxas()
 
 # Compile options of a kernel with device asserts (an indirect index checked at run time). Triton keeps

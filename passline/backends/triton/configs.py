@@ -452,13 +452,12 @@ def _window_band(rnumel: int, rb: int, window: int, base: Config) -> list:
     """Rows WINDOW_BAND_MIN_WIDTH to 8192 wide that a kernel reads or writes off 16-byte boundaries (`window`: its
     aligned window's group, kernel.KernelWriter._window), a row a program by rule (`base`): the rule's block against
     itself on half its warps, and the row through its window on the rule's warps and on half of them (where its block
-    holds the window's head without doubling). Neither form nor warp count won everywhere: on an H200 (fifty-ninth
-    session, kernel µs in a training step, bfloat16 44724 × 3001: the rule on 4 warps (2 for cross-entropy's
-    forward) / plain on half / window on the rule's / window on half)
+    holds the window's head without doubling; half the warps only where that leaves 2 or more: one warp was not
+    measured). Neither form nor warp count won everywhere: on an H200 (fifty-ninth session, kernel µs in a training
+    step, 44724 × 3001 bfloat16 unless said; the rule on 4 warps: plain / plain on 2 / window on 4 / window on 2)
 
-    | kernel | rule | plain, half | window | window, half |
+    | kernel | rule | plain, 2 warps | window, 4 | window, 2 |
     |---|---|---|---|---|
-    | cross-entropy forward | **76.7** | 76.9 | 120.6 | 89.7 |
     | cross-entropy backward | 157.0 | **148.8** | 161.5 | 162.3 |
     | log-softmax forward | 146.7 | 145.9 | 158.5 | **134.1** |
     | log-softmax backward | 214.2 | 211.8 | 195.2 | **194.3** |
@@ -466,11 +465,12 @@ def _window_band(rnumel: int, rb: int, window: int, base: Config) -> list:
     | softmax backward | 212.2 | 213.6 | 199.6 | **183.8** |
     | cross-entropy backward, float32 (22362 rows) | 151.3 | **136.0** | 138.7 | 146.4 |
 
-    — how many values a kernel keeps live an element and how much it computes between its loads and stores decide,
-    which the rule does not see. [] where the rule's block is not one row a program."""
+    (cross-entropy's bfloat16 forward, 2 warps by rule: 76.7 plain, 89.7 through the window) — how many values a
+    kernel keeps live an element and how much it computes between its loads and stores decide, which the rule does
+    not see. [] where the rule's block is not one row a program."""
     if base.variant != Variant.PERSISTENT or base.xblock != 1:
         return []
-    half = base.warps // 2
+    half = base.warps // 2 if base.warps >= 4 else 0
     band = [base] + ([attrs.evolve(base, warps=half)] if half else [])
     if rb == pow2(rnumel + window - 1):
         band += [Config(Variant.PERSISTENT, 1, rb, w, window=True) for w in (base.warps, half) if w]
@@ -484,8 +484,8 @@ def _reads_row_only(row_bytes: float | None, rnumel: int | None) -> bool:
 
 
 def windowed(cfg: Config, width: int, group: int) -> bool:
-    """Whether a launch of `cfg` runs a kernel with an aligned window (kernel.KernelWriter._window: rows it writes
-    that do not start on 16-byte boundaries, read and written in vectors of `group` elements) through it (the
+    """Whether a launch of `cfg` runs a kernel with an aligned window (kernel.KernelWriter._window: rows it reads or
+    writes that do not start on 16-byte boundaries, read and written in vectors of `group` elements) through it (the
     launch's WINDOW): `cfg` asks for it, a persistent program of one row whose block holds the row and the up to
     group - 1 lanes before it. Which configurations ask is the rule's (`_window_config`) and the bands'."""
     return (cfg.window and cfg.variant == Variant.PERSISTENT and cfg.xblock == 1 and cfg.rblock is not None

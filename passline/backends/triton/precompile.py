@@ -47,6 +47,38 @@ from pathlib import Path
 import attrs
 
 
+def use_torch_ptxas(environ=os.environ, torch_dir: Path | None = None) -> str | None:
+    """The ptxas Triton assembles passline's kernels with: the one a CUDA build of torch ships (`torch/bin/ptxas`),
+    set as TRITON_PTXAS_PATH where the user has not set the variable (an empty value counts as set, as Inductor
+    counts it); the user's where set; None (Triton's own) where torch ships none (a CPU build). Inductor sets the
+    same at its first compile, so before this a kernel's binary depended on whether Inductor had compiled in the
+    process first: on an H200 (torch 2.11+cu130, Triton 3.6) cross-entropy's windowed bfloat16 backward at 10872 x
+    12345 took 321 µs assembled by Triton's ptxas and 139 by torch's (12.8 against 13.0), the same PTX (128 masked
+    2-byte stores a thread); the other kernels its band timed within 3% either way (docs/benchmarks.md, fifty-ninth
+    session). (Triton 3.9 assembles sm_90 and newer with its own `ptxas-blackwell`, TRITON_PTXAS_BLACKWELL_PATH:
+    there the variable changes what it changes for Inductor, older GPUs' binaries.)
+
+    Called when this module is imported — in the parent before its first compile, its Triton key or its compile
+    workers (which inherit the environment, and import this module before their warm-up compile), so every
+    process caches one ptxas version in Triton's key (`get_ptxas_version`, cached a process). torch's directory is
+    found without importing torch (a worker imports it later)."""
+    if environ.get("TRITON_PTXAS_PATH") is not None:
+        return environ["TRITON_PTXAS_PATH"] or None
+    if torch_dir is None:
+        spec = importlib.util.find_spec("torch")
+        if spec is None or spec.origin is None:
+            return None
+        torch_dir = Path(spec.origin).parent
+    ptxas = torch_dir / "bin" / "ptxas"
+    if not (ptxas.is_file() and os.access(ptxas, os.X_OK)):
+        return None
+    environ["TRITON_PTXAS_PATH"] = str(ptxas)
+    return str(ptxas)
+
+
+use_torch_ptxas()
+
+
 @attrs.frozen
 class Job:
     """One kernel to compile: its module file, its function, the arguments it is specialized on (a
