@@ -138,6 +138,9 @@ def test_odd_width_rows_run_through_the_window_like_eager(monkeypatch, case, win
     fn, inputs = WINDOWED[case]()
     be = assert_matches_eager(fn, inputs, codegen="triton", kernel_variant="persistent")
     assert any("if WINDOW:" in k.source for k in _reductions(be))
+    # the rows it writes off 16-byte boundaries, or none (a row max, an argmax, a log-sum-exp only read theirs)
+    writes = {src.window_writes for k in _reductions(be) for src in k.variants.values() if src.window}
+    assert (writes == {False}) if case in ("row_max_bf16", "row_argmax", "logsumexp") else (True in writes), writes
     assert seen and set(seen) == {window}, seen
 
 
@@ -301,6 +304,9 @@ def test_the_rule_takes_the_window_where_rows_are_written_off_boundaries():
     wide = uncertain(both, 2671, 50257, False, h200, base=by_rule(2671, 50257, 0), window=8)
     assert through(65536, 16) in wide and GPU_PERSISTENT_MAX < 65536
     assert not any(c.window for c in uncertain(both, 2671, 50257, False, h200, base=by_rule(2671, 50257, 0)))
+    # rows only read (a cross-entropy forward) are not held whole through the window past 16384 (it lost there)
+    assert not any(c.window for c in uncertain(both, 2671, 50257, False, h200, base=by_rule(2671, 50257, 0),
+                                               window=8, window_reads_only=True))
 
 
 def test_rows_up_to_8192_off_boundaries_time_the_window_and_fewer_warps():
@@ -349,3 +355,16 @@ def test_odd_widths_load_vectors_on_sm90(gpu_compile):  # noqa: F811
     (pw,) = gpu_compile(lambda x: F.gelu(x + bias), torch.randn(7, 20001, dtype=torch.bfloat16), False,
                         "gelu").values()
     assert _loads(pw)["ld"] > 0 and _loads(pw)["st"] > 0, _loads(pw)
+
+
+def test_a_row_only_read_loads_vectors_through_the_window_on_sm90(gpu_compile, monkeypatch):  # noqa: F811
+    """Compiled for sm_90: a log-sum-exp over 64 bfloat16 rows of 12345 (24690 bytes: a row starts on a 16-byte
+    boundary one row in eight) only reads its rows. Through the window its loads are 16-byte vectors; the plain
+    branch loads every element alone (65 `ld.global.b16` a thread for a cross-entropy forward on 8 warps)."""
+    x = torch.randn(64, 12345, dtype=torch.bfloat16)
+    got = {}
+    for window in (True, False):
+        _asking_for_the_window(monkeypatch, window)
+        (ptx,) = gpu_compile(lambda x: torch.logsumexp(x.float(), -1), x, False, f"lse_{window}").values()
+        got[window] = _loads(ptx)["ld"]
+    assert got[True] > 0 and got[False] == 0, got

@@ -235,7 +235,7 @@ def tiled_candidates(rb: int, split: int, interpret: bool) -> list:
 def uncertain(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, device: Device,
               rows_contiguous: bool = True, only: str | None = None, base: Config | None = None,
               row_bytes: float | None = None, row_sums: bool = False, scalar_rows: bool = False,
-              window: int = 0) -> list:
+              window: int = 0, window_reads_only: bool = False) -> list:
     """The configurations to time at the first launch where the rule cannot decide, else [].
 
     Rows 8193 to 16384 wide (a persistent block of 16384) with at least a row per SM: the largest
@@ -298,8 +298,12 @@ def uncertain(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, 
     `windowed`) also times its windowed block (`_window_config`) and the same on half its warps (32 groups a thread:
     a bfloat16 cross-entropy forward at 10872 × 12345 took 84.4 µs by rule, 78.8 through the window on 4 warps and
     74.6 on 2; fifty-ninth session) in the 8193-16384 band, and for rows wider than 16384 the row held whole through
-    its window (a block up to WINDOW_PERSISTENT_MAX); rows WINDOW_BAND_MIN_WIDTH to 8192 wide time the rule's block
-    against fewer warps and the window (`_window_band`, which has the figures). Hand-written, a bfloat16 cross-entropy
+    its window (a block up to WINDOW_PERSISTENT_MAX) where it writes such rows (`window_reads_only`: a row only read,
+    a cross-entropy forward, held whole through the window lost to the looped chunks at each of 2671 × 50257, 8192 ×
+    50257 and 8192 × 30522 bfloat16: 117.7 / 328.4 / 222.2 µs against 87.3 / 235.7 / 143.4 on an H200, Triton's
+    ptxas; at 2671 × 50257 with torch's, not among the three fastest, 86.9 to 111.9); rows
+    WINDOW_BAND_MIN_WIDTH to 8192 wide time the rule's block against fewer warps and the window (`_window_band`,
+    which has the figures). Hand-written, a bfloat16 cross-entropy
     backward at 2671 × 50257 took 150 µs so on 16 warps (89% of copy) where passline's looped kernel took 168.
     Generated, on an H200 (kernel ms, the fifty-sixth session's sweep against the window's band): cross-entropy's
     backward 10872 × 12345 bfloat16 0.175 → 0.134, 2671 × 50257 0.167 → 0.151, float32 5436 × 12345 0.142 → 0.136;
@@ -441,7 +445,8 @@ def uncertain(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, 
         wide.append(Config(Variant.LOOPED, 1, 4096, 16))  # one 16-byte vector of bfloat16 a thread (aligned loop)
         if Variant.PERSISTENT in kinds and rb <= WIDE_PERSISTENT_MAX:  # the row read once, held on 16 or 32 warps
             wide += [Config(Variant.PERSISTENT, 1, rb, w) for w in (16, MAX_WARPS)]
-        through = _window_config(rnumel, window) if window and Variant.PERSISTENT in kinds else None
+        through = _window_config(rnumel, window) if window and not window_reads_only and Variant.PERSISTENT in kinds \
+            else None
         if through is not None and through.rblock <= WINDOW_PERSISTENT_MAX and through not in wide:
             wide.append(through)  # a row written off 16-byte boundaries, held whole through its window
         return ([base] if base is not None and base not in wide else []) + wide

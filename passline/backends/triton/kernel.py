@@ -101,7 +101,8 @@ class KernelSource:
     # a persistent kernel that can read and write its rows through an aligned window (`KernelWriter._window`): the
     # window's group, in elements (16 bytes of its narrowest row's dtype), else 0; the launch passes WINDOW
     window: int = 0
-    window_by_rule: bool = False  # ... which the rule takes: the kernel reduces nothing of its own (configs.rule)
+    window_writes: bool = False  # ... where it writes some row off 16-byte boundaries (else it only reads them)
+    window_by_rule: bool = False  # ... which the rule takes: it writes such rows and reduces nothing of its own
 
 
 def _natural(name: str) -> list:
@@ -221,7 +222,8 @@ class KernelWriter:
         self.flat: dict = {}  # VarKind -> (variables, their contiguous strides, flat index name) in scope
         self.on_rows = False  # writing the aligned loop of `looped()`: a row's own accesses address `rflat`
         self.window = 0  # writing the window branch of `persistent()`: its group (loads and stores take its masks)
-        self.windowed = 0  # the persistent form's window group, where it has the window branch (`_window`)
+        self.windowed = 0  # the persistent form's window group, where it has the window branch (`_window`) ...
+        self.window_writes = False  # ... and whether some row it writes is off 16-byte boundaries
         self.top = 1  # the indent of the kernel's top level: a branch's of `persistent()` (the deferred checks')
 
     def pid(self) -> str:
@@ -880,7 +882,7 @@ class KernelWriter:
     def persistent(self) -> list[str]:
         self._xr()
         self.exp_terms = self._exp_terms()
-        groups = self._window()
+        groups, self.window_writes = self._window()
         group = self.windowed = max(groups, default=0)
         if group:  # WINDOW (a constexpr the launch sets, configs.windowed): the row through the window, else plain
             self.emit("if WINDOW:")
@@ -910,9 +912,10 @@ class KernelWriter:
         self.deferred = []
 
     def _window(self) -> tuple:
-        """The groups of the aligned window through which the persistent form can read and write its rows (see
-        `_window_rows`), in elements: 16 bytes of each dtype its rows have (8 for bfloat16, 4 for float32), the
-        narrowest's the window's own; () where it has none. A window where some row it reads or writes does not
+        """(groups, writes): the groups of the aligned window through which the persistent form can read and write
+        its rows (see `_window_rows`), in elements: 16 bytes of each dtype its rows have (8 for bfloat16, 4 for
+        float32), the narrowest's the window's own, () where it has none; and whether a row it writes is off 16-byte
+        boundaries (else only rows it reads are). A window where some row it reads or writes does not
         start on 16-byte boundaries (`_rows_off_vectors`'s rows: `p + W * row + q0`, every element a store or a load
         of its own — 128 `st.global.b16` a thread for a bfloat16 row of 12345 on 4 warps, 65 `ld.global.b16` for a
         cross-entropy forward's row on 8), and every access along the lanes is to whole rows (`_on_row`), so that
@@ -922,28 +925,29 @@ class KernelWriter:
         rows (no mix-order columns)."""
         width = sympy.sympify(product(self.red))
         if len(self.red) != 1 or not self.outer or not width.is_Integer or "rnumel" in self.runtime or self.swap:
-            return ()
+            return (), False
         lane = canon_var(VarKind.CANON_REDUCTION, 0)
-        sizes, off = [], False
+        sizes, off, writes = [], False, False
         for m in self.nodes:
             if isinstance(m, Scatter):
-                return ()
+                return (), False
             cmap = self.canon(m)
             for n in walk(m.body):
                 if isinstance(n, (Load, IndexValue)) and any(
                         lane in substitute(v.index if isinstance(v, Load) else v.expr, cmap).free_symbols
                         for b in n.indirect for v in walk(b.value) if isinstance(v, (Load, IndexValue))):
-                    return ()  # an index that varies along the row
+                    return (), False  # an index that varies along the row
             for buffer, index, load in self._accesses(m):
                 expr = sympy.expand(substitute(index, cmap))
                 if (load is not None and buffer in self.by_output) or lane not in expr.free_symbols:
                     continue  # a value of the kernel's own, a row's own value, or one value for all
                 if not self._on_row(expr) or buffer not in self.buffers:
-                    return ()
+                    return (), False
                 size = self.buffers[buffer].dtype.itemsize
                 sizes.append(size)
                 off |= int(width) * size % 16 != 0
-        return tuple(sorted({16 // s for s in sizes}, reverse=True)) if off else ()
+                writes |= load is None and int(width) * size % 16 != 0
+        return (tuple(sorted({16 // s for s in sizes}, reverse=True)), writes) if off else ((), False)
 
     def _accesses(self, m) -> list:
         """Member m's accesses as (buffer, index in its own variables, the Load or None for its store): its store
@@ -1562,8 +1566,9 @@ def generate(node, graph, interpret: bool, variant: str, blocks: dict, stored: s
     return KernelSource(name, _source(interpret, body), name, args, product(outer), product(red) if red else None,
                         variant, constants, blocks.get("num_warps", 4), int64=writer.int64, spans=spans,
                         checks=writer.debug, online=bool(red) and bool(writer.online_pairs()), window=writer.windowed,
-                        window_by_rule=bool(writer.windowed) and not any(writer.role(m) == Role.REDUCTION
-                                                                         for m in members))
+                        window_writes=writer.window_writes,
+                        window_by_rule=writer.window_writes and not any(writer.role(m) == Role.REDUCTION
+                                                                        for m in members))
 
 
 # -- mix-order reductions ------------------------------------------------------------------------------
