@@ -1576,6 +1576,13 @@ def test_a_looped_kernels_per_row_loads_come_before_its_loop():
     assert before.count("tl.load(") == 2 and loop.count("tl.load(") == 1, k.source
 
 
+def _at_first_reduction(source: str) -> tuple:
+    """A kernel's body split at its first reduction: `tl.reduce(`, or the interpreter's `_max_of(` / `_min_of(`."""
+    body = source[source.index("\ndef k_"):]
+    i = min(body.index(s) for s in ("tl.reduce(", "_max_of(", "_min_of(") if s in body)
+    return body[:i], body[i:]
+
+
 def test_a_persistent_kernels_gather_comes_before_its_reductions():
     # cross-entropy's target logit x[i, t[i]]: its index reads no reduction, so the target's arithmetic, its
     # bounds check and the gathered load are written before the row's max and sum (after them, the load was
@@ -1588,7 +1595,7 @@ def test_a_persistent_kernels_gather_comes_before_its_reductions():
     be = assert_matches_eager(lambda x, t: F.cross_entropy(x, t), [x, t], codegen="triton")
     (k,) = [k for r in be.reports[:1] for k in r.kernel_info if "gather" in k.source]
     assert k.chosen == "persistent"
-    before, after = k.source.split("tl.reduce(", 1)
+    before, after = _at_first_reduction(k.source)
     check = "_check_index(" if "_check_index(" in k.source else "tl.device_assert("  # the interpreter's, a GPU's
     assert check in before and before.count("tl.load(") == 3, k.source  # logits, target, target logit
     assert "= _exp_term(" in after and "= tl.exp(" not in after, k.source
@@ -1601,7 +1608,7 @@ def test_a_persistent_kernels_gather_comes_before_its_reductions():
 
     be = assert_matches_eager(picked, [torch.randn(6, 1000)], codegen="triton")
     (k,) = [k for r in be.reports for k in r.kernel_info if k.chosen == "persistent"]
-    before, after = k.source.split("tl.reduce(", 1)
+    before, after = _at_first_reduction(k.source)
     assert before.count("tl.load(") == 1 and after.count("tl.load(") == 1, k.source
 
 

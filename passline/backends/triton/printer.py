@@ -419,6 +419,21 @@ def _exp_term(x):
 # per element and step (most of the CPU test suite's time in reductions)
 _sum_combine = tl.standard._sum_combine
 
+
+# A reduction's max and min with numpy too (kernel.KernelWriter._reduce): tl.max and tl.min, which the interpreter
+# takes with np.nanmax and np.nanmin (NaN ignored), and where a NaN is in the row the row's sum, a NaN, as eager's
+# max and min have it; both in x's own dtype (tl.max and tl.sum widen bfloat16 and small integers)
+@triton.jit
+def _max_of(x, axis: tl.constexpr):
+    nan = tl.sum((x != x).to(tl.int32), axis) > 0
+    return tl.where(nan, tl.sum(x, axis), tl.max(x, axis)).to(x.dtype)
+
+
+@triton.jit
+def _min_of(x, axis: tl.constexpr):
+    nan = tl.sum((x != x).to(tl.int32), axis) > 0
+    return tl.where(nan, tl.sum(x, axis), tl.min(x, axis)).to(x.dtype)
+
 @triton.jit
 def _to_bf16(x):
     # float32 -> bfloat16 rounding to nearest even on the bits: the interpreter's own cast truncates
