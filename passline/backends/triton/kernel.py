@@ -954,8 +954,9 @@ class KernelWriter:
                     return (), False
                 size = self.buffers[buffer].dtype.itemsize
                 sizes.append(size)
-                off |= int(width) * size % 16 != 0
-                writes |= load is None and int(width) * size % 16 != 0
+                row_off = int(width) * size % 16 != 0
+                off |= row_off
+                writes |= row_off and load is None
         return (tuple(sorted({16 // s for s in sizes}, reverse=True)), writes) if off else ((), False)
 
     def _accesses(self, m) -> list:
