@@ -45,6 +45,7 @@ WINDOW_GROUPS = 16  # groups a thread of a windowed row by rule: 256 bytes of it
 WINDOW_MIN_WARPS = 4  # ... on at least this many warps
 WINDOW_PERSISTENT_MAX = 1 << 16  # ... held whole through its window up to this long (a timed candidate: uncertain)
 WINDOW_BAND_MIN_WIDTH = 2049  # rows this wide to 8192 read or written off 16-byte boundaries are timed (uncertain)
+MIX_WINDOW_MIN_ROW_BYTES = 1024  # a mix-order kernel's rows in classes, rows this long or longer (see windowed)
 MIX_ONE_ROW_STAGES = 3  # the row loop's pipeline depth of the mix band's one-row form (see uncertain)
 MIX_TILE_COLUMNS = TILED_COLUMNS  # columns a block of mix_order_tiled by rule (1024; see rule)
 MIX_TILE_WARPS = 4  # ... its warps
@@ -235,7 +236,7 @@ def tiled_candidates(rb: int, split: int, interpret: bool) -> list:
 def uncertain(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, device: Device,
               rows_contiguous: bool = True, only: str | None = None, base: Config | None = None,
               row_bytes: float | None = None, row_sums: bool = False, scalar_rows: bool = False,
-              window: int = 0, window_reads_only: bool = False) -> list:
+              window: int = 0, wide_window: bool = True) -> list:
     """The configurations to time at the first launch where the rule cannot decide, else [].
 
     Rows 8193 to 16384 wide (a persistent block of 16384) with at least a row per SM: the largest
@@ -298,10 +299,13 @@ def uncertain(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, 
     `windowed`) also times its windowed block (`_window_config`) and the same on half its warps (32 groups a thread:
     a bfloat16 cross-entropy forward at 10872 × 12345 took 84.4 µs by rule, 78.8 through the window on 4 warps and
     74.6 on 2; fifty-ninth session) in the 8193-16384 band, and for rows wider than 16384 the row held whole through
-    its window (a block up to WINDOW_PERSISTENT_MAX) where it writes such rows (`window_reads_only`: a row only read,
-    a cross-entropy forward, held whole through the window lost to the looped chunks at each of 2671 × 50257, 8192 ×
-    50257 and 8192 × 30522 bfloat16: 117.7 / 328.4 / 222.2 µs against 87.3 / 235.7 / 143.4 on an H200, Triton's
-    ptxas; at 2671 × 50257 with torch's, not among the three fastest, 86.9 to 111.9); rows
+    its window (a block up to WINDOW_PERSISTENT_MAX) where it writes such rows and reads no weight by columns
+    (`wide_window`. A row only read, a cross-entropy forward, held whole through the window lost to the looped chunks
+    at each of 2671 × 50257, 8192 × 50257 and 8192 × 30522 bfloat16: 117.7 / 328.4 / 222.2 µs against 87.3 / 235.7 /
+    143.4 on an H200, Triton's ptxas; at 2671 × 50257 with torch's, not among the three fastest, 86.9 to 111.9. A
+    norm's, its weight loaded element by element at each lane's column, lost by 2-11×: LayerNorm's bfloat16 forward
+    and dx at 2671 × 50257 3598 and 2758 µs against 321 and 382, RMSNorm's float32 at 1335 × 50257 378 and 546
+    against 193 and 312; sixtieth session); rows
     WINDOW_BAND_MIN_WIDTH to 8192 wide time the rule's block against fewer warps and the window (`_window_band`,
     which has the figures). Hand-written, a bfloat16 cross-entropy
     backward at 2671 × 50257 took 150 µs so on 16 warps (89% of copy) where passline's looped kernel took 168.
@@ -445,7 +449,7 @@ def uncertain(variants: dict, xnumel: int, rnumel: int | None, interpret: bool, 
         wide.append(Config(Variant.LOOPED, 1, 4096, 16))  # one 16-byte vector of bfloat16 a thread (aligned loop)
         if Variant.PERSISTENT in kinds and rb <= WIDE_PERSISTENT_MAX:  # the row read once, held on 16 or 32 warps
             wide += [Config(Variant.PERSISTENT, 1, rb, w) for w in (16, MAX_WARPS)]
-        through = _window_config(rnumel, window) if window and not window_reads_only and Variant.PERSISTENT in kinds \
+        through = _window_config(rnumel, window) if window and wide_window and Variant.PERSISTENT in kinds \
             else None
         if through is not None and through.rblock <= WINDOW_PERSISTENT_MAX and through not in wide:
             wide.append(through)  # a row written off 16-byte boundaries, held whole through its window
@@ -488,11 +492,24 @@ def _reads_row_only(row_bytes: float | None, rnumel: int | None) -> bool:
     return row_bytes is not None and bool(rnumel) and row_bytes < READ_ROWS_BYTES * rnumel
 
 
-def windowed(cfg: Config, width: int, group: int) -> bool:
+def windowed(cfg: Config, width: int, group: int, programs: int = 0) -> bool:
     """Whether a launch of `cfg` runs a kernel with an aligned window (kernel.KernelWriter._window: rows it reads or
     writes that do not start on 16-byte boundaries, read and written in vectors of `group` elements) through it (the
     launch's WINDOW): `cfg` asks for it, a persistent program of one row whose block holds the row and the up to
-    group - 1 lanes before it. Which configurations ask is the rule's (`_window_config`) and the bands'."""
+    group - 1 lanes before it. Which configurations ask is the rule's (`_window_config`) and the bands'.
+
+    A mix-order kernel's rows in classes (kernel.KernelWriter._mix_classes): whatever the configuration, where its
+    block holds the row and its head, its `programs` (the launch's) give each of the `group` classes one, and a row
+    of the narrowest dtype is at least MIX_WINDOW_MIN_ROW_BYTES long. Each program reads the 16-byte vectors that hold
+    its rows' first and last elements whole, up to 15 bytes of a neighbouring row with each, and takes rows `group`
+    apart: on an H200 (sixtieth session, the backward's kernels in a training step, µs, band-timed, classes against
+    the plain blocks of rows) LayerNorm bfloat16 44724 × 3001 225 against 369, 26838 × 5001 272 / 506, 134218 × 1001
+    240 / 306, float32 22362 × 3001 220 / 265, 86369 × 777 217 / 268, RMSNorm bfloat16 44724 × 3001 217 / 341, a
+    bias gradient (GELU epilogue, bfloat16 44724 × 3001) 347 / 350 — but RMSNorm bfloat16 1342177 × 100 (200-byte
+    rows) 290 / 238."""
+    if cfg.variant in (Variant.MIX_ORDER, Variant.MIX_ORDER_ACC2D):
+        return (cfg.rblock is not None and cfg.rblock >= width + group - 1 and programs >= group
+                and width * (16 // group) >= MIX_WINDOW_MIN_ROW_BYTES)
     return (cfg.window and cfg.variant == Variant.PERSISTENT and cfg.xblock == 1 and cfg.rblock is not None
             and cfg.rblock >= width + group - 1)
 

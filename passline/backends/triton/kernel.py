@@ -102,6 +102,7 @@ class KernelSource:
     # window's group, in elements (16 bytes of its narrowest row's dtype), else 0; the launch passes WINDOW
     window: int = 0
     window_writes: bool = False  # ... where it writes some row off 16-byte boundaries (else it only reads them)
+    window_columns: bool = False  # ... where it reads a weight by columns (at each lane's column, element by element)
     window_by_rule: bool = False  # ... which the rule takes: it writes such rows and reduces nothing of its own
 
 
@@ -224,6 +225,7 @@ class KernelWriter:
         self.window = 0  # writing the window branch of `persistent()`: its group (loads and stores take its masks)
         self.windowed = 0  # the persistent form's window group, where it has the window branch (`_window`) ...
         self.window_writes = False  # ... and whether some row it writes is off 16-byte boundaries
+        self.window_columns = False  # ... and whether it reads a weight by columns (element by element through it)
         self.top = 1  # the indent of the kernel's top level: a branch's of `persistent()` (the deferred checks')
 
     def pid(self) -> str:
@@ -283,9 +285,13 @@ class KernelWriter:
             return self.idx(expr)
         return f"({self.idx(sympy.Add(*row))}) + ({self.idx(sympy.Add(*element))})"
 
+    def declare(self, kind: VarKind, sizes, flat: str) -> None:
+        """The canonical variables of `kind` over `sizes` come from the flat index `flat` (`_flattened`, `_on_row`)."""
+        self.flat[kind] = ([canon_var(kind, k) for k in range(len(sizes))], contiguous_strides(sizes), flat)
+
     def decompose(self, kind: VarKind, sizes, flat: str) -> None:
         """Emit the canonical variables of `kind` over `sizes` from the flat index `flat`."""
-        self.flat[kind] = ([canon_var(kind, k) for k in range(len(sizes))], contiguous_strides(sizes), flat)
+        self.declare(kind, sizes, flat)
         for name, src in _decompose(kind.value, sizes, flat, self.sizes):
             self.emit(f"{name} = {src}")
 
@@ -920,23 +926,26 @@ class KernelWriter:
             self.emit(line)
         self.deferred = []
 
-    def _window(self) -> tuple:
-        """(groups, writes): the groups of the aligned window through which the persistent form can read and write
-        its rows (see `_window_rows`), in elements: 16 bytes of each dtype its rows have (8 for bfloat16, 4 for
-        float32), the narrowest's the window's own, () where it has none; and whether a row it writes is off 16-byte
-        boundaries (else only rows it reads are). A window where some row it reads or writes does not
-        start on 16-byte boundaries (`_rows_off_vectors`'s rows: `p + W * row + q0`, every element a store or a load
-        of its own — 128 `st.global.b16` a thread for a bfloat16 row of 12345 on 4 warps, 65 `ld.global.b16` for a
-        cross-entropy forward's row on 8), and every access along the lanes is to whole rows (`_on_row`), so that
-        one window aligns them all: a weight read by columns (a norm's) would lose its vectors to the row's; an index
-        read along the lanes (a gather's) is kept out too, conservatively (its checks and loads take the row's own
-        lanes, but no such kernel was measured). One reduction variable, a width in the source, the kernel's own
-        rows (no mix-order columns)."""
+    def _window(self, mix: bool = False) -> tuple:
+        """(groups, writes): the groups of the aligned window through which the persistent form (or, with `mix`, a
+        mix-order kernel's rows in classes: `generate_mix`) can read and write its rows (see `_window_rows`), in
+        elements: 16 bytes of each dtype its rows have (8 for bfloat16, 4 for float32), the narrowest's the window's
+        own, () where it has none; and whether a row it writes is off 16-byte boundaries (else only rows it reads
+        are). A window where some row it reads or writes does not start on 16-byte boundaries (`_rows_off_vectors`'s
+        rows: `p + W * row + q0`, every element a store or a load of its own — 128 `st.global.b16` a thread for a
+        bfloat16 row of 12345 on 4 warps, 65 `ld.global.b16` for a cross-entropy forward's row on 8), and every
+        access along the lanes is to whole rows (`_on_row`) or to the columns alone: a weight read by columns (a
+        norm's) is loaded at each lane's column, element by element (`window_columns`: timed, never by rule; on an
+        H200 LayerNorm's bfloat16 dx at 10872 x 12345 took 264.7 µs so, its plain loop 369.9; sixtieth session). An
+        index read along the lanes (a gather's) is kept out, conservatively (its checks and loads take the row's own
+        lanes, but no such kernel was measured). One reduction variable, a width in the source; mix-order columns
+        only with `mix`."""
         width = sympy.sympify(product(self.red))
-        if len(self.red) != 1 or not self.outer or not width.is_Integer or "rnumel" in self.runtime or self.swap:
+        if len(self.red) != 1 or not self.outer or not width.is_Integer or "rnumel" in self.runtime or \
+                (self.swap and not mix):
             return (), False
         lane = canon_var(VarKind.CANON_REDUCTION, 0)
-        sizes, off, writes = [], False, False
+        sizes, off, writes, columns = [], False, False, False
         for m in self.nodes:
             if isinstance(m, Scatter):
                 return (), False
@@ -950,6 +959,9 @@ class KernelWriter:
                 expr = sympy.expand(substitute(index, cmap))
                 if (load is not None and buffer in self.by_output) or lane not in expr.free_symbols:
                     continue  # a value of the kernel's own, a row's own value, or one value for all
+                if load is not None and not _has_outer(expr):
+                    columns = True  # a weight by columns: loaded at each lane's column (`rindex`, masked to the row)
+                    continue
                 if not self._on_row(expr) or buffer not in self.buffers:
                     return (), False
                 size = self.buffers[buffer].dtype.itemsize
@@ -957,6 +969,7 @@ class KernelWriter:
                 row_off = int(width) * size % 16 != 0
                 off |= row_off
                 writes |= row_off and load is None
+        self.window_columns = columns and off
         return (tuple(sorted({16 // s for s in sizes}, reverse=True)), writes) if off else ((), False)
 
     def _accesses(self, m) -> list:
@@ -997,6 +1010,35 @@ class KernelWriter:
             self.emit(f"rgroup{g} = (rlane // {g}) * {g}")
             self.emit(f"rtake{g} = (rgroup{g} < rhead + {w}) & (rgroup{g} + {g} > rhead)")
             self.emit(f"rwhole{g} = (rgroup{g} >= rhead) & (rgroup{g} + {g} <= rhead + {w})")
+            self.emit(f"redge{g} = rmask & ~rwhole{g}")
+        self.decompose(VarKind.CANON_REDUCTION, self.red, "rindex")
+
+    def _mix_classes(self, pid: str, groups: tuple) -> None:
+        """A mix-order program's rows in classes (`generate_mix`'s WINDOW branch): rows a multiple of `groups[0]`
+        (G: 16 bytes of the narrowest dtype) apart start at the same offset from a G-element boundary (`rhead`: row
+        r of width W starts (r * W) % G elements past one), so a program that takes rows
+        of one class (`rclass`, its id modulo G) reads and writes every one of them through one aligned window
+        (`_window_rows`' masks, the same for all its rows) and sums its columns at the same lanes: lane l holds
+        column l - rhead of each row, and its partial sums are stored at their columns once, at the end. The
+        programs of a class (the launch's, numbered alike: a workspace row each, as in the plain form) share its
+        rows evenly (`class_lo` to `class_hi`, counted within the class); SPLIT is the plain form's. Written
+        `p + W * row + q0` with an odd W, every element of such rows was a load of its own."""
+        g0, width, rows = groups[0], self.numel("rnumel"), self.numel("xnumel")
+        self.emit(f"program = {pid}")
+        self.emit(f"rclass = program % {g0}")
+        self.emit(f"class_rows = ({rows} - rclass + {g0 - 1}) // {g0}")
+        self.emit(f"class_programs = (tl.num_programs(0) - rclass + {g0 - 1}) // {g0}")
+        self.emit(f"rank = (program // {g0}).to(tl.int64)")
+        self.emit("class_lo = rank * class_rows // class_programs")
+        self.emit("class_hi = (rank + 1) * class_rows // class_programs")
+        self.emit(f"rhead = (rclass * {width}) % {g0}")
+        self.emit("rlane = tl.arange(0, RBLOCK)[None, :]")
+        self.emit("rindex = rlane - rhead")
+        self.emit(f"rmask = (rindex >= 0) & (rindex < {width})")
+        for g in groups:
+            self.emit(f"rgroup{g} = (rlane // {g}) * {g}")
+            self.emit(f"rtake{g} = (rgroup{g} < rhead + {width}) & (rgroup{g} + {g} > rhead)")
+            self.emit(f"rwhole{g} = (rgroup{g} >= rhead) & (rgroup{g} + {g} <= rhead + {width})")
             self.emit(f"redge{g} = rmask & ~rwhole{g}")
         self.decompose(VarKind.CANON_REDUCTION, self.red, "rindex")
 
@@ -1576,9 +1618,9 @@ def generate(node, graph, interpret: bool, variant: str, blocks: dict, stored: s
     return KernelSource(name, _source(interpret, body), name, args, product(outer), product(red) if red else None,
                         variant, constants, blocks.get("num_warps", 4), int64=writer.int64, spans=spans,
                         checks=writer.debug, online=bool(red) and bool(writer.online_pairs()), window=writer.windowed,
-                        window_writes=writer.window_writes,
-                        window_by_rule=writer.window_writes and not any(writer.role(m) == Role.REDUCTION
-                                                                        for m in members))
+                        window_writes=writer.window_writes, window_columns=writer.window_columns,
+                        window_by_rule=writer.window_writes and not writer.window_columns
+                        and not any(writer.role(m) == Role.REDUCTION for m in members))
 
 
 # -- mix-order reductions ------------------------------------------------------------------------------
@@ -1666,54 +1708,90 @@ def generate_mix(mix: MixOrderNode, graph, interpret: bool, blocks: dict,
         # LayerNorm backward 32768x4096); the interpreter needs the builtin-only form (see printer)
         return f"tl.reduce({x}, 0, _sum_combine)" if interpret else f"tl.sum({x}, 0)"
 
-    if tiled:  # the program's block of rows (`pid`: which split) and its block of columns
-        w.emit(f"program = {pid}")
-        # not tl.cdiv: triton 3.6's interpreter refuses that @jit helper where both operands are ints
-        w.emit(f"column_blocks = ({w.numel('rnumel')} + RBLOCK - 1) // RBLOCK")
-        w.emit("split_id = program // column_blocks")
-        w._rindex("(program % column_blocks) * RBLOCK + ")
-        pid = "split_id"
-    else:
-        w._rindex("")
     accs = {}
     for m in in_loop_cols:
         if role(m, cols, rows) == Role.REDUCTION:
             accs[m.name] = w.tmp()
-            shape = "[XBLOCK, RBLOCK]" if acc2d else "[1, RBLOCK]"
-            w.emit(f"{accs[m.name]} = tl.full({shape}, 0, {tl_dtype(m.body.dtype)})")
-    # what no row index reaches (a weight per column) is loaded once, before the loop over row blocks
-    per_kernel = _Scope()
-    w.prefetch(per_kernel, keep=lambda e: not _has_outer(e))
 
     def column(m, val):
         masked = f"tl.where(xmask & rmask, {val}, 0.0)"
         w.emit(f"{accs[m.name]} = {accs[m.name]} + " + (masked if acc2d else f"{colsum(masked)}[None, :]"))
 
-    w.emit(f"row_start = {pid} * SPLIT")
-    scope = _Scope(per_kernel)
-    w.emit("for xoffset in tl.range(0, SPLIT, XBLOCK, num_stages=STAGES):")
-    w.indent += 1
-    w.emit("xindex = row_start + xoffset + tl.arange(0, XBLOCK)[:, None]")
-    w.emit(f"xmask = (xindex < {w.numel('xnumel')}) & (xoffset + tl.arange(0, XBLOCK)[:, None] < SPLIT)")
-    w.decompose(VarKind.CANON_OUTER, rows, "xindex")
-    w.prefetch(scope)
-    w.emit_members(scope, column)
-    w.indent -= 1
-    for m in in_loop_cols:
-        if m.name in accs:
-            part = f"{colsum(accs[m.name])}[None, :]" if acc2d else accs[m.name]
-            w.emit(f"tl.store({w.ptr(workspace_name(m))} + {pid} * {w.numel('rnumel')} + rindex, {part}, rmask)")
+    def program_body(pid: str, groups: tuple) -> None:
+        """The program's rows, its column partials, their store: rows in blocks of SPLIT, or (`classes`) the
+        program's share of its class's rows through the aligned window (`_mix_classes`; `groups`: its groups)."""
+        classes = groups[0] if groups else 0
+        if classes:
+            w._mix_classes(pid, groups)
+        elif tiled:  # the program's block of rows (`pid`: which split) and its block of columns
+            w.emit(f"program = {pid}")
+            # not tl.cdiv: triton 3.6's interpreter refuses that @jit helper where both operands are ints
+            w.emit(f"column_blocks = ({w.numel('rnumel')} + RBLOCK - 1) // RBLOCK")
+            w.emit("split_id = program // column_blocks")
+            w._rindex("(program % column_blocks) * RBLOCK + ")
+            pid = "split_id"
+        else:
+            w._rindex("")
+        for m in in_loop_cols:
+            if m.name in accs:
+                shape = "[XBLOCK, RBLOCK]" if acc2d else "[1, RBLOCK]"
+                w.emit(f"{accs[m.name]} = tl.full({shape}, 0, {tl_dtype(m.body.dtype)})")
+        # what no row index reaches (a weight per column) is loaded once, before the loop over row blocks
+        per_kernel = _Scope()
+        w.prefetch(per_kernel, keep=lambda e: not _has_outer(e))
+        scope = _Scope(per_kernel)
+        if classes:
+            w.emit("for xoffset in tl.range(class_lo, class_hi, XBLOCK, num_stages=STAGES):")
+            w.indent += 1
+            w.emit("xrow = xoffset + tl.arange(0, XBLOCK)[:, None]")
+            w.emit(f"xindex = rclass + {classes} * xrow")
+            w.emit("xmask = xrow < class_hi")
+            w.decompose(VarKind.CANON_OUTER, rows, "xindex")
+            # the row's start less its head, a multiple of the group: its accesses are the group's vectors
+            w.emit(f"rflat = (xindex.to(tl.int64) * {w.numel('rnumel')} // {classes}) * {classes} + rlane")
+            w.on_rows, w.window = True, classes
+        else:
+            w.emit(f"row_start = {pid} * SPLIT")
+            w.emit("for xoffset in tl.range(0, SPLIT, XBLOCK, num_stages=STAGES):")
+            w.indent += 1
+            w.emit("xindex = row_start + xoffset + tl.arange(0, XBLOCK)[:, None]")
+            w.emit(f"xmask = (xindex < {w.numel('xnumel')}) & (xoffset + tl.arange(0, XBLOCK)[:, None] < SPLIT)")
+            w.decompose(VarKind.CANON_OUTER, rows, "xindex")
+        w.prefetch(scope)
+        w.emit_members(scope, column)
+        w.on_rows, w.window = False, 0
+        w.indent -= 1
+        for m in in_loop_cols:
+            if m.name in accs:
+                part = f"{colsum(accs[m.name])}[None, :]" if acc2d else accs[m.name]
+                w.emit(f"tl.store({w.ptr(workspace_name(m))} + {pid} * {w.numel('rnumel')} + rindex, {part}, rmask)")
+
+    w.declare(VarKind.CANON_OUTER, rows, "xindex")  # (the rows' flat index, as both forms name it: `_on_row`)
+    groups = () if tiled else w._window(mix=True)[0]
+    if groups:  # WINDOW (a constexpr the launch sets, configs.windowed): rows in classes, else blocks of rows
+        w.emit("if WINDOW:")
+        w.indent += 1
+        w.top = w.indent
+        program_body(pid, groups)
+        w.indent -= 1
+        w.emit("else:")
+        w.indent += 1
+        w.top = w.indent
+    program_body(pid, ())
+    w.indent -= bool(groups)
+    w.top = 1
     # SPLIT (rows per program) is a run-time argument: the autotuner times several without recompiling.
     # Under the interpreter it is a constexpr (nothing is compiled there): Triton 3.6's interpreter turns a
     # run-time int into a one-element array, and its `tl.range` bound then fails under NumPy >= 2.5
     # ("only 0-dimensional arrays can be converted to Python scalars"; 3.9's squeezes it first)
-    body = w.header(["XBLOCK", "RBLOCK", "STAGES"], extra=["SPLIT: tl.constexpr" if interpret else "SPLIT"]) + w.body()
+    constexprs = ["XBLOCK", "RBLOCK", "STAGES", *(["WINDOW"] if groups else [])]
+    body = w.header(constexprs, extra=["SPLIT: tl.constexpr" if interpret else "SPLIT"]) + w.body()
     sizes = tuple(("size", s) for s in sorted(w.sizes, key=str))
     constants = {k: blocks[k] for k in ("XBLOCK", "RBLOCK", "SPLIT")} | {"STAGES": blocks.get("STAGES", 1)}
     src = KernelSource(name, _source(interpret, body), name, w.ordered_args() + sizes, product(rows),
                        product(cols), form, constants, blocks.get("num_warps", 4), "SPLIT", w.int64, spans,
                        checks=w.debug, row_sums=any(isinstance(m, Reduction) for m in row_members),
-                       scalar_rows=w._rows_off_vectors())
+                       scalar_rows=w._rows_off_vectors(), window=groups[0] if groups else 0)
     return src, finish
 
 

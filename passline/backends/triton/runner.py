@@ -266,8 +266,10 @@ class Kernel:
         self.window = max((g for g, _ in self.windows.values()), default=0)  # (configs.uncertain)
         # ... and the rule's, where the kernel reduces nothing of its own (KernelSource.window_by_rule)
         self.window_by_rule = self.window if any(src.window_by_rule for src in info.variants.values()) else 0
-        # ... whether its rows off 16-byte boundaries are only read (configs.uncertain: none held whole past 16384)
-        self.window_reads_only = bool(self.window) and not any(src.window_writes for src in info.variants.values())
+        # ... whether a row wider than 16384 is held whole through it (configs.uncertain): where the kernel writes
+        # rows off 16-byte boundaries and reads no weight by columns
+        self.wide_window = bool(self.window) and any(src.window_writes for src in info.variants.values()) \
+            and not any(src.window_columns for src in info.variants.values())
         self.wide = False
         self.wide_when: str | None = None  # the generated call's `wide=` condition (wrapper.py), or None
         self.counters: collections.Counter = collections.Counter()  # the runner's (report.metrics.counters)
@@ -445,7 +447,7 @@ class Kernel:
         base = base if base is not None else self._rule(xnumel, rnumel, args)
         return uncertain(self.splits, xnumel, rnumel, self.interpret, self.device, self.rows_contiguous, self.only,
                          base, self._row_bytes(xnumel, rnumel, args), self.row_sums, self.scalar_rows, self.window,
-                         self.window_reads_only)
+                         self.wide_window)
 
     def _autotune_candidates(self, xnumel: int, rnumel: int | None, args) -> list:
         """What autotune=True times at these sizes: configs.autotune_candidates (the rule's and the band's too)."""
@@ -518,7 +520,7 @@ class Kernel:
         blocks = {**cfg.blocks(), **compat.COMPILE_OPTIONS}
         found = self.windows.get(cfg.variant)
         if found is not None:
-            blocks["WINDOW"] = windowed(cfg, found[1], found[0]) and all(
+            blocks["WINDOW"] = windowed(cfg, found[1], found[0], cfg.programs(xnumel, rnumel)) and all(
                 _spec(full[i]) for i in self.check if i < len(full) and not isinstance(full[i], int))
         if cfg.variant in self.checked:
             blocks.update(compat.CHECKED_OPTIONS)
@@ -1525,7 +1527,8 @@ class TritonRunner:
                                            for kind_, a in src.args],
                  str(src.xnumel), str(src.rnumel), sorted(src.constants.items()), src.num_warps,
                  src.grid_per_program, src.int64, [str(e) for e in src.spans], src.checks, src.online, src.row_sums,
-                 src.scalar_rows, src.window, src.window_writes, src.window_by_rule) for v, src in variants.items()]
+                 src.scalar_rows, src.window, src.window_writes, src.window_columns, src.window_by_rule)
+                for v, src in variants.items()]
         return digest(kind, cls.__name__, sorted(extra.items()), contiguous, mutates, str(traffic), hinted, code)
 
     def _compile(self, node):
