@@ -1004,6 +1004,12 @@ class KernelWriter:
         self.emit("rhead = rbase - rlo")
         self.emit("rlane = tl.arange(0, RBLOCK)[None, :]")
         self.emit("rflat = rlo + rlane")
+        self._window_lanes(groups)
+
+    def _window_lanes(self, groups: tuple) -> None:
+        """The window's lanes, from `rlane` (0 to RBLOCK) and `rhead` (the lanes before the row): each lane's column
+        (`rindex`, negative before the row), the row's own lanes (`rmask`), and each group's masks (`_window_rows`)."""
+        w = self.numel("rnumel")
         self.emit("rindex = rlane - rhead")
         self.emit(f"rmask = (rindex >= 0) & (rindex < {w})")
         for g in groups:
@@ -1033,14 +1039,7 @@ class KernelWriter:
         self.emit("class_hi = (rank + 1) * class_rows // class_programs")
         self.emit(f"rhead = (rclass * {width}) % {g0}")
         self.emit("rlane = tl.arange(0, RBLOCK)[None, :]")
-        self.emit("rindex = rlane - rhead")
-        self.emit(f"rmask = (rindex >= 0) & (rindex < {width})")
-        for g in groups:
-            self.emit(f"rgroup{g} = (rlane // {g}) * {g}")
-            self.emit(f"rtake{g} = (rgroup{g} < rhead + {width}) & (rgroup{g} + {g} > rhead)")
-            self.emit(f"rwhole{g} = (rgroup{g} >= rhead) & (rgroup{g} + {g} <= rhead + {width})")
-            self.emit(f"redge{g} = rmask & ~rwhole{g}")
-        self.decompose(VarKind.CANON_REDUCTION, self.red, "rindex")
+        self._window_lanes(groups)
 
     def _group_of(self, buffer: str) -> int:
         """The window's group of `buffer`'s accesses: 16 bytes of its dtype (`_window_rows`)."""
