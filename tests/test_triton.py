@@ -67,13 +67,19 @@ def test_mix_order_row_loop_is_pipelined_on_gpus_only():
     assert all(c.xblock >= 2 for c in mix_candidates(Variant.MIX_ORDER_ACC2D, 512, 128, interpret=False))
 
 
-def test_nan_and_inf_propagate_like_eager():
+@pytest.mark.parametrize("variant", ["persistent", "looped"])
+def test_nan_and_inf_propagate_like_eager(variant):
+    # an argmax or argmin takes the first NaN, and the first of tied extremes (under the interpreter through
+    # numpy's reductions: printer's _argmax_of)
     x = torch.randn(16, 32)
     x[0, 3] = float("nan")
     x[1, 5] = float("inf")
     x[2, :] = float("-inf")
-    fn = lambda x: (torch.relu(x), x.amax(1), x.argmax(1), torch.maximum(x, x.t().contiguous().t() * 0), x.sum(1))
-    assert_matches_eager(fn, [x], codegen="triton")
+    x[3, [9, 4]] = float("nan")
+    x[4, [7, 2]], x[5, [6, 1]] = 10.0, -10.0
+    fn = lambda x: (torch.relu(x), x.amax(1), x.argmax(1), x.argmin(1), torch.maximum(x, x.t().contiguous().t() * 0),
+                    x.sum(1))
+    assert_matches_eager(fn, [x], codegen="triton", kernel_variant=variant)
 
 
 def test_bool_plus_bool_is_logical_or():

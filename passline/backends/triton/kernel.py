@@ -833,9 +833,7 @@ class KernelWriter:
             if self.on_rows:  # lanes before the row have negative indices: masked, they must lose every tie
                 self.emit(f"{ix} = tl.where(xmask & rmask, {ix}, 2**62)")
             if acc is None:
-                out_v, out_i = self.tmp(), self.tmp()
-                self.emit(f"{out_v}, {out_i} = tl.reduce(({v}, {ix}), 1, _{rt}_combine)")
-                return f"{out_i}[:, None]"
+                return f"{self._arg_reduce(v, ix, rt)}[:, None]"
             self.emit(f"{acc}_v, {acc}_i = _{rt}_combine({acc}_v, {acc}_i, {v}, {ix})")
             return acc
         src = val if dt != torch.bool else f"{val}.to(tl.int32)"
@@ -857,6 +855,17 @@ class KernelWriter:
             return f"{'_max_of' if rt in ('max', 'any') else '_min_of'}({v}, {axis})"
         return f"tl.reduce({v}, {axis}, {COMBINE[rt]})"
 
+    def _arg_reduce(self, v: str, ix: str, rt: str) -> str:
+        """The variable holding the index an argmax or argmin (`rt`) of values `v` at indices `ix` picks along axis 1:
+        `tl.reduce` with `_argmax_combine`, or under the interpreter `_argmax_of` (numpy's reductions, as `_reduce`'s
+        max; a window's argmax test took 18-23 s in CI through the combine, called once an element and step)."""
+        out = self.tmp()
+        if self.interpret:
+            self.emit(f"{out} = _{rt}_of({v}, {ix}, 1)")
+        else:
+            self.emit(f"_, {out} = tl.reduce(({v}, {ix}), 1, _{rt}_combine)")
+        return out
+
     def _acc_init(self, m, group: int | None = None) -> str:
         """A loop's accumulator of reduction member `m`: one value a lane ([XBLOCK, RBLOCK]), or with `group`
         (an online softmax pair, see `_online_step`) one a group of that many lanes."""
@@ -874,10 +883,9 @@ class KernelWriter:
 
     def _finish_acc(self, m, acc: str) -> str:
         rt = m.reduction_type
-        out = self.tmp()
         if rt in ("argmax", "argmin"):
-            self.emit(f"_, {out} = tl.reduce(({acc}_v, {acc}_i), 1, _{rt}_combine)")
-            return f"{out}[:, None]"
+            return f"{self._arg_reduce(f'{acc}_v', f'{acc}_i', rt)}[:, None]"
+        out = self.tmp()
         self.emit(f"{out} = {self._reduce(acc, 1, rt)}[:, None]")
         return out
 

@@ -434,6 +434,20 @@ def _min_of(x, axis: tl.constexpr):
     nan = tl.sum((x != x).to(tl.int32), axis) > 0
     return tl.where(nan, tl.sum(x, axis), tl.min(x, axis)).to(x.dtype)
 
+
+# ... and an argmax or argmin: the row's max (min) as above, then the smallest index among the lanes holding it (a
+# NaN's, where the row has one): ties to the first index and NaN the largest, as eager and _argmax_combine have them
+@triton.jit
+def _argmax_of(v, ix, axis: tl.constexpr):
+    best = tl.expand_dims(_max_of(v, axis), axis)
+    return tl.min(tl.where((v == best) | ((v != v) & (best != best)), ix, 2**62), axis)
+
+
+@triton.jit
+def _argmin_of(v, ix, axis: tl.constexpr):
+    best = tl.expand_dims(_min_of(v, axis), axis)
+    return tl.min(tl.where((v == best) | ((v != v) & (best != best)), ix, 2**62), axis)
+
 @triton.jit
 def _to_bf16(x):
     # float32 -> bfloat16 rounding to nearest even on the bits: the interpreter's own cast truncates
