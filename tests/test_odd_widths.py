@@ -493,3 +493,30 @@ def test_a_mixed_kernels_rows_in_classes_load_vectors_on_sm90(gpu_compile, monke
         (main,) = [p for name, p in ptx.items() if name.startswith("k_mix") and not name.endswith("finish")]
         got[window] = len(re.findall(r"cp\.async\.c[ag]\.shared\.global [^\n]*, 0x10,", main)), _loads(main)["st"]
     assert got[True][0] > 0 and got[True][1] > 0 and got[False] == (0, 0), got
+
+
+def test_a_mixed_kernels_rows_in_classes_under_a_run_time_row_count(monkeypatch):
+    """With a run-time row count a mix-order kernel's WINDOW follows each launch's programs (21 rows in splits of 2:
+    11 programs, the classes; 5 rows: 3, the blocks of rows): both against eager in one compiled function, and a
+    binary is kept per WINDOW (runner.Kernel.binary_key): one compiled with the classes, launched where a class has
+    no program, would leave that class's rows undone."""
+    from passline.backends.triton.runner import MixKernel
+
+    monkeypatch.setattr(configs, "INTERP_BLOCK", 16384)
+    seen = []  # (kernel, configuration, constexprs) of each launch
+    constexprs = MixKernel.constexprs
+
+    def spy(self, cfg, *a, **k):
+        seen.append((self, cfg, constexprs(self, cfg, *a, **k)))
+        return seen[-1][2]
+
+    monkeypatch.setattr(MixKernel, "constexprs", spy)
+    torch.manual_seed(0)
+    ln = torch.nn.LayerNorm(1001).bfloat16()
+    for rows in (21, 5, 21):
+        x = torch.randn(rows, 1001, dtype=torch.bfloat16, requires_grad=True)
+        assert_matches_eager(ln, [x], codegen="triton", pipeline=_mixed_pipeline(2), dynamic=True)
+    assert {c["WINDOW"] for _, _, c in seen} == {True, False}, seen
+    k, cfg, consts = seen[0]
+    full = (16,) * (max(k.check, default=0) + 1)  # the arguments the key specializes on
+    assert k.binary_key(cfg, {**consts, "WINDOW": True}, full) != k.binary_key(cfg, {**consts, "WINDOW": False}, full)

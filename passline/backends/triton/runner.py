@@ -534,9 +534,12 @@ class Kernel:
         """The key of `binaries` a launch of `cfg` with these constexprs and arguments (`full`: the
         signature's, sizes included) looks its binary up under: everything the binary was compiled
         assuming — the configuration, the index width and the specialization of what may change between
-        calls (`check`). The launch and the precompile plan (TritonRunner._first_launches) both use this."""
-        if self.check or "INT64" in consts:
-            return cfg, consts.get("INT64"), tuple(_spec(full[i]) for i in self.check)
+        calls (`check`), and the aligned window's WINDOW (a mix-order kernel's follows the launch's count of programs,
+        which a run-time row count changes under one configuration: configs.windowed). The launch and the precompile
+        plan (TritonRunner._first_launches) both use this."""
+        if self.check or "INT64" in consts or "WINDOW" in consts:
+            key = cfg, consts.get("INT64"), tuple(_spec(full[i]) for i in self.check)
+            return key + (consts["WINDOW"],) if "WINDOW" in consts else key
         return cfg
 
     def install(self, key, launch, consts: dict, nfull: int, variant, compiled=None) -> None:
