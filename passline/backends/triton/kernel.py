@@ -96,7 +96,8 @@ class KernelSource:
     checks: bool = False
     online: bool = False  # a looped form accumulates a softmax's sum of exponentials with its max (the rule)
     row_sums: bool = False  # a mix-order kernel that also reduces its rows (a norm's backward; the rule)
-    # a mix-order kernel whose rows do not start on 16-byte boundaries: each element a load of its own (the rule)
+    # a mix-order kernel whose rows do not start on 16-byte boundaries: each element a load of its own in its blocks of
+    # rows (the rule; where `window` is set, launches whose rows take classes through the window read vectors)
     scalar_rows: bool = False
     # a persistent kernel that can read and write its rows through an aligned window (`KernelWriter._window`): the
     # window's group, in elements (16 bytes of its narrowest row's dtype), else 0; the launch passes WINDOW
@@ -1724,19 +1725,20 @@ def generate_mix(mix: MixOrderNode, graph, interpret: bool, blocks: dict,
         masked = f"tl.where(xmask & rmask, {val}, 0.0)"
         w.emit(f"{accs[m.name]} = {accs[m.name]} + " + (masked if acc2d else f"{colsum(masked)}[None, :]"))
 
-    def program_body(pid: str, groups: tuple) -> None:
+    def program_body(groups: tuple) -> None:
         """The program's rows, its column partials, their store: rows in blocks of SPLIT, or (`classes`) the
         program's share of its class's rows through the aligned window (`_mix_classes`; `groups`: its groups)."""
         classes = groups[0] if groups else 0
+        split = pid  # which block of rows: the program's workspace row
         if classes:
             w._mix_classes(pid, groups)
-        elif tiled:  # the program's block of rows (`pid`: which split) and its block of columns
+        elif tiled:  # the program's block of rows and its block of columns
             w.emit(f"program = {pid}")
             # not tl.cdiv: triton 3.6's interpreter refuses that @jit helper where both operands are ints
             w.emit(f"column_blocks = ({w.numel('rnumel')} + RBLOCK - 1) // RBLOCK")
             w.emit("split_id = program // column_blocks")
             w._rindex("(program % column_blocks) * RBLOCK + ")
-            pid = "split_id"
+            split = "split_id"
         else:
             w._rindex("")
         for m in in_loop_cols:
@@ -1758,7 +1760,7 @@ def generate_mix(mix: MixOrderNode, graph, interpret: bool, blocks: dict,
             w.emit(f"rflat = (xindex.to(tl.int64) * {w.numel('rnumel')} // {classes}) * {classes} + rlane")
             w.on_rows, w.window = True, classes
         else:
-            w.emit(f"row_start = {pid} * SPLIT")
+            w.emit(f"row_start = {split} * SPLIT")
             w.emit("for xoffset in tl.range(0, SPLIT, XBLOCK, num_stages=STAGES):")
             w.indent += 1
             w.emit("xindex = row_start + xoffset + tl.arange(0, XBLOCK)[:, None]")
@@ -1771,20 +1773,24 @@ def generate_mix(mix: MixOrderNode, graph, interpret: bool, blocks: dict,
         for m in in_loop_cols:
             if m.name in accs:
                 part = f"{colsum(accs[m.name])}[None, :]" if acc2d else accs[m.name]
-                w.emit(f"tl.store({w.ptr(workspace_name(m))} + {pid} * {w.numel('rnumel')} + rindex, {part}, rmask)")
+                w.emit(f"tl.store({w.ptr(workspace_name(m))} + {split} * {w.numel('rnumel')} + rindex, {part}, rmask)")
+        for line in w.deferred:  # index checks after the stores, in this branch (whose variables they read)
+            w.emit(line)
+        w.deferred = []
 
     w.declare(VarKind.CANON_OUTER, rows, "xindex")  # (the rows' flat index, as both forms name it: `_on_row`)
-    groups = () if tiled else w._window(mix=True)[0]
+    classes_ok = not tiled and (not interpret or compat.INTERPRETED_LOOP_BOUNDS)
+    groups, writes = w._window(mix=True) if classes_ok else ((), False)
     if groups:  # WINDOW (a constexpr the launch sets, configs.windowed): rows in classes, else blocks of rows
         w.emit("if WINDOW:")
         w.indent += 1
         w.top = w.indent
-        program_body(pid, groups)
+        program_body(groups)
         w.indent -= 1
         w.emit("else:")
         w.indent += 1
         w.top = w.indent
-    program_body(pid, ())
+    program_body(())
     w.indent -= bool(groups)
     w.top = 1
     # SPLIT (rows per program) is a run-time argument: the autotuner times several without recompiling.
@@ -1798,7 +1804,7 @@ def generate_mix(mix: MixOrderNode, graph, interpret: bool, blocks: dict,
     src = KernelSource(name, _source(interpret, body), name, w.ordered_args() + sizes, product(rows),
                        product(cols), form, constants, blocks.get("num_warps", 4), "SPLIT", w.int64, spans,
                        checks=w.debug, row_sums=any(isinstance(m, Reduction) for m in row_members),
-                       scalar_rows=w._rows_off_vectors(), window=groups[0] if groups else 0)
+                       scalar_rows=w._rows_off_vectors(), window=groups[0] if groups else 0, window_writes=writes)
     return src, finish
 
 
