@@ -511,8 +511,9 @@ class Kernel:
         is chosen per launch, INT64: set when a buffer spans past int32 (`wide`, default this call's) or the
         points the programs reach do — the counts rounded up to whole blocks, since masked-off lanes compute
         offsets too and must not wrap into the mask — else int32 offsets, as a static kernel of these sizes
-        has. A variant with an aligned window takes WINDOW: whether `cfg` runs through it (configs.windowed: it
-        asks to, and its block holds the row and the window's head) and every pointer among the launch's
+        has. A variant with an aligned window takes WINDOW: whether `cfg` runs through it (configs.windowed: a
+        persistent configuration asks to and its block holds the row and the window's head; a mix-order one's block
+        holds them and this launch's programs give each class one) and every pointer among the launch's
         arguments (`full`, the signature's) that may change between calls is 16-byte aligned. A misaligned one
         (an extern's view) loads element by element whatever the source says, and the window's whole groups would
         reach up to 15 bytes past a buffer's last element, past its last 16-byte vector: such a launch takes the
