@@ -1587,9 +1587,10 @@ def test_a_looped_kernels_per_row_loads_come_before_its_loop():
 
 
 def _at_first_reduction(source: str) -> tuple:
-    """A kernel's body split at its first reduction: `tl.reduce(`, or the interpreter's `_max_of(` / `_min_of(`."""
+    """A kernel's body split at its first reduction: `tl.reduce(`, or the interpreter's `_max_of(` / `_min_of(` /
+    `_argmax_of(` / `_argmin_of(`."""
     body = source[source.index("\ndef k_"):]
-    i = min(body.index(s) for s in ("tl.reduce(", "_max_of(", "_min_of(") if s in body)
+    i = min(body.index(s) for s in ("tl.reduce(", "_max_of(", "_min_of(", "_argmax_of(", "_argmin_of(") if s in body)
     return body[:i], body[i:]
 
 
