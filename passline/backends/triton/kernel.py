@@ -906,7 +906,7 @@ class KernelWriter:
     def persistent(self) -> list[str]:
         self._xr()
         self.exp_terms = self._exp_terms()
-        groups, self.window_writes = self._window()
+        groups, self.window_writes, self.window_columns = self._window()
         group = self.windowed = max(groups, default=0)
         if group:  # WINDOW (a constexpr the launch sets, configs.windowed): the row through the window, else plain
             self.emit("if WINDOW:")
@@ -936,34 +936,34 @@ class KernelWriter:
         self.deferred = []
 
     def _window(self, mix: bool = False) -> tuple:
-        """(groups, writes): the groups of the aligned window through which the persistent form (or, with `mix`, a
-        mix-order kernel's rows in classes: `generate_mix`) can read and write its rows (see `_window_rows`), in
-        elements: 16 bytes of each dtype its rows have (8 for bfloat16, 4 for float32), the narrowest's the window's
-        own, () where it has none; and whether a row it writes is off 16-byte boundaries (else only rows it reads
-        are). A window where some row it reads or writes does not start on 16-byte boundaries (`_rows_off_vectors`'s
-        rows: `p + W * row + q0`, every element a store or a load of its own — 128 `st.global.b16` a thread for a
-        bfloat16 row of 12345 on 4 warps, 65 `ld.global.b16` for a cross-entropy forward's row on 8), and every
-        access along the lanes is to whole rows (`_on_row`) or to the columns alone: a weight read by columns (a
-        norm's) is loaded at each lane's column, element by element (`window_columns`: timed, never by rule; on an
-        H200 LayerNorm's bfloat16 dx at 10872 x 12345 took 264.7 µs so, its plain loop 369.9; sixtieth session). An
-        index read along the lanes (a gather's) is kept out, conservatively (its checks and loads take the row's own
-        lanes, but no such kernel was measured). One reduction variable, a width in the source; mix-order columns
-        only with `mix`."""
+        """(groups, writes, columns): the groups of the aligned window through which the persistent form (or, with
+        `mix`, a mix-order kernel's rows in classes: `generate_mix`) can read and write its rows (see `_window_rows`),
+        in elements: 16 bytes of each dtype its rows have (8 for bfloat16, 4 for float32), the narrowest's the
+        window's own, () where it has none; whether a row it writes is off 16-byte boundaries (else only rows it
+        reads are); and whether it reads a weight by columns. A window where some row it reads or writes does not
+        start on 16-byte boundaries (`_rows_off_vectors`'s rows: `p + W * row + q0`, every element a store or a load
+        of its own — 128 `st.global.b16` a thread for a bfloat16 row of 12345 on 4 warps, 65 `ld.global.b16` for a
+        cross-entropy forward's row on 8), and every access along the lanes is to whole rows (`_on_row`) or to the
+        columns alone: a weight read by columns (a norm's) is loaded at each lane's column, element by element
+        (`window_columns`: timed, never by rule; on an H200 LayerNorm's bfloat16 dx at 10872 x 12345 took 264.7 µs
+        so, its plain loop 369.9; sixtieth session). An index read along the lanes (a gather's) is kept out,
+        conservatively (its checks and loads take the row's own lanes, but no such kernel was measured). One
+        reduction variable, a width in the source; mix-order columns only with `mix`."""
         width = sympy.sympify(product(self.red))
         if len(self.red) != 1 or not self.outer or not width.is_Integer or "rnumel" in self.runtime or \
                 (self.swap and not mix):
-            return (), False
+            return (), False, False
         lane = canon_var(VarKind.CANON_REDUCTION, 0)
         sizes, off, writes, columns = [], False, False, False
         for m in self.nodes:
             if isinstance(m, Scatter):
-                return (), False
+                return (), False, False
             cmap = self.canon(m)
             for n in walk(m.body):
                 if isinstance(n, (Load, IndexValue)) and any(
                         lane in substitute(v.index if isinstance(v, Load) else v.expr, cmap).free_symbols
                         for b in n.indirect for v in walk(b.value) if isinstance(v, (Load, IndexValue))):
-                    return (), False  # an index that varies along the row
+                    return (), False, False  # an index that varies along the row
             for buffer, index, load in self._accesses(m):
                 expr = sympy.expand(substitute(index, cmap))
                 if (load is not None and buffer in self.by_output) or lane not in expr.free_symbols:
@@ -972,14 +972,13 @@ class KernelWriter:
                     columns = True  # a weight by columns: loaded at each lane's column (`rindex`, masked to the row)
                     continue
                 if not self._on_row(expr) or buffer not in self.buffers:
-                    return (), False
+                    return (), False, False
                 size = self.buffers[buffer].dtype.itemsize
                 sizes.append(size)
                 row_off = int(width) * size % 16 != 0
                 off |= row_off
                 writes |= row_off and load is None
-        self.window_columns = columns and off
-        return (tuple(sorted({16 // s for s in sizes}, reverse=True)), writes) if off else ((), False)
+        return (tuple(sorted({16 // s for s in sizes}, reverse=True)), writes, columns) if off else ((), False, False)
 
     def _accesses(self, m) -> list:
         """Member m's accesses as (buffer, index in its own variables, the Load or None for its store): its store
@@ -1780,7 +1779,7 @@ def generate_mix(mix: MixOrderNode, graph, interpret: bool, blocks: dict,
 
     w.declare(VarKind.CANON_OUTER, rows, "xindex")  # (the rows' flat index, as both forms name it: `_on_row`)
     classes_ok = not tiled and (not interpret or compat.INTERPRETED_LOOP_BOUNDS)
-    groups, writes = w._window(mix=True) if classes_ok else ((), False)
+    groups, writes, _ = w._window(mix=True) if classes_ok else ((), False, False)
     if groups:  # WINDOW (a constexpr the launch sets, configs.windowed): rows in classes, else blocks of rows
         w.emit("if WINDOW:")
         w.indent += 1

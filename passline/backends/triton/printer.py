@@ -448,6 +448,7 @@ def _argmin_of(v, ix, axis: tl.constexpr):
     best = tl.expand_dims(_min_of(v, axis), axis)
     return tl.min(tl.where((v == best) | ((v != v) & (best != best)), ix, 2**62), axis)
 
+
 @triton.jit
 def _to_bf16(x):
     # float32 -> bfloat16 rounding to nearest even on the bits: the interpreter's own cast truncates
