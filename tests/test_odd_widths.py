@@ -422,7 +422,7 @@ needs_loop_bounds = pytest.mark.skipif(not compat.INTERPRETED_LOOP_BOUNDS, reaso
 def test_a_mixed_kernels_rows_in_classes_match_eager(monkeypatch, case, split):
     """A mix-order kernel over rows that do not start on 16-byte boundaries (21 rows of 1001: a bfloat16 row starts
     1001 % 8 elements past the last's boundary) takes its rows in classes of one offset through the aligned window
-    (`KernelWriter._mix_classes`), launched so wherever its programs give each class one (WINDOW): 21, 11 and 5
+    (`KernelWriter._classes`), launched so wherever its programs give each class one (WINDOW): 21, 11 and 5
     programs at splits of 1, 2 and 5 rows (a float32 row's group is 4 elements: 5 programs cover 4 classes), and the
     plain blocks of rows at 16 (two programs). The norm's dx and the column sums (weight, bias) against eager."""
     from passline.backends.triton.runner import MixKernel
@@ -526,3 +526,144 @@ def test_a_mixed_kernels_rows_in_classes_under_a_run_time_row_count(monkeypatch)
     k, cfg, consts = seen[0]
     full = (16,) * (max(k.check, default=0) + 1)  # the arguments the key specializes on
     assert k.binary_key(cfg, {**consts, "WINDOW": True}, full) != k.binary_key(cfg, {**consts, "WINDOW": False}, full)
+
+
+def _asking_for_classes(monkeypatch, split: int, xblock: int = 1) -> None:
+    """Every persistent rule's configuration of a kernel with rows in classes (KernelSource.window_classes) asks for
+    them, `split` rows a program, `xblock` a step of its loop: the row's block and the window's head, on 4 warps."""
+    from passline.backends.triton.configs import Config, Variant
+    from passline.backends.triton.runner import Kernel
+
+    rule = Kernel._rule
+
+    def classes(self, xnumel, rnumel, *a, **k):
+        cfg = rule(self, xnumel, rnumel, *a, **k)
+        if not self.window_classes or cfg.variant != Variant.PERSISTENT:
+            return cfg
+        return Config(Variant.PERSISTENT, xblock, configs.pow2(rnumel + self.window - 1), 4, split=split, window=True)
+
+    monkeypatch.setattr(Kernel, "_rule", classes)
+
+
+NORMS = {
+    "layer_norm_bf16": lambda rows, width: (torch.nn.LayerNorm(width).bfloat16(),
+                                            [torch.randn(rows, width, dtype=torch.bfloat16, requires_grad=True)]),
+    "layer_norm": lambda rows, width: (torch.nn.LayerNorm(width), [torch.randn(rows, width, requires_grad=True)]),
+    "rms_norm_bf16": lambda rows, width: (torch.nn.RMSNorm(width).bfloat16(),
+                                          [torch.randn(rows, width, dtype=torch.bfloat16, requires_grad=True)]),
+    # a bfloat16 row beside a float32 weight: groups of 8 for the rows, the weight loaded at the columns
+    "layer_norm_bf16_f32_weight": lambda rows, width: (
+        lambda x, w, b: F.layer_norm(x.float(), (width,), w, b).to(torch.bfloat16),
+        [torch.randn(rows, width, dtype=torch.bfloat16, requires_grad=True), torch.randn(width, requires_grad=True),
+         torch.randn(width, requires_grad=True)]),
+}
+UNMIXED = "dce, fuse, reorder_loops"  # the backward's dx a row kernel of its own (a weight by columns), no mix
+
+
+@needs_loop_bounds
+@pytest.mark.parametrize("split, xblock", [(1, 1), (2, 1), (2, 2), (3, 1), (5, 4)])
+@pytest.mark.parametrize("case", sorted(NORMS))
+def test_a_norms_rows_in_classes_match_eager(monkeypatch, case, split, xblock):
+    """A persistent norm over 21 rows of 1001 (a bfloat16 row starts 1001 % 8 elements past the last one's 16-byte
+    boundary, a float32 row 1001 % 4) whose configuration asks for rows in classes (WINDOW == CLASSES: a program's
+    share of one class's rows, its weight and bias loaded once; KernelWriter._classes): 21 and 11 programs at
+    splits of 1 and 2 rows, steps of 1 and 2 rows, take them; 7 at a split of 3 and 5 at 5 leave a bfloat16 class
+    without a program and run the plain form, a row a program (runner.Kernel.grid) — a float32 row's 4 classes still
+    take theirs at 7 and 5 (the plain form at a step of 4 rows: 6 programs). Forward and backward (dx unmixed: a
+    row kernel reading the weight by columns) against eager."""
+    from passline.backends.triton.kernel import CLASSES
+    from passline.backends.triton.runner import Kernel
+
+    monkeypatch.setattr(configs, "INTERP_BLOCK", 16384)
+    _asking_for_classes(monkeypatch, split, xblock)
+    seen = []
+    constexprs = Kernel.constexprs
+
+    def spy(self, cfg, *a, **k):
+        out = constexprs(self, cfg, *a, **k)
+        if cfg.classes:
+            seen.append((self.window, out["WINDOW"], Kernel.grid(cfg, out, *a[:2])))
+        return out
+
+    monkeypatch.setattr(Kernel, "constexprs", spy)
+    torch.manual_seed(0)
+    fn, inputs = NORMS[case](21, 1001)
+    be = assert_matches_eager(fn, inputs, codegen="triton", kernel_variant="persistent", pipeline=UNMIXED)
+    with_classes = [k for k in _reductions(be) if f"if WINDOW == {CLASSES}:" in k.source]
+    assert len(with_classes) == 2, [k.source for k in _reductions(be)]  # the forward and dx
+    programs = -(-21 // split)
+    for group, window, grid in seen:
+        assert (window, grid) == ((CLASSES, programs) if programs >= group else (False, -(-21 // xblock))), seen
+    assert {g for g, _, _ in seen} == ({4} if case == "layer_norm" else {8}), seen
+
+
+@needs_loop_bounds
+def test_a_norms_rows_in_classes_under_a_run_time_row_count(monkeypatch):
+    """Under dynamic shapes the classes follow each launch's programs (21 rows in splits of 2: 11 programs, the
+    classes; 5 rows: 3, a row a program), all in one compiled function against eager, and the binary is kept per
+    WINDOW (runner.Kernel.binary_key)."""
+    from passline.backends.triton.kernel import CLASSES
+    from passline.backends.triton.runner import Kernel
+
+    monkeypatch.setattr(configs, "INTERP_BLOCK", 16384)
+    _asking_for_classes(monkeypatch, 2)
+    seen = []
+    constexprs = Kernel.constexprs
+
+    def spy(self, cfg, *a, **k):
+        out = constexprs(self, cfg, *a, **k)
+        if cfg.classes:
+            seen.append((self, cfg, out))
+        return out
+
+    monkeypatch.setattr(Kernel, "constexprs", spy)
+    torch.manual_seed(0)
+    ln = torch.nn.LayerNorm(1001).bfloat16()
+    for rows in (21, 5, 21):
+        x = torch.randn(rows, 1001, dtype=torch.bfloat16, requires_grad=True)
+        assert_matches_eager(ln, [x], codegen="triton", kernel_variant="persistent", pipeline=UNMIXED, dynamic=True)
+    assert {c["WINDOW"] for _, _, c in seen} == {CLASSES, False}, seen
+    k, cfg, consts = seen[0]
+    full = (16,) * (max(k.check, default=0) + 1)
+    assert k.binary_key(cfg, {**consts, "WINDOW": CLASSES}, full) != k.binary_key(cfg, {**consts, "WINDOW": False},
+                                                                                  full)
+
+
+def test_rows_in_classes_are_timed_for_a_norm_that_reads_a_weight_by_columns():
+    """configs.class_band on a GPU of 132 SMs: a bfloat16 LayerNorm forward over 44724 rows of 3001 (its block of
+    4096 on 4 warps, 32 elements a thread) times, beside the rule's block, its rows in classes in as many programs as
+    fill the SMs' warp slots once (44724 // (132 * 16) = 21 rows a program) and a quarter of that (84 rows); rows of
+    1001 on one warp (15 and 60 rows). None for rows under 1 KB (500 bfloat16), for a launch's worth of bytes, or
+    where a program would have fewer than two rows."""
+    from passline.backends.triton.configs import Config, Device, Variant, class_band, windowed
+
+    gpu = Device(132)
+    base = Config(Variant.PERSISTENT, 1, 4096, 4)
+    got = class_band([], base, 44724, 3001, 8, gpu, 3001 * 4.0)
+    assert got == [base] + [Config(Variant.PERSISTENT, 1, 4096, 4, split=s, window=True) for s in (21, 84)], got
+    assert all(c.programs(44724, 3001) >= 8 and windowed(c, 3001, 8, c.programs(44724, 3001)) for c in got[1:])
+    plain = [base, attrs.evolve(base, warps=2)]
+    assert class_band(plain, base, 44724, 3001, 8, gpu, None)[:2] == plain  # appended to a band
+    narrow = class_band([], Config(Variant.PERSISTENT, 2, 1024, 2), 134218, 1001, 8, gpu, None)
+    assert [(c.split, c.warps, c.rblock) for c in narrow[1:]] == [(15, 1, 1024), (60, 1, 1024)], narrow
+    assert class_band([], base, 134218, 500, 8, gpu, None) == []  # 1000-byte rows
+    assert class_band([], base, 100, 3001, 8, gpu, None) == []  # 600 KB: a launch's worth
+    assert class_band([], base, 3000, 3001, 8, gpu, None) == [base, attrs.evolve(got[2], split=4)]  # 1 row, then 4
+    cfg = Config(Variant.PERSISTENT, 1, 4096, 4, split=21, window=True)
+    assert cfg.classes and cfg.per_program == 21 and not attrs.evolve(cfg, window=False).classes
+    assert not windowed(cfg, 3001, 8, 7)  # a class without a program: the plain form, a row a program
+
+
+def test_a_norms_rows_in_classes_load_vectors_on_sm90(gpu_compile, monkeypatch):  # noqa: F811
+    """Compiled for sm_90: a bfloat16 LayerNorm forward over 64 rows of 3001 (a row starts 3001 % 8 elements past a
+    16-byte boundary) asking for rows in classes (2 rows a program: 32 programs, 8 classes) reads and writes its rows
+    in 16-byte vectors; with the rule's plain block it has none (every row element a load and a store of its own)."""
+    ln = torch.nn.LayerNorm(3001).to(torch.bfloat16)
+    x = torch.randn(64, 3001, dtype=torch.bfloat16)
+    got = {}
+    for classes in (False, True):
+        if classes:
+            _asking_for_classes(monkeypatch, 2)
+        (ptx,) = gpu_compile(ln, x, False, f"classes_{classes}").values()
+        got[classes] = _loads(ptx)
+    assert got[True]["ld"] > 0 and got[True]["st"] > 0 and got[False] == {"ld": 0, "st": 0}, got

@@ -629,8 +629,10 @@ def test_a_rows_own_values_are_stored_after_the_row():
     sources = [kgen.generate(n, graph, interpret=False, variant="persistent", blocks={}).source for n in graph.nodes()]
     (src,) = [s for s in sources if "tl.reduce(" in s]
     body = [ln.strip() for ln in src.split("\ndef ")[-1].splitlines() if ln.strip()]
-    # rows of 1000 bytes start off 16-byte boundaries: the aligned window's branch, then the plain one
-    branches = [body[body.index("if WINDOW:"):body.index("else:")], body[body.index("else:"):]]
+    # rows of 1000 bytes start off 16-byte boundaries, and the weight is read by columns: the rows in classes'
+    # branch, the aligned window's, then the plain one
+    starts = [body.index(f"if WINDOW == {kgen.CLASSES}:"), body.index("elif WINDOW:"), body.index("else:")]
+    branches = [body[a:b] for a, b in zip(starts, starts[1:] + [len(body)])]
     for body in branches:
         stores = [k for k, ln in enumerate(body) if ln.startswith("tl.store(")]
         # the normalized row (one element a column; through the window, whole groups then the edges)
@@ -1737,6 +1739,38 @@ def test_a_refused_winners_rule_is_stored_as_refused(monkeypatch, tmp_path):
     assert kernel._timed(kernel._saved("refused winner")) == rule
     assert rule in kernel.refused and rule not in kernel.timed
     assert kernel._timed(kernel._saved("kept winner")) == block and block in kernel.timed
+
+
+def test_a_stored_choice_is_not_served_to_other_candidates_or_another_launch_code(monkeypatch, tmp_path):
+    """A choice stored on disk is a configuration timed among some candidates and checked against the rule's result
+    by some code (the review of the sixtieth session's cache keys): a backend forcing another variant, whose
+    candidates do not include it, times its own (autotuning's key names the candidates); and a choice stored before
+    the code that launches configurations or Triton changed (runner._CHOICE_STAMP) is not loaded at all — it would be
+    served without its check. The GPU's timing is replaced by a pick; everything else is passline's path."""
+    from passline.backends.triton import runner as prunner
+    from passline.backends.triton.configs import Variant
+
+    def kernel_of(variant: str):
+        torch._dynamo.reset()
+        be = passline.backend(codegen="triton", cache_dir=str(tmp_path), kernel_variant=variant, graph_cache=False)
+        x = torch.randn(64, 1000)
+        torch.testing.assert_close(torch.compile(lambda x: torch.softmax(x, -1), backend=be)(x), torch.softmax(x, -1))
+        (k,) = [s[2][0] for s in be.reports[-1].runner.steps if s[0] == "kernel"]
+        k.interpret, k.autotune = False, True  # as on a GPU with autotune=True
+        return k
+
+    auto, forced = kernel_of("auto"), kernel_of("persistent")
+    looped = [c for c in auto._autotune_candidates(64, 1000, None) if c.variant == Variant.LOOPED][0]
+    monkeypatch.setattr(auto, "_fastest", lambda cands, *a, **k: looped)
+    assert auto._choose((), 64, 1000, None) == looped
+    persistent = [c for c in forced._autotune_candidates(64, 1000, None) if c.variant == Variant.PERSISTENT][0]
+    monkeypatch.setattr(forced, "_fastest", lambda cands, *a, **k: persistent)
+    assert forced._choose((), 64, 1000, None) == persistent  # timed among its own, not the stored LOOPED one
+    assert auto._saved("a choice") is None
+    auto._remembered("a choice", lambda: looped)
+    assert auto._saved("a choice") == looped
+    monkeypatch.setattr(prunner, "_CHOICE_STAMP", "another Triton, or another runner")
+    assert auto._saved("a choice") is None
 
 
 def test_a_timed_choice_is_refused_for_rows_it_leaves_unwritten(monkeypatch):

@@ -334,6 +334,6 @@ _ALIAS = getattr(getattr(getattr(torch._C, "_dynamo", None), "guards", None), "_
     or _alias_fallback
 VERSION = tuple(int(p) for p in triton.__version__.split(".")[:2])
 # whether the interpreter takes a loop's bounds computed in the kernel (a mix-order program's share of its rows'
-# class: kernel.KernelWriter._mix_classes). Triton 3.6's converts them with int() on a one-element array, which
+# class: kernel.KernelWriter._classes). Triton 3.6's converts them with int() on a one-element array, which
 # NumPy 2.5 refuses ("only 0-dimensional arrays can be converted to Python scalars"); 3.9's squeezes them first
 INTERPRETED_LOOP_BOUNDS = VERSION >= (3, 9)

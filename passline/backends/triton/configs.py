@@ -45,7 +45,8 @@ WINDOW_GROUPS = 16  # groups a thread of a windowed row by rule: 256 bytes of it
 WINDOW_MIN_WARPS = 4  # ... on at least this many warps
 WINDOW_PERSISTENT_MAX = 1 << 16  # ... held whole through its window up to this long (a timed candidate: uncertain)
 WINDOW_BAND_MIN_WIDTH = 2049  # rows this wide to 8192 read or written off 16-byte boundaries are timed (uncertain)
-MIX_WINDOW_MIN_ROW_BYTES = 1024  # a mix-order kernel's rows in classes, rows this long or longer (see windowed)
+CLASS_MIN_ROW_BYTES = 1024  # rows in classes (a mix-order or persistent kernel's), rows this long or longer (windowed)
+CLASS_WARP_SLOTS = 64  # warps an SM holds at once (sm_80 and later): the programs rows in classes fill (class_band)
 MIX_ONE_ROW_STAGES = 3  # the row loop's pipeline depth of the mix band's one-row form (see uncertain)
 MIX_TILE_COLUMNS = TILED_COLUMNS  # columns a block of mix_order_tiled by rule (1024; see rule)
 MIX_TILE_WARPS = 4  # ... its warps
@@ -61,13 +62,21 @@ class Config:
     rblock: int | None = None  # None: a pointwise kernel
     warps: int = 4
     stages: int = 1  # mix-order only: the row loop's pipeline depth
-    split: int | None = None  # mix-order only: rows per program (a run-time argument)
+    # mix-order: rows per program (a run-time argument); persistent through the window: rows per program, taken in
+    # classes (`classes`)
+    split: int | None = None
     window: bool = False  # persistent only: rows through the kernel's aligned window, where it has one (`windowed`)
+
+    @property
+    def classes(self) -> bool:
+        """A persistent configuration whose programs take `split` rows each, in classes of one offset from a 16-byte
+        boundary (kernel.KernelWriter._classes), through the window: launched so where `windowed` holds."""
+        return self.variant == Variant.PERSISTENT and self.window and self.split is not None
 
     @property
     def per_program(self) -> int:
         """Rows (or elements) one program covers: the grid is cdiv(xnumel, per_program) (times `column_blocks`)."""
-        return self.split if self.variant in MIX_FORMS else self.xblock
+        return self.split if self.variant in MIX_FORMS or self.classes else self.xblock
 
     def column_blocks(self, rnumel: int | None) -> int:
         """Programs a block of rows takes: its blocks of columns (mix_order_tiled), else one."""
@@ -93,7 +102,9 @@ class Config:
 
     def __str__(self) -> str:
         blocks = " ".join(f"{k}={v}" for k, v in self.blocks().items())
-        return f"{self.variant} {blocks} warps={self.warps}" + (" window" if self.window else "")
+        window = " window" if self.window else ""
+        classes = f", {self.split} rows a program in classes" if self.classes else ""
+        return f"{self.variant} {blocks} warps={self.warps}{window}{classes}"
 
 
 def pow2(n: int) -> int:
@@ -498,20 +509,53 @@ def windowed(cfg: Config, width: int, group: int, programs: int = 0) -> bool:
     launch's WINDOW): `cfg` asks for it, a persistent program of one row whose block holds the row and the up to
     group - 1 lanes before it. Which configurations ask is the rule's (`_window_config`) and the bands'.
 
-    A mix-order kernel's rows in classes (kernel.KernelWriter._mix_classes): whatever the configuration, where its
+    A mix-order kernel's rows in classes (kernel.KernelWriter._classes): whatever the configuration, where its
     block holds the row and its head, its `programs` (the launch's) give each of the `group` classes one, and a row
-    of the narrowest dtype is at least MIX_WINDOW_MIN_ROW_BYTES long. Each program reads the 16-byte vectors that hold
+    of the narrowest dtype is at least CLASS_MIN_ROW_BYTES long. Each program reads the 16-byte vectors that hold
     its rows' first and last elements whole, up to 15 bytes of a neighbouring row with each, and takes rows `group`
     apart: on an H200 (sixtieth session, the backward's kernels in a training step, µs, band-timed, classes against
     the plain blocks of rows) LayerNorm bfloat16 44724 × 3001 225 against 369, 26838 × 5001 272 / 506, 134218 × 1001
     240 / 306, float32 22362 × 3001 220 / 265, 86369 × 777 217 / 268, RMSNorm bfloat16 44724 × 3001 217 / 341, a
     bias gradient (GELU epilogue, bfloat16 44724 × 3001) 347 / 350 — but RMSNorm bfloat16 1342177 × 100 (200-byte
-    rows) 290 / 238."""
-    if cfg.variant in (Variant.MIX_ORDER, Variant.MIX_ORDER_ACC2D):
+    rows) 290 / 238.
+
+    A persistent configuration asking for rows in classes (`Config.classes`: a kernel that reads a weight by
+    columns, `class_band`) likewise, its programs `split` rows each; where it does not hold, its launch takes the
+    plain form, a row a program (runner.Kernel.grid)."""
+    if cfg.variant in (Variant.MIX_ORDER, Variant.MIX_ORDER_ACC2D) or cfg.classes:
         return (cfg.rblock is not None and cfg.rblock >= width + group - 1 and programs >= group
-                and width * (16 // group) >= MIX_WINDOW_MIN_ROW_BYTES)
+                and width * (16 // group) >= CLASS_MIN_ROW_BYTES)
     return (cfg.window and cfg.variant == Variant.PERSISTENT and cfg.xblock == 1 and cfg.rblock is not None
             and cfg.rblock >= width + group - 1)
+
+
+def class_band(band: list, base: Config | None, xnumel: int, rnumel: int, window: int, device: Device,
+               row_bytes: float | None) -> list:
+    """`band` (configs.uncertain's, or [] where the rule decides) with rows in classes added, for a persistent kernel
+    whose rows do not start on 16-byte boundaries and that reads a weight by columns (`window`: its window's group;
+    kernel.KernelWriter._classes): through the window a row a program loads the weight element by element at each
+    lane's column, every row (LayerNorm's bfloat16 forwards at odd widths held 40-50% of copy that way, sixtieth
+    session); a program of one class loads it once and reads its rows in vectors. Its block holds the row and the
+    window's head, 32 elements a thread (ROW_PER_THREAD, the rule's persistent row); its programs are as many as fill
+    the SMs' warp slots once (CLASS_WARP_SLOTS), and a quarter of that (four times the rows a program, each weight
+    load shared by more): which pays depends on what the kernel keeps live beside the weight, so both are timed
+    against the rule's block. The rule's own configuration comes first. Not where rows are under CLASS_MIN_ROW_BYTES
+    (the mix-order classes lost there), where a program would have fewer than two rows, or where the kernel moves a
+    launch's worth of bytes. Planned without a GPU (sixty-first session): not yet timed."""
+    rb = pow2(rnumel + window - 1)
+    if (base is None or rb > GPU_PERSISTENT_MAX or rnumel * (16 // window) < CLASS_MIN_ROW_BYTES
+            or _launch_sized(xnumel, rb, row_bytes)):
+        return band
+    warps = _clamp(rb // (32 * ROW_PER_THREAD), 1, MAX_WARPS)
+    filled = device.sms * (CLASS_WARP_SLOTS // warps)
+    added = []
+    for split in dict.fromkeys((xnumel // filled, 4 * (xnumel // filled))):
+        cfg = Config(Variant.PERSISTENT, 1, rb, warps, split=split, window=True)
+        if split >= 2 and windowed(cfg, rnumel, window, cfg.programs(xnumel, rnumel)):
+            added.append(cfg)
+    if not added:
+        return band
+    return (band or [base]) + [c for c in added if c not in band]
 
 
 def _window_config(rnumel: int, window: int) -> Config | None:

@@ -50,6 +50,7 @@ from .printer import Unsupported, tl_dtype
 COMBINE = {"sum": "_sum_combine", "prod": "_prod_combine", "max": "_max_combine", "min": "_min_combine",
            "any": "_max_combine", "all": "_min_combine"}
 INTEGER_DIVISIONS = ("floordiv", "remainder", "fmod")  # of integers: eager raises on a zero divisor (CPU)
+CLASSES = 2  # a persistent kernel's WINDOW for rows in classes (`KernelWriter._classes`; 1: a row through the window)
 
 
 class ColumnRole(StrEnum):
@@ -105,6 +106,9 @@ class KernelSource:
     window_writes: bool = False  # ... where it writes some row off 16-byte boundaries (else it only reads them)
     window_columns: bool = False  # ... where it reads a weight by columns (at each lane's column, element by element)
     window_by_rule: bool = False  # ... which the rule takes: it writes such rows and reduces nothing of its own
+    # ... where it also takes rows in classes (WINDOW == CLASSES: a program's share of one class's rows, its weight
+    # loaded once; `KernelWriter._classes`): timed, never by rule (configs.uncertain)
+    window_classes: bool = False
 
 
 def _natural(name: str) -> list:
@@ -227,6 +231,7 @@ class KernelWriter:
         self.windowed = 0  # the persistent form's window group, where it has the window branch (`_window`) ...
         self.window_writes = False  # ... and whether some row it writes is off 16-byte boundaries
         self.window_columns = False  # ... and whether it reads a weight by columns (element by element through it)
+        self.window_classes = False  # ... and whether it has rows in classes too (WINDOW == CLASSES: `persistent`)
         self.top = 1  # the indent of the kernel's top level: a branch's of `persistent()` (the deferred checks')
 
     def pid(self) -> str:
@@ -908,8 +913,23 @@ class KernelWriter:
         self.exp_terms = self._exp_terms()
         groups, self.window_writes, self.window_columns = self._window()
         group = self.windowed = max(groups, default=0)
+        # rows in classes where a weight is read by columns: loaded once a program, not once a row (`_classes`)
+        self.window_classes = bool(group) and self.window_columns and \
+            (not self.interpret or compat.INTERPRETED_LOOP_BOUNDS)
+        if self.window_classes:  # WINDOW == CLASSES: a program's share of one class's rows (configs.windowed)
+            self.emit(f"if WINDOW == {CLASSES}:")
+            self.indent += 1
+            self.top = self.indent
+            self._classes(self.pid(), groups)
+            per_program = _Scope()
+            self.prefetch(per_program, keep=lambda e: not _has_outer(e))
+            self._class_loop(group, typed=True)
+            self.on_rows, self.window = True, group
+            self._persistent_members(_Scope(per_program))
+            self.on_rows, self.window = False, 0
+            self.indent -= 2
         if group:  # WINDOW (a constexpr the launch sets, configs.windowed): the row through the window, else plain
-            self.emit("if WINDOW:")
+            self.emit("elif WINDOW:" if self.window_classes else "if WINDOW:")
             self.indent += 1
             self.top = self.indent
             self._window_rows(groups)
@@ -925,10 +945,11 @@ class KernelWriter:
         self.top = 1
         return self.header(["XBLOCK", "RBLOCK", *(["WINDOW"] if group else [])]) + self.body()
 
-    def _persistent_members(self) -> None:
+    def _persistent_members(self, scope: _Scope | None = None) -> None:
         """Every member over whole rows (emit_members), its loads first (prefetch), and the deferred index checks
-        after its stores: here, in this branch, whose variables the other branch of `persistent()` does not have."""
-        scope = _Scope()
+        after its stores: here, in this branch, whose variables the other branches of `persistent()` do not have
+        (`scope`: the rows' own, inside what the branch loaded before them)."""
+        scope = _Scope() if scope is None else scope
         self.prefetch(scope, gathers=True)
         self.emit_members(scope)
         for line in self.deferred:
@@ -1027,16 +1048,18 @@ class KernelWriter:
             self.emit(f"redge{g} = rmask & ~rwhole{g}")
         self.decompose(VarKind.CANON_REDUCTION, self.red, "rindex")
 
-    def _mix_classes(self, pid: str, groups: tuple) -> None:
-        """A mix-order program's rows in classes (`generate_mix`'s WINDOW branch): rows a multiple of `groups[0]`
-        (G: 16 bytes of the narrowest dtype) apart start at the same offset from a G-element boundary (`rhead`: row
-        r of width W starts (r * W) % G elements past one), so a program that takes rows
-        of one class (`rclass`, its id modulo G) reads and writes every one of them through one aligned window
-        (`_window_rows`' masks, the same for all its rows) and sums its columns at the same lanes: lane l holds
-        column l - rhead of each row, and its partial sums are stored at their columns once, at the end. The
-        programs of a class (the launch's, numbered alike: a workspace row each, as in the plain form) share its
-        rows evenly (`class_lo` to `class_hi`, counted within the class); SPLIT is the plain form's. Written
-        `p + W * row + q0` with an odd W, every element of such rows was a load of its own."""
+    def _classes(self, pid: str, groups: tuple) -> None:
+        """A program's rows in classes (a mix-order kernel's WINDOW branch in `generate_mix`, a persistent one's
+        WINDOW == CLASSES branch): rows a multiple of `groups[0]` (G: 16 bytes of the narrowest dtype) apart start
+        at the same offset from a G-element boundary (`rhead`: row r of width W starts (r * W) % G elements past
+        one), so a program that takes rows of one class (`rclass`, its id modulo G) reads and writes every one of
+        them through one aligned window (`_window_rows`' masks, the same for all its rows): lane l holds column
+        l - rhead of each row. What it reads by columns alone (a norm's weight) it loads once, before its rows
+        (the persistent form's one-row window loaded it again, element by element, each row); a mix-order
+        program sums its columns at the same lanes and stores its partial sums at their columns once, at the end.
+        The programs of a class (the launch's, numbered alike: a mix-order one's a workspace row each, as in the
+        plain form) share its rows evenly (`class_lo` to `class_hi`, counted within the class; `_class_loop`
+        walks them). Written `p + W * row + q0` with an odd W, every element of such rows was a load of its own."""
         g0, width, rows = groups[0], self.numel("rnumel"), self.numel("xnumel")
         self.emit(f"program = {pid}")
         self.emit(f"rclass = program % {g0}")
@@ -1048,6 +1071,22 @@ class KernelWriter:
         self.emit(f"rhead = (rclass * {width}) % {g0}")
         self.emit("rlane = tl.arange(0, RBLOCK)[None, :]")
         self._window_lanes(groups)
+
+    def _class_loop(self, group: int, stages: str | None = None, typed: bool = False) -> None:
+        """The loop over a program's rows of its class (`_classes`), XBLOCK a step (`stages`: the loop's pipeline
+        depth), opened here: each row's index and mask, its loop variables, and its start less its head (`rflat`),
+        a multiple of the group, so that its accesses are the group's vectors. With `typed` the row index takes the
+        type of the `xindex` written before the loop (the persistent form's, in its index width): Triton refuses a
+        variable whose type a loop changes, and the class's bounds are int64."""
+        pipelined = f", num_stages={stages}" if stages else ""
+        self.emit(f"for xoffset in tl.range(class_lo, class_hi, XBLOCK{pipelined}):")
+        self.indent += 1
+        self.emit("xrow = xoffset + tl.arange(0, XBLOCK)[:, None]")
+        self.emit(f"xindex = (rclass + {group} * xrow).to(xindex.dtype)" if typed else
+                  f"xindex = rclass + {group} * xrow")
+        self.emit("xmask = xrow < class_hi")
+        self.decompose(VarKind.CANON_OUTER, self.outer, "xindex")
+        self.emit(f"rflat = (xindex.to(tl.int64) * {self.numel('rnumel')} // {group}) * {group} + rlane")
 
     def _group_of(self, buffer: str) -> int:
         """The window's group of `buffer`'s accesses: 16 bytes of its dtype (`_window_rows`)."""
@@ -1626,6 +1665,7 @@ def generate(node, graph, interpret: bool, variant: str, blocks: dict, stored: s
                         variant, constants, blocks.get("num_warps", 4), int64=writer.int64, spans=spans,
                         checks=writer.debug, online=bool(red) and bool(writer.online_pairs()), window=writer.windowed,
                         window_writes=writer.window_writes, window_columns=writer.window_columns,
+                        window_classes=writer.window_classes,
                         window_by_rule=writer.window_writes and not writer.window_columns
                         and not any(writer.role(m) == Role.REDUCTION for m in members))
 
@@ -1726,11 +1766,11 @@ def generate_mix(mix: MixOrderNode, graph, interpret: bool, blocks: dict,
 
     def program_body(groups: tuple) -> None:
         """The program's rows, its column partials, their store: rows in blocks of SPLIT, or (`classes`) the
-        program's share of its class's rows through the aligned window (`_mix_classes`; `groups`: its groups)."""
+        program's share of its class's rows through the aligned window (`_classes`; `groups`: its groups)."""
         classes = groups[0] if groups else 0
         split = pid  # which block of rows: the program's workspace row
         if classes:
-            w._mix_classes(pid, groups)
+            w._classes(pid, groups)
         elif tiled:  # the program's block of rows and its block of columns
             w.emit(f"program = {pid}")
             # not tl.cdiv: triton 3.6's interpreter refuses that @jit helper where both operands are ints
@@ -1749,14 +1789,7 @@ def generate_mix(mix: MixOrderNode, graph, interpret: bool, blocks: dict,
         w.prefetch(per_kernel, keep=lambda e: not _has_outer(e))
         scope = _Scope(per_kernel)
         if classes:
-            w.emit("for xoffset in tl.range(class_lo, class_hi, XBLOCK, num_stages=STAGES):")
-            w.indent += 1
-            w.emit("xrow = xoffset + tl.arange(0, XBLOCK)[:, None]")
-            w.emit(f"xindex = rclass + {classes} * xrow")
-            w.emit("xmask = xrow < class_hi")
-            w.decompose(VarKind.CANON_OUTER, rows, "xindex")
-            # the row's start less its head, a multiple of the group: its accesses are the group's vectors
-            w.emit(f"rflat = (xindex.to(tl.int64) * {w.numel('rnumel')} // {classes}) * {classes} + rlane")
+            w._class_loop(classes, stages="STAGES")
             w.on_rows, w.window = True, classes
         else:
             w.emit(f"row_start = {split} * SPLIT")

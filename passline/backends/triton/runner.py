@@ -30,6 +30,7 @@ from ...passes.mix_order_reduction import MIN_SPLIT, TILED_MIN_SPLIT
 from ...pipeline.metrics import known_node_bytes, node_bytes
 from ..reference import ReferenceRunner, _Bindings
 from . import compat
+from . import configs as configs_module
 from . import kernel as kgen
 from .cache import KernelCache, digest, interpreting, load_kernel
 from .configs import (
@@ -39,6 +40,7 @@ from .configs import (
     Variant,
     autotune_candidates,
     candidates,
+    class_band,
     finish_rule,
     pow2,
     rule,
@@ -270,6 +272,8 @@ class Kernel:
         # rows off 16-byte boundaries and reads no weight by columns
         self.wide_window = bool(self.window) and any(src.window_writes for src in info.variants.values()) \
             and not any(src.window_columns for src in info.variants.values())
+        # ... whether it takes rows in classes too (KernelSource.window_classes: configs.class_band)
+        self.window_classes = any(src.window_classes for src in info.variants.values())
         self.wide = False
         self.wide_when: str | None = None  # the generated call's `wide=` condition (wrapper.py), or None
         self.counters: collections.Counter = collections.Counter()  # the runner's (report.metrics.counters)
@@ -401,8 +405,10 @@ class Kernel:
             if len(cands) == 1:
                 return cands[0]
             try:
-                return self._timed(self._remembered(digest(self.key, xnumel, rnumel, _device_name(), "with rule"),
-                                                    lambda: self._fastest(cands, args, xnumel, rnumel, stream)))
+                # the candidates in the key: a choice timed among others (a backend forcing another variant, an
+                # earlier band) is timed again, not taken
+                ckey = digest(self.key, xnumel, rnumel, _device_name(), "with rule", [str(c) for c in cands])
+                return self._timed(self._remembered(ckey, lambda: self._fastest(cands, args, xnumel, rnumel, stream)))
             except torch.OutOfMemoryError as e:  # no memory for the copies: the rule's, nothing stored
                 self.info.timings["timing failed"] = repr(e)[:80]
                 return self._rule(xnumel, rnumel, args)
@@ -445,9 +451,13 @@ class Kernel:
     def _band(self, xnumel: int, rnumel: int | None, args=None, base: Config | None = None) -> list:
         """configs.uncertain's configurations at these sizes (`base`: the rule's, when the caller has it)."""
         base = base if base is not None else self._rule(xnumel, rnumel, args)
-        return uncertain(self.splits, xnumel, rnumel, self.interpret, self.device, self.rows_contiguous, self.only,
-                         base, self._row_bytes(xnumel, rnumel, args), self.row_sums, self.scalar_rows, self.window,
-                         self.wide_window)
+        row_bytes = self._row_bytes(xnumel, rnumel, args)
+        band = uncertain(self.splits, xnumel, rnumel, self.interpret, self.device, self.rows_contiguous, self.only,
+                         base, row_bytes, self.row_sums, self.scalar_rows, self.window, self.wide_window)
+        if (self.window_classes and not self.interpret and rnumel and self.rows_contiguous
+                and self.only in (None, Variant.PERSISTENT) and xnumel >= self.device.sms):
+            band = class_band(band, base, xnumel, rnumel, self.window, self.device, row_bytes)
+        return band
 
     def _autotune_candidates(self, xnumel: int, rnumel: int | None, args) -> list:
         """What autotune=True times at these sizes: configs.autotune_candidates (the rule's and the band's too)."""
@@ -480,7 +490,7 @@ class Kernel:
         """The choice stored under `ckey`, or None. One stored as `refused` (the rule's configuration, taken where
         the timed winner disagreed with it) is known as such again (`refused`): not a timed choice, so a spilling
         persistent binary of it is still replaced (`_unspill`), as in the process that stored it."""
-        saved = self.cache.get_choice(ckey)
+        saved = self.cache.get_choice(digest(ckey, _CHOICE_STAMP))
         if saved is not None:
             try:
                 cfg = Config(Variant(saved["variant"]),
@@ -500,7 +510,7 @@ class Kernel:
             return saved
         best = pick()
         record = attrs.asdict(best) | {"variant": str(best.variant), "refused": best in self.refused}
-        self.cache.put_choice(ckey, record)
+        self.cache.put_choice(digest(ckey, _CHOICE_STAMP), record)
         return best
 
     # -- launching --------------------------------------------------------------------------------------
@@ -521,8 +531,9 @@ class Kernel:
         blocks = {**cfg.blocks(), **compat.COMPILE_OPTIONS}
         found = self.windows.get(cfg.variant)
         if found is not None:
-            blocks["WINDOW"] = windowed(cfg, found[1], found[0], cfg.programs(xnumel, rnumel)) and all(
+            through = windowed(cfg, found[1], found[0], cfg.programs(xnumel, rnumel)) and all(
                 _spec(full[i]) for i in self.check if i < len(full) and not isinstance(full[i], int))
+            blocks["WINDOW"] = (kgen.CLASSES if cfg.classes else True) if through else False
         if cfg.variant in self.checked:
             blocks.update(compat.CHECKED_OPTIONS)
         if cfg.variant in self.per_launch:
@@ -554,8 +565,8 @@ class Kernel:
         """Launch `cfg` on `args` (the kernel's buffers and sizes in signature order); returns the compiled
         kernel where this launch compiled it (no binary compiled ahead, or an earlier launch, had its key)."""
         full = (*args, xnumel) if rnumel is None else (*args, xnumel, rnumel)
-        grid0 = cfg.programs(xnumel, rnumel)
         consts = self.constexprs(cfg, xnumel, rnumel, full=full)
+        grid0 = self.grid(cfg, consts, xnumel, rnumel)
         if self.interpret:
             with interpreting(True):
                 return self.fn(cfg.variant)[(grid0,)](*full, **consts, num_warps=cfg.warps)
@@ -581,6 +592,15 @@ class Kernel:
         if launch is not None:
             self.install(spec, launch, consts, len(full), cfg.variant, compiled)
         return compiled
+
+    @staticmethod
+    def grid(cfg: Config, consts: dict, xnumel: int, rnumel: int | None) -> int:
+        """The launch's programs: `cfg`'s (Config.programs), but a row a program (the plain form's, XBLOCK rows)
+        where a configuration asking for rows in classes does not run them (its WINDOW is not CLASSES: too few
+        programs for its classes, a misaligned argument)."""
+        if cfg.classes and consts.get("WINDOW") != kgen.CLASSES:
+            return max(1, -(-xnumel // cfg.xblock))
+        return cfg.programs(xnumel, rnumel)
 
     def __call__(self, stream, args: tuple, xnumel: int, rnumel: int | None = None, wide: bool = False) -> None:
         sized = self.replay_sizes
@@ -617,14 +637,15 @@ class Kernel:
         self.replay_sizes = tuple(inside)
         full = (0,) * nargs + ((xnumel,) if rnumel is None else (xnumel, rnumel))
         full = tuple(args[i] if i in inside else a for i, a in enumerate(full))
-        found = self.binaries.get(self.binary_key(cfg, self.constexprs(cfg, xnumel, rnumel, wide, full), full))
+        consts = self.constexprs(cfg, xnumel, rnumel, wide, full)
+        found = self.binaries.get(self.binary_key(cfg, consts, full))
         if found is None:
             return
         if len(self.ready) >= 64:  # dynamic shapes: many sizes; forget the old ones
             self.ready.clear()
         launch, tail = found
         key = (xnumel, rnumel, wide, *[args[i] for i in inside]) if inside else (xnumel, rnumel, wide)
-        self.ready[key] = launch, cfg.programs(xnumel, rnumel), tail, self.last
+        self.ready[key] = launch, self.grid(cfg, consts, xnumel, rnumel), tail, self.last
 
     def _show(self, last) -> None:
         """The report's configuration: the latest launch's (a replay of another size's settled launch)."""
@@ -830,7 +851,7 @@ class MixKernel(Kernel):
         if not self._tuned() or args is None:
             return super()._choose(args, xnumel, rnumel, stream)
         if self.autotune and not self.mutates:
-            ckey = digest(self.key, xnumel, rnumel, _device_name(), "split", "with rule", "held")
+            ckey = digest(self.key, xnumel, rnumel, _device_name(), "split", "with rule", "held", str(self.only))
             # timed on a private copy where an output shares a storage with an input it reads (`_private`): a
             # mix-order kernel may write over a dying input, and every timing launch would read what the one
             # before it wrote (a GELU backward's dh wrong in 99% of its elements, on a CPU simulation)
@@ -1531,7 +1552,8 @@ class TritonRunner:
                                            for kind_, a in src.args],
                  str(src.xnumel), str(src.rnumel), sorted(src.constants.items()), src.num_warps,
                  src.grid_per_program, src.int64, [str(e) for e in src.spans], src.checks, src.online, src.row_sums,
-                 src.scalar_rows, src.window, src.window_writes, src.window_columns, src.window_by_rule)
+                 src.scalar_rows, src.window, src.window_writes, src.window_columns, src.window_by_rule,
+                 src.window_classes)
                 for v, src in variants.items()]
         return digest(kind, cls.__name__, sorted(extra.items()), contiguous, mutates, str(traffic), hinted, code)
 
@@ -1642,3 +1664,20 @@ def _source_hash() -> str:
 
 
 _SOURCE_HASH = _source_hash()
+
+
+def _choice_stamp() -> str:
+    """What a stored choice (`Kernel._saved`) was timed and checked against (`_agreeing`) besides its kernel's code:
+    the code that turns a configuration into a launch (configs, this module, compat), Triton's version and the
+    compile options. A choice is reused without its check; one checked under another Triton, or before a change to
+    how a configuration launches (the sixtieth session's WINDOW), is timed and checked again."""
+    import inspect
+    import sys
+
+    import triton
+
+    return digest(_SOURCE_HASH, inspect.getsource(sys.modules[__name__]), inspect.getsource(configs_module),
+                  inspect.getsource(compat), triton.__version__, repr(compat.COMPILE_OPTIONS))
+
+
+_CHOICE_STAMP = _choice_stamp()
