@@ -550,3 +550,22 @@ def test_a_graph_calling_a_librarys_op_is_traced_each_time():
         torch.testing.assert_close(got, w.grad, rtol=1e-5, atol=1e-6)
         w.grad = None
         assert not any(k.startswith("autograd_cache") for k in counters["aot_autograd"])
+
+
+def test_a_python_number_passed_as_a_tensor_is_traced_each_time():
+    """A Python float that changes between calls becomes, after the first recompile, an input dynamo passes as a
+    0-d tensor; aot_autograd may still bake its value into the graphs (a clamp's bounds: a guard on the value, and
+    a recompile at the next one), while torch's key names the input by its metadata alone: an entry traced at one
+    value was loaded at another, its results wrong (the sixty-first session's campaign: a clamp, ELU's alpha across
+    processes). Such graphs are not cached; each value's step matches eager, forward and backward."""
+    def f(x, a):
+        return x.clamp(-a, a) * 2
+    compiled = torch.compile(f, backend=passline.backend(fallback="raise"))
+    for a in (0.37, 1.11, 0.74, 1.85):
+        x = torch.linspace(-2, 2, 9, requires_grad=True)
+        x2 = x.detach().clone().requires_grad_()
+        out, want = compiled(x, a), f(x2, a)
+        out.sum().backward()
+        want.sum().backward()
+        torch.testing.assert_close(out, want)
+        torch.testing.assert_close(x.grad, x2.grad)

@@ -307,6 +307,36 @@ def test_data_dependent_sizes_are_refused_when_compiled(codegen):
     torch._dynamo.reset()
 
 
+ITEM_USES = {
+    "a size": lambda x: torch.zeros(x.abs().sum().long().item()).sum(),
+    "a slice's end": lambda x: x[:, : x.abs().sum().long().item() % 5].sum(),
+    "an arange's end": lambda x: torch.arange(x.abs().sum().long().item()).float().mean(),
+    "a clamp's bound": lambda x: x.clamp(max=(x > 0).sum().item() * 0.25),
+    "a comparison's operand": lambda x: torch.where(x > (x > 0).sum().item() - 1.5, x, 0.0),
+    "an exponent": lambda x: x.abs() ** ((x > 0).sum().item() % 3 + 1),
+    "a roll's shift": lambda x: x.roll((x > 0).sum().item(), 1),
+}
+
+
+@pytest.mark.parametrize("use", sorted(ITEM_USES))
+def test_a_captured_item_used_as_a_size_or_a_scalar_is_refused_when_compiled(use):
+    """With capture_scalar_outputs an `.item()` (an unbacked symbol no input binds) used as a size or as an op's
+    scalar argument compiled, then failed at the first call inside the runner ("Cannot convert symbols to int"),
+    past the fallback (the sixty-first session's campaign): refused when compiled, the default fallback runs the
+    graph eagerly, as eager."""
+    fn = ITEM_USES[use]
+    x = torch.randn(4, 5)
+    with torch._dynamo.config.patch(capture_scalar_outputs=True):
+        torch._dynamo.reset()
+        with pytest.raises(Exception, match="known only at run time"):
+            torch.compile(fn, backend=passline.backend(fallback="raise"))(x)
+        torch._dynamo.reset()
+        with pytest.warns(UserWarning, match="known only at run time"):
+            got = torch.compile(fn, backend=passline.backend())(x)
+        torch.testing.assert_close(got, fn(x))
+    torch._dynamo.reset()
+
+
 @pytest.mark.parametrize("codegen", ["reference", "triton"])
 def test_a_captured_item_returned_or_compared_is_refused_when_compiled(codegen):
     """`if x.max().item() > 0.5:` with capture_scalar_outputs: the graph returns `item > 0.5` (and an int item

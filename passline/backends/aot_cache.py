@@ -32,7 +32,8 @@ sizes decided at run time (dynamic shapes: the graph cache keys them by their tr
 not check), graphs that order effects with a token (`with_effects`: torch.linalg's checks; a loaded entry called
 the graph without the token's slot), graphs whose tensor inputs share memory (torch's key does not say which
 do), graphs calling an op from outside torch and passline (torch's key names it, not its code: its autograd
-formula is traced into the backward), and any graph passline ran eagerly (a fallback): its OutputCode refuses to
+formula is traced into the backward), graphs taking a Python number as a tensor (its value may be baked into the
+traced graphs; torch's key does not name it), and any graph passline ran eagerly (a fallback): its OutputCode refuses to
 be saved, so the whole entry is not written. torch's `torch.compiler.config.force_disable_caches` and
 TORCHINDUCTOR_AUTOGRAD_CACHE=0 turn it off too.
 
@@ -209,8 +210,16 @@ def cacheable(gm: torch.fx.GraphModule, example_inputs) -> bool:
     but not which inputs alias (an entry traced for distinct inputs, one written in place, was loaded for a view of
     the other: the write unseen), and names a library's op but not its code (its autograd formula or decomposition,
     which aot_autograd traces into the graphs: an edited formula's gradients came from the old one). Found by the
-    forty-sixth session's campaign, with Inductor's entries as wrong; such graphs are traced at every compile."""
+    forty-sixth session's campaign, with Inductor's entries as wrong; such graphs are traced at every compile.
+
+    Nor a Python number dynamo passes as a 0-d tensor (a float that changed between calls: `GraphArg`'s
+    `pass_arg_as_tensor`): aot_autograd may bake its value into the graphs it traces (a clamp's bounds, guarded and
+    recompiled at the next value) while torch's key names that input by its metadata alone, so an entry traced at
+    one value was loaded at another — a clamp's bound and ELU's alpha wrong, in one process and across two (the
+    sixty-first session's campaign)."""
     if any(isinstance(getattr(gm, str(n.target), None), torch.Tensor) for n in gm.graph.find_nodes(op="get_attr")):
+        return False
+    if any(getattr(n.meta.get("grapharg"), "pass_arg_as_tensor", False) for n in gm.graph.find_nodes(op="placeholder")):
         return False
     for n in gm.graph.nodes:
         if n.op == "call_function" and isinstance(n.target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)) \

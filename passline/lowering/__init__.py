@@ -147,6 +147,9 @@ def _lower_call(ctx: LoweringContext, n: torch.fx.Node, env):
         seq, idx = n.args
         return env[seq][idx]
     if is_size_node(n):  # size arithmetic (dynamic shapes): the traced value's sympy expression
+        # ... but not an `.item()`'s (`_local_scalar_dense` under capture_scalar_outputs), nor arithmetic on one, that
+        # no input binds: the first size or scalar made of it failed at run time (the sixty-first session's campaign)
+        ctx.refuse_unbacked(n.target, (n.meta.get("val"),))
         return size_value(n)
     args = torch.fx.node.map_arg(n.args, lambda a: env[a])
     kwargs = torch.fx.node.map_arg(n.kwargs, lambda a: env[a])
