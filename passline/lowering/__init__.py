@@ -15,7 +15,7 @@ from torch.utils._pytree import tree_flatten
 from ..ir import Buffer, Layout, TensorArg
 from ..ir.index import derived_definition, sympify
 from . import cat, choices, indexing, mutation, pad, pointwise, pooling, reductions, views  # noqa: F401  (fill the lowering table)
-from .context import GraphInput, LoweringContext, Program, dense_order, hint, strides_in_order
+from .context import ASSERTIONS, GraphInput, LoweringContext, Program, dense_order, hint, strides_in_order
 from .decompositions import decomposition_table
 from .extern import is_rng_state_op, lower_extern, lower_rng_state_op, touches_complex
 from .registry import LOWERINGS, lowering
@@ -148,8 +148,10 @@ def _lower_call(ctx: LoweringContext, n: torch.fx.Node, env):
         return env[seq][idx]
     if is_size_node(n):  # size arithmetic (dynamic shapes): the traced value's sympy expression
         # ... but not an `.item()`'s (`_local_scalar_dense` under capture_scalar_outputs), nor arithmetic on one, that
-        # no input binds: the first size or scalar made of it failed at run time (the sixty-first session's campaign)
-        ctx.refuse_unbacked(n.target, (n.meta.get("val"),))
+        # no input binds, where it reaches more than assertions: the first size or scalar made of it failed at run
+        # time (the sixty-first session's campaign); an assertion on it is dropped, unchecked (LoweringContext.extern)
+        if not _asserted_only(n):
+            ctx.refuse_unbacked(n.target, (n.meta.get("val"),))
         return size_value(n)
     args = torch.fx.node.map_arg(n.args, lambda a: env[a])
     kwargs = torch.fx.node.map_arg(n.kwargs, lambda a: env[a])
@@ -169,6 +171,23 @@ def _lower_call(ctx: LoweringContext, n: torch.fx.Node, env):
     if not isinstance(n.target, torch._ops.OpOverload):
         raise NotImplementedError(f"passline cannot run {n.target!r} (not an aten op): {n.format_node()}")
     return lower_extern(ctx, n, args, kwargs)
+
+
+def _asserted_only(n: torch.fx.Node) -> bool:
+    """Whether size node `n`'s value reaches nothing but assertions (`torch._check(n >= 2)`), through size
+    arithmetic."""
+    todo, seen = [n], set()
+    while todo:
+        for user in todo.pop().users:
+            if user in seen:
+                continue
+            seen.add(user)
+            if user.op == "call_function" and user.target in ASSERTIONS:
+                continue
+            if user.op != "call_function" or not is_size_node(user):
+                return False
+            todo.append(user)
+    return True
 
 
 def _input_storages(placeholders) -> dict:
