@@ -44,7 +44,7 @@ def test_odd_width_rows_run_the_aligned_loop_like_eager(monkeypatch, case):
     torch.manual_seed(0)
     fn, inputs = ROWS[case]()
     be = assert_matches_eager(fn, inputs, codegen="triton", kernel_variant="looped")
-    aligned = [k for k in _reductions(be) if "rflat" in k.source]
+    aligned = [k for k in _reductions(be) if "rflat = rlo" in k.source]  # (not a column sum's classes)
     assert aligned, [k.source for k in _reductions(be)]
     for k in aligned:  # a chunk at most half a row: whichever the row's offset, one lies inside it
         assert k.blocks["XBLOCK"] == 1 and 2 * k.blocks["RBLOCK"] <= ODD, (k.name, k.blocks)
@@ -582,7 +582,7 @@ def test_a_norms_rows_in_classes_match_eager(monkeypatch, case, split, xblock):
     def spy(self, cfg, *a, **k):
         out = constexprs(self, cfg, *a, **k)
         if cfg.classes:
-            seen.append((self.window, out["WINDOW"], Kernel.grid(cfg, out, *a[:2])))
+            seen.append((self.window, out["WINDOW"], self.grid(cfg, out, *a[:2])))
         return out
 
     monkeypatch.setattr(Kernel, "constexprs", spy)
@@ -667,3 +667,134 @@ def test_a_norms_rows_in_classes_load_vectors_on_sm90(gpu_compile, monkeypatch):
         (ptx,) = gpu_compile(ln, x, False, f"classes_{classes}").values()
         got[classes] = _loads(ptx)
     assert got[True]["ld"] > 0 and got[True]["st"] > 0 and got[False] == {"ld": 0, "st": 0}, got
+
+
+def _asking_for_column_classes(monkeypatch, lanes: int, rows: int) -> None:
+    """Every looped rule's configuration of a column sum with rows in classes (KernelSource.column_classes) asks for
+    them: `lanes` lanes (lanes - G columns a program) by `rows` rows of a class a step, on 4 warps."""
+    from passline.backends.triton.configs import Config, Variant
+    from passline.backends.triton.runner import Kernel
+
+    rule = Kernel._rule
+
+    def classes(self, xnumel, rnumel, *a, **k):
+        cfg = rule(self, xnumel, rnumel, *a, **k)
+        return Config(Variant.LOOPED, lanes, rows, 4, window=True) if self.column_group else cfg
+
+    monkeypatch.setattr(Kernel, "_rule", classes)
+
+
+def _column_launches(monkeypatch) -> list:
+    """(group, WINDOW, programs) of every launch of a column sum with rows in classes."""
+    from passline.backends.triton.runner import Kernel
+
+    seen = []
+    constexprs = Kernel.constexprs
+
+    def spy(self, cfg, *a, **k):
+        out = constexprs(self, cfg, *a, **k)
+        if self.column_group:
+            seen.append((self.column_group, out["WINDOW"], self.grid(cfg, out, *a[:2])))
+        return out
+
+    monkeypatch.setattr(Kernel, "constexprs", spy)
+    return seen
+
+
+COLUMN_SUMS = {
+    # the weight's and bias's gradients: x and dy by rows, the row's statistics by rows alone
+    "layer_norm_bf16": lambda rows, width: (torch.nn.LayerNorm(width).bfloat16(),
+                                            [torch.randn(rows, width, dtype=torch.bfloat16, requires_grad=True)]),
+    "layer_norm": lambda rows, width: (torch.nn.LayerNorm(width), [torch.randn(rows, width, requires_grad=True)]),
+    "rms_norm_bf16": lambda rows, width: (torch.nn.RMSNorm(width).bfloat16(),
+                                          [torch.randn(rows, width, dtype=torch.bfloat16, requires_grad=True)]),
+    # the bias gradient: dy and h by rows, the bias by columns (loaded at each lane's column of a class)
+    "bias_gelu_bf16": lambda rows, width: (
+        lambda h, b: F.gelu(h + b),
+        [torch.randn(rows, width, dtype=torch.bfloat16, requires_grad=True),
+         torch.randn(width, dtype=torch.bfloat16, requires_grad=True)]),
+    # a bfloat16 column sum in float32 and scaled after it (an epilogue at the program's own columns), rows of 10
+    # apart (a lane summing another row's or column's element would show)
+    "column_mean_bf16": lambda rows, width: (
+        lambda x: x.float().mean(0) * 3,
+        [(torch.randn(rows, width) + 10 * torch.arange(float(rows))[:, None]).to(torch.bfloat16)]),
+}
+
+
+@needs_loop_bounds
+@pytest.mark.parametrize("lanes, rows", [(16, 8), (32, 4), (64, 16)])
+@pytest.mark.parametrize("case", sorted(COLUMN_SUMS))
+def test_a_column_sums_rows_in_classes_match_eager(monkeypatch, case, lanes, rows):
+    """A column sum over 37 rows of 1001 (a bfloat16 row starts 1001 % 8 elements past a 16-byte boundary, a float32
+    one 1001 % 4), unmixed, asking for its rows in classes (KernelWriter._column_classes): each program owns `lanes` -
+    G columns and walks the G classes, each class's rows through one aligned window, `rows` a step; every launch of
+    such a kernel takes the classes, cdiv(1001, lanes - G) programs. Forward and backward against eager."""
+    monkeypatch.setattr(configs, "INTERP_BLOCK", 16384)
+    _asking_for_column_classes(monkeypatch, lanes, rows)
+    seen = _column_launches(monkeypatch)
+    torch.manual_seed(0)
+    fn, inputs = COLUMN_SUMS[case](37, 1001)
+    be = assert_matches_eager(fn, inputs, codegen="triton", kernel_variant="looped", pipeline=UNMIXED)
+    assert any("xbase = " in k.source for r in be.reports for k in r.kernel_info), case
+    assert seen and all(window is True and programs == -(-1001 // (lanes - group)) for group, window, programs in seen)
+    # the rows' narrowest dtype's group: 8 where the sum reads bfloat16 rows (the bias gradient's dy and h), 4 where
+    # it reads float32 ones (a norm's statistics and x in float32, the float32 mean)
+    assert {g for g, _, _ in seen} <= ({4} if case == "layer_norm" else {4, 8}), seen
+    assert case != "bias_gelu_bf16" or {g for g, _, _ in seen} == {8}, seen
+
+
+@needs_loop_bounds
+def test_a_column_sums_rows_in_classes_under_a_run_time_row_count(monkeypatch):
+    """Rows counted at run time (37, 5, 1 and 37 rows in one compiled function: classes without rows among them), a
+    LayerNorm's weight and bias gradients in classes, against eager."""
+    monkeypatch.setattr(configs, "INTERP_BLOCK", 16384)
+    _asking_for_column_classes(monkeypatch, 32, 4)
+    seen = _column_launches(monkeypatch)
+    torch.manual_seed(0)
+    ln = torch.nn.LayerNorm(1001).bfloat16()
+    for n in (37, 5, 1, 37):
+        x = torch.randn(n, 1001, dtype=torch.bfloat16, requires_grad=True)
+        assert_matches_eager(ln, [x], codegen="triton", kernel_variant="looped", pipeline=UNMIXED, dynamic=True)
+    assert seen and {w for _, w, _ in seen} == {True}, seen
+
+
+def test_column_sums_without_classes():
+    """No classes for a column sum whose rows start on 16-byte boundaries (1000 bfloat16 elements), reads its input
+    across memory (a transposed x: a row sum), or reads it as a slice of a wider buffer (rows 1001 wide, 1003 apart:
+    the window would take another row's group); each against eager."""
+    torch.manual_seed(0)
+    for x in (torch.randn(37, 1000, dtype=torch.bfloat16), torch.randn(1001, 37, dtype=torch.bfloat16).t(),
+              torch.randn(37, 1003, dtype=torch.bfloat16)[:, 1:1002]):
+        be = assert_matches_eager(lambda x: x.float().sum(0), [x], codegen="triton", kernel_variant="looped")
+        assert not any(src.column_classes for k in _reductions(be) for src in k.variants.values()), x.shape
+
+
+def test_a_column_sums_rows_in_classes_are_timed():
+    """configs.column_class_band: beside the rule's block (or a band's), three blocks of the classes, 16 elements a
+    thread, where their lanes hold a group of the program's own columns and fit the columns; none for a launch's
+    worth of bytes. configs.column_windowed: a looped configuration asking for the window, lanes for a group of its
+    own columns beside the head."""
+    from passline.backends.triton.configs import Config, Variant, column_class_band, column_windowed
+
+    base = Config(Variant.LOOPED, 32, 128, 8)
+    got = column_class_band([], base, 12345, 10872, 8, 10872 * 4.0)
+    assert got == [base] + [Config(Variant.LOOPED, x, r, w, window=True) for x, r, w in configs.COLUMN_CLASS_BLOCKS]
+    assert all(c.xblock * c.rblock == 16 * 32 * c.warps for c in got[1:])
+    assert column_class_band([], base, 40, 10872, 8, None) == [base, got[1], got[3]]  # 64 lanes: past the columns
+    assert column_class_band([], base, 12345, 4, 8, 16.0) == []  # 200 KB
+    assert column_windowed(got[1], 8) and column_windowed(Config(Variant.LOOPED, 16, 8, 4, window=True), 8)
+    assert not column_windowed(Config(Variant.LOOPED, 8, 8, 4, window=True), 8) and not column_windowed(base, 8)
+
+
+def test_a_column_sums_rows_in_classes_load_vectors_on_sm90(gpu_compile, monkeypatch):  # noqa: F811
+    """Compiled for sm_90: a column sum of 64 bfloat16 rows of 3001 (a row starts 3001 % 8 elements past a 16-byte
+    boundary) asking for its rows in classes reads them in 16-byte vectors; the rule's plain block reads each element
+    alone."""
+    x = torch.randn(64, 3001, dtype=torch.bfloat16)
+    got = {}
+    for classes in (False, True):
+        if classes:
+            _asking_for_column_classes(monkeypatch, 64, 64)
+        ptx = gpu_compile(lambda x: x.sum(0), x, False, f"columns_{classes}").values()
+        got[classes] = sum(_loads(p)["ld"] for p in ptx)
+    assert got[True] > 0 and got[False] == 0, got

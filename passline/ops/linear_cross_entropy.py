@@ -115,8 +115,9 @@ class _Gradients:
         return self.dx, dweight, dbias
 
 
-# Whether aten's addmm takes a float32 `out_dtype` for 16-bit operands, by device type: CUDA since torch 2.8
-# (cuBLAS's float32 output), with a float32 `self` in recent versions; tried once, remembered.
+# Whether aten's addmm takes a float32 `out_dtype` for operands of a 16-bit dtype, by device type and that dtype:
+# CUDA since torch 2.8 (cuBLAS's float32 output), with a float32 `self` in recent versions; tried once, remembered
+# (an out-of-memory error is not an answer: it is raised, and nothing remembered).
 _OUT_DTYPE_ADDMM: dict = {}
 
 
@@ -134,12 +135,14 @@ def _accumulate(acc: Tensor, a: Tensor, b: Tensor) -> None:
     if a.dtype == acc.dtype:
         acc.addmm_(a, b)
         return
-    kind = acc.device.type
-    if _OUT_DTYPE_ADDMM.get(kind, kind == "cuda"):
+    kind = acc.device.type, a.dtype
+    if _OUT_DTYPE_ADDMM.get(kind, kind[0] == "cuda"):
         try:
             torch.addmm(acc, a, b, out_dtype=acc.dtype, out=acc)
             _OUT_DTYPE_ADDMM[kind] = True
             return
+        except torch.OutOfMemoryError:
+            raise
         except (RuntimeError, TypeError, NotImplementedError):  # checked before any work: acc is untouched
             _OUT_DTYPE_ADDMM[kind] = False
     acc.add_(a @ b)

@@ -46,6 +46,8 @@ WINDOW_MIN_WARPS = 4  # ... on at least this many warps
 WINDOW_PERSISTENT_MAX = 1 << 16  # ... held whole through its window up to this long (a timed candidate: uncertain)
 WINDOW_BAND_MIN_WIDTH = 2049  # rows this wide to 8192 read or written off 16-byte boundaries are timed (uncertain)
 CLASS_MIN_ROW_BYTES = 1024  # rows in classes (a mix-order or persistent kernel's), rows this long or longer (windowed)
+# a column sum's rows in classes, timed (column_class_band): (XBLOCK lanes, RBLOCK rows, warps), 16 elements a thread
+COLUMN_CLASS_BLOCKS = ((32, 128, 8), (64, 64, 8), (32, 64, 4))
 CLASS_WARP_SLOTS = 64  # warps an SM holds at once (sm_80 and later): the programs rows in classes fill (class_band)
 MIX_ONE_ROW_STAGES = 3  # the row loop's pipeline depth of the mix band's one-row form (see uncertain)
 MIX_TILE_COLUMNS = TILED_COLUMNS  # columns a block of mix_order_tiled by rule (1024; see rule)
@@ -527,6 +529,31 @@ def windowed(cfg: Config, width: int, group: int, programs: int = 0) -> bool:
                 and width * (16 // group) >= CLASS_MIN_ROW_BYTES)
     return (cfg.window and cfg.variant == Variant.PERSISTENT and cfg.xblock == 1 and cfg.rblock is not None
             and cfg.rblock >= width + group - 1)
+
+
+def column_windowed(cfg: Config, group: int) -> bool:
+    """Whether a launch of `cfg` runs a column sum's rows in classes (kernel.KernelWriter._column_classes; `group`:
+    its window's, 16 bytes of its narrowest dtype): a looped configuration asking for the window whose XBLOCK lanes
+    hold at least one group of the program's own columns beside the head's."""
+    return cfg.window and cfg.variant == Variant.LOOPED and cfg.xblock >= 2 * group
+
+
+def column_class_band(band: list, base: Config | None, xnumel: int, rnumel: int, group: int,
+                      row_bytes: float | None) -> list:
+    """`band` with a column sum's rows in classes added (`group`: its window's; kernel.KernelWriter._column_classes):
+    COLUMN_CLASS_BLOCKS, each XBLOCK lanes (XBLOCK - group columns a program) by RBLOCK rows of a class a step, 16
+    elements a thread (two 16-byte vectors of bfloat16: as many as the plain rule's block holds; at 32 a thread the
+    compiled LayerNorm weight and bias gradients took 204-231 registers, at 16 107-110, and 75 at 32 x 64 on 4 warps,
+    for sm_90: `benchmarks/kernel_probe.py --case layer_norm --shape 10872x12345 --dtype bfloat16 --direction bwd`),
+    where the columns fill the lanes; the rule's block first where `band` is empty. Not where the kernel moves a
+    launch's worth of bytes. Planned without a GPU (sixty-first session): not yet timed."""
+    if base is None or _launch_sized(xnumel, rnumel, row_bytes):
+        return band
+    added = [Config(Variant.LOOPED, lanes, rows, warps, window=True) for lanes, rows, warps in COLUMN_CLASS_BLOCKS
+             if lanes <= xnumel and lanes >= 2 * group]
+    if not added:
+        return band
+    return (band or [base]) + [c for c in added if c not in band]
 
 
 def class_band(band: list, base: Config | None, xnumel: int, rnumel: int, window: int, device: Device,

@@ -109,6 +109,9 @@ class KernelSource:
     # ... where it also takes rows in classes (WINDOW == CLASSES: a program's share of one class's rows, its weight
     # loaded once; `KernelWriter._classes`): timed, never by rule (configs.uncertain)
     window_classes: bool = False
+    # a column sum whose rows do not start on 16-byte boundaries, which takes them in classes where its launch's WINDOW
+    # says so (`KernelWriter._column_classes`, XBLOCK - G columns a program): G, else 0. Timed, never by rule
+    column_classes: int = 0
 
 
 def _natural(name: str) -> list:
@@ -232,6 +235,9 @@ class KernelWriter:
         self.window_writes = False  # ... and whether some row it writes is off 16-byte boundaries
         self.window_columns = False  # ... and whether it reads a weight by columns (element by element through it)
         self.window_classes = False  # ... and whether it has rows in classes too (WINDOW == CLASSES: `persistent`)
+        # a column sum's rows in classes (`_column_classes`): its window's group, where it has the branch ...
+        self.column_classes = 0
+        self.column_window = 0  # ... and while that branch is written (row elements address `rflat`)
         self.top = 1  # the indent of the kernel's top level: a branch's of `persistent()` (the deferred checks')
 
     def pid(self) -> str:
@@ -277,7 +283,7 @@ class KernelWriter:
         training steps at that shape took a quarter less time."""
         if not self.two_d:
             return self.idx(expr)
-        if self.on_rows and self._on_row(expr):
+        if self.on_rows and self._on_row(expr) or self.column_window and self._on_column_row(expr):
             return "rflat"
         # split before idx() flattens each part (a flat index, `rindex`, is no size argument of the kernel)
         lanes = {canon_var(VarKind.CANON_REDUCTION, k) for k in range(len(self.red))}
@@ -605,6 +611,8 @@ class KernelWriter:
                 index += " + tl.full([1], 0, tl.int32)"
             if self.window and index == "rflat":  # the window's groups overlapping the row: 16-byte vectors
                 mask = f"xmask & rtake{self._group_of(buffer)}"
+            elif self.column_window and index == "rflat":  # a column sum's: the rows' groups the columns overlap
+                mask = f"rmask & xtake{self._group_of(buffer)}"
             extra = f", {mask}, other=0" if mask else ""
             policy = self.eviction(buffer, expr)
             if policy:
@@ -1243,6 +1251,21 @@ class KernelWriter:
 
     def looped(self) -> list[str]:
         self._xr()
+        groups = self._column_window() if not self.interpret or compat.INTERPRETED_LOOP_BOUNDS else ()
+        if groups:  # WINDOW (a constexpr the launch sets): the column sum's rows in classes, else the plain loop
+            start = len(self.lines)
+            self.emit("if WINDOW:")
+            self.indent += 1
+            try:
+                self._column_classes(groups)
+            except Unsupported:  # a form `_column_window` did not foresee: the kernel keeps the plain loop alone
+                del self.lines[start:]
+                self.indent, self.column_window, self.hoist, self.reread, groups = 1, 0, None, None, ()
+            else:
+                self.indent -= 1
+                self.emit("else:")
+                self.indent += 1
+        self.column_classes = groups[0] if groups else 0
         aligned = self._rows_off_vectors()  # then the aligned loop too
         if aligned:  # the row's first element, and the 16-element boundary at or before it
             self.emit(f"rbase = {self.pid()} * {self.numel('rnumel')}")
@@ -1303,7 +1326,120 @@ class KernelWriter:
                 var = self._reduction_result(m, raw, outer_scope)
                 self.store(m, var, "xmask")
         outer_ready(n_phases + 1)
-        return self.header(["XBLOCK", "RBLOCK"]) + self.body()
+        self.indent -= bool(groups)
+        return self.header(["XBLOCK", "RBLOCK", *(["WINDOW"] if groups else [])]) + self.body()
+
+    def _column_window(self) -> tuple:
+        """The groups (as `_window`'s: 16 bytes of each dtype of its rows, the narrowest's first) of a column sum
+        whose rows do not start on 16-byte boundaries, where it can take them in classes (`_column_classes`), else
+        (). A column sum walks its columns along the lanes and its rows in the loop: element (row, column) of a
+        row-major [rows, W] buffer, `p + o0 + W * q0`, with an odd W (12345 bfloat16 elements: 24690 bytes) is a
+        load of its own for each element, however many columns a thread takes (LayerNorm's weight and bias
+        gradients at 10872 x 12345 bfloat16 ran at 39% of copy on an H200, sixtieth session). Only a kernel of
+        sums (one reduction variable, the rows; one outer, the columns, W in the source) whose loads are such row
+        elements, values of a row (`q0` alone: a norm's statistics), of a column (`o0` alone) or of the kernel,
+        and that stores nothing row-sized, in one loop; no indirect loads, no online softmax, no count passed at run
+        time."""
+        if len(self.red) != 1 or len(self.outer) != 1 or self.runtime or self.online_pairs() \
+                or max(self.phases()[0].values(), default=0) > 0:
+            return ()  # (a second loop, over a first's results: a variance after its mean)
+        width = sympy.sympify(self.outer[0])
+        if not width.is_Integer:
+            return ()
+        row, col = canon_var(VarKind.CANON_REDUCTION, 0), canon_var(VarKind.CANON_OUTER, 0)
+        columns = {m.output.name for m in self.nodes if self.role(m) == Role.OUTER}
+        sizes, off = [], False
+        for m in self.nodes:
+            role_ = self.role(m)
+            if isinstance(m, Scatter) or getattr(m, "in_place", False) \
+                    or (role_ == Role.REDUCTION and m.reduction_type != "sum") \
+                    or (role_ == Role.INNER and m.output.name in self.stored) \
+                    or (role_ in (Role.INNER, Role.REDUCTION) and columns & set(m.read_names())):
+                return ()  # (a column's own value read in the loop would be another lane's in a class)
+            if any(isinstance(n, Load) and n.indirect for n in walk(m.body)):
+                return ()
+            cmap = self.canon(m)
+            for buffer, index, load in self._accesses(m):
+                expr = sympy.expand(substitute(index, cmap))
+                syms = expr.free_symbols
+                if any(s not in (row, col) and (is_canonical(s) or s in self.locals) for s in syms):
+                    return ()
+                if load is None or buffer in self.by_output or not (row in syms and col in syms):
+                    continue  # a column's result, a value of the kernel's own, of one row or of one column
+                if not self._on_column_row(expr) or buffer not in self.buffers:
+                    return ()
+                size = self.buffers[buffer].dtype.itemsize
+                sizes.append(size)
+                off |= int(width) * size % 16 != 0
+        return tuple(sorted({16 // s for s in sizes}, reverse=True)) if off else ()
+
+    def _on_column_row(self, expr) -> bool:
+        """Whether `expr` is element (q0, o0) of a row-major [rows, W] buffer whose W columns are the kernel's outer
+        loop and rows its reduction: o0 + W * q0 (a column sum's data)."""
+        row, col = canon_var(VarKind.CANON_REDUCTION, 0), canon_var(VarKind.CANON_OUTER, 0)
+        return len(self.outer) == 1 and sympy.expand(expr - col - product(self.outer) * row) == 0
+
+    def _column_classes(self, groups: tuple) -> None:
+        """A column sum's WINDOW branch (`_column_window`): its rows in classes, as a mix-order kernel's
+        (`_classes`): rows G apart (G = `groups[0]`, 16 bytes of the narrowest dtype) start at one offset from a
+        G-element boundary (`rhead`: (r * W) % G). A program owns XBLOCK - G columns from `xbase` (a multiple of G)
+        and walks the classes one after another; for each, its rows RBLOCK at a time, each row read through the
+        aligned window of XBLOCK lanes from its start less its head (`rflat`: whole 16-byte groups that overlap the
+        row, `xtake`), so lane l holds column xbase + l - rhead of every row of the class. The lanes of the
+        program's own columns are summed (`xmask`), the class's sums are reduced over its rows and moved back by
+        `rhead` lanes (`tl.gather`) into the program's totals, which are then the plain form's results at lane l
+        for column xbase + l: the reductions' epilogues and stores follow as there. The launch runs cdiv(W,
+        XBLOCK - G) programs (runner.Kernel.grid). Planned without a GPU (sixty-first session): a hand-written
+        column sum with its rows in classes took 137 µs against the generated 225 at 10872 x 12345 bfloat16 on an
+        H200 (sixtieth session, `.scratch_gpu/s60_colsum.py`: a class a program, partial sums through memory)."""
+        g0, width, rows = groups[0], self.numel("xnumel"), self.numel("rnumel")
+        phase, _ = self.phases()
+        reds = [m for m in self.nodes if self.role(m) == Role.REDUCTION]
+        needed = {m.name for m in reds}
+        self.emit(f"xbase = {self.pid()} * (XBLOCK - {g0})")
+        self.emit("xlane = tl.arange(0, XBLOCK)[:, None]")
+        totals = {}
+        for m in reds:
+            totals[m.name] = self.tmp()
+            self.emit(f"{totals[m.name]} = tl.full([XBLOCK, 1], 0, {tl_dtype(m.body.dtype)})")
+        self.emit(f"for rclass in range(0, {g0}):")
+        self.indent += 1
+        self.emit(f"rhead = (rclass * {width}) % {g0}")
+        # the lanes' columns in the type of the plain form's (Triton refuses a variable whose type a loop changes)
+        self.emit("xindex = (xbase + xlane - rhead).to(xindex.dtype)")
+        self.emit(f"xmask = (xindex >= xbase) & (xindex < xbase + XBLOCK - {g0}) & (xindex < {width})")
+        for g in groups:
+            self.emit(f"xgroup{g} = xbase + (xlane // {g}) * {g}")
+            self.emit(f"xtake{g} = (xgroup{g} < rhead + {width}) & (xgroup{g} + {g} > rhead)")
+        self.decompose(VarKind.CANON_OUTER, self.outer, "xindex")
+        accs = {m.name: self._acc_init(m) for m in reds}
+        in_class = _Scope()  # what a class's lanes hold: its columns' values are put before its rows' loop
+        self.hoist, self.reread = (len(self.lines), self.indent, in_class), set()
+        self.emit(f"for roffset in range(0, ({rows} - rclass + {g0 - 1}) // {g0}, RBLOCK):")
+        self.indent += 1
+        self.emit(f"rindex = rclass + {g0} * (roffset + tl.arange(0, RBLOCK)[None, :])")
+        self.emit(f"rmask = rindex < {rows}")
+        self.decompose(VarKind.CANON_REDUCTION, self.red, "rindex")
+        self.emit(f"rflat = (rindex.to(tl.int64) * {width} // {g0}) * {g0} + xbase + xlane")
+        self.column_window = g0
+        self._demand(needed, _Scope(in_class), phase, 0, accs, None)
+        self.column_window = 0
+        self.hoist = self.reread = None
+        self.indent -= 1
+        for m in reds:  # the class's sums, lane l + rhead moved to lane l: column xbase + l
+            part = self._finish_acc(m, accs[m.name])
+            self.emit(f"{totals[m.name]} = {totals[m.name]} + "
+                      f"tl.gather({part}, tl.minimum(xlane + rhead, XBLOCK - 1), 0)")
+        self.indent -= 1
+        self.emit("xindex = (xbase + xlane).to(xindex.dtype)")
+        self.emit(f"xmask = (xlane < XBLOCK - {g0}) & (xindex < {width})")
+        self.decompose(VarKind.CANON_OUTER, self.outer, "xindex")
+        done = _Scope()  # the program's own columns again: nothing loaded at a class's lanes is reused
+        for m in reds:
+            self.store(m, self._reduction_result(m, totals[m.name], done), "xmask")
+        for m in self.nodes:  # the columns' epilogues (a cast, a scale)
+            if self.role(m) == Role.OUTER:
+                self.store(m, self.compute(m, done), "xmask")
 
     def _rows_off_vectors(self) -> bool:
         """Whether some access along whole rows (`_on_row`) is to a buffer whose rows do not start on 16-byte
@@ -1665,7 +1801,7 @@ def generate(node, graph, interpret: bool, variant: str, blocks: dict, stored: s
                         variant, constants, blocks.get("num_warps", 4), int64=writer.int64, spans=spans,
                         checks=writer.debug, online=bool(red) and bool(writer.online_pairs()), window=writer.windowed,
                         window_writes=writer.window_writes, window_columns=writer.window_columns,
-                        window_classes=writer.window_classes,
+                        window_classes=writer.window_classes, column_classes=writer.column_classes,
                         window_by_rule=writer.window_writes and not writer.window_columns
                         and not any(writer.role(m) == Role.REDUCTION for m in members))
 

@@ -41,6 +41,8 @@ from .configs import (
     autotune_candidates,
     candidates,
     class_band,
+    column_class_band,
+    column_windowed,
     finish_rule,
     pow2,
     rule,
@@ -274,6 +276,8 @@ class Kernel:
             and not any(src.window_columns for src in info.variants.values())
         # ... whether it takes rows in classes too (KernelSource.window_classes: configs.class_band)
         self.window_classes = any(src.window_classes for src in info.variants.values())
+        # a column sum's rows in classes (KernelSource.column_classes, its looped form's): the window's group, or 0
+        self.column_group = max((src.column_classes for src in info.variants.values()), default=0)
         self.wide = False
         self.wide_when: str | None = None  # the generated call's `wide=` condition (wrapper.py), or None
         self.counters: collections.Counter = collections.Counter()  # the runner's (report.metrics.counters)
@@ -457,6 +461,8 @@ class Kernel:
         if (self.window_classes and not self.interpret and rnumel and self.rows_contiguous
                 and self.only in (None, Variant.PERSISTENT) and xnumel >= self.device.sms):
             band = class_band(band, base, xnumel, rnumel, self.window, self.device, row_bytes)
+        if self.column_group and not self.interpret and rnumel and self.only in (None, Variant.LOOPED):
+            band = column_class_band(band, base, xnumel, rnumel, self.column_group, row_bytes)
         return band
 
     def _autotune_candidates(self, xnumel: int, rnumel: int | None, args) -> list:
@@ -530,10 +536,12 @@ class Kernel:
         plain form (its specialization is in the binary's key)."""
         blocks = {**cfg.blocks(), **compat.COMPILE_OPTIONS}
         found = self.windows.get(cfg.variant)
+        aligned = all(_spec(full[i]) for i in self.check if i < len(full) and not isinstance(full[i], int))
         if found is not None:
-            through = windowed(cfg, found[1], found[0], cfg.programs(xnumel, rnumel)) and all(
-                _spec(full[i]) for i in self.check if i < len(full) and not isinstance(full[i], int))
+            through = windowed(cfg, found[1], found[0], cfg.programs(xnumel, rnumel)) and aligned
             blocks["WINDOW"] = (kgen.CLASSES if cfg.classes else True) if through else False
+        elif self.column_group and cfg.variant == Variant.LOOPED:
+            blocks["WINDOW"] = column_windowed(cfg, self.column_group) and aligned
         if cfg.variant in self.checked:
             blocks.update(compat.CHECKED_OPTIONS)
         if cfg.variant in self.per_launch:
@@ -593,13 +601,15 @@ class Kernel:
             self.install(spec, launch, consts, len(full), cfg.variant, compiled)
         return compiled
 
-    @staticmethod
-    def grid(cfg: Config, consts: dict, xnumel: int, rnumel: int | None) -> int:
+    def grid(self, cfg: Config, consts: dict, xnumel: int, rnumel: int | None) -> int:
         """The launch's programs: `cfg`'s (Config.programs), but a row a program (the plain form's, XBLOCK rows)
         where a configuration asking for rows in classes does not run them (its WINDOW is not CLASSES: too few
-        programs for its classes, a misaligned argument)."""
+        programs for its classes, a misaligned argument), and XBLOCK - G columns a program where a column sum
+        takes its rows in classes (kernel.KernelWriter._column_classes: the lanes of a head beside its own)."""
         if cfg.classes and consts.get("WINDOW") != kgen.CLASSES:
             return max(1, -(-xnumel // cfg.xblock))
+        if self.column_group and cfg.variant == Variant.LOOPED and consts.get("WINDOW"):
+            return max(1, -(-xnumel // (cfg.xblock - self.column_group)))
         return cfg.programs(xnumel, rnumel)
 
     def __call__(self, stream, args: tuple, xnumel: int, rnumel: int | None = None, wide: bool = False) -> None:
@@ -1553,7 +1563,7 @@ class TritonRunner:
                  str(src.xnumel), str(src.rnumel), sorted(src.constants.items()), src.num_warps,
                  src.grid_per_program, src.int64, [str(e) for e in src.spans], src.checks, src.online, src.row_sums,
                  src.scalar_rows, src.window, src.window_writes, src.window_columns, src.window_by_rule,
-                 src.window_classes)
+                 src.window_classes, src.column_classes)
                 for v, src in variants.items()]
         return digest(kind, cls.__name__, sorted(extra.items()), contiguous, mutates, str(traffic), hinted, code)
 
