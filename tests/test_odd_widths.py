@@ -798,3 +798,33 @@ def test_a_column_sums_rows_in_classes_load_vectors_on_sm90(gpu_compile, monkeyp
         ptx = gpu_compile(lambda x: x.sum(0), x, False, f"columns_{classes}").values()
         got[classes] = sum(_loads(p)["ld"] for p in ptx)
     assert got[True] > 0 and got[False] == 0, got
+
+
+def test_rows_in_classes_are_not_timed_on_a_doubled_block():
+    """A width within G - 1 of a power of two (bfloat16 1020: its block would double to 2048 to hold the head, half
+    its lanes idle) times no rows in classes, as the mix-order kernel never takes them there; 1001 does."""
+    from passline.backends.triton.configs import Config, Device, Variant, class_band
+
+    base = Config(Variant.PERSISTENT, 1, 1024, 1)
+    assert class_band([], base, 134218, 1020, 8, Device(132), None) == []
+    assert len(class_band([], base, 134218, 1001, 8, Device(132), None)) == 3
+
+
+@pytest.mark.parametrize("dtype, dynamic", [(torch.int8, True), (torch.float16, False)])
+def test_a_column_sums_rows_in_classes_compiles_for_sm90_in_other_dtypes(gpu_compile, monkeypatch, dtype,  # noqa: F811
+                                                                          dynamic):
+    """The column sum's classes compiled for sm_90 where no other test compiles them (the review of the sixty-first
+    session): an int8 column sum (16-element groups) under dynamic shapes, a float16 one static."""
+    _asking_for_column_classes(monkeypatch, 64, 64)
+    x = (torch.randn(64, 3001) * 3).to(dtype)
+    fn = (lambda x: x.sum(0)) if dtype.is_floating_point else (lambda x: x.sum(0, dtype=dtype))
+    assert gpu_compile(fn, x, dynamic, f"columns_{dtype}_{dynamic}")
+
+
+def test_a_norms_rows_in_classes_compiles_for_sm90_two_rows_a_step_under_dynamic_shapes(gpu_compile,  # noqa: F811
+                                                                                         monkeypatch):
+    """The persistent classes compiled for sm_90 with two rows a step of the class loop and a run-time row count."""
+    _asking_for_classes(monkeypatch, 2, xblock=2)
+    x = torch.randn(64, 3001, dtype=torch.bfloat16, requires_grad=True)  # (the training step: forward and backward)
+    ptx = gpu_compile(torch.nn.LayerNorm(3001).to(torch.bfloat16), x, True, "classes_dynamic")
+    assert any(_loads(p)["ld"] > 0 for p in ptx.values()), {k: _loads(p) for k, p in ptx.items()}

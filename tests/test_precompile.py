@@ -573,7 +573,7 @@ def _bare_kernel():
 
     k = Kernel.__new__(Kernel)
     k.interpret, k.ready, k.binaries, k.checked, k.per_launch, k.last = False, {}, {}, set(), set(), None
-    k.replay_sizes, k.windows = (), {}
+    k.replay_sizes, k.windows, k.column_group = (), {}, 0
     return k
 
 

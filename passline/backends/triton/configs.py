@@ -545,12 +545,13 @@ def column_class_band(band: list, base: Config | None, xnumel: int, rnumel: int,
     elements a thread (two 16-byte vectors of bfloat16: as many as the plain rule's block holds; at 32 a thread the
     compiled LayerNorm weight and bias gradients took 204-231 registers, at 16 107-110, and 75 at 32 x 64 on 4 warps,
     for sm_90: `benchmarks/kernel_probe.py --case layer_norm --shape 10872x12345 --dtype bfloat16 --direction bwd`),
-    where the columns fill the lanes; the rule's block first where `band` is empty. Not where the kernel moves a
-    launch's worth of bytes. Planned without a GPU (sixty-first session): not yet timed."""
+    where the columns fill the lanes and the head's G lanes, which a program reads beside its own, are at most a
+    quarter of them (a 1-byte dtype's G of 16 takes 64 lanes); the rule's block first where `band` is empty. Not
+    where the kernel moves a launch's worth of bytes. Planned without a GPU (sixty-first session): not yet timed."""
     if base is None or _launch_sized(xnumel, rnumel, row_bytes):
         return band
     added = [Config(Variant.LOOPED, lanes, rows, warps, window=True) for lanes, rows, warps in COLUMN_CLASS_BLOCKS
-             if lanes <= xnumel and lanes >= 2 * group]
+             if lanes <= xnumel and lanes >= 4 * group]  # (a program reads its head's lanes too: at most a quarter)
     if not added:
         return band
     return (band or [base]) + [c for c in added if c not in band]
@@ -567,12 +568,13 @@ def class_band(band: list, base: Config | None, xnumel: int, rnumel: int, window
     the SMs' warp slots once (CLASS_WARP_SLOTS), and a quarter of that (four times the rows a program, each weight
     load shared by more): which pays depends on what the kernel keeps live beside the weight, so both are timed
     against the rule's block. The rule's own configuration comes first. Not where rows are under CLASS_MIN_ROW_BYTES
-    (the mix-order classes lost there), where a program would have fewer than two rows, or where the kernel moves a
-    launch's worth of bytes. Planned without a GPU (sixty-first session): not yet timed."""
+    (the mix-order classes lost there), where the block would double to hold the head (a width within G - 1 of a
+    power of two), where a program would have fewer than two rows, or where the kernel moves a launch's worth of
+    bytes. Planned without a GPU (sixty-first session): not yet timed."""
     rb = pow2(rnumel + window - 1)
-    if (base is None or rb > GPU_PERSISTENT_MAX or rnumel * (16 // window) < CLASS_MIN_ROW_BYTES
+    if (base is None or rb > GPU_PERSISTENT_MAX or rb != pow2(rnumel) or rnumel * (16 // window) < CLASS_MIN_ROW_BYTES
             or _launch_sized(xnumel, rb, row_bytes)):
-        return band
+        return band  # (a block doubled to hold the head: half its lanes idle, as the mix-order classes never take)
     warps = _clamp(rb // (32 * ROW_PER_THREAD), 1, MAX_WARPS)
     filled = device.sms * (CLASS_WARP_SLOTS // warps)
     added = []

@@ -50,7 +50,9 @@ from .printer import Unsupported, tl_dtype
 COMBINE = {"sum": "_sum_combine", "prod": "_prod_combine", "max": "_max_combine", "min": "_min_combine",
            "any": "_max_combine", "all": "_min_combine"}
 INTEGER_DIVISIONS = ("floordiv", "remainder", "fmod")  # of integers: eager raises on a zero divisor (CPU)
-CLASSES = 2  # a persistent kernel's WINDOW for rows in classes (`KernelWriter._classes`; 1: a row through the window)
+# a persistent kernel's WINDOW for rows in classes (`KernelWriter._classes`); True (== 1) is a row through the window,
+# False the plain form: CLASSES must differ from both (one binary key, one grid, one branch per value)
+CLASSES = 2
 
 
 class ColumnRole(StrEnum):

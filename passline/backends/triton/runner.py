@@ -217,8 +217,10 @@ def _outside_views(got: tuple, want: tuple) -> str | None:
 
 
 def _shown(cfg: Config) -> dict:
-    """A configuration as the report shows it: its blocks, warps, and whether its rows go through the window."""
-    return dict(cfg.blocks(), num_warps=cfg.warps) | ({"window": True} if cfg.window else {})
+    """A configuration as the report shows it: its blocks, warps, whether its rows go through the window, and a
+    persistent configuration's rows a program where it takes them in classes."""
+    return dict(cfg.blocks(), num_warps=cfg.warps) | ({"window": True} if cfg.window else {}) \
+        | ({"rows_a_program": cfg.split} if cfg.classes else {})
 
 
 def _spec(a) -> tuple | bool:
@@ -536,12 +538,14 @@ class Kernel:
         plain form (its specialization is in the binary's key)."""
         blocks = {**cfg.blocks(), **compat.COMPILE_OPTIONS}
         found = self.windows.get(cfg.variant)
-        aligned = all(_spec(full[i]) for i in self.check if i < len(full) and not isinstance(full[i], int))
+
+        def aligned() -> bool:  # (only where the variant has a window: a launch's host time)
+            return all(_spec(full[i]) for i in self.check if i < len(full) and not isinstance(full[i], int))
         if found is not None:
-            through = windowed(cfg, found[1], found[0], cfg.programs(xnumel, rnumel)) and aligned
+            through = windowed(cfg, found[1], found[0], cfg.programs(xnumel, rnumel)) and aligned()
             blocks["WINDOW"] = (kgen.CLASSES if cfg.classes else True) if through else False
         elif self.column_group and cfg.variant == Variant.LOOPED:
-            blocks["WINDOW"] = column_windowed(cfg, self.column_group) and aligned
+            blocks["WINDOW"] = column_windowed(cfg, self.column_group) and aligned()
         if cfg.variant in self.checked:
             blocks.update(compat.CHECKED_OPTIONS)
         if cfg.variant in self.per_launch:
