@@ -572,20 +572,9 @@ def test_a_norms_rows_in_classes_match_eager(monkeypatch, case, split, xblock):
     take theirs at 7 and 5 (the plain form at a step of 4 rows: 6 programs). Forward and backward (dx unmixed: a
     row kernel reading the weight by columns) against eager."""
     from passline.backends.triton.kernel import CLASSES
-    from passline.backends.triton.runner import Kernel
-
     monkeypatch.setattr(configs, "INTERP_BLOCK", 16384)
     _asking_for_classes(monkeypatch, split, xblock)
-    seen = []
-    constexprs = Kernel.constexprs
-
-    def spy(self, cfg, *a, **k):
-        out = constexprs(self, cfg, *a, **k)
-        if cfg.classes:
-            seen.append((self.window, out["WINDOW"], self.grid(cfg, out, *a[:2])))
-        return out
-
-    monkeypatch.setattr(Kernel, "constexprs", spy)
+    seen = _class_launches(monkeypatch, columns=False)
     torch.manual_seed(0)
     fn, inputs = NORMS[case](21, 1001)
     be = assert_matches_eager(fn, inputs, codegen="triton", kernel_variant="persistent", pipeline=UNMIXED)
@@ -684,8 +673,9 @@ def _asking_for_column_classes(monkeypatch, lanes: int, rows: int) -> None:
     monkeypatch.setattr(Kernel, "_rule", classes)
 
 
-def _column_launches(monkeypatch) -> list:
-    """(group, WINDOW, programs) of every launch of a column sum with rows in classes."""
+def _class_launches(monkeypatch, columns: bool) -> list:
+    """(group, WINDOW, programs) of every launch asking for rows in classes: of a column sum that has them
+    (`columns`), else of a persistent configuration asking for them (`Config.classes`)."""
     from passline.backends.triton.runner import Kernel
 
     seen = []
@@ -693,8 +683,8 @@ def _column_launches(monkeypatch) -> list:
 
     def spy(self, cfg, *a, **k):
         out = constexprs(self, cfg, *a, **k)
-        if self.column_group:
-            seen.append((self.column_group, out["WINDOW"], self.grid(cfg, out, *a[:2])))
+        if self.column_group if columns else cfg.classes:
+            seen.append((self.column_group or self.window, out["WINDOW"], self.grid(cfg, out, *a[:2])))
         return out
 
     monkeypatch.setattr(Kernel, "constexprs", spy)
@@ -731,7 +721,7 @@ def test_a_column_sums_rows_in_classes_match_eager(monkeypatch, case, lanes, row
     such a kernel takes the classes, cdiv(1001, lanes - G) programs. Forward and backward against eager."""
     monkeypatch.setattr(configs, "INTERP_BLOCK", 16384)
     _asking_for_column_classes(monkeypatch, lanes, rows)
-    seen = _column_launches(monkeypatch)
+    seen = _class_launches(monkeypatch, columns=True)
     torch.manual_seed(0)
     fn, inputs = COLUMN_SUMS[case](37, 1001)
     be = assert_matches_eager(fn, inputs, codegen="triton", kernel_variant="looped", pipeline=UNMIXED)
@@ -749,7 +739,7 @@ def test_a_column_sums_rows_in_classes_under_a_run_time_row_count(monkeypatch):
     LayerNorm's weight and bias gradients in classes, against eager."""
     monkeypatch.setattr(configs, "INTERP_BLOCK", 16384)
     _asking_for_column_classes(monkeypatch, 32, 4)
-    seen = _column_launches(monkeypatch)
+    seen = _class_launches(monkeypatch, columns=True)
     torch.manual_seed(0)
     ln = torch.nn.LayerNorm(1001).bfloat16()
     for n in (37, 5, 1, 37):
