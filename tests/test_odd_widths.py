@@ -572,6 +572,7 @@ def test_a_norms_rows_in_classes_match_eager(monkeypatch, case, split, xblock):
     take theirs at 7 and 5 (the plain form at a step of 4 rows: 6 programs). Forward and backward (dx unmixed: a
     row kernel reading the weight by columns) against eager."""
     from passline.backends.triton.kernel import CLASSES
+
     monkeypatch.setattr(configs, "INTERP_BLOCK", 16384)
     _asking_for_classes(monkeypatch, split, xblock)
     seen = _class_launches(monkeypatch, columns=False)
@@ -693,11 +694,7 @@ def _class_launches(monkeypatch, columns: bool) -> list:
 
 COLUMN_SUMS = {
     # the weight's and bias's gradients: x and dy by rows, the row's statistics by rows alone
-    "layer_norm_bf16": lambda rows, width: (torch.nn.LayerNorm(width).bfloat16(),
-                                            [torch.randn(rows, width, dtype=torch.bfloat16, requires_grad=True)]),
-    "layer_norm": lambda rows, width: (torch.nn.LayerNorm(width), [torch.randn(rows, width, requires_grad=True)]),
-    "rms_norm_bf16": lambda rows, width: (torch.nn.RMSNorm(width).bfloat16(),
-                                          [torch.randn(rows, width, dtype=torch.bfloat16, requires_grad=True)]),
+    **{case: NORMS[case] for case in ("layer_norm_bf16", "layer_norm", "rms_norm_bf16")},
     # the bias gradient: dy and h by rows, the bias by columns (loaded at each lane's column of a class)
     "bias_gelu_bf16": lambda rows, width: (
         lambda h, b: F.gelu(h + b),
