@@ -500,12 +500,43 @@ def test_a_mixed_kernels_rows_in_classes_load_vectors_on_sm90(gpu_compile, monke
     assert got[True][0] > 0 and got[True][1] > 0 and got[False] == (0, 0), got
 
 
+def _one_function_over_rows(module, rows: tuple, **options) -> None:
+    """`module`'s training step at each of `rows` row counts through one compiled function (dynamic shapes: the same
+    runner, kernels, binaries and choices for every count, as a model whose batch varies runs), its output and the
+    input's and parameters' gradients against eager's. `assert_matches_eager` compiles afresh at each call."""
+    import copy
+
+    import passline
+    from passline.testing import tolerance
+
+    torch._dynamo.reset()
+    ours, eager = copy.deepcopy(module), copy.deepcopy(module)
+    compiled = torch.compile(ours, backend=passline.backend(fallback="raise", codegen="triton", **options),
+                             dynamic=True)
+    width = next(module.parameters()).shape[-1]
+    dtype = next(module.parameters()).dtype
+    tol = tolerance(dtype)
+    for n in rows:
+        x = torch.randn(n, width, dtype=dtype)
+        weight = torch.randn(n, width)
+        got_x, want_x = x.clone().requires_grad_(), x.clone().requires_grad_()
+        ours.zero_grad(set_to_none=True)
+        eager.zero_grad(set_to_none=True)
+        got, want = compiled(got_x), eager(want_x)
+        (got.float() * weight).sum().backward()
+        (want.float() * weight).sum().backward()
+        torch.testing.assert_close(got, want, **tol)
+        torch.testing.assert_close(got_x.grad, want_x.grad, **tol)
+        for p, q in zip(ours.parameters(), eager.parameters()):
+            torch.testing.assert_close(p.grad.float(), q.grad.float(), rtol=tol["rtol"], atol=tol["atol"] * n)
+
+
 @needs_loop_bounds
 def test_a_mixed_kernels_rows_in_classes_under_a_run_time_row_count(monkeypatch):
     """With a run-time row count a mix-order kernel's WINDOW follows each launch's programs (21 rows in splits of 2:
-    11 programs, the classes; 5 rows: 3, the blocks of rows): both against eager in one compiled function, and a
-    binary is kept per WINDOW (runner.Kernel.binary_key): one compiled with the classes, launched where a class has
-    no program, would leave that class's rows undone."""
+    11 programs, the classes; 5 rows: 3, the blocks of rows): both against eager in one compiled function (one
+    kernel, its binaries kept across the calls), and a binary is kept per WINDOW (runner.Kernel.binary_key): one
+    compiled with the classes, launched where a class has no program, would leave that class's rows undone."""
     from passline.backends.triton.runner import MixKernel
 
     monkeypatch.setattr(configs, "INTERP_BLOCK", 16384)
@@ -518,11 +549,9 @@ def test_a_mixed_kernels_rows_in_classes_under_a_run_time_row_count(monkeypatch)
 
     monkeypatch.setattr(MixKernel, "constexprs", spy)
     torch.manual_seed(0)
-    ln = torch.nn.LayerNorm(1001).bfloat16()
-    for rows in (21, 5, 21):
-        x = torch.randn(rows, 1001, dtype=torch.bfloat16, requires_grad=True)
-        assert_matches_eager(ln, [x], codegen="triton", pipeline=_mixed_pipeline(2), dynamic=True)
+    _one_function_over_rows(torch.nn.LayerNorm(1001).bfloat16(), (21, 5, 21), pipeline=_mixed_pipeline(2))
     assert {c["WINDOW"] for _, _, c in seen} == {True, False}, seen
+    assert len({k for k, _, _ in seen}) == 1, seen  # one kernel throughout
     k, cfg, consts = seen[0]
     full = (16,) * (max(k.check, default=0) + 1)  # the arguments the key specializes on
     assert k.binary_key(cfg, {**consts, "WINDOW": True}, full) != k.binary_key(cfg, {**consts, "WINDOW": False}, full)
@@ -608,11 +637,10 @@ def test_a_norms_rows_in_classes_under_a_run_time_row_count(monkeypatch):
 
     monkeypatch.setattr(Kernel, "constexprs", spy)
     torch.manual_seed(0)
-    ln = torch.nn.LayerNorm(1001).bfloat16()
-    for rows in (21, 5, 21):
-        x = torch.randn(rows, 1001, dtype=torch.bfloat16, requires_grad=True)
-        assert_matches_eager(ln, [x], codegen="triton", kernel_variant="persistent", pipeline=UNMIXED, dynamic=True)
+    _one_function_over_rows(torch.nn.LayerNorm(1001).bfloat16(), (21, 5, 21), kernel_variant="persistent",
+                            pipeline=UNMIXED)
     assert {c["WINDOW"] for _, _, c in seen} == {CLASSES, False}, seen
+    assert len({k for k, _, _ in seen}) == 2, seen  # the forward's kernel and dx's, throughout
     k, cfg, consts = seen[0]
     full = (16,) * (max(k.check, default=0) + 1)
     assert k.binary_key(cfg, {**consts, "WINDOW": CLASSES}, full) != k.binary_key(cfg, {**consts, "WINDOW": False},
@@ -732,16 +760,14 @@ def test_a_column_sums_rows_in_classes_match_eager(monkeypatch, case, lanes, row
 
 @needs_loop_bounds
 def test_a_column_sums_rows_in_classes_under_a_run_time_row_count(monkeypatch):
-    """Rows counted at run time (37, 5, 1 and 37 rows in one compiled function: classes without rows among them), a
+    """Rows counted at run time (37, 5, 2 and 37 rows in one compiled function: classes without rows among them), a
     LayerNorm's weight and bias gradients in classes, against eager."""
     monkeypatch.setattr(configs, "INTERP_BLOCK", 16384)
     _asking_for_column_classes(monkeypatch, 32, 4)
     seen = _class_launches(monkeypatch, columns=True)
     torch.manual_seed(0)
-    ln = torch.nn.LayerNorm(1001).bfloat16()
-    for n in (37, 5, 1, 37):
-        x = torch.randn(n, 1001, dtype=torch.bfloat16, requires_grad=True)
-        assert_matches_eager(ln, [x], codegen="triton", kernel_variant="looped", pipeline=UNMIXED, dynamic=True)
+    _one_function_over_rows(torch.nn.LayerNorm(1001).bfloat16(), (37, 5, 2, 37), kernel_variant="looped",
+                            pipeline=UNMIXED)
     assert seen and {w for _, w, _ in seen} == {True}, seen
 
 
