@@ -538,6 +538,12 @@ def column_windowed(cfg: Config, group: int) -> bool:
     return cfg.window and cfg.variant == Variant.LOOPED and cfg.xblock >= 2 * group
 
 
+def _with_added(band: list, base: Config, added: list) -> list:
+    """`band` with the configurations `added` that it lacks, after the rule's `base` where `band` is empty (the rule
+    decided: nothing was timed); `band` itself where nothing is added."""
+    return (band or [base]) + [c for c in added if c not in band] if added else band
+
+
 def column_class_band(band: list, base: Config | None, xnumel: int, rnumel: int, group: int,
                       row_bytes: float | None) -> list:
     """`band` with a column sum's rows in classes added (`group`: its window's; kernel.KernelWriter._column_classes):
@@ -552,9 +558,7 @@ def column_class_band(band: list, base: Config | None, xnumel: int, rnumel: int,
         return band
     added = [Config(Variant.LOOPED, lanes, rows, warps, window=True) for lanes, rows, warps in COLUMN_CLASS_BLOCKS
              if lanes <= xnumel and lanes >= 4 * group]  # (a program reads its head's lanes too: at most a quarter)
-    if not added:
-        return band
-    return (band or [base]) + [c for c in added if c not in band]
+    return _with_added(band, base, added)
 
 
 def class_band(band: list, base: Config | None, xnumel: int, rnumel: int, window: int, device: Device,
@@ -582,9 +586,7 @@ def class_band(band: list, base: Config | None, xnumel: int, rnumel: int, window
         cfg = Config(Variant.PERSISTENT, 1, rb, warps, split=split, window=True)
         if split >= 2 and windowed(cfg, rnumel, window, cfg.programs(xnumel, rnumel)):
             added.append(cfg)
-    if not added:
-        return band
-    return (band or [base]) + [c for c in added if c not in band]
+    return _with_added(band, base, added)
 
 
 def _window_config(rnumel: int, window: int) -> Config | None:

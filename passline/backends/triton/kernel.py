@@ -924,8 +924,7 @@ class KernelWriter:
         groups, self.window_writes, self.window_columns = self._window()
         group = self.windowed = max(groups, default=0)
         # rows in classes where a weight is read by columns: loaded once a program, not once a row (`_classes`)
-        self.window_classes = bool(group) and self.window_columns and \
-            (not self.interpret or compat.INTERPRETED_LOOP_BOUNDS)
+        self.window_classes = bool(group) and self.window_columns and _class_loops(self.interpret)
         if self.window_classes:  # WINDOW == CLASSES: a program's share of one class's rows (configs.windowed)
             self.emit(f"if WINDOW == {CLASSES}:")
             self.indent += 1
@@ -1253,7 +1252,7 @@ class KernelWriter:
 
     def looped(self) -> list[str]:
         self._xr()
-        groups = self._column_window() if not self.interpret or compat.INTERPRETED_LOOP_BOUNDS else ()
+        groups = self._column_window() if _class_loops(self.interpret) else ()
         if groups:  # WINDOW (a constexpr the launch sets): the column sum's rows in classes, else the plain loop
             start = len(self.lines)
             self.emit("if WINDOW:")
@@ -1606,6 +1605,12 @@ class KernelWriter:
         return next(m for m in self.nodes if m.name == name)
 
 
+def _class_loops(interpret: bool) -> bool:
+    """Whether a kernel may take its rows in classes where it runs: their loops' bounds are computed in the kernel,
+    which Triton 3.6's interpreter cannot take (`compat.INTERPRETED_LOOP_BOUNDS`); compiled, always."""
+    return not interpret or compat.INTERPRETED_LOOP_BOUNDS
+
+
 def _ragged(n: str) -> bool:
     """Whether a pointwise kernel over `n` elements (a literal, or an argument's name) has a last block Triton
     cannot prove whole vectors: n not a multiple of 16, or passed at run time. Small counts (under 4096, a
@@ -1949,7 +1954,7 @@ def generate_mix(mix: MixOrderNode, graph, interpret: bool, blocks: dict,
         w.deferred = []
 
     w.declare(VarKind.CANON_OUTER, rows, "xindex")  # (the rows' flat index, as both forms name it: `_on_row`)
-    classes_ok = not tiled and (not interpret or compat.INTERPRETED_LOOP_BOUNDS)
+    classes_ok = not tiled and _class_loops(interpret)
     groups, writes, _ = w._window(mix=True) if classes_ok else ((), False, False)
     if groups:  # WINDOW (a constexpr the launch sets, configs.windowed): rows in classes, else blocks of rows
         w.emit("if WINDOW:")
