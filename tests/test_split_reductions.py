@@ -340,6 +340,33 @@ def test_a_split_pays_only_for_programs_that_load_enough():
             passline.PassManager(f"split_reductions({option}=-1)").run(column_sum_graph(64, 4))
 
 
+def test_a_column_sum_that_reads_a_statistic_of_each_row_is_a_column_sum():
+    """A norm's weight gradient sums dy * (x - mean[r]) * rstd[r] over the rows r: x and dy, the stream, go across
+    the rows (a column sum), while each row's statistics step along r by 1. The pass (`_columns`: only buffers as
+    large as the reduction decide) and the Triton kernel's rule (`rows_contiguous`: only loads that move with the
+    lanes decide) both take it as a column sum: 512 columns over 8192 rows are 32 blocks of 16 columns, split
+    into 8 chunks on 132 SMs, the partial laid out (chunk, column) and ruled as columns (wide blocks of columns, not
+    a column a program). Before, the statistic's step made it a row sum: programs estimated as 512, never split;
+    and a split partial's `mean[s * chunk + r]`, moving with its outer chunk loop, made the partial's kernel a row
+    a program (at 10872 x 12345 bfloat16, XBLOCK 1 over 3624 strided rows)."""
+    from passline.backends.triton.kernel import rows_contiguous
+
+    def weight_grad(x, dy, mean, rstd):
+        return (dy * (x - mean[:, None]) * rstd[:, None]).sum(0)
+
+    ins = [torch.randn(8192, 512), torch.randn(8192, 512), torch.randn(8192), torch.rand(8192) + 0.5]
+    # as past mix_order_reduction's rows (over 32 KB): unmixed, the column sum recomputing what it sums
+    unmixed = pipeline(sms=132).replace("mix_order_reduction(fill_sms=false), ", "").replace(
+        "recompute_columns", "recompute_columns(min_row_bytes=0)")
+    be = assert_matches_eager(weight_grad, ins, pipeline=unmixed, codegen="triton", backward=False)
+    assert any(p.stats.get("recomputed_columns") for r in be.reports for p in r.passes)
+    (p,) = partials(be)
+    assert p.ranges == (8, 512) and p.reduction_ranges == (1024,), p
+    assert {v.buffer for v in walk(p.body) if isinstance(v, Load)} == {"arg0_1", "arg1_1", "arg2_1", "arg3_1"}
+    assert not rows_contiguous(p)
+    assert programs(p) > 100  # 8 x 512 columns in blocks of columns (a row a program would be 4096)
+
+
 def test_a_gathered_element_counts_a_sector():
     """A gather in a reduction, another element at each reduced point, costs its program the 32-byte sector
     memory moves for each, not the element's bytes: a sum of 16384 elements gathered through int32 indices

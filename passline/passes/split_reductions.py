@@ -219,15 +219,20 @@ def _along_reduction(v: Load) -> bool:
     return any(var_kind(s) in (VarKind.CANON_REDUCTION, VarKind.REDUCTION) for s in syms)
 
 
-def _columns(bodies, outer: tuple, red: tuple) -> bool:
-    """Whether the reduction walks memory across rows (a column reduction): no load steps along the
-    innermost reduction loop contiguously, and some load steps along an outer loop contiguously."""
+def _columns(bodies, outer: tuple, red: tuple, layouts: dict, points: int, hints: dict) -> bool:
+    """Whether the reduction walks memory across rows (a column reduction): no load of a buffer as large as the
+    reduction steps along the innermost reduction loop contiguously, and some steps along an outer loop
+    contiguously. A smaller buffer does not decide it: a norm's weight gradient sums dy * (x - mean[r]) * rstd[r]
+    over the rows r, and its per-row statistics step along r while x and dy, the stream, go across the rows."""
     q = canon_var(VarKind.CANON_REDUCTION, len(red) - 1)
     os_ = [canon_var(VarKind.CANON_OUTER, k) for k in range(len(outer))]
     column = False
     for body in bodies:
         for v in walk(body):
             if not isinstance(v, Load):
+                continue
+            n = at_hint(layouts[v.buffer].layout.numel, hints) if v.buffer in layouts else None
+            if n is not None and n < points:
                 continue
             e = sympy.expand(v.index)
             if q in e.free_symbols and e.coeff(q) == 1:
@@ -602,7 +607,7 @@ def split_reductions(graph, ctx, *,
         except _Refused:
             ctx.count("split_reductions_refused")
             continue
-        column = _columns(bodies[1].values(), outer, red)
+        column = _columns(bodies[1].values(), outer, red, layouts, X * R, graph.hints)
         if splits:
             S = splits if symbolic else min(splits, R)
         else:

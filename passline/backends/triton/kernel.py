@@ -2006,13 +2006,16 @@ def rows_contiguous(node) -> bool:
     """Whether a reduction kernel's innermost reduction variable walks memory contiguously in its loads
     (a row sum) rather than with a stride (a column sum), which decides the block shape by rule: whole
     rows per program for rows, wide blocks of columns for strided reductions. The loads that move with
-    both the outer and the reduction loops decide (the data); a vector indexed by the reduction loop only
-    (per-row statistics a column sum recomputes with) is read once a row, whatever the kernel's shape,
-    and decides only where no load moves with both. True when no load depends on it."""
+    both the innermost outer loop (a program's lanes) and the reduction loop decide (the data); a vector
+    indexed by the reduction loop and not by the lanes (per-row statistics a column sum recomputes with, at
+    `mean[s * chunk + r]` in split_reductions' partial, whose outer loops are (chunk s, column)) is read once
+    a row, whatever the kernel's shape, and decides only where no load moves with both. True when no load
+    depends on it."""
     members, outer, red = _group(node)
     if not red:
         return True
     q = canon_var(VarKind.CANON_REDUCTION, len(red) - 1)
+    lanes = canon_var(VarKind.CANON_OUTER, len(outer) - 1)
     full, partial = [], []  # for each load moving with q: whether it walks memory contiguously along q
     for m in members:
         cmap = canonical_map(m, len(outer))
@@ -2020,8 +2023,7 @@ def rows_contiguous(node) -> bool:
             if isinstance(v, Load):
                 e = sympy.expand(substitute(_unclamped(v.index), cmap))
                 if q in e.free_symbols:
-                    moves_outer = any(var_kind(s) == VarKind.CANON_OUTER for s in e.free_symbols)
-                    (full if moves_outer else partial).append(e.coeff(q) == 1)
+                    (full if lanes in e.free_symbols else partial).append(e.coeff(q) == 1)
     decisive = full or partial
     return any(decisive) or not decisive
 
