@@ -2,6 +2,7 @@
 
     python benchmarks/kernel_times.py CASE:ROWSxWIDTH:DTYPE [...]          # e.g. rms_norm:8192x2304:float32
                                       [--autotune] [--no-inductor] [--calls 20] [--timings 6] [--json FILE]
+                                      [--pipeline LABEL=PIPELINE ...]
     python benchmarks/kernel_times.py gelu_epilogue:64x300:float32 --device cpu   # choices only, interpreter
 
 A case is one of benchmarks/bench_common.py's (`layer_norm`, `rms_norm`, `softmax`, `log_softmax`,
@@ -91,11 +92,14 @@ def fastest_timings(info, most: int) -> list:
     return sorted(timed)[:most]
 
 
-def contenders(autotune: bool, inductor: bool, device: str) -> list:
+def contenders(autotune: bool, inductor: bool, device: str, pipelines=()) -> list:
     out = [("inductor", None)] if inductor and device == "cuda" else []
     out.append(("passline", dict(autotune=False)))
     if autotune and device == "cuda":
         out.append(("passline autotune", dict(autotune=True)))
+    for text in pipelines:  # LABEL=PIPELINE: passline again, with that pipeline
+        label, _, pipeline = text.partition("=")
+        out.append((f"passline {label}", dict(autotune=False, pipeline=pipeline)))
     return out
 
 
@@ -105,7 +109,7 @@ def run_case(spec: tuple, args) -> dict:
     result = {"case": f"{name}:{rows}x{width}:{str(dtype).split('.')[-1]}", "contenders": {}}
     print(f"\n== {result['case']}")
     expected = training_step(case.fn, case)()  # eager's gradients, to check each contender's against
-    for who, options in contenders(args.autotune, not args.no_inductor, args.device):
+    for who, options in contenders(args.autotune, not args.no_inductor, args.device, args.pipeline):
         import passline
 
         torch._dynamo.reset()
@@ -146,6 +150,9 @@ def main(argv=None) -> int:
     ap.add_argument("--calls", type=int, default=20, help="profiled steps (default 20)")
     ap.add_argument("--timings", type=int, default=6, help="timed configurations shown a kernel (default 6)")
     ap.add_argument("--json", help="also write the results to this file")
+    ap.add_argument("--pipeline", action="append", default=[], metavar="LABEL=PIPELINE",
+                    help="also passline with this pipeline, shown as 'passline LABEL' (repeatable), e.g. "
+                         "wide='dce, fuse(max_nodes=64)'")
     args = ap.parse_args(argv)
     if args.device == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"  # passline's Triton kernels on CPU tensors; before triton's import

@@ -1168,3 +1168,37 @@ def test_kernels_are_assembled_by_torchs_ptxas_where_torch_ships_one(tmp_path):
     # set when the compile module is imported: before any compile worker can start (they live in it, and each
     # imports it before its warm-up compile) and before compat's launch-time compiles (compat imports it)
     assert "use_torch_ptxas()" in {line.strip() for line in pathlib.Path(precompile.__file__).read_text().splitlines()}
+
+
+def test_a_worker_builds_the_launcher_where_triton_builds_one_per_signature(monkeypatch):
+    """precompile.build_launcher, which a worker runs after compiling a kernel for a GPU: where this Triton's NVIDIA
+    driver generates and builds a launcher per kernel signature (Triton 3.6: `make_launcher`), Triton's own
+    `CudaLauncher` is made for the compiled kernel, so that its module is in Triton's cache when the parent loads the
+    binary; nothing where the driver has none (Triton 3.9), under PASSLINE_LAUNCHERS_IN_PARENT=1, or for no kernel;
+    a build that fails is left to the parent, never raised."""
+    from types import SimpleNamespace
+
+    from triton.backends.nvidia import driver as nvidia
+
+    built = []
+
+    class Launcher:
+        def __init__(self, src, metadata):
+            if src == "bad":
+                raise RuntimeError("gcc failed")
+            built.append((src, metadata))
+
+    monkeypatch.setattr(nvidia, "CudaLauncher", Launcher)
+    monkeypatch.delenv("PASSLINE_LAUNCHERS_IN_PARENT", raising=False)
+    kernel = SimpleNamespace(src="src", metadata="meta")
+    monkeypatch.delattr(nvidia, "make_launcher", raising=False)
+    precompile.build_launcher(kernel)
+    assert built == []  # one launcher for every signature: nothing to build
+    monkeypatch.setattr(nvidia, "make_launcher", lambda *a: "", raising=False)
+    precompile.build_launcher(kernel)
+    assert built == [("src", "meta")]
+    precompile.build_launcher(None)
+    precompile.build_launcher(SimpleNamespace(src="bad", metadata="meta"))
+    monkeypatch.setenv("PASSLINE_LAUNCHERS_IN_PARENT", "1")
+    precompile.build_launcher(kernel)
+    assert built == [("src", "meta")]

@@ -47,7 +47,7 @@ WINDOW_PERSISTENT_MAX = 1 << 16  # ... held whole through its window up to this 
 WINDOW_BAND_MIN_WIDTH = 2049  # rows this wide to 8192 read or written off 16-byte boundaries are timed (uncertain)
 CLASS_MIN_ROW_BYTES = 1024  # rows in classes (a mix-order or persistent kernel's), rows this long or longer (windowed)
 # a column sum's rows in classes, timed (column_class_band): (XBLOCK lanes, RBLOCK rows, warps), 16 elements a thread
-COLUMN_CLASS_BLOCKS = ((32, 128, 8), (64, 64, 8), (32, 64, 4))
+COLUMN_CLASS_BLOCKS = ((64, 64, 8), (32, 64, 4))
 CLASS_WARP_SLOTS = 64  # warps an SM holds at once (sm_80 and later): the programs rows in classes fill (class_band)
 MIX_ONE_ROW_STAGES = 3  # the row loop's pipeline depth of the mix band's one-row form (see uncertain)
 MIX_TILE_COLUMNS = TILED_COLUMNS  # columns a block of mix_order_tiled by rule (1024; see rule)
@@ -553,7 +553,12 @@ def column_class_band(band: list, base: Config | None, xnumel: int, rnumel: int,
     for sm_90: `benchmarks/kernel_probe.py --case layer_norm --shape 10872x12345 --dtype bfloat16 --direction bwd`),
     where the columns fill the lanes and the head's G lanes, which a program reads beside its own, are at most a
     quarter of them (a 1-byte dtype's G of 16 takes 64 lanes); the rule's block first where `band` is empty. Not
-    where the kernel moves a launch's worth of bytes. Planned without a GPU (sixty-first session): not yet timed."""
+    where the kernel moves a launch's worth of bytes. Timed on an H200 (sixty-second session, `kernel_times.py`, a
+    training step's kernels, µs, best class block against the best plain candidate): LayerNorm's bfloat16 weight and
+    bias gradients at 10872 x 12345 223 (32 x 64 on 4 warps) against 230, RMSNorm's 210 against 224, float32 8192 x
+    9001 182 (64 x 64 on 8) against 228; lost at float32 5436 x 12345 (199 against 168) and at the GELU epilogue's
+    bias gradient 2671 x 50257 bfloat16 (119 against 113). A third block, 32 x 128 on 8 warps, was slowest of the
+    three in all five and is no longer timed."""
     if base is None or _launch_sized(xnumel, rnumel, row_bytes):
         return band
     added = [Config(Variant.LOOPED, lanes, rows, warps, window=True) for lanes, rows, warps in COLUMN_CLASS_BLOCKS
@@ -569,24 +574,26 @@ def class_band(band: list, base: Config | None, xnumel: int, rnumel: int, window
     lane's column, every row (LayerNorm's bfloat16 forwards at odd widths held 40-50% of copy that way, sixtieth
     session); a program of one class loads it once and reads its rows in vectors. Its block holds the row and the
     window's head, 32 elements a thread (ROW_PER_THREAD, the rule's persistent row); its programs are as many as fill
-    the SMs' warp slots once (CLASS_WARP_SLOTS), and a quarter of that (four times the rows a program, each weight
-    load shared by more): which pays depends on what the kernel keeps live beside the weight, so both are timed
-    against the rule's block. The rule's own configuration comes first. Not where rows are under CLASS_MIN_ROW_BYTES
-    (the mix-order classes lost there), where the block would double to hold the head (a width within G - 1 of a
-    power of two), where a program would have fewer than two rows, or where the kernel moves a launch's worth of
-    bytes. Planned without a GPU (sixty-first session): not yet timed."""
+    the SMs' warp slots once (CLASS_WARP_SLOTS), timed against the rule's block, which comes first. Not where rows
+    are under CLASS_MIN_ROW_BYTES (the mix-order classes lost there), where the block would double to hold the head
+    (a width within G - 1 of a power of two), where a program would have fewer than two rows, or where the kernel
+    moves a launch's worth of bytes. Timed on an H200 (sixty-second session, `kernel_times.py`, a training step's
+    kernels, µs, classes against the best plain candidate): it won in four of eight — LayerNorm's bfloat16 forward
+    at 44724 x 3001 200 against 252, 26838 x 5001 236 against 264, 10872 x 12345 271 against 315, float32 5436 x
+    12345 177 against 179 — and lost by 5-18% in the other four (all 12345 wide), where the timing keeps the plain
+    block. Four times the rows a program (a quarter of the programs,
+    each weight load shared by more), timed beside it in the same eight, was never the fastest (243-467 µs against
+    177-271) and is no longer timed."""
     rb = pow2(rnumel + window - 1)
     if (base is None or rb > GPU_PERSISTENT_MAX or rb != pow2(rnumel) or rnumel * (16 // window) < CLASS_MIN_ROW_BYTES
             or _launch_sized(xnumel, rb, row_bytes)):
         return band  # (a block doubled to hold the head: half its lanes idle, as the mix-order classes never take)
     warps = _clamp(rb // (32 * ROW_PER_THREAD), 1, MAX_WARPS)
     filled = device.sms * (CLASS_WARP_SLOTS // warps)
-    added = []
-    for split in dict.fromkeys((xnumel // filled, 4 * (xnumel // filled))):
-        cfg = Config(Variant.PERSISTENT, 1, rb, warps, split=split, window=True)
-        if split >= 2 and windowed(cfg, rnumel, window, cfg.programs(xnumel, rnumel)):
-            added.append(cfg)
-    return _with_added(band, base, added)
+    cfg = Config(Variant.PERSISTENT, 1, rb, warps, split=xnumel // filled, window=True)
+    if cfg.split < 2 or not windowed(cfg, rnumel, window, cfg.programs(xnumel, rnumel)):
+        return band
+    return _with_added(band, base, [cfg])
 
 
 def _window_config(rnumel: int, window: int) -> Config | None:

@@ -190,13 +190,38 @@ def import_kernel(path: Path, fn_name: str, around=None):
 _IMPORTING = threading.Lock()
 
 
-def compile_job(job: Job, target) -> None:
-    """Compile `job` for `target` into Triton's cache, in this process, within `offline(target)`."""
+def compile_job(job: Job, target):
+    """Compile `job` for `target` into Triton's cache, in this process, within `offline(target)`; the
+    CompiledKernel."""
     fn = import_kernel(Path(job.path), job.fn_name)
     cached = fn.device_caches.get(0)  # the stand-in device is always 0: a binder for another target goes
     if cached is not None and target not in cached:
         fn.device_caches.pop(0, None)
-    fn.warmup(*_args(job), grid=(1,), **dict(job.kwargs))
+    return fn.warmup(*_args(job), grid=(1,), **dict(job.kwargs))
+
+
+def build_launcher(kernel) -> None:
+    """Triton 3.6's launcher for `kernel` built into Triton's cache, where this Triton builds one per signature.
+
+    Triton 3.6 launches a binary through a C module generated for its kernel's signature (the pointer and scalar
+    arguments, the constants) and built with the host's C compiler when the binary is first loaded
+    (`CudaLauncher.__init__`: `make_launcher`, then `compile_module_from_src`, which keeps the module in Triton's
+    cache under the hash of its source). A cold first call loaded its binaries in the parent and built each new
+    signature's module there: on an H200 host BERT-style's first call spent 5.6 s in 22 such builds (cProfile,
+    sixty-second session). Built here, in the worker that compiled the kernel, by Triton's own `CudaLauncher` (the
+    same source, so the same cache entry), the parent's load finds it. Triton 3.9 has one launcher for every
+    signature and no `make_launcher`: nothing to build. Only a cache warm-up: anything that fails is left to the
+    parent's load, as before (PASSLINE_LAUNCHERS_IN_PARENT=1 leaves every build there, to measure)."""
+    if os.environ.get(_LAUNCHERS_IN_PARENT) == "1":
+        return
+    try:
+        from triton.backends.nvidia import driver as nvidia
+    except ImportError:  # pragma: no cover - a Triton without the NVIDIA backend
+        return
+    if not hasattr(nvidia, "make_launcher") or kernel is None:
+        return
+    with contextlib.suppress(Exception):
+        nvidia.CudaLauncher(kernel.src, kernel.metadata)
 
 
 def _key_module():
@@ -388,7 +413,9 @@ def _serve(inp=None, out=None) -> None:
         t0 = time.perf_counter()
         try:
             with offline(target):
-                compile_job(job, target)
+                kernel = compile_job(job, target)
+            if target.backend == "cuda":
+                build_launcher(kernel)
             result = (True, time.perf_counter() - t0, None)
         except Exception as e:  # noqa: BLE001 - reported to the parent, which compiles it itself later
             result = (False, time.perf_counter() - t0, f"{type(e).__name__}: {e}"[:500])
@@ -454,6 +481,7 @@ _ZYGOTE_BOOT = _BOOT.replace("m._serve()", "m._zygote()")
 _KEY_ENV = "PASSLINE_TRITON_KEY"
 _TARGET_ENV = "PASSLINE_COMPILE_TARGET"
 _NO_ZYGOTE = "PASSLINE_NO_ZYGOTE"  # "1": every worker boots by itself (as before the zygote; for A/B runs)
+_LAUNCHERS_IN_PARENT = "PASSLINE_LAUNCHERS_IN_PARENT"  # "1": no worker builds launchers (build_launcher; A/B runs)
 
 
 def _worker_env(key: str | None, target: tuple | None) -> dict:
