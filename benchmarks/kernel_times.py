@@ -103,6 +103,14 @@ def contenders(autotune: bool, inductor: bool, device: str, pipelines=()) -> lis
     return out
 
 
+def pipeline_option(text: str) -> str:
+    """--pipeline's LABEL=PIPELINE, checked: a label (a word) before the first '='."""
+    label, sep, pipeline = text.partition("=")
+    if not sep or not label.isidentifier() or not pipeline.strip():
+        raise argparse.ArgumentTypeError(f"want LABEL=PIPELINE (wide='dce, fuse(max_nodes=64)'), got {text!r}")
+    return text
+
+
 def run_case(spec: tuple, args) -> dict:
     name, rows, width, dtype = spec
     case = make_case(name, rows, width, dtype, device=args.device)
@@ -150,7 +158,7 @@ def main(argv=None) -> int:
     ap.add_argument("--calls", type=int, default=20, help="profiled steps (default 20)")
     ap.add_argument("--timings", type=int, default=6, help="timed configurations shown a kernel (default 6)")
     ap.add_argument("--json", help="also write the results to this file")
-    ap.add_argument("--pipeline", action="append", default=[], metavar="LABEL=PIPELINE",
+    ap.add_argument("--pipeline", action="append", default=[], metavar="LABEL=PIPELINE", type=pipeline_option,
                     help="also passline with this pipeline, shown as 'passline LABEL' (repeatable), e.g. "
                          "wide='dce, fuse(max_nodes=64)'")
     args = ap.parse_args(argv)

@@ -149,14 +149,15 @@ def column_sum_graph(rows: int, cols: int) -> SchedulerGraph:
     return SchedulerGraph.from_program(Program((x,), (red,), (TensorArg("s", (cols,), (1,)),)))
 
 
-def programs(node) -> int:
-    """Programs of a reduction kernel under the Triton rule on an H200-like GPU (132 SMs)."""
+def programs(node, sizes=None) -> int:
+    """Programs of a reduction kernel under the Triton rule on an H200-like GPU (132 SMs); `sizes`: its graph's
+    `numels`, as the runner passes them."""
     from passline.backends.triton.configs import Device, Variant, rule
     from passline.backends.triton.kernel import rows_contiguous
 
     xnumel, rnumel = int(node.numel), int(node.reduction_numel)
     cfg = rule({Variant.PERSISTENT: None, Variant.LOOPED: None}, xnumel, rnumel, False, Device(132),
-               rows_contiguous(node))
+               rows_contiguous(node, sizes))
     return -(-xnumel // cfg.xblock)
 
 
@@ -340,16 +341,25 @@ def test_a_split_pays_only_for_programs_that_load_enough():
             passline.PassManager(f"split_reductions({option}=-1)").run(column_sum_graph(64, 4))
 
 
-def test_a_column_sum_that_reads_a_statistic_of_each_row_is_a_column_sum():
+def test_a_column_sum_that_reads_a_statistic_of_each_row_is_a_column_sum(monkeypatch, tmp_path):
     """A norm's weight gradient sums dy * (x - mean[r]) * rstd[r] over the rows r: x and dy, the stream, go across
-    the rows (a column sum), while each row's statistics step along r by 1. The pass (`_columns`: only buffers as
-    large as the reduction decide) and the Triton kernel's rule (`rows_contiguous`: only loads that move with the
-    lanes decide) both take it as a column sum: 512 columns over 8192 rows are 32 blocks of 16 columns, split
+    the rows (a column sum), while each row's statistics step along r by 1. The pass (`_columns`) and the Triton
+    kernel's rule (`rows_contiguous`) both let the loads of the largest buffers decide (`ir.streamed`) and take it
+    as a column sum: 512 columns over 8192 rows are 32 blocks of 16 columns, split
     into 8 chunks on 132 SMs, the partial laid out (chunk, column) and ruled as columns (wide blocks of columns, not
     a column a program). Before, the statistic's step made it a row sum: programs estimated as 512, never split;
     and a split partial's `mean[s * chunk + r]`, moving with its outer chunk loop, made the partial's kernel a row
     a program (at 10872 x 12345 bfloat16, XBLOCK 1 over 3624 strided rows)."""
+    from passline.backends.triton import kernel
     from passline.backends.triton.kernel import rows_contiguous
+
+    ruled = {}  # what the runner's rule was told, node by node
+
+    def spy(node, sizes=None):
+        ruled[node.name] = rows_contiguous(node, sizes)
+        return ruled[node.name]
+
+    monkeypatch.setattr(kernel, "rows_contiguous", spy)
 
     def weight_grad(x, dy, mean, rstd):
         return (dy * (x - mean[:, None]) * rstd[:, None]).sum(0)
@@ -358,13 +368,32 @@ def test_a_column_sum_that_reads_a_statistic_of_each_row_is_a_column_sum():
     # as past mix_order_reduction's rows (over 32 KB): unmixed, the column sum recomputing what it sums
     unmixed = pipeline(sms=132).replace("mix_order_reduction(fill_sms=false), ", "").replace(
         "recompute_columns", "recompute_columns(min_row_bytes=0)")
-    be = assert_matches_eager(weight_grad, ins, pipeline=unmixed, codegen="triton", backward=False)
+    be = assert_matches_eager(weight_grad, ins, pipeline=unmixed, codegen="triton", backward=False,
+                              graph_cache=False, aot_cache=False, cache_dir=str(tmp_path))  # (made here: the spy)
     assert any(p.stats.get("recomputed_columns") for r in be.reports for p in r.passes)
     (p,) = partials(be)
     assert p.ranges == (8, 512) and p.reduction_ranges == (1024,), p
     assert {v.buffer for v in walk(p.body) if isinstance(v, Load)} == {"arg0_1", "arg1_1", "arg2_1", "arg3_1"}
-    assert not rows_contiguous(p)
-    assert programs(p) > 100  # 8 x 512 columns in blocks of columns (a row a program would be 4096)
+    sizes = be.reports[0].graph.numels()
+    assert not rows_contiguous(p, sizes) and ruled[p.name] is False, ruled
+    assert programs(p, sizes) > 100  # 8 x 512 columns in blocks of columns (a row a program would be 4096)
+
+
+def test_a_small_weight_broadcast_against_rows_does_not_make_them_columns():
+    """A sum over a broadcast product, `(x[:, :, None] * w[None]).sum(1)` (a matmul written out: x 2048 x 512, w
+    512 x 2): w's element steps along the reduction by 2, with the output's innermost loop, while x, 256 times
+    larger, is read along its rows. x decides (`ir.streamed`): a row sum for the Triton rule and for the pass,
+    which the results match eager's under either."""
+    from passline.backends.triton.kernel import rows_contiguous
+
+    def matmul(x, w):
+        return (x[:, :, None] * w[None]).sum(1)
+
+    be = assert_matches_eager(matmul, [torch.randn(2048, 512), torch.randn(512, 2)], pipeline=pipeline(sms=132),
+                              codegen="triton", backward=False)
+    graph = be.reports[0].graph
+    (node,) = [n for n in graph.nodes() if n.reduction_ranges]
+    assert rows_contiguous(node, graph.numels())
 
 
 def test_a_gathered_element_counts_a_sector():

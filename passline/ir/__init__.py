@@ -12,6 +12,7 @@ from .body import (
                    Value,
                    loads,
                    rebuild,
+                   streamed,
                    substitute_index,
                    walk,
 )
@@ -52,7 +53,7 @@ from .nodes import (
 
 __all__ = [
     "BINARY_OPS", "TERNARY_OPS", "UNARY_OPS", "Cast", "Constant", "IndexValue", "Indirect", "Load", "Op",
-    "Value", "loads", "rebuild", "substitute_index", "walk", "FloorDiv", "ModularIndexing",
+    "Value", "loads", "streamed", "rebuild", "substitute_index", "walk", "FloorDiv", "ModularIndexing",
     "loop_var", "loop_vars", "size_var", "sympify", "var", "var_info", "var_kind", "VarKind",
     "REDUCTION_TYPES", "Buffer", "Extern", "Layout", "MemoryDep", "Node", "Pointwise", "Reduction",
     "TensorArg", "FusedNode", "MixOrderNode", "members", "may_store_over_reads", "read_after_store",

@@ -224,6 +224,18 @@ def loads(root: Value) -> list[Load]:
     return [v for v in walk(root) if isinstance(v, Load)]
 
 
+def streamed(found: list, sizes: dict) -> list:
+    """Of the loads `found`, those of the largest buffers they read (`sizes`: elements of a buffer, None or absent
+    where not known): what a reduction streams, as against a norm's per-row statistics (`mean[r]`, which a
+    recomputed weight gradient reads beside x and dy) or a small weight broadcast against the stream. All of them
+    where a size is not known, or where none is larger than another."""
+    known = [sizes.get(v.buffer) for v in found]
+    if any(n is None for n in known):
+        return list(found)
+    top = max(known, default=0)
+    return [v for v, n in zip(found, known) if n == top]
+
+
 def show(root: Value) -> str:
     """The printed form of a body, as dumps, reports and kernel-cache keys show it. An operation used
     more than once is printed once, as `%k = ...; ` ahead of the expression (a tree of the same DAG doubles

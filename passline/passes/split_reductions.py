@@ -104,6 +104,7 @@ from ..ir import (
     Pointwise,
     Reduction,
     rebuild,
+    streamed,
     substitute_index,
     walk,
 )
@@ -219,25 +220,20 @@ def _along_reduction(v: Load) -> bool:
     return any(var_kind(s) in (VarKind.CANON_REDUCTION, VarKind.REDUCTION) for s in syms)
 
 
-def _columns(bodies, outer: tuple, red: tuple, layouts: dict, points: int, hints: dict) -> bool:
-    """Whether the reduction walks memory across rows (a column reduction): no load of a buffer as large as the
-    reduction steps along the innermost reduction loop contiguously, and some steps along an outer loop
-    contiguously. A smaller buffer does not decide it: a norm's weight gradient sums dy * (x - mean[r]) * rstd[r]
-    over the rows r, and its per-row statistics step along r while x and dy, the stream, go across the rows."""
+def _columns(bodies, outer: tuple, red: tuple, sizes: dict) -> bool:
+    """Whether the reduction walks memory across rows (a column reduction): no load of the largest buffers it reads
+    (`ir.streamed`, `sizes`: the graph's `numels`) steps along the innermost reduction loop contiguously, and some
+    steps along an outer loop contiguously. The smaller ones do not decide: a norm's weight gradient sums
+    dy * (x - mean[r]) * rstd[r] over the rows r, and its per-row statistics step along r while x and dy, the
+    stream, go across the rows."""
     q = canon_var(VarKind.CANON_REDUCTION, len(red) - 1)
     os_ = [canon_var(VarKind.CANON_OUTER, k) for k in range(len(outer))]
     column = False
-    for body in bodies:
-        for v in walk(body):
-            if not isinstance(v, Load):
-                continue
-            n = at_hint(layouts[v.buffer].layout.numel, hints) if v.buffer in layouts else None
-            if n is not None and n < points:
-                continue
-            e = sympy.expand(v.index)
-            if q in e.free_symbols and e.coeff(q) == 1:
-                return False
-            column |= any(e.coeff(o) == 1 for o in os_ if o in e.free_symbols)
+    for v in streamed([v for body in bodies for v in walk(body) if isinstance(v, Load)], sizes):
+        e = sympy.expand(v.index)
+        if q in e.free_symbols and e.coeff(q) == 1:
+            return False
+        column |= any(e.coeff(o) == 1 for o in os_ if o in e.free_symbols)
     return column
 
 
@@ -607,7 +603,7 @@ def split_reductions(graph, ctx, *,
         except _Refused:
             ctx.count("split_reductions_refused")
             continue
-        column = _columns(bodies[1].values(), outer, red, layouts, X * R, graph.hints)
+        column = _columns(bodies[1].values(), outer, red, graph.numels())
         if splits:
             S = splits if symbolic else min(splits, R)
         else:

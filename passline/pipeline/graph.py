@@ -34,6 +34,7 @@ from ..ir import (
 from ..ir.index import LOOP_KINDS, as_strided_form, var_kind
 from ..ir.loops import group_problem, shape
 from ..lowering import GraphInput, Program
+from ..lowering.sizes import at_hint
 
 
 class VerificationError(AssertionError):
@@ -151,6 +152,12 @@ class SchedulerGraph:
     def buffers(self) -> dict[str, Buffer]:
         """Every buffer by name: the inputs' and what the nodes write (a fresh dict, the caller's own)."""
         return dict(self.cached("buffers", self._buffers))
+
+    def numels(self) -> dict[str, int | None]:
+        """Elements of every buffer at the traced sizes (`hints`; None where a size has none): which buffers are
+        large, for choices that weigh them (`ir.streamed`)."""
+        return dict(self.cached("numels", lambda: {n: at_hint(b.layout.numel, self.hints)
+                                                   for n, b in self.buffers().items()}))
 
     def _buffers(self) -> dict[str, Buffer]:
         out = dict(self.input_buffers())

@@ -581,9 +581,8 @@ def class_band(band: list, base: Config | None, xnumel: int, rnumel: int, window
     kernels, µs, classes against the best plain candidate): it won in four of eight — LayerNorm's bfloat16 forward
     at 44724 x 3001 200 against 252, 26838 x 5001 236 against 264, 10872 x 12345 271 against 315, float32 5436 x
     12345 177 against 179 — and lost by 5-18% in the other four (all 12345 wide), where the timing keeps the plain
-    block. Four times the rows a program (a quarter of the programs,
-    each weight load shared by more), timed beside it in the same eight, was never the fastest (243-467 µs against
-    177-271) and is no longer timed."""
+    block. Four times the rows a program (a quarter of the programs, each weight load shared by more), timed beside
+    it in the same eight, was never the fastest (243-467 µs against 177-271) and is no longer timed."""
     rb = pow2(rnumel + window - 1)
     if (base is None or rb > GPU_PERSISTENT_MAX or rb != pow2(rnumel) or rnumel * (16 // window) < CLASS_MIN_ROW_BYTES
             or _launch_sized(xnumel, rb, row_bytes)):

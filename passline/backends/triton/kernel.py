@@ -29,7 +29,7 @@ from ...ir import (
     members,
     read_after_store,
 )
-from ...ir.body import COMPARISONS, rebuild, walk
+from ...ir.body import COMPARISONS, rebuild, streamed, walk
 from ...ir.index import (
     StrEnum,
     VarKind,
@@ -2002,30 +2002,36 @@ def workspace_layouts(mix: MixOrderNode) -> dict:
     return out
 
 
-def rows_contiguous(node) -> bool:
+def rows_contiguous(node, sizes: dict | None = None) -> bool:
     """Whether a reduction kernel's innermost reduction variable walks memory contiguously in its loads
     (a row sum) rather than with a stride (a column sum), which decides the block shape by rule: whole
-    rows per program for rows, wide blocks of columns for strided reductions. The loads that move with
-    both the innermost outer loop (a program's lanes) and the reduction loop decide (the data); a vector
-    indexed by the reduction loop and not by the lanes (per-row statistics a column sum recomputes with, at
-    `mean[s * chunk + r]` in split_reductions' partial, whose outer loops are (chunk s, column)) is read once
-    a row, whatever the kernel's shape, and decides only where no load moves with both. True when no load
-    depends on it."""
+    rows per program for rows, wide blocks of columns for strided reductions. Of the loads that move with
+    the reduction loop, those of the largest buffers decide (`ir.streamed`; `sizes`: the graph's `numels`):
+    the data, not a norm's per-row statistics — which a column sum recomputing its values reads at `mean[r]`,
+    and split_reductions' partial of it at `mean[s * chunk + r]`, moving with its outer chunk loop too: before
+    the sixty-second session that partial ran a column a program — nor a small weight broadcast against the
+    data. Without sizes, the loads that move with both the outer and the reduction loops decide, the others only
+    where none does. True when no load depends on it."""
     members, outer, red = _group(node)
     if not red:
         return True
     q = canon_var(VarKind.CANON_REDUCTION, len(red) - 1)
-    lanes = canon_var(VarKind.CANON_OUTER, len(outer) - 1)
-    full, partial = [], []  # for each load moving with q: whether it walks memory contiguously along q
+    full, partial = [], []  # the loads moving with q (and with an outer loop: full), at their canonical indices
     for m in members:
         cmap = canonical_map(m, len(outer))
         for v in walk(m.body):
             if isinstance(v, Load):
                 e = sympy.expand(substitute(_unclamped(v.index), cmap))
                 if q in e.free_symbols:
-                    (full if lanes in e.free_symbols else partial).append(e.coeff(q) == 1)
-    decisive = full or partial
-    return any(decisive) or not decisive
+                    moves_outer = any(var_kind(s) == VarKind.CANON_OUTER for s in e.free_symbols)
+                    (full if moves_outer else partial).append((v, e))
+    if sizes is not None:  # (a member's own result, read by the next member, is in registers: not a buffer read)
+        made = {b for m in members for b in m.output_names()}
+        largest = {id(v) for v in streamed([v for v, _ in full + partial if v.buffer not in made], sizes)}
+        decisive = [(v, e) for v, e in full + partial if id(v) in largest]
+    else:
+        decisive = full or partial
+    return any(e.coeff(q) == 1 for _, e in decisive) or not decisive
 
 
 def _unclamped(expr):

@@ -1521,7 +1521,7 @@ class TritonRunner:
             points = first.xnumel * (first.rnumel if first.rnumel is not None else 1)
             total, count = at_hint(r + w, self.graph.hints), at_hint(points, self.graph.hints)
             hinted = total / count if total and count else None
-        contiguous = kgen.rows_contiguous(node) if kind == "reduction" else True
+        contiguous = kgen.rows_contiguous(node, self.graph.numels()) if kind == "reduction" else True
         # writes a graph input, or writes in place (a scatter's atomic adds): launched once a call, never timed
         mutates = bool(set(node.output_names()) & set(self.graph.input_buffers())) or bool(getattr(node, "mutates", ()))
         same = self._same_code(kind, cls, variants, extra, contiguous, mutates, r + w, hinted, workspaces or {})
