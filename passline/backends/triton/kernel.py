@@ -1390,9 +1390,10 @@ class KernelWriter:
         program's own columns are summed (`xmask`), the class's sums are reduced over its rows and moved back by
         `rhead` lanes (`tl.gather`) into the program's totals, which are then the plain form's results at lane l
         for column xbase + l: the reductions' epilogues and stores follow as there. The launch runs cdiv(W,
-        XBLOCK - G) programs (runner.Kernel.grid). Planned without a GPU (sixty-first session): a hand-written
-        column sum with its rows in classes took 137 µs against the generated 225 at 10872 x 12345 bfloat16 on an
-        H200 (sixtieth session, `.scratch_gpu/s60_colsum.py`: a class a program, partial sums through memory)."""
+        XBLOCK - G) programs (runner.Kernel.grid). Timed on an H200 in the sixty-second session (the figures in
+        configs.column_class_band): 223 µs against the plain block's 230 at 10872 x 12345 bfloat16, 182 against 228
+        at 8192 x 9001 float32; a hand-written one, a class a program with partial sums through memory, had taken 137
+        (sixtieth session), but splitting the generated sum over more programs lost (docs/benchmarks.md)."""
         g0, width, rows = groups[0], self.numel("xnumel"), self.numel("rnumel")
         phase, _ = self.phases()
         reds = [m for m in self.nodes if self.role(m) == Role.REDUCTION]
