@@ -118,13 +118,19 @@ def _launches_windows(monkeypatch) -> list:
     return seen
 
 
-def _asking_for_the_window(monkeypatch, window: bool) -> None:
-    """Every rule's configuration asks for the window (`window`) where its kernel has one, or asks for none."""
+def _asking_for_the_window(monkeypatch, window: bool, one_row: bool = False) -> None:
+    """Every rule's configuration asks for the window (`window`) where its kernel has one, or asks for none; with
+    `one_row`, a row a program there (the interpreter's block takes several rows narrower than it)."""
     from passline.backends.triton.runner import Kernel
 
     rule = Kernel._rule
-    monkeypatch.setattr(Kernel, "_rule", lambda self, *a, **k: attrs.evolve(rule(self, *a, **k),
-                                                                             window=window and bool(self.windows)))
+
+    def asking(self, *a, **k):
+        cfg = rule(self, *a, **k)
+        asks = window and bool(self.windows)
+        return attrs.evolve(cfg, window=asks, **({"xblock": 1} if asks and one_row else {}))
+
+    monkeypatch.setattr(Kernel, "_rule", asking)
 
 
 @pytest.mark.parametrize("window", [True, False], ids=["window", "plain"])
@@ -842,3 +848,113 @@ def test_a_norms_rows_in_classes_compiles_for_sm90_two_rows_a_step_under_dynamic
     x = torch.randn(64, 3001, dtype=torch.bfloat16, requires_grad=True)  # (the training step: forward and backward)
     ptx = gpu_compile(torch.nn.LayerNorm(3001).to(torch.bfloat16), x, True, "classes_dynamic")
     assert any(_loads(p)["ld"] > 0 for p in ptx.values()), {k: _loads(p) for k, p in ptx.items()}
+
+
+def test_the_window_narrows_its_groups_where_a_16_byte_head_would_double_the_block():
+    """kernel.window_cap: the widest group whose head (up to G - 1 lanes before the row) fits beside the row in its own
+    block, pow2(width): 2 elements at 2**k - 1 and 2**k - 2, 4 at 2**k - 3 to 2**k - 4, 8 at 2**k - 7; widths far from
+    a power of two keep 16 bytes of any dtype (16 1-byte elements at most)."""
+    from passline.backends.triton.kernel import window_cap
+
+    assert [window_cap(w) for w in (8191, 8190, 8189, 8188, 8185, 4095, 1023, 3)] == [2, 2, 4, 4, 8, 2, 2, 2]
+    assert min(window_cap(w) for w in (12345, 3001, 1001, 777, 50257, 9001, 5001)) >= 16
+
+
+NEAR_POW2 = {
+    # 1023 bfloat16 elements (2046 bytes): 16-byte groups would take 1030 lanes; groups of 2 take 1024
+    "softmax_bf16": lambda rows: (lambda x: torch.softmax(x, -1),
+                                  [torch.randn(rows, 1023, dtype=torch.bfloat16, requires_grad=True)]),
+    "cross_entropy_bf16": lambda rows: (lambda x, t: F.cross_entropy(x, t, label_smoothing=0.1),
+                                        [torch.randn(rows, 1023, dtype=torch.bfloat16, requires_grad=True),
+                                         torch.randint(0, 1023, (rows,))]),
+    # float32 rows of 2047 (8188 bytes): groups of 2 (8-byte vectors) where 4 would need 2050 lanes
+    "layer_norm": lambda rows: (torch.nn.LayerNorm(2047), [torch.randn(rows, 2047, requires_grad=True)]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(NEAR_POW2))
+def test_rows_a_lane_short_of_a_power_of_two_run_through_a_window_of_smaller_groups(monkeypatch, case):
+    """A persistent kernel over rows one element short of a power of two, each row at its own offset from a 16-byte
+    boundary: its window takes groups of 2 elements (`window_cap`), so that the row's own block (1024, 2048) holds
+    it and its head; every launch asking for the window runs it (WINDOW), forward and backward against eager."""
+    monkeypatch.setattr(configs, "INTERP_BLOCK", 16384)
+    _asking_for_the_window(monkeypatch, True, one_row=True)
+    seen = _launches_windows(monkeypatch)
+    torch.manual_seed(0)
+    fn, inputs = NEAR_POW2[case](6)
+    be = assert_matches_eager(fn, inputs, codegen="triton", kernel_variant="persistent")
+    windows = [src for k in _reductions(be) for src in k.variants.values() if src.window]
+    assert windows and {src.window for src in windows} == {2}, [src.window for src in windows]
+    assert all("rlo = (rbase // 2) * 2" in src.source and "rtake2" in src.source for src in windows)
+    assert {src.window_itemsize for src in windows} == {inputs[0].element_size()}
+    assert seen and all(seen), seen
+
+
+@needs_loop_bounds
+@pytest.mark.parametrize("case", ["layer_norm_bf16", "rms_norm"])
+def test_a_mixed_kernels_rows_a_lane_short_of_a_power_of_two_take_classes_of_two(monkeypatch, case):
+    """A mix-order kernel over 21 rows of 1023 (bfloat16: 2046-byte rows; float32: 4092) takes its rows in two classes
+    (groups of 2 elements: a row's head fits its block of 1024), launched so (WINDOW) where its 11 programs give
+    each class one; dx and the column sums against eager. Before, such a width never took classes (16-byte groups
+    would have doubled the block) and read every element on its own."""
+    from passline.backends.triton.runner import MixKernel
+
+    monkeypatch.setattr(configs, "INTERP_BLOCK", 16384)
+    seen = []
+    constexprs = MixKernel.constexprs
+
+    def spy(self, *a, **k):
+        seen.append(constexprs(self, *a, **k))
+        return seen[-1]
+
+    monkeypatch.setattr(MixKernel, "constexprs", spy)
+    torch.manual_seed(0)
+    fn, inputs = MIXED[case](21, 1023)
+    be = assert_matches_eager(fn, inputs, codegen="triton", pipeline=_mixed_pipeline(2))
+    (main,) = [k for k in be.reports[-1].kernel_info if k.kind == "mix_order"]
+    assert "rclass = program % 2" in main.source and "rtake2" in main.source
+    assert {c["WINDOW"] for c in seen} == {True}, seen
+
+
+def test_which_launches_take_a_window_of_smaller_groups():
+    """configs.windowed and class_band with a 2-element group: the row's own block holds it; rows of 1 KB or more by
+    the rows' dtype (`itemsize`), not by 16 bytes over the group (511 bfloat16 elements are 1022 bytes)."""
+    from passline.backends.triton.configs import Config, Device, Variant, class_band, windowed
+
+    mix = Config(Variant.MIX_ORDER, 1, 1024, 4, 3, 170)
+    assert windowed(mix, 1023, 2, 264, itemsize=2) and windowed(attrs.evolve(mix, rblock=4096), 4095, 2, 264, 4)
+    assert not windowed(attrs.evolve(mix, rblock=512), 511, 2, 264, itemsize=2)  # 1022-byte rows
+    assert windowed(Config(Variant.PERSISTENT, 1, 8192, 4, window=True), 8191, 2)  # the one-row window: no bound
+    base = Config(Variant.PERSISTENT, 1, 1024, 1)
+    assert len(class_band([], base, 134218, 1023, 2, Device(132), None, itemsize=2)) == 2
+    assert class_band([], Config(Variant.PERSISTENT, 1, 512, 1), 134218, 511, 2, Device(132), None, itemsize=2) == []
+
+
+def test_rows_a_lane_short_of_a_power_of_two_load_pairs_on_sm90(gpu_compile, monkeypatch):  # noqa: F811
+    """Compiled for sm_90: a bfloat16 LayerNorm forward over 64 rows of 4095 asking for rows in classes reads and
+    writes its rows two elements at a time (`ld.global.b32`, `st.global.b32`: a 4-byte pair of bfloat16); its plain
+    block reads each element on its own (no 4-byte load of a row). On an H200 a hand-written LayerNorm forward at
+    32776 x 4095 took 141.8 µs so against 275.0 element by element (`kernel.window_cap`)."""
+    ln = torch.nn.LayerNorm(4095).to(torch.bfloat16)
+    x = torch.randn(64, 4095, dtype=torch.bfloat16)
+    got = {}
+    for classes in (False, True):
+        if classes:
+            _asking_for_classes(monkeypatch, 2)
+        (ptx,) = gpu_compile(ln, x, False, f"pairs_{classes}").values()
+        got[classes] = {what: len(re.findall(rf"{what}\.global[\w.:]*\.b32 ", ptx)) for what in ("ld", "st")}
+    assert got[True]["ld"] > 0 and got[True]["st"] > 0 and got[False] == {"ld": 0, "st": 0}, got
+
+
+@needs_loop_bounds
+@pytest.mark.parametrize("dtype, classes", [(torch.bfloat16, False), (torch.float32, True)])
+def test_a_mixed_kernels_4_byte_pairs_stay_out_of_a_block_of_8192(monkeypatch, dtype, classes):
+    """A mix-order kernel over rows of 8191 takes classes of 2-element groups in float32 (8 bytes: faster at every
+    width timed) but not in bfloat16 (4 bytes, block of 8192: on an H200 LayerNorm's backward at 16386 x 8191 went from
+    416 to 565 µs so; kernel.MIX_CLASS_PAIRS_MAX_BLOCK); both against eager."""
+    monkeypatch.setattr(configs, "INTERP_BLOCK", 16384)
+    torch.manual_seed(0)
+    x = torch.randn(9, 8191, dtype=dtype, requires_grad=True)
+    be = assert_matches_eager(torch.nn.LayerNorm(8191).to(dtype), [x], codegen="triton", pipeline=_mixed_pipeline(2))
+    (main,) = [k for k in be.reports[-1].kernel_info if k.kind == "mix_order"]
+    assert ("if WINDOW:" in main.source) == classes and ("rtake2" in main.source) == classes

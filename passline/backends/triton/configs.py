@@ -505,11 +505,12 @@ def _reads_row_only(row_bytes: float | None, rnumel: int | None) -> bool:
     return row_bytes is not None and bool(rnumel) and row_bytes < READ_ROWS_BYTES * rnumel
 
 
-def windowed(cfg: Config, width: int, group: int, programs: int = 0) -> bool:
+def windowed(cfg: Config, width: int, group: int, programs: int = 0, itemsize: int = 0) -> bool:
     """Whether a launch of `cfg` runs a kernel with an aligned window (kernel.KernelWriter._window: rows it reads or
     writes that do not start on 16-byte boundaries, read and written in vectors of `group` elements) through it (the
     launch's WINDOW): `cfg` asks for it, a persistent program of one row whose block holds the row and the up to
-    group - 1 lanes before it. Which configurations ask is the rule's (`_window_config`) and the bands'.
+    group - 1 lanes before it. Which configurations ask is the rule's (`_window_config`) and the bands'. `itemsize`:
+    the narrowest row dtype's (its rows' bytes), where the group is not 16 bytes of it (kernel.window_cap).
 
     A mix-order kernel's rows in classes (kernel.KernelWriter._classes): whatever the configuration, where its
     block holds the row and its head, its `programs` (the launch's) give each of the `group` classes one, and a row
@@ -526,7 +527,7 @@ def windowed(cfg: Config, width: int, group: int, programs: int = 0) -> bool:
     plain form, a row a program (runner.Kernel.grid)."""
     if cfg.variant in (Variant.MIX_ORDER, Variant.MIX_ORDER_ACC2D) or cfg.classes:
         return (cfg.rblock is not None and cfg.rblock >= width + group - 1 and programs >= group
-                and width * (16 // group) >= CLASS_MIN_ROW_BYTES)
+                and width * (itemsize or 16 // group) >= CLASS_MIN_ROW_BYTES)
     return (cfg.window and cfg.variant == Variant.PERSISTENT and cfg.xblock == 1 and cfg.rblock is not None
             and cfg.rblock >= width + group - 1)
 
@@ -567,7 +568,7 @@ def column_class_band(band: list, base: Config | None, xnumel: int, rnumel: int,
 
 
 def class_band(band: list, base: Config | None, xnumel: int, rnumel: int, window: int, device: Device,
-               row_bytes: float | None) -> list:
+               row_bytes: float | None, itemsize: int = 0) -> list:
     """`band` (configs.uncertain's, or [] where the rule decides) with rows in classes added, for a persistent kernel
     whose rows do not start on 16-byte boundaries and that reads a weight by columns (`window`: its window's group;
     kernel.KernelWriter._classes): through the window a row a program loads the weight element by element at each
@@ -575,22 +576,25 @@ def class_band(band: list, base: Config | None, xnumel: int, rnumel: int, window
     session); a program of one class loads it once and reads its rows in vectors. Its block holds the row and the
     window's head, 32 elements a thread (ROW_PER_THREAD, the rule's persistent row); its programs are as many as fill
     the SMs' warp slots once (CLASS_WARP_SLOTS), timed against the rule's block, which comes first. Not where rows
-    are under CLASS_MIN_ROW_BYTES (the mix-order classes lost there), where the block would double to hold the head
-    (a width within G - 1 of a power of two), where a program would have fewer than two rows, or where the kernel
-    moves a launch's worth of bytes. Timed on an H200 (sixty-second session, `kernel_times.py`, a training step's
-    kernels, µs, classes against the best plain candidate): it won in four of eight — LayerNorm's bfloat16 forward
+    are under CLASS_MIN_ROW_BYTES (the mix-order classes lost there; `itemsize`: the narrowest row dtype's, where
+    the group is not 16 bytes of it), where the block would double to hold the head (a group too wide for a width
+    near a power of two: the generator narrows its groups so that it never is, kernel.window_cap), where a program
+    would have fewer than two rows, or where the kernel moves a launch's worth of bytes. Timed on an H200
+    (sixty-second session, `kernel_times.py`, a training step's kernels, µs, classes against the best plain
+    candidate): it won in four of eight — LayerNorm's bfloat16 forward
     at 44724 x 3001 200 against 252, 26838 x 5001 236 against 264, 10872 x 12345 271 against 315, float32 5436 x
     12345 177 against 179 — and lost by 5-18% in the other four (all 12345 wide), where the timing keeps the plain
     block. Four times the rows a program (a quarter of the programs, each weight load shared by more), timed beside
     it in the same eight, was never the fastest (243-467 µs against 177-271) and is no longer timed."""
     rb = pow2(rnumel + window - 1)
-    if (base is None or rb > GPU_PERSISTENT_MAX or rb != pow2(rnumel) or rnumel * (16 // window) < CLASS_MIN_ROW_BYTES
+    if (base is None or rb > GPU_PERSISTENT_MAX or rb != pow2(rnumel)
+            or rnumel * (itemsize or 16 // window) < CLASS_MIN_ROW_BYTES
             or _launch_sized(xnumel, rb, row_bytes)):
         return band  # (a block doubled to hold the head: half its lanes idle, as the mix-order classes never take)
     warps = _clamp(rb // (32 * ROW_PER_THREAD), 1, MAX_WARPS)
     filled = device.sms * (CLASS_WARP_SLOTS // warps)
     cfg = Config(Variant.PERSISTENT, 1, rb, warps, split=xnumel // filled, window=True)
-    if cfg.split < 2 or not windowed(cfg, rnumel, window, cfg.programs(xnumel, rnumel)):
+    if cfg.split < 2 or not windowed(cfg, rnumel, window, cfg.programs(xnumel, rnumel), itemsize):
         return band
     return _with_added(band, base, [cfg])
 
@@ -598,22 +602,24 @@ def class_band(band: list, base: Config | None, xnumel: int, rnumel: int, window
 def _window_config(rnumel: int, window: int) -> Config | None:
     """The windowed block for rows `rnumel` wide (a kernel with a window of `window` elements): the row's own block,
     which must also hold the window's head, WINDOW_GROUPS groups (256 bytes of the narrowest dtype) a thread, on
-    WINDOW_MIN_WARPS at least; None for rows under WINDOW_MIN_WIDTH, for rows whose block would double to hold the
-    head (8186-8192 bfloat16 elements: pow2(width + window - 1) > pow2(width)), or where a thread would hold fewer
-    than WINDOW_MIN_GROUPS groups. Generated, on an H200 (cross-entropy's backward, the kernel in a training step
-    under torch.profiler, the same process, µs, plain → window): 10872 × 12345 bfloat16 175 → 134, float32 5436 ×
-    12345 142 → 135 (the sweep's), but 16386 × 8191 bfloat16 156 → 169 and float32 149 → 156 (the block doubled to
-    16384), 44724 × 3001 bfloat16 157 → 165 (float32 148 → 136): narrower rows keep the plain block. Hand-written the
-    window won at 3001 and 8191 too (below): the generated kernel compiles to more registers a thread there (3001 on
-    2 warps: 95-118 against 56), not found why. On an H200 (a hand-written bfloat16 cross-entropy backward, the plain
-    form against the window at the same warps, µs) the window won wherever a thread held 4 groups or more —
-    10872 × 12345 on 4, 8 and 16 warps 231/191/174 against 139/147/150, 6711 × 20001 on 8 and 16 262/251 against
-    137/138, float32 5436 × 12345 on 8, 16 and 32 (4 groups of 4) 182/150/153 against 135/138/136 — and lost with 2
-    (12345 on 32 warps: 167 against 186; 16384 × 8191 in blocks of 16384 on 32: 168 against 240); by warps, 128
-    bfloat16 elements a thread were the best at 12345 (139 µs on 4 warps, 147 on 8), 8191 (136 on 4, 169 on 8)
-    and 20001 (137 on 8, 240 on 4), 64 float32 at 12345 (135 on 8, 151 on 4). Narrower rows, several a program,
-    were not faster through the window (536871 × 250, its block doubled to 512: 146 against 213; 1342177 × 100
-    156 against 157)."""
+    WINDOW_MIN_WARPS at least (groups, not bytes: where kernel.window_cap narrowed them to 2 elements, 32 bfloat16
+    elements a thread — cross-entropy's bfloat16 backward at 8193 x 16383 took 172.1 µs on 16 warps so, 169.7 in the
+    plain block before, sixty-third session's sweep); None for rows under WINDOW_MIN_WIDTH, for rows whose block would
+    double to hold the head (8186-8192 bfloat16 elements in 16-byte groups: pow2(width + window - 1) > pow2(width); the
+    generator narrows such a row's groups until they fit, kernel.window_cap), or where a thread would hold fewer than
+    WINDOW_MIN_GROUPS groups. Generated, on an H200 (cross-entropy's backward, the kernel in a training step under
+    torch.profiler, the same process, µs, plain → window): 10872 × 12345 bfloat16 175 → 134, float32 5436 × 12345 142 →
+    135 (the sweep's), but 16386 × 8191 bfloat16 156 → 169 and float32 149 → 156 (the block doubled to 16384), 44724 ×
+    3001 bfloat16 157 → 165 (float32 148 → 136): narrower rows keep the plain block. Hand-written the window won at 3001
+    and 8191 too (below): the generated kernel compiles to more registers a thread there (3001 on 2 warps: 95-118
+    against 56), not found why. On an H200 (a hand-written bfloat16 cross-entropy backward, the plain form against the
+    window at the same warps, µs) the window won wherever a thread held 4 groups or more — 10872 × 12345 on 4, 8 and 16
+    warps 231/191/174 against 139/147/150, 6711 × 20001 on 8 and 16 262/251 against 137/138, float32 5436 × 12345 on 8,
+    16 and 32 (4 groups of 4) 182/150/153 against 135/138/136 — and lost with 2 (12345 on 32 warps: 167 against 186;
+    16384 × 8191 in blocks of 16384 on 32: 168 against 240); by warps, 128 bfloat16 elements a thread were the best at
+    12345 (139 µs on 4 warps, 147 on 8), 8191 (136 on 4, 169 on 8) and 20001 (137 on 8, 240 on 4), 64 float32 at 12345
+    (135 on 8, 151 on 4). Narrower rows, several a program, were not faster through the window (536871 × 250, its block
+    doubled to 512: 146 against 213; 1342177 × 100 156 against 157)."""
     rb = pow2(rnumel + window - 1)
     warps = _clamp(rb // (32 * WINDOW_GROUPS * window), WINDOW_MIN_WARPS, MAX_WARPS)
     if rnumel < WINDOW_MIN_WIDTH or rb != pow2(rnumel) or rb // (32 * warps) < WINDOW_MIN_GROUPS * window:

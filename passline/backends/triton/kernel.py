@@ -53,6 +53,13 @@ INTEGER_DIVISIONS = ("floordiv", "remainder", "fmod")  # of integers: eager rais
 # a persistent kernel's WINDOW for rows in classes (`KernelWriter._classes`); True (== 1) is a row through the window,
 # False the plain form: CLASSES must differ from both (one binary key, one grid, one branch per value)
 CLASSES = 2
+# a mix-order kernel takes its rows in classes through groups under 8 bytes (`window_cap`: 2 bfloat16 elements beside
+# a row of 2**k - 1) only where its block is at most this: on an H200 (sixty-third session, sweep kernels, µs, blocks
+# of rows -> classes of pairs) bfloat16 LayerNorm backwards at 1023 and 4095 wide went 301 -> 262 and 318 -> 270,
+# RMSNorm's 279 -> 250 and 288 -> 226, but LayerNorm's at 16386 x 8191 416 -> 565 (for sm_90 its copies staged in
+# 98 KB of shared memory and 264 bytes a thread spilled) and RMSNorm's 409 -> 392; float32 pairs (8 bytes) gained at
+# every width, 8191 included (337 -> 291)
+MIX_CLASS_PAIRS_MAX_BLOCK = 4096
 
 
 class ColumnRole(StrEnum):
@@ -111,6 +118,8 @@ class KernelSource:
     # ... where it also takes rows in classes (WINDOW == CLASSES: a program's share of one class's rows, its weight
     # loaded once; `KernelWriter._classes`): timed, never by rule (configs.uncertain)
     window_classes: bool = False
+    # ... the itemsize of the window's narrowest row dtype (its group is 16 bytes of it, or fewer: `window_cap`)
+    window_itemsize: int = 0
     # a column sum whose rows do not start on 16-byte boundaries, which takes them in classes where its launch's WINDOW
     # says so (`KernelWriter._column_classes`, XBLOCK - G columns a program): G, else 0. Timed, never by rule
     column_classes: int = 0
@@ -237,6 +246,7 @@ class KernelWriter:
         self.window_writes = False  # ... and whether some row it writes is off 16-byte boundaries
         self.window_columns = False  # ... and whether it reads a weight by columns (element by element through it)
         self.window_classes = False  # ... and whether it has rows in classes too (WINDOW == CLASSES: `persistent`)
+        self.window_itemsize = 0  # ... and the itemsize of its narrowest row's dtype (`_window`)
         # a column sum's rows in classes (`_column_classes`): its window's group, where it has the branch ...
         self.column_classes = 0
         self.column_window = 0  # ... and while that branch is written (row elements address `rflat`)
@@ -978,7 +988,9 @@ class KernelWriter:
         (`window_columns`: timed, never by rule; on an H200 LayerNorm's bfloat16 dx at 10872 x 12345 took 264.7 µs
         so, its plain loop 369.9; sixtieth session). An index read along the lanes (a gather's) is kept out,
         conservatively (its checks and loads take the row's own lanes, but no such kernel was measured). One
-        reduction variable, a width in the source; mix-order columns only with `mix`."""
+        reduction variable, a width in the source; mix-order columns only with `mix`. Near a power of two every
+        group is capped at `window_cap(width)`, so the row's own block holds the head (`window_itemsize`: the
+        narrowest row dtype's size, which the group no longer names); no window where that leaves one element."""
         width = sympy.sympify(product(self.red))
         if len(self.red) != 1 or not self.outer or not width.is_Integer or "rnumel" in self.runtime or \
                 (self.swap and not mix):
@@ -1008,7 +1020,14 @@ class KernelWriter:
                 row_off = int(width) * size % 16 != 0
                 off |= row_off
                 writes |= row_off and load is None
-        return (tuple(sorted({16 // s for s in sizes}, reverse=True)), writes, columns) if off else ((), False, False)
+        if not off:
+            return (), False, False
+        cap = window_cap(int(width))
+        groups = tuple(sorted({min(16 // s, cap) for s in sizes}, reverse=True))
+        if groups[0] < 2:
+            return (), False, False
+        self.window_itemsize = min(sizes)
+        return groups, writes, columns
 
     def _accesses(self, m) -> list:
         """Member m's accesses as (buffer, index in its own variables, the Load or None for its store): its store
@@ -1098,8 +1117,10 @@ class KernelWriter:
         self.emit(f"rflat = (xindex.to(tl.int64) * {self.numel('rnumel')} // {group}) * {group} + rlane")
 
     def _group_of(self, buffer: str) -> int:
-        """The window's group of `buffer`'s accesses: 16 bytes of its dtype (`_window_rows`)."""
-        return 16 // self.buffers[buffer].dtype.itemsize
+        """The window's group of `buffer`'s accesses: 16 bytes of its dtype (`_window_rows`), at most the row window's
+        own group (`window_cap`; a column sum's window is never capped)."""
+        group = 16 // self.buffers[buffer].dtype.itemsize
+        return min(group, self.window) if self.window else group
 
     def emit_members(self, scope: _Scope, column=None) -> None:
         """Every member in order, with whole rows in the tile: reductions reduce the tile, the others are
@@ -1612,6 +1633,21 @@ def _class_loops(interpret: bool) -> bool:
     return not interpret or compat.INTERPRETED_LOOP_BOUNDS
 
 
+def window_cap(width: int) -> int:
+    """The widest group (elements, a power of two) whose head fits beside a row `width` wide in its own block,
+    pow2(width): a window of G-element groups takes up to G - 1 lanes before the row (`_window_rows`), so
+    G <= pow2(width) - width + 1. A row within 16 bytes of a power of two (4095 float32 or 8191 bfloat16
+    elements) would need its block doubled to take 16-byte groups (half its lanes idle: the generated window
+    lost so, 156 -> 169 µs for a bfloat16 cross-entropy backward at 16386 x 8191, fifty-eighth session), and
+    such rows ran element by element instead; groups of 2 elements (4-byte bfloat16 and 8-byte float32 vectors)
+    fit the block. Hand-written LayerNorm forwards on an H200 (`.scratch_gpu/s63_groups.py`, µs at the best
+    warps, element by element against 2-element groups): bfloat16 16386 x 8191 272.7 -> 147.0, 32776 x 4095
+    275.0 -> 141.8, 131200 x 1023 299.2 -> 141.3; float32 16388 x 4095 170.3 -> 135.7, 65600 x 1023 178.3 ->
+    133.5 (an aligned 16384 x 4096: 133.2)."""
+    room = (1 << max(0, width - 1).bit_length()) - width + 1
+    return 1 << (room.bit_length() - 1)
+
+
 def _ragged(n: str) -> bool:
     """Whether a pointwise kernel over `n` elements (a literal, or an argument's name) has a last block Triton
     cannot prove whole vectors: n not a multiple of 16, or passed at run time. Small counts (under 4096, a
@@ -1810,6 +1846,7 @@ def generate(node, graph, interpret: bool, variant: str, blocks: dict, stored: s
                         checks=writer.debug, online=bool(red) and bool(writer.online_pairs()), window=writer.windowed,
                         window_writes=writer.window_writes, window_columns=writer.window_columns,
                         window_classes=writer.window_classes, column_classes=writer.column_classes,
+                        window_itemsize=writer.window_itemsize if writer.windowed else 0,
                         window_by_rule=writer.window_writes and not writer.window_columns
                         and not any(writer.role(m) == Role.REDUCTION for m in members))
 
@@ -1957,6 +1994,9 @@ def generate_mix(mix: MixOrderNode, graph, interpret: bool, blocks: dict,
     w.declare(VarKind.CANON_OUTER, rows, "xindex")  # (the rows' flat index, as both forms name it: `_on_row`)
     classes_ok = not tiled and _class_loops(interpret)
     groups, writes, _ = w._window(mix=True) if classes_ok else ((), False, False)
+    if groups and groups[0] * w.window_itemsize < 8 and (int(product(cols)) - 1).bit_length() > \
+            (MIX_CLASS_PAIRS_MAX_BLOCK - 1).bit_length():
+        groups, writes = (), False  # (groups under 8 bytes in a block past MIX_CLASS_PAIRS_MAX_BLOCK: it lost there)
     if groups:  # WINDOW (a constexpr the launch sets, configs.windowed): rows in classes, else blocks of rows
         w.emit("if WINDOW:")
         w.indent += 1
@@ -1980,7 +2020,8 @@ def generate_mix(mix: MixOrderNode, graph, interpret: bool, blocks: dict,
     src = KernelSource(name, _source(interpret, body), name, w.ordered_args() + sizes, product(rows),
                        product(cols), form, constants, blocks.get("num_warps", 4), "SPLIT", w.int64, spans,
                        checks=w.debug, row_sums=any(isinstance(m, Reduction) for m in row_members),
-                       scalar_rows=w._rows_off_vectors(), window=groups[0] if groups else 0, window_writes=writes)
+                       scalar_rows=w._rows_off_vectors(), window=groups[0] if groups else 0, window_writes=writes,
+                       window_itemsize=w.window_itemsize if groups else 0)
     return src, finish
 
 

@@ -267,9 +267,12 @@ class Kernel:
         self.online = any(src.online for src in info.variants.values())  # a softmax loop (configs.rule)
         self.row_sums = any(src.row_sums for src in info.variants.values())  # a mix-order norm (configs.rule)
         self.scalar_rows = any(src.scalar_rows for src in info.variants.values())  # (configs.uncertain)
-        # variants with an aligned window (kernel.KernelWriter._window) -> (its group, the row's width): WINDOW
-        self.windows = {v: (src.window, int(src.rnumel)) for v, src in info.variants.items() if src.window}
-        self.window = max((g for g, _ in self.windows.values()), default=0)  # (configs.uncertain)
+        # variants with an aligned window (kernel.KernelWriter._window) -> (its group, the row's width, the narrowest
+        # row dtype's itemsize): WINDOW
+        self.windows = {v: (src.window, int(src.rnumel), src.window_itemsize)
+                        for v, src in info.variants.items() if src.window}
+        self.window = max((g for g, _, _ in self.windows.values()), default=0)  # (configs.uncertain)
+        self.window_itemsize = min((b for _, _, b in self.windows.values()), default=0)
         # ... and the rule's, where the kernel reduces nothing of its own (KernelSource.window_by_rule)
         self.window_by_rule = self.window if any(src.window_by_rule for src in info.variants.values()) else 0
         # ... whether a row wider than 16384 is held whole through it (configs.uncertain): where the kernel writes
@@ -462,7 +465,7 @@ class Kernel:
                          base, row_bytes, self.row_sums, self.scalar_rows, self.window, self.wide_window)
         if (self.window_classes and not self.interpret and rnumel and self.rows_contiguous
                 and self.only in (None, Variant.PERSISTENT) and xnumel >= self.device.sms):
-            band = class_band(band, base, xnumel, rnumel, self.window, self.device, row_bytes)
+            band = class_band(band, base, xnumel, rnumel, self.window, self.device, row_bytes, self.window_itemsize)
         if self.column_group and not self.interpret and rnumel and self.only in (None, Variant.LOOPED):
             band = column_class_band(band, base, xnumel, rnumel, self.column_group, row_bytes)
         return band
@@ -542,7 +545,7 @@ class Kernel:
         def aligned() -> bool:  # (only where the variant has a window: a launch's host time)
             return all(_spec(full[i]) for i in self.check if i < len(full) and not isinstance(full[i], int))
         if found is not None:
-            through = windowed(cfg, found[1], found[0], cfg.programs(xnumel, rnumel)) and aligned()
+            through = windowed(cfg, found[1], found[0], cfg.programs(xnumel, rnumel), found[2]) and aligned()
             blocks["WINDOW"] = (kgen.CLASSES if cfg.classes else True) if through else False
         elif self.column_group and cfg.variant == Variant.LOOPED:
             blocks["WINDOW"] = column_windowed(cfg, self.column_group) and aligned()
@@ -1567,7 +1570,7 @@ class TritonRunner:
                  str(src.xnumel), str(src.rnumel), sorted(src.constants.items()), src.num_warps,
                  src.grid_per_program, src.int64, [str(e) for e in src.spans], src.checks, src.online, src.row_sums,
                  src.scalar_rows, src.window, src.window_writes, src.window_columns, src.window_by_rule,
-                 src.window_classes, src.column_classes)
+                 src.window_classes, src.column_classes, src.window_itemsize)
                 for v, src in variants.items()]
         return digest(kind, cls.__name__, sorted(extra.items()), contiguous, mutates, str(traffic), hinted, code)
 
