@@ -1036,22 +1036,21 @@ class KernelWriter:
         return out + [(n.buffer, n.index, n) for n in walk(m.body) if isinstance(n, Load)]
 
     def _window_rows(self, groups: tuple) -> None:
-        """A persistent block's rows read and written through an aligned window: each row's block starts at the
-        boundary of the window's group (`groups[0]` elements: 16 bytes of the narrowest dtype) of the flat buffer
-        at or before the row (`rlo`), and its accesses address `rflat`, which Triton knows to be a multiple of the
-        group plus the lanes. Each dtype's accesses take the masks of its own group, 16 bytes of it (`rtake8`,
-        `rwhole4`...; `rlo` is a multiple of every one): loads read whole groups that hold some of the row
-        (`rtake`: up to group - 1 elements of the rows either side, never past the 16-byte vector that holds a row
-        element — with the narrowest dtype's group for all, a float32 buffer beside a bfloat16 one was read 16
-        bytes past the vector holding its last element) in vectors; stores write the groups wholly inside the row
-        in vectors (`rwhole`) and the row's edge lanes element by element (`redge`), so nothing outside the row is
-        written. `rindex` is the element's column (negative before the row), `rmask` the row's own lanes, which
-        the reductions take. RBLOCK holds the row and up to group - 1 lanes before it (configs.windowed, which
-        sets WINDOW). Hand-written, a bfloat16 cross-entropy backward on an H200 (do_bench µs, best warps; each
-        `st.global.b16` a thread became 8 to a `st.global.v4`): 10872 x 12345 168.8 -> 138.2, 2671 x 50257 608.6 ->
-        150.4, 16384 x 8191 167.5 -> 135.5, 44739 x 3001 169.3 -> 134.5; float32 5436 x 12345 150.3 -> 134.6.
-        Loads read element by element at the edges instead (nothing read outside the row) lost most of the gain
-        (`.scratch_gpu/s58_window2.py`)."""
+        """A persistent block's rows read and written through an aligned window: each row's block starts at the boundary
+        of the window's group (`groups[0]` elements: 16 bytes of the narrowest dtype, fewer near a power of two:
+        `window_cap`) of the flat buffer at or before the row (`rlo`), and its accesses address `rflat`, which Triton
+        knows to be a multiple of the group plus the lanes. Each dtype's accesses take the masks of its own group, 16
+        bytes of it (`rtake8`, `rwhole4`...; `rlo` is a multiple of every one): loads read whole groups that hold some
+        of the row (`rtake`: up to group - 1 elements of the rows either side, never past the 16-byte vector that holds
+        a row element — with the narrowest dtype's group for all, a float32 buffer beside a bfloat16 one was read 16
+        bytes past the vector holding its last element) in vectors; stores write the groups wholly inside the row in
+        vectors (`rwhole`) and the row's edge lanes element by element (`redge`), so nothing outside the row is written.
+        `rindex` is the element's column (negative before the row), `rmask` the row's own lanes, which the reductions
+        take. RBLOCK holds the row and up to group - 1 lanes before it (configs.windowed, which sets WINDOW).
+        Hand-written, a bfloat16 cross-entropy backward on an H200 (do_bench µs, best warps; each `st.global.b16` a
+        thread became 8 to a `st.global.v4`): 10872 x 12345 168.8 -> 138.2, 2671 x 50257 608.6 -> 150.4, 16384 x 8191
+        167.5 -> 135.5, 44739 x 3001 169.3 -> 134.5; float32 5436 x 12345 150.3 -> 134.6. Loads read element by element
+        at the edges instead (nothing read outside the row) lost most of the gain (`.scratch_gpu/s58_window2.py`)."""
         w = self.numel("rnumel")
         # the row's start in 64 bits, as its window's every offset: from an int32 `xindex * W`, `(rbase // 8) * 8`
         # and the lanes' masks compiled to 178 registers a thread for cross-entropy's backward (4 warps, 12345 wide),
@@ -1077,17 +1076,17 @@ class KernelWriter:
         self.decompose(VarKind.CANON_REDUCTION, self.red, "rindex")
 
     def _classes(self, pid: str, groups: tuple) -> None:
-        """A program's rows in classes (a mix-order kernel's WINDOW branch in `generate_mix`, a persistent one's
-        WINDOW == CLASSES branch): rows a multiple of `groups[0]` (G: 16 bytes of the narrowest dtype) apart start
-        at the same offset from a G-element boundary (`rhead`: row r of width W starts (r * W) % G elements past
-        one), so a program that takes rows of one class (`rclass`, its id modulo G) reads and writes every one of
-        them through one aligned window (`_window_rows`' masks, the same for all its rows): lane l holds column
-        l - rhead of each row. What it reads by columns alone (a norm's weight) it loads once, before its rows
-        (the persistent form's one-row window loaded it again, element by element, each row); a mix-order
-        program sums its columns at the same lanes and stores its partial sums at their columns once, at the end.
-        The programs of a class (the launch's, numbered alike: a mix-order one's a workspace row each, as in the
-        plain form) share its rows evenly (`class_lo` to `class_hi`, counted within the class; `_class_loop`
-        walks them). Written `p + W * row + q0` with an odd W, every element of such rows was a load of its own."""
+        """A program's rows in classes (a mix-order kernel's WINDOW branch in `generate_mix`, a persistent one's WINDOW
+        == CLASSES branch): rows a multiple of `groups[0]` (G: 16 bytes of the narrowest dtype, or `window_cap`'s) apart
+        start at the same offset from a G-element boundary (`rhead`: row r of width W starts (r * W) % G elements past
+        one), so a program that takes rows of one class (`rclass`, its id modulo G) reads and writes every one of them
+        through one aligned window (`_window_rows`' masks, the same for all its rows): lane l holds column l - rhead of
+        each row. What it reads by columns alone (a norm's weight) it loads once, before its rows (the persistent form's
+        one-row window loaded it again, element by element, each row); a mix-order program sums its columns at the same
+        lanes and stores its partial sums at their columns once, at the end. The programs of a class (the launch's,
+        numbered alike: a mix-order one's a workspace row each, as in the plain form) share its rows evenly (`class_lo`
+        to `class_hi`, counted within the class; `_class_loop` walks them). Written `p + W * row + q0` with an odd W,
+        every element of such rows was a load of its own."""
         g0, width, rows = groups[0], self.numel("rnumel"), self.numel("xnumel")
         self.emit(f"program = {pid}")
         self.emit(f"rclass = program % {g0}")
