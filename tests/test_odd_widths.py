@@ -431,18 +431,10 @@ def test_a_mixed_kernels_rows_in_classes_match_eager(monkeypatch, case, split):
     (`KernelWriter._classes`), launched so wherever its programs give each class one (WINDOW): 21, 11 and 5
     programs at splits of 1, 2 and 5 rows (a float32 row's group is 4 elements: 5 programs cover 4 classes), and the
     plain blocks of rows at 16 (two programs). The norm's dx and the column sums (weight, bias) against eager."""
-    from passline.backends.triton.runner import MixKernel
     from passline.ir import MixOrderNode
 
     monkeypatch.setattr(configs, "INTERP_BLOCK", 16384)
-    seen = []  # the main kernel's launch constexprs
-    constexprs = MixKernel.constexprs
-
-    def spy(self, *a, **k):
-        seen.append(constexprs(self, *a, **k))
-        return seen[-1]
-
-    monkeypatch.setattr(MixKernel, "constexprs", spy)
+    seen = _mix_launches(monkeypatch)
     torch.manual_seed(0)
     fn, inputs = MIXED[case](21, 1001)
     pipeline = _mixed_pipeline(split)
@@ -453,6 +445,21 @@ def test_a_mixed_kernels_rows_in_classes_match_eager(monkeypatch, case, split):
     assert "if WINDOW:" in main.source and "rclass = program % " in main.source
     group = 4 if case == "rms_norm" else 8
     assert {c["WINDOW"] for c in seen} == {-(-21 // split) >= group}, (seen, split)
+
+
+def _mix_launches(monkeypatch) -> list:
+    """The launch constexprs of every mix-order main kernel launched from here on (runner.MixKernel.constexprs)."""
+    from passline.backends.triton.runner import MixKernel
+
+    seen = []
+    constexprs = MixKernel.constexprs
+
+    def spy(self, *a, **k):
+        seen.append(constexprs(self, *a, **k))
+        return seen[-1]
+
+    monkeypatch.setattr(MixKernel, "constexprs", spy)
+    return seen
 
 
 def _mixed_pipeline(split: int) -> str:
@@ -679,18 +686,25 @@ def test_rows_in_classes_are_timed_for_a_norm_that_reads_a_weight_by_columns():
     assert not windowed(cfg, 3001, 8, 7)  # a class without a program: the plain form, a row a program
 
 
-def test_a_norms_rows_in_classes_load_vectors_on_sm90(gpu_compile, monkeypatch):  # noqa: F811
-    """Compiled for sm_90: a bfloat16 LayerNorm forward over 64 rows of 3001 (a row starts 3001 % 8 elements past a
-    16-byte boundary) asking for rows in classes (2 rows a program: 32 programs, 8 classes) reads and writes its rows
-    in 16-byte vectors; with the rule's plain block it has none (every row element a load and a store of its own)."""
-    ln = torch.nn.LayerNorm(3001).to(torch.bfloat16)
-    x = torch.randn(64, 3001, dtype=torch.bfloat16)
+def _norm_forward_with_and_without_classes(gpu_compile, monkeypatch, width: int, count) -> dict:  # noqa: F811
+    """`count` of the sm_90 PTX of a bfloat16 LayerNorm forward over 64 rows of `width`, with the rule's plain block
+    (False) and asking for rows in classes, 2 rows a program (True)."""
+    ln = torch.nn.LayerNorm(width).to(torch.bfloat16)
+    x = torch.randn(64, width, dtype=torch.bfloat16)
     got = {}
     for classes in (False, True):
         if classes:
             _asking_for_classes(monkeypatch, 2)
-        (ptx,) = gpu_compile(ln, x, False, f"classes_{classes}").values()
-        got[classes] = _loads(ptx)
+        (ptx,) = gpu_compile(ln, x, False, f"classes_{width}_{classes}").values()
+        got[classes] = count(ptx)
+    return got
+
+
+def test_a_norms_rows_in_classes_load_vectors_on_sm90(gpu_compile, monkeypatch):  # noqa: F811
+    """Compiled for sm_90: a bfloat16 LayerNorm forward over 64 rows of 3001 (a row starts 3001 % 8 elements past a
+    16-byte boundary) asking for rows in classes (2 rows a program: 32 programs, 8 classes) reads and writes its rows
+    in 16-byte vectors; with the rule's plain block it has none (every row element a load and a store of its own)."""
+    got = _norm_forward_with_and_without_classes(gpu_compile, monkeypatch, 3001, _loads)
     assert got[True]["ld"] > 0 and got[True]["st"] > 0 and got[False] == {"ld": 0, "st": 0}, got
 
 
@@ -897,17 +911,8 @@ def test_a_mixed_kernels_rows_a_lane_short_of_a_power_of_two_take_classes_of_two
     (groups of 2 elements: a row's head fits its block of 1024), launched so (WINDOW) where its 11 programs give
     each class one; dx and the column sums against eager. Before, such a width never took classes (16-byte groups
     would have doubled the block) and read every element on its own."""
-    from passline.backends.triton.runner import MixKernel
-
     monkeypatch.setattr(configs, "INTERP_BLOCK", 16384)
-    seen = []
-    constexprs = MixKernel.constexprs
-
-    def spy(self, *a, **k):
-        seen.append(constexprs(self, *a, **k))
-        return seen[-1]
-
-    monkeypatch.setattr(MixKernel, "constexprs", spy)
+    seen = _mix_launches(monkeypatch)
     torch.manual_seed(0)
     fn, inputs = MIXED[case](21, 1023)
     be = assert_matches_eager(fn, inputs, codegen="triton", pipeline=_mixed_pipeline(2))
@@ -935,14 +940,8 @@ def test_rows_a_lane_short_of_a_power_of_two_load_pairs_on_sm90(gpu_compile, mon
     writes its rows two elements at a time (`ld.global.b32`, `st.global.b32`: a 4-byte pair of bfloat16); its plain
     block reads each element on its own (no 4-byte load of a row). On an H200 a hand-written LayerNorm forward at
     32776 x 4095 took 141.8 µs so against 275.0 element by element (`kernel.window_cap`)."""
-    ln = torch.nn.LayerNorm(4095).to(torch.bfloat16)
-    x = torch.randn(64, 4095, dtype=torch.bfloat16)
-    got = {}
-    for classes in (False, True):
-        if classes:
-            _asking_for_classes(monkeypatch, 2)
-        (ptx,) = gpu_compile(ln, x, False, f"pairs_{classes}").values()
-        got[classes] = {what: len(re.findall(rf"{what}\.global[\w.:]*\.b32 ", ptx)) for what in ("ld", "st")}
+    got = _norm_forward_with_and_without_classes(gpu_compile, monkeypatch, 4095, lambda ptx: {
+        what: len(re.findall(rf"{what}\.global[\w.:]*\.b32 ", ptx)) for what in ("ld", "st")})
     assert got[True]["ld"] > 0 and got[True]["st"] > 0 and got[False] == {"ld": 0, "st": 0}, got
 
 
