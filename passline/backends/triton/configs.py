@@ -571,21 +571,21 @@ def class_band(band: list, base: Config | None, xnumel: int, rnumel: int, window
                row_bytes: float | None, itemsize: int = 0) -> list:
     """`band` (configs.uncertain's, or [] where the rule decides) with rows in classes added, for a persistent kernel
     whose rows do not start on 16-byte boundaries and that reads a weight by columns (`window`: its window's group;
-    kernel.KernelWriter._classes): through the window a row a program loads the weight element by element at each
-    lane's column, every row (LayerNorm's bfloat16 forwards at odd widths held 40-50% of copy that way, sixtieth
-    session); a program of one class loads it once and reads its rows in vectors. Its block holds the row and the
-    window's head, 32 elements a thread (ROW_PER_THREAD, the rule's persistent row); its programs are as many as fill
-    the SMs' warp slots once (CLASS_WARP_SLOTS), timed against the rule's block, which comes first. Not where rows
-    are under CLASS_MIN_ROW_BYTES (the mix-order classes lost there; `itemsize`: the narrowest row dtype's, where
-    the group is not 16 bytes of it), where the block would double to hold the head (a group too wide for a width
-    near a power of two: the generator narrows its groups so that it never is, kernel.window_cap), where a program
-    would have fewer than two rows, or where the kernel moves a launch's worth of bytes. Timed on an H200
-    (sixty-second session, `kernel_times.py`, a training step's kernels, µs, classes against the best plain
-    candidate): it won in four of eight — LayerNorm's bfloat16 forward
-    at 44724 x 3001 200 against 252, 26838 x 5001 236 against 264, 10872 x 12345 271 against 315, float32 5436 x
-    12345 177 against 179 — and lost by 5-18% in the other four (all 12345 wide), where the timing keeps the plain
-    block. Four times the rows a program (a quarter of the programs, each weight load shared by more), timed beside
-    it in the same eight, was never the fastest (243-467 µs against 177-271) and is no longer timed."""
+    kernel.KernelWriter._classes): through the window a row a program loads the weight element by element at each lane's
+    column, every row (LayerNorm's bfloat16 forwards at odd widths held 40-50% of copy that way, sixtieth session); a
+    program of one class loads it once and reads its rows in vectors. Its block holds the row and the window's head, 32
+    elements a thread (ROW_PER_THREAD, the rule's persistent row); its programs are as many as fill the SMs' warp slots
+    once (CLASS_WARP_SLOTS), timed against the rule's block, which comes first. Not where rows are under
+    CLASS_MIN_ROW_BYTES (the mix-order classes lost there; `itemsize`: the narrowest row dtype's, where the group is not
+    16 bytes of it), where the block would double to hold the head (a group too wide for a width near a power of two:
+    the generator narrows its groups so that it never is, kernel.window_cap), where a program would have fewer than two
+    rows, or where the kernel moves a launch's worth of bytes. Timed on an H200 (sixty-second session,
+    `kernel_times.py`, a training step's kernels, µs, classes against the best plain candidate): it won in four of eight
+    — LayerNorm's bfloat16 forward at 44724 x 3001 200 against 252, 26838 x 5001 236 against 264, 10872 x 12345 271
+    against 315, float32 5436 x 12345 177 against 179 — and lost by 5-18% in the other four (all 12345 wide), where the
+    timing keeps the plain block. Four times the rows a program (a quarter of the programs, each weight load shared by
+    more), timed beside it in the same eight, was never the fastest (243-467 µs against 177-271) and is no longer
+    timed."""
     rb = pow2(rnumel + window - 1)
     if (base is None or rb > GPU_PERSISTENT_MAX or rb != pow2(rnumel)
             or rnumel * (itemsize or 16 // window) < CLASS_MIN_ROW_BYTES

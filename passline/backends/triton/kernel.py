@@ -45,6 +45,7 @@ from ...ir.index import (
 from ...ir.loops import Role, canon_var, canonical_map, is_canonical, role, transposed
 from ..variants import MIX_FORMS, KernelVariant
 from . import compat, printer
+from .configs import pow2
 from .printer import Unsupported, tl_dtype
 
 COMBINE = {"sum": "_sum_combine", "prod": "_prod_combine", "max": "_max_combine", "min": "_min_combine",
@@ -1643,8 +1644,8 @@ def window_cap(width: int) -> int:
     warps, element by element against 2-element groups): bfloat16 16386 x 8191 272.7 -> 147.0, 32776 x 4095
     275.0 -> 141.8, 131200 x 1023 299.2 -> 141.3; float32 16388 x 4095 170.3 -> 135.7, 65600 x 1023 178.3 ->
     133.5 (an aligned 16384 x 4096: 133.2)."""
-    room = (1 << max(0, width - 1).bit_length()) - width + 1
-    return 1 << (room.bit_length() - 1)
+    room = pow2(width) - width + 1
+    return 1 << (room.bit_length() - 1)  # (the largest power of two at most `room`)
 
 
 def _ragged(n: str) -> bool:
@@ -1845,7 +1846,7 @@ def generate(node, graph, interpret: bool, variant: str, blocks: dict, stored: s
                         checks=writer.debug, online=bool(red) and bool(writer.online_pairs()), window=writer.windowed,
                         window_writes=writer.window_writes, window_columns=writer.window_columns,
                         window_classes=writer.window_classes, column_classes=writer.column_classes,
-                        window_itemsize=writer.window_itemsize if writer.windowed else 0,
+                        window_itemsize=writer.window_itemsize,
                         window_by_rule=writer.window_writes and not writer.window_columns
                         and not any(writer.role(m) == Role.REDUCTION for m in members))
 
@@ -1993,8 +1994,7 @@ def generate_mix(mix: MixOrderNode, graph, interpret: bool, blocks: dict,
     w.declare(VarKind.CANON_OUTER, rows, "xindex")  # (the rows' flat index, as both forms name it: `_on_row`)
     classes_ok = not tiled and _class_loops(interpret)
     groups, writes, _ = w._window(mix=True) if classes_ok else ((), False, False)
-    if groups and groups[0] * w.window_itemsize < 8 and (int(product(cols)) - 1).bit_length() > \
-            (MIX_CLASS_PAIRS_MAX_BLOCK - 1).bit_length():
+    if groups and groups[0] * w.window_itemsize < 8 and pow2(product(cols)) > MIX_CLASS_PAIRS_MAX_BLOCK:
         groups, writes = (), False  # (groups under 8 bytes in a block past MIX_CLASS_PAIRS_MAX_BLOCK: it lost there)
     if groups:  # WINDOW (a constexpr the launch sets, configs.windowed): rows in classes, else blocks of rows
         w.emit("if WINDOW:")
